@@ -1,0 +1,116 @@
+// swift-tools-version:6.0
+import PackageDescription
+
+/// The Thali discovery and connectivity suite. Every library module is usable on its own; C libraries
+/// come in through thin system-library targets and are wrapped by Swift classes that own their pointers.
+let package = Package(
+    name: "thali-swift",
+    platforms: [.macOS(.v14)],
+    products: [
+        .library(name: "ThaliBeacons", targets: ["ThaliBeacons"]),
+        .library(name: "ThaliPSKTLS", targets: ["ThaliPSKTLS"]),
+        .library(name: "ThaliSSDP", targets: ["ThaliSSDP"]),
+        .library(name: "TCPMultiplexer", targets: ["TCPMultiplexer"]),
+        .library(name: "ThaliBLEBinding", targets: ["ThaliBLEBinding"]),
+        .executable(name: "thali-node", targets: ["thali-node"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.2"),
+        .package(url: "https://github.com/apple/swift-nio-extras.git", from: "1.35.2"),
+        .package(url: "https://github.com/apple/swift-crypto.git", from: "3.12.3"),
+        .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
+        .package(url: "https://github.com/apple/swift-log.git", from: "1.16.2"),
+    ],
+    targets: [
+        // MARK: C libraries (module map + pkg-config; static inline shims only where the C API uses macros)
+        .systemLibrary(
+            name: "CSecp256k1", path: "Sources/CSecp256k1", pkgConfig: "libsecp256k1",
+            providers: [.apt(["libsecp256k1-dev"])]),
+        .systemLibrary(
+            name: "COpenSSL", path: "Sources/COpenSSL", pkgConfig: "openssl",
+            providers: [.apt(["libssl-dev"])]),
+        .systemLibrary(
+            name: "CDBus", path: "Sources/CDBus", pkgConfig: "dbus-1",
+            providers: [.apt(["libdbus-1-dev"])]),
+        .systemLibrary(
+            name: "CBluetooth", path: "Sources/CBluetooth", pkgConfig: "bluez",
+            providers: [.apt(["libbluetooth-dev"])]),
+
+        // MARK: Library modules
+        .target(
+            name: "ThaliBeacons",
+            dependencies: [
+                "CSecp256k1",
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "_CryptoExtras", package: "swift-crypto"),
+            ]),
+        .target(
+            name: "ThaliPSKTLS",
+            dependencies: [
+                "COpenSSL",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ]),
+        .target(
+            name: "ThaliSSDP",
+            dependencies: [
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ]),
+        .target(
+            name: "TCPMultiplexer",
+            dependencies: [
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ]),
+        .target(
+            name: "ThaliBLEBinding",
+            dependencies: [
+                "CDBus", "CBluetooth", "TCPMultiplexer",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ]),
+        .executableTarget(
+            name: "thali-node",
+            dependencies: [
+                "ThaliBeacons", "ThaliPSKTLS", "ThaliSSDP", "TCPMultiplexer", "ThaliBLEBinding",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+            ]),
+
+        // MARK: Tests (mirror Sources/<Module>)
+        .testTarget(name: "ThaliBeaconsTests", dependencies: ["ThaliBeacons"]),
+        .testTarget(
+            name: "ThaliPSKTLSTests",
+            dependencies: [
+                "ThaliPSKTLS", "ThaliBeacons",
+                .product(name: "NIOEmbedded", package: "swift-nio"),
+            ]),
+        .testTarget(
+            name: "ThaliSSDPTests",
+            dependencies: [
+                "ThaliSSDP", "ThaliBeacons",
+                .product(name: "NIOEmbedded", package: "swift-nio"),
+            ]),
+        .testTarget(
+            name: "TCPMultiplexerTests",
+            dependencies: [
+                "TCPMultiplexer",
+                .product(name: "NIOEmbedded", package: "swift-nio"),
+            ]),
+        .testTarget(
+            name: "ThaliBLEBindingTests",
+            dependencies: [
+                "ThaliBLEBinding",
+                .product(name: "NIOEmbedded", package: "swift-nio"),
+            ]),
+    ],
+    swiftLanguageModes: [.v6]
+)

@@ -1,0 +1,1 @@
+// TCPMultiplexer: see spec/ and the module's types. (Module under construction.)

@@ -1,0 +1,1 @@
+// ThaliBLEBinding: see spec/ and the module's types. (Module under construction.)

@@ -1,0 +1,1 @@
+// ThaliBeacons: see spec/ and the module's types. (Module under construction.)

@@ -1,0 +1,1 @@
+// ThaliPSKTLS: see spec/ and the module's types. (Module under construction.)

@@ -1,0 +1,1 @@
+// ThaliSSDP: see spec/ and the module's types. (Module under construction.)

@@ -1,0 +1,27 @@
+import ArgumentParser
+
+/// `thali-node`: the command-line Thali peer, its demo, benchmarks and conformance tools.
+@main
+struct ThaliNode: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "thali-node",
+        abstract: "A Thali peer: private discovery of contacts and authenticated delivery over local networks.",
+        subcommands: [Conformance.self, Bench.self]
+    )
+}
+
+/// Conformance tools other implementers run against their own wire formats.
+struct Conformance: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Check wire formats against the Thali conformance vectors.",
+        subcommands: []
+    )
+}
+
+/// Benchmarks that print figures (release builds only give meaningful numbers).
+struct Bench: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Measure the speed of the suite's layers.",
+        subcommands: []
+    )
+}

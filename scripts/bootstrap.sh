@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs what the suite needs on Debian, idempotently. Usage: scripts/bootstrap.sh [--test]
+#   (no flag)  build dependencies: the C libraries the system-library targets link against.
+#   --test     also the independent peers the tests run: gssdp-discover, Go + hashicorp/yamux, dbus,
+#              openssl, and a Python venv (.venv-test) with python-dbusmock and async-upnp-client.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(pkg-config libssl-dev libsecp256k1-dev libbluetooth-dev libdbus-1-dev openssl)
+if [[ "${1:-}" == "--test" ]]; then
+    packages+=(gupnp-tools golang-go golang-github-hashicorp-yamux-dev dbus python3 python3-venv python3-dbus iproute2)
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if (( ${#missing[@]} )); then
+    echo "bootstrap: installing ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+if [[ "${1:-}" == "--test" ]]; then
+    # Debian's python3 (not a pyenv one): python-dbusmock needs the system's python3-dbus.
+    venv=.venv-test
+    if [[ ! -x "$venv/bin/python" ]] || ! "$venv/bin/python" -c 'import dbusmock, async_upnp_client' 2>/dev/null; then
+        echo "bootstrap: preparing $venv"
+        /usr/bin/python3 -m venv --system-site-packages "$venv"
+        "$venv/bin/pip" install -q python-dbusmock async-upnp-client
+    fi
+fi
