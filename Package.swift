@@ -16,7 +16,6 @@ let package = Package(
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.2"),
-        .package(url: "https://github.com/apple/swift-nio-extras.git", from: "1.35.2"),
         .package(url: "https://github.com/apple/swift-crypto.git", from: "3.12.3"),
         .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
         .package(url: "https://github.com/apple/swift-log.git", from: "1.16.2"),
@@ -86,29 +85,32 @@ let package = Package(
             ]),
 
         // MARK: Tests (mirror Sources/<Module>)
-        .testTarget(name: "ThaliBeaconsTests", dependencies: ["ThaliBeacons"]),
+        /// Helpers shared by the test targets: child processes of independent peers, package paths.
+        .target(name: "ThaliTestSupport", path: "Sources/ThaliTestSupport"),
+        .testTarget(name: "ThaliBeaconsTests", dependencies: ["ThaliBeacons", "ThaliTestSupport"]),
         .testTarget(
             name: "ThaliPSKTLSTests",
             dependencies: [
-                "ThaliPSKTLS", "ThaliBeacons",
+                "ThaliPSKTLS", "ThaliBeacons", "ThaliTestSupport",
                 .product(name: "NIOEmbedded", package: "swift-nio"),
             ]),
         .testTarget(
             name: "ThaliSSDPTests",
             dependencies: [
-                "ThaliSSDP", "ThaliBeacons",
+                "ThaliSSDP", "ThaliBeacons", "ThaliTestSupport",
                 .product(name: "NIOEmbedded", package: "swift-nio"),
             ]),
         .testTarget(
             name: "TCPMultiplexerTests",
             dependencies: [
-                "TCPMultiplexer",
+                "TCPMultiplexer", "ThaliTestSupport",
                 .product(name: "NIOEmbedded", package: "swift-nio"),
-            ]),
+            ],
+            exclude: ["Reference"]),
         .testTarget(
             name: "ThaliBLEBindingTests",
             dependencies: [
-                "ThaliBLEBinding",
+                "ThaliBLEBinding", "ThaliTestSupport",
                 .product(name: "NIOEmbedded", package: "swift-nio"),
             ]),
     ],
