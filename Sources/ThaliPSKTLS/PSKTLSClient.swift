@@ -20,7 +20,7 @@ public struct PSKTLSClient: Sendable {
     public func connect(host: String, port: Int, identity: String, psk: [UInt8]) async throws -> PSKTLSConnection {
         let context = self.context
         // Check the credentials before any network traffic.
-        _ = try PSKTLSHandler(clientContext: context, identity: identity, psk: psk)
+        _ = try PSKTLSHandler.clientCredentials(identity: identity, psk: psk)
         let connection = try await ClientBootstrap(group: eventLoopGroup)
             .channelOption(.allowRemoteHalfClosure, value: true)
             .channelOption(.tcpOption(.tcp_nodelay), value: 1)

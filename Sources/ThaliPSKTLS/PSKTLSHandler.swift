@@ -47,6 +47,14 @@ public final class PSKTLSHandler: ChannelDuplexHandler {
         guard clientContext.role == .client else {
             throw PSKTLSError(.invalidConfiguration, role: .client, detail: "a client handler needs a client context")
         }
+        let credentials = try Self.clientCredentials(identity: identity, psk: psk)
+        connection = try SSLConnection(context: clientContext, credentials: credentials)
+        configuration = clientContext.configuration
+        self.handshakePromise = handshakePromise
+    }
+
+    /// Checks a client's identity and PSK against what OpenSSL can send (see the client initialiser).
+    static func clientCredentials(identity: String, psk: [UInt8]) throws(PSKTLSError) -> SSLConnection.Credentials {
         let identityBytes = Array(identity.utf8)
         guard !identityBytes.isEmpty, identityBytes.count <= PSKTLSProfile.maximumIdentityLength,
               !identityBytes.contains(0), !psk.isEmpty, psk.count <= PSKTLSProfile.maximumPSKLength
@@ -54,10 +62,7 @@ public final class PSKTLSHandler: ChannelDuplexHandler {
             throw PSKTLSError(.invalidCredentials, role: .client,
                               detail: "identity \(identityBytes.count) bytes, PSK \(psk.count) bytes")
         }
-        let cIdentity = identityBytes.map { CChar(bitPattern: $0) } + [0]
-        connection = try SSLConnection(context: clientContext, credentials: .client(identity: cIdentity, psk: psk))
-        configuration = clientContext.configuration
-        self.handshakePromise = handshakePromise
+        return .client(identity: identityBytes.map { CChar(bitPattern: $0) } + [0], psk: psk)
     }
 
     /// A server handler that asks `lookup` for the PSK of the identity each client sends.

@@ -103,10 +103,11 @@ final class SSLConnection {
     /// Hands ciphertext from the network to OpenSSL (copied into the input BIO).
     func receive(_ buffer: ByteBuffer) {
         buffer.withUnsafeReadableBytes { bytes in
+            guard let base = bytes.baseAddress else { return }
             var offset = 0
             while offset < bytes.count {
                 let chunk = min(bytes.count - offset, Int(Int32.max))
-                let written = BIO_write(networkToSSL, bytes.baseAddress! + offset, Int32(chunk))
+                let written = BIO_write(networkToSSL, base + offset, Int32(chunk))
                 guard written > 0 else { return }  // a memory BIO only fails when out of memory
                 offset += Int(written)
             }
@@ -239,8 +240,12 @@ final class SSLConnection {
         guard case .client(let identityBytes, let key) = credentials else { return 0 }
         // identityBytes ends in NUL; OpenSSL's limit excludes it.
         guard identityBytes.count - 1 <= maximumIdentityLength, key.count <= maximumPSKLength, !key.isEmpty else { return 0 }
-        identityBytes.withUnsafeBufferPointer { identity.update(from: $0.baseAddress!, count: $0.count) }
-        key.withUnsafeBufferPointer { psk.update(from: $0.baseAddress!, count: $0.count) }
+        identityBytes.withUnsafeBufferPointer { source in
+            for index in source.indices { identity[index] = source[index] }
+        }
+        key.withUnsafeBufferPointer { source in
+            for index in source.indices { psk[index] = source[index] }
+        }
         return UInt32(key.count)
     }
 
@@ -251,7 +256,9 @@ final class SSLConnection {
               let name = String(validatingCString: identity),
               let key = lookup(name), !key.isEmpty, key.count <= maximumLength
         else { return 0 }
-        key.withUnsafeBufferPointer { psk.update(from: $0.baseAddress!, count: $0.count) }
+        key.withUnsafeBufferPointer { source in
+            for index in source.indices { psk[index] = source[index] }
+        }
         acceptedIdentity = name
         return UInt32(key.count)
     }
