@@ -91,13 +91,18 @@ final class RawTCPClient {
     func close() async { try? await channel.close() }
 }
 
-/// A TCP listener that accepts and never answers: a peer that stalls in the handshake.
+/// A TCP listener that accepts and never answers (a peer that stalls in the handshake), or that hangs
+/// up at once.
 final class SilentTCPServer {
     let channel: any Channel
     var port: Int { channel.localAddress?.port ?? 0 }
 
-    init() async throws {
+    init(hangUp: Bool = false) async throws {
         channel = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+            .childChannelInitializer { child in
+                if hangUp { child.close(promise: nil) }
+                return child.eventLoop.makeSucceededVoidFuture()
+            }
             .bind(host: "127.0.0.1", port: 0).get()
     }
 

@@ -124,6 +124,17 @@ extension PSKTLSTests {
             }
         }
 
+        @Test func ourClientReportsAServerThatHangsUp() async throws {
+            try await expectNoLeaks {
+                let closing = try await SilentTCPServer(hangUp: true)
+                let error = await #expect(throws: PSKTLSError.self) {
+                    _ = try await PSKTLSClient.connect(host: "127.0.0.1", port: closing.port, identity: "id", psk: Fixtures.psk)
+                }
+                #expect(error?.reason == .closedDuringHandshake)
+                await closing.close()
+            }
+        }
+
         // MARK: OpenSSL's client, our server
 
         @Test(arguments: DHGroup.allCases)
@@ -233,19 +244,35 @@ extension PSKTLSTests {
             }
         }
 
-        @Test(arguments: [
-            Array("GET /NotificationBeacons HTTP/1.1\r\nHost: x\r\n\r\n".utf8),
-            [0x16, 0x03, 0x01, 0x00, 0x05, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF],  // a handshake record that is no ClientHello
-            [UInt8](repeating: 0xA5, count: 300),
-        ])
-        func garbageInsteadOfAClientHelloFails(bytes: [UInt8]) async throws {
+        /// Bytes that are not a ClientHello, with what OpenSSL makes of them: some inputs get an alert,
+        /// some are so far from TLS that OpenSSL closes without one (its reason is in `detail`).
+        static let garbage: [(bytes: [UInt8], reason: PSKTLSError.Reason, detail: String)] = [
+            (Array("GET /NotificationBeacons HTTP/1.1\r\nHost: x\r\n\r\n".utf8), .failed, "http request"),
+            ([0x16, 0x03, 0x01, 0x00, 0x05, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF], .alertSent(.unexpectedMessage), "unexpected message"),
+            ([UInt8](repeating: 0xA5, count: 300), .failed, "wrong version number"),
+        ]
+
+        @Test(arguments: 0..<garbage.count)
+        func garbageInsteadOfAClientHelloFails(index: Int) async throws {
+            let garbage = Self.garbage[index]
             try await expectNoLeaks {
                 let server = try await Self.serve()
-                let raw = try await RawTCPClient(port: server.port, sending: bytes)
+                let raw = try await RawTCPClient(port: server.port, sending: garbage.bytes)
                 let failure = try await Self.firstFailure(of: server)
-                #expect(failure.reason != .handshakeTimedOut)
-                #expect(!failure.detail.isEmpty)
+                #expect(failure.reason == garbage.reason)
+                #expect(failure.detail.contains(garbage.detail), "\(failure)")
                 try await raw.channel.closeFuture.get()  // the server hung up
+                await server.close()
+            }
+        }
+
+        @Test func aClientThatHangsUpMidHandshakeIsReported() async throws {
+            try await expectNoLeaks {
+                let server = try await Self.serve()
+                let raw = try await RawTCPClient(port: server.port, sending: [0x16, 0x03, 0x01, 0x01, 0x00, 0x01])
+                await raw.close()
+                let failure = try await Self.firstFailure(of: server)
+                #expect(failure.reason == .closedDuringHandshake)
                 await server.close()
             }
         }
