@@ -115,6 +115,37 @@ extension PSKTLSTests {
             }
         }
 
+        @Test func establishedConnectionsNobodyTakesAreBoundedAndClosed() async throws {
+            try await expectNoLeaks {
+                let server = try await Self.serve { $0.maximumPendingConnections = 1 }
+                let first = try await PSKTLSClient.connect(host: "127.0.0.1", port: server.port,
+                                                           identity: Fixtures.identity192, psk: Fixtures.psk)
+                let second = try await PSKTLSClient.connect(host: "127.0.0.1", port: server.port,
+                                                            identity: Fixtures.identity192, psk: Fixtures.psk)
+                // The second found the queue full: the server closed it (cleanly, with close_notify).
+                try await second.executeThenClose { inbound, _ in
+                    var iterator = inbound.makeAsyncIterator()
+                    let rest = try await readAll(&iterator)
+                    #expect(rest.isEmpty)
+                }
+                #expect(server.statistics.dropped == 1)
+                // The first waits in the queue and works.
+                var connections = server.connections.makeAsyncIterator()
+                let accepted = try #require(await connections.next())
+                async let served: Void = accepted.executeThenClose { inbound, outbound in
+                    for try await buffer in inbound { try await outbound.write(buffer) }
+                }
+                try await first.executeThenClose { inbound, outbound in
+                    try await outbound.write(ByteBuffer(string: "still here"))
+                    outbound.finish()
+                    var iterator = inbound.makeAsyncIterator()
+                    #expect(try await readAll(&iterator) == Array("still here".utf8))
+                }
+                try await served
+                await server.close()
+            }
+        }
+
         /// A reader that stops reading makes the writer wait: neither side buffers the whole transfer.
         /// The server side is a plain NIO writer that writes while the channel is writable (what
         /// `PSKTLSHandler` must keep meaningful: it holds no plaintext of its own once the handshake is
