@@ -180,7 +180,7 @@ public final class BeaconHTTPServer: Sendable {
             return state.channel
         }
         guard let channel else { return }
-        logger.warning("beacon server overloaded; port closed", metadata: ["seconds": "\(limits.overloadClosePeriod.nanoseconds / 1_000_000_000)"])
+        logger.warning("beacon server overloaded; port closed", metadata: ["milliseconds": "\(limits.overloadClosePeriod.nanoseconds / 1_000_000)"])
         channel.close(promise: nil)
         overloadHandler(limits.overloadClosePeriod)
         channel.eventLoop.scheduleTask(in: limits.overloadClosePeriod) { [self] in self.reopen() }

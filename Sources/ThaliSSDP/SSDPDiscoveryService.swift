@@ -47,7 +47,8 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
     private var stopped = false
     private var multicastChannel: Channel?
     private var unicastChannel: Channel?
-    private var device: NIONetworkDevice?
+    /// The pinned interface address (for the group join).
+    private var device: SocketAddress?
     private var groupSocketAddress: SocketAddress?
     private var announcer: SSDPAnnouncer
     private var searcher: SSDPSearcher
@@ -102,10 +103,10 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
         }
         let groupAddress = try SocketAddress(ipAddress: configuration.groupAddress, port: configuration.port)
         guard groupAddress.isMulticast else { throw StartError.invalidAddress(configuration.groupAddress) }
-        let device = try System.enumerateDevices().first {
-            $0.address?.ipAddress == configuration.interfaceAddress
+        guard try System.enumerateDevices().contains(where: { $0.address?.ipAddress == configuration.interfaceAddress }) else {
+            throw StartError.noInterface(address: configuration.interfaceAddress)
         }
-        guard let device else { throw StartError.noInterface(address: configuration.interfaceAddress) }
+        let device = try SocketAddress(ipAddress: configuration.interfaceAddress, port: 0)
         try await eventLoop.submit {
             guard !self.started else { throw StartError.alreadyStarted }
             self.started = true
@@ -258,10 +259,18 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
                     }
                 }
                 .bind(host: configuration.groupAddress, port: configuration.port)
-                .flatMap { channel in
-                    (channel as! MulticastChannel).joinGroup(groupSocketAddress, device: device).map { channel }
+                .flatMap { (channel: Channel) -> EventLoopFuture<Channel> in
+                    // IP_ADD_MEMBERSHIP by hand: NIO's joinGroup refuses interfaces without the MULTICAST
+                    // flag, and `lo` has none, yet pinning both sides to 127.0.0.1 works there.
+                    guard case .v4(let group) = groupSocketAddress, case .v4(let interface) = device else {
+                        return channel.close().flatMapThrowing { throw StartError.invalidAddress(configuration.groupAddress) }
+                    }
+                    let request = ip_mreq(imr_multiaddr: group.address.sin_addr, imr_interface: interface.address.sin_addr)
+                    return (channel as! SocketOptionProvider)  // every NIOPosix socket channel provides options
+                        .unsafeSetSocketOption(level: .ip, name: .ip_add_membership, value: request)
+                        .map { channel }
                 }
-                .map { channel in
+                .map { (channel: Channel) in
                     if self.stopped { channel.close(promise: nil) } else { self.multicastChannel = channel }
                 }
         }

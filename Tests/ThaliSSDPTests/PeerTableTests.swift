@@ -107,18 +107,20 @@ struct PeerTableTests {
 
     @Test func searcherIsRateLimited() {
         var searcher = SSDPSearcher(interval: .seconds(300))
-        #expect(searcher.shouldSearch(now: start))
-        #expect(!searcher.shouldSearch(now: start + .seconds(299)))
-        #expect(searcher.shouldSearch(now: start + .seconds(300)))
+        let join = searcher.shouldSearch(now: start)
+        let tooSoon = searcher.shouldSearch(now: start + .seconds(299))
+        let later = searcher.shouldSearch(now: start + .seconds(300))
+        #expect(join && !tooSoon && later)
     }
 
     @Test func rateWindowsAndBoundedKeys() {
         var window = RateWindow(limit: 2, length: .seconds(1))
-        #expect(window.record(now: start) && window.record(now: start))
-        #expect(!window.record(now: start + .milliseconds(999)))
-        #expect(window.record(now: start + .seconds(1)))
+        let first = window.record(now: start), second = window.record(now: start)
+        let third = window.record(now: start + .milliseconds(999)), nextWindow = window.record(now: start + .seconds(1))
+        #expect(first && second && !third && nextWindow)
         var keyed = KeyedRateWindows<Int>(limit: 1, length: .seconds(10), maxKeys: 3)
-        #expect(keyed.record(1, now: start) && !keyed.record(1, now: start))
+        let allowed = keyed.record(1, now: start), refused = keyed.record(1, now: start)
+        #expect(allowed && !refused)
         for key in 2...100 { _ = keyed.record(key, now: start) }  // a spray of sources cannot grow it past 3
         #expect(keyed.trackedKeys <= 3)
     }

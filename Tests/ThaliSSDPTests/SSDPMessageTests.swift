@@ -102,8 +102,9 @@ struct SSDPMessageTests {
     @Test func rejectsAwkwardInputWithTypedReasons() {
         let base = Self.alive
         #expect(parseError(base.replacingOccurrences(of: "\r\n", with: "\n")) == .badLineEnding(offset: 17))
-        #expect(parseError(String(base.dropLast(2))) == .badLineEnding(offset: base.utf8.count - 2))
-        #expect(parseError(String(base.dropLast(1))) == .badLineEnding(offset: base.utf8.count - 2))
+        // (Byte-wise: "\r\n" is a single Character to String.dropLast.)
+        #expect(parseError(String(decoding: bytes(base).dropLast(2), as: UTF8.self)) == .badLineEnding(offset: base.utf8.count - 2))
+        #expect(parseError(String(decoding: bytes(base).dropLast(1), as: UTF8.self)) == .badLineEnding(offset: base.utf8.count - 2))
         #expect(parseError("") == .badLineEnding(offset: 0))
         #expect(parseError("\r\n") == .badLineEnding(offset: 2))
         #expect(parseError(base + "body") == .unexpectedBody(bytes: 4))
