@@ -481,17 +481,25 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
             perform(table.fetched(serviceName: serviceName, result: .failed, reason: "\(error.reason)"))
             if consecutiveUnicastFailures >= configuration.limits.unicastFailureThreshold {
                 consecutiveUnicastFailures = 0
-                counters.unicastFailurePauses += 1
-                pauseAnnouncing(for: configuration.limits.unicastFailurePause, kind: .unicastFailure)
+                if pauseAnnouncing(for: configuration.limits.unicastFailurePause, kind: .unicastFailure) {
+                    counters.unicastFailurePauses += 1
+                }
             }
             return nil
         }
     }
 
-    private func pauseAnnouncing(for period: TimeAmount, kind: SSDPDiscoveryEvent.LimitKind) {
+    /// Pauses announcing; returns whether this started a pause (an ongoing one is only extended).
+    @discardableResult
+    private func pauseAnnouncing(for period: TimeAmount, kind: SSDPDiscoveryEvent.LimitKind) -> Bool {
+        if case .paused = announcer.state {
+            _ = announcer.pause(until: .now() + period)
+            return false
+        }
         logger.warning("SSDP announcements paused", metadata: ["limit": "\(kind.rawValue)"])
         eventSink.yield(.limitTriggered(kind))
         if let byebye = announcer.pause(until: .now() + period) { send(byebye) }
+        return true
     }
 
     private func httpOverloaded(for period: TimeAmount) {
