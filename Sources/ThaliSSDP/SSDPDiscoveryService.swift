@@ -113,16 +113,27 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
         }.get()
 
         server.setBeacons(beacons)
-        let httpPort = try await server.start(port: configuration.httpPort)
-        let unicast = try await openUnicastChannel().get()
-        try await eventLoop.submit {
-            self.device = device
-            self.groupSocketAddress = groupAddress
-            self.unicastChannel = unicast
-            self.announcer.location = BeaconLocation(host: self.configuration.interfaceAddress, port: httpPort)
-            self.advertised = beacons
-        }.get()
-        try await joinGroup().get()
+        do {
+            let httpPort = try await server.start(port: configuration.httpPort)
+            let unicast = try await openUnicastChannel().get()
+            try await eventLoop.submit {
+                self.device = device
+                self.groupSocketAddress = groupAddress
+                self.unicastChannel = unicast
+                self.announcer.location = BeaconLocation(host: self.configuration.interfaceAddress, port: httpPort)
+                self.advertised = beacons
+            }.get()
+            try await joinGroup().get()
+        } catch {
+            // Leave nothing open behind a failed start.
+            let unicast = try? await eventLoop.submit { () -> Channel? in
+                defer { self.unicastChannel = nil }
+                return self.unicastChannel
+            }.get()
+            try? await unicast?.close()
+            await server.stop()
+            throw error
+        }
         try await eventLoop.submit {
             if beacons != nil { self.sendAll(self.announcer.beaconsChanged(advertising: true)) }
             self.searchIfAllowed()

@@ -274,3 +274,37 @@ struct BeaconHTTPTests {
         }
     }
 }
+
+@Suite("Beacon request handler")
+struct BeaconRequestHandlerTests {
+    /// Sends `request` through the server pipeline in an EmbeddedChannel and returns the response text.
+    func exchange(_ request: String, beacons: [UInt8]?) throws -> String {
+        let channel = EmbeddedChannel()
+        try channel.pipeline.syncOperations.configureHTTPServerPipeline(withPipeliningAssistance: false)
+        try channel.pipeline.syncOperations.addHandler(BeaconRequestHandler(beacons: { beacons }))
+        for byte in request.utf8 {  // one byte at a time: the worst split there is
+            try channel.writeInbound(ByteBuffer(bytes: [byte]))
+        }
+        var text = ""
+        while let buffer = try channel.readOutbound(as: ByteBuffer.self) { text += String(buffer: buffer) }
+        _ = try? channel.finish()
+        return text
+    }
+
+    @Test func answersWithTheExactStatusAndHeaders() throws {
+        let get = "GET /NotificationBeacons HTTP/1.1\r\nHost: x\r\n\r\n"
+        let empty = try exchange(get, beacons: nil)
+        #expect(empty.hasPrefix("HTTP/1.1 204 No Content\r\n"))
+        #expect(!empty.contains("Content-Type"))
+        let full = try exchange(get, beacons: [0x41, 0x42])
+        #expect(full.hasPrefix("HTTP/1.1 200 OK\r\n"))
+        #expect(full.contains("\r\nContent-Type: application/octet-stream\r\n"))
+        #expect(full.contains("\r\nCache-Control: no-cache\r\n"))
+        #expect(full.contains("\r\nContent-Length: 2\r\n"))
+        #expect(full.hasSuffix("\r\n\r\nAB"))
+        #expect(try exchange("GET /NotificationBeacons?x=1 HTTP/1.1\r\nHost: x\r\n\r\n", beacons: [1]).hasPrefix("HTTP/1.1 200 OK"))
+        #expect(try exchange("GET / HTTP/1.1\r\nHost: x\r\n\r\n", beacons: [1]).hasPrefix("HTTP/1.1 404 Not Found"))
+        let head = try exchange("HEAD /NotificationBeacons HTTP/1.1\r\nHost: x\r\n\r\n", beacons: [1])
+        #expect(head.hasPrefix("HTTP/1.1 405 Method Not Allowed") && head.contains("Allow: GET"))
+    }
+}

@@ -239,6 +239,22 @@ struct SSDPDiscoveryServiceTests {
         await bob.stop()
     }
 
+    @Test func startRefusesAddressesItCannotPinTo() async throws {
+        let nowhere = SSDPDiscoveryService(configuration: SSDPDiscoveryConfiguration(interfaceAddress: "10.254.254.254"),
+                                           group: group)
+        await #expect(throws: SSDPDiscoveryService.StartError.noInterface(address: "10.254.254.254")) {
+            try await nowhere.start()
+        }
+        let notAnAddress = SSDPDiscoveryService(configuration: SSDPDiscoveryConfiguration(interfaceAddress: "localhost"),
+                                                group: group)
+        await #expect(throws: SSDPDiscoveryService.StartError.invalidAddress("localhost")) { try await notAnAddress.start() }
+        var unicastGroup = loopbackConfiguration(port: try freeUDPPort())
+        unicastGroup.groupAddress = "127.0.0.1"
+        await #expect(throws: SSDPDiscoveryService.StartError.invalidAddress("127.0.0.1")) {
+            try await SSDPDiscoveryService(configuration: unicastGroup, group: group).start()
+        }
+    }
+
     @Test func searchAnswersAreBoundedUnderAnMSearchFlood() async throws {
         let port = try freeUDPPort()
         var configuration = loopbackConfiguration(port: port)
