@@ -59,6 +59,12 @@ struct Discover: AsyncParsableCommand {
     @Option(help: "Stop after this many seconds (default: run until stopped).")
     var duration: Double?
 
+    func validate() throws {
+        if beaconsHex != nil && beaconsFile != nil {
+            throw ValidationError("give --beacons-hex or --beacons-file, not both")
+        }
+    }
+
     func run() async throws {
         var configuration = SSDPDiscoveryConfiguration(interfaceAddress: interfaceAddress)
         configuration.groupAddress = group

@@ -21,13 +21,13 @@ struct RealPeerTests {
         let started = try await waitForLine(node, "started") { $0["event"] as? String == "started" }
         let usn = try #require(started["usn"] as? String)
         let location = try #require(started["location"] as? String)
-        let gssdp = try namespace.spawn("gssdp-discover", ["-i", "lo", "-t", Self.nt, "-m", "all", "-n", "4"])
+        let gssdp = try namespace.spawn("gssdp-discover", ["-i", "lo", "-t", Self.nt, "-m", "all", "-n", "6"])
         try await gssdp.waitForOutput(containing: "USN:      \(usn)", timeout: .seconds(3))
         #expect(gssdp.output.contains("resource available"))
         #expect(gssdp.output.contains("Location: \(location)"))
         node.write("stop\n")
         try await gssdp.waitForOutput(containing: "resource unavailable", timeout: .seconds(3))
-        try await gssdp.waitForExit(timeout: .seconds(6))
+        try await gssdp.waitForExit(timeout: .seconds(8))
         try await node.waitForExit()
     }
 

@@ -163,7 +163,7 @@ struct SSDPDiscoveryServiceTests {
         #expect(await bob.isDiscoveryOff())
         let during = await bob.counters()
         #expect(during.floodShutdowns == 1)
-        #expect(during.datagramsReceived <= 21 + 2)  // the rest were dropped by the kernel (socket closed)
+        #expect(during.datagramsReceived < 40)  // of 60: the rest were dropped by the kernel (socket closed)
         try await eventually(timeout: .seconds(3), "discovery back on") { !(await bob.isDiscoveryOff()) }
         try await raw.send(aliveText(port: port, location: "http://127.0.0.1:2000/"))
         try await bobEvents.wait(timeout: .seconds(2), "a peer after the cool-down") {
