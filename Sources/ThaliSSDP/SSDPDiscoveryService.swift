@@ -23,6 +23,8 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
         case invalidAddress(String)
         /// `start` was called twice.
         case alreadyStarted
+        /// The datagram channel does not expose socket options (not a POSIX socket).
+        case socketOptionsUnavailable
     }
 
     /// The beacon consumer: called once per fetched USN with the peer and its stream bytes.
@@ -246,7 +248,9 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
             }
             .bind(host: configuration.interfaceAddress, port: 0)
             .flatMap { [configuration] channel in
-                let options = channel as! SocketOptionProvider  // every NIOPosix socket channel provides options
+                guard let options = channel as? SocketOptionProvider else {
+                    return channel.close().flatMapThrowing { throw StartError.socketOptionsUnavailable }
+                }
                 return options.setIPMulticastIF(interface)
                     .flatMap { options.setIPMulticastTTL(configuration.multicastTTL) }
                     .flatMap { options.setIPMulticastLoop(1) }
@@ -277,7 +281,10 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
                         return channel.close().flatMapThrowing { throw StartError.invalidAddress(configuration.groupAddress) }
                     }
                     let request = ip_mreq(imr_multiaddr: group.address.sin_addr, imr_interface: interface.address.sin_addr)
-                    return (channel as! SocketOptionProvider)  // every NIOPosix socket channel provides options
+                    guard let options = channel as? SocketOptionProvider else {
+                        return channel.close().flatMapThrowing { throw StartError.socketOptionsUnavailable }
+                    }
+                    return options
                         .unsafeSetSocketOption(level: .ip, name: .ip_add_membership, value: request)
                         .map { channel }
                 }
@@ -534,19 +541,5 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
         var buffer = [CChar](repeating: 0, count: 64)
         let length = strftime(&buffer, buffer.count, "%a, %d %b %Y %H:%M:%S GMT", &parts)
         return String(decoding: buffer.prefix(length).map { UInt8(bitPattern: $0) }, as: UTF8.self)
-    }
-}
-
-/// Hands each received datagram to the service; only moves bytes.
-final class SSDPDatagramHandler: ChannelInboundHandler, Sendable {
-    typealias InboundIn = AddressedEnvelope<ByteBuffer>
-    private let onDatagram: @Sendable (AddressedEnvelope<ByteBuffer>) -> Void
-
-    init(_ onDatagram: @escaping @Sendable (AddressedEnvelope<ByteBuffer>) -> Void) { self.onDatagram = onDatagram }
-
-    func channelRead(context: ChannelHandlerContext, data: NIOAny) { onDatagram(unwrapInboundIn(data)) }
-
-    func errorCaught(context: ChannelHandlerContext, error: Error) {
-        // UDP errors (ICMP unreachable after a unicast answer) are per datagram; the socket stays usable.
     }
 }
