@@ -65,9 +65,12 @@ struct PeerTable {
         return [.emit(.appeared(peer)), .fetch(location, serviceName: serviceName)]
     }
 
-    /// A byebye: the peer departs unless a new USN arrives from it within the grace period.
-    mutating func byebye(serviceName: String, now: NIODeadline) -> [Action] {
-        guard let location = locationByServiceName[serviceName], var entry = entries[location] else { return [] }
+    /// A byebye from `source`: the peer departs unless a new USN arrives from it within the grace period.
+    /// Only the peer's own address may say byebye for it, so a forged byebye cannot evict anyone.
+    mutating func byebye(serviceName: String, source: String?, now: NIODeadline) -> [Action] {
+        guard let location = locationByServiceName[serviceName], var entry = entries[location],
+            location.host == source
+        else { return [] }
         entry.state = .departing(deadline: now + byebyeGrace)
         entries[location] = entry
         return []

@@ -385,7 +385,7 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
                 perform(table.alive(serviceName: notification.uniqueServiceName, location: location,
                                     maxAge: notification.maxAge ?? 0, now: now))
             case .byebye:
-                perform(table.byebye(serviceName: notification.uniqueServiceName, now: now))
+                perform(table.byebye(serviceName: notification.uniqueServiceName, source: source.ipAddress, now: now))
             }
         case .search(let search):
             respond(to: search, from: source)

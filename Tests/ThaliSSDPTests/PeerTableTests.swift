@@ -24,7 +24,7 @@ struct PeerTableTests {
         var table = PeerTable(maxPeers: 10, byebyeGrace: .milliseconds(300))
         _ = table.alive(serviceName: "uuid:1", location: a, maxAge: 60, now: start)
         _ = table.fetched(serviceName: "uuid:1", result: .fetched([1]))
-        #expect(table.byebye(serviceName: "uuid:1", now: start).isEmpty)
+        #expect(table.byebye(serviceName: "uuid:1", source: "10.0.0.1", now: start).isEmpty)
         let actions = table.alive(serviceName: "uuid:2", location: a, maxAge: 60, now: start + .milliseconds(1))
         let peer = SSDPPeer(location: a, uniqueServiceName: "uuid:2", beaconState: .fetching)
         #expect(actions == [.emit(.changed(peer, previousServiceName: "uuid:1")), .fetch(a, serviceName: "uuid:2")])
@@ -36,11 +36,19 @@ struct PeerTableTests {
     @Test func byebyeAloneIsADepartureAfterTheGrace() {
         var table = PeerTable(maxPeers: 10, byebyeGrace: .milliseconds(300))
         _ = table.alive(serviceName: "uuid:1", location: a, maxAge: 60, now: start)
-        _ = table.byebye(serviceName: "uuid:1", now: start)
+        _ = table.byebye(serviceName: "uuid:1", source: "10.0.0.1", now: start)
         #expect(table.expire(now: start + .milliseconds(299)).isEmpty)
         let left = table.expire(now: start + .milliseconds(300))
         #expect(left == [.emit(.left(SSDPPeer(location: a, uniqueServiceName: "uuid:1", beaconState: .fetching), reason: .byebye))])
-        #expect(table.byebye(serviceName: "uuid:unknown", now: start).isEmpty)
+        #expect(table.byebye(serviceName: "uuid:unknown", source: "10.0.0.1", now: start).isEmpty)
+    }
+
+    @Test func aByebyeFromAnotherAddressIsIgnored() {
+        var table = PeerTable(maxPeers: 10, byebyeGrace: .milliseconds(300))
+        _ = table.alive(serviceName: "uuid:1", location: a, maxAge: 60, now: start)
+        _ = table.byebye(serviceName: "uuid:1", source: "10.0.0.66", now: start)
+        #expect(table.expire(now: start + .seconds(1)).isEmpty)
+        #expect(table.count == 1)
     }
 
     @Test func deployedGenerationsWithoutByebyeAreChanges() {
