@@ -65,7 +65,6 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
     private var aliveTask: RepeatedTask?
     private var housekeepingTask: RepeatedTask?
     private var searchTask: RepeatedTask?
-    private var advertised: [UInt8]?
 
     /// A service with `configuration`, running on one loop of `group`; `consumer` receives fetched beacons.
     public init(configuration: SSDPDiscoveryConfiguration, group: EventLoopGroup,
@@ -123,7 +122,6 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
                 self.groupSocketAddress = groupAddress
                 self.unicastChannel = unicast
                 self.announcer.location = BeaconLocation(host: self.configuration.interfaceAddress, port: httpPort)
-                self.advertised = beacons
             }.get()
             try await joinGroup().get()
         } catch {
@@ -154,7 +152,6 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
         server.setBeacons(beacons)
         try? await eventLoop.submit {
             guard self.started, !self.stopped else { return }
-            self.advertised = beacons
             self.sendAll(self.announcer.beaconsChanged(advertising: beacons != nil))
         }.get()
     }
@@ -172,10 +169,10 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
 
     /// Clean shutdown: byebye for our USN, then sockets and server closed; tracked peers reported as left.
     public func stop() async {
-        let channels: [Channel] = (try? await eventLoop.submit { () -> [Channel] in
-            guard self.started, !self.stopped else { return [] }
+        let (channels, byebyeSent) = (try? await eventLoop.submit { () -> ([Channel], EventLoopFuture<Void>?) in
+            guard self.started, !self.stopped else { return ([], nil) }
+            let byebyeSent = self.announcer.shutdown().map { self.send($0) }
             self.stopped = true
-            if let byebye = self.announcer.shutdown() { self.send(byebye) }
             self.aliveTask?.cancel()
             self.housekeepingTask?.cancel()
             self.searchTask?.cancel()
@@ -183,8 +180,9 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
             let channels = [self.multicastChannel, self.unicastChannel].compactMap { $0 }
             self.multicastChannel = nil
             self.unicastChannel = nil
-            return channels
-        }.get()) ?? []
+            return (channels, byebyeSent)
+        }.get()) ?? ([], nil)
+        try? await byebyeSent?.get()  // the byebye leaves before its socket closes
         for channel in channels { try? await channel.close() }
         await server.stop()
         eventSink.finish()
@@ -318,8 +316,11 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
 
     // MARK: Sending
 
-    private func send(_ message: SSDPMessage, to destination: SocketAddress? = nil) {
-        guard let channel = unicastChannel, let target = destination ?? groupSocketAddress else { return }
+    @discardableResult
+    private func send(_ message: SSDPMessage, to destination: SocketAddress? = nil) -> EventLoopFuture<Void> {
+        guard let channel = unicastChannel, let target = destination ?? groupSocketAddress else {
+            return eventLoop.makeSucceededVoidFuture()
+        }
         switch message {
         case .notification(let notification):
             if notification.subtype == .alive { counters.alivesSent += 1 } else { counters.byebyesSent += 1 }
@@ -327,7 +328,7 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
         case .searchResponse: counters.searchResponsesSent += 1
         }
         let buffer = channel.allocator.buffer(bytes: message.serialize())
-        channel.writeAndFlush(AddressedEnvelope(remoteAddress: target, data: buffer), promise: nil)
+        return channel.writeAndFlush(AddressedEnvelope(remoteAddress: target, data: buffer))
     }
 
     private func sendAll(_ messages: [SSDPMessage]) { messages.forEach { send($0) } }
