@@ -353,11 +353,11 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
         guard !stopped else { return }
         counters.datagramsReceived += 1
         let now = NIODeadline.now()
+        guard discoveryOffUntil == nil else { return }  // stragglers read before the socket closed
         guard flood.record(now: now) else {
             counters.floodShutdowns += 1
             return switchDiscoveryOff(.announcementFlood)
         }
-        guard discoveryOffUntil == nil else { return }
         let message: SSDPMessage
         do {
             message = try SSDPMessage.parse(envelope.data.readableBytesView, limits: configuration.parserLimits)
