@@ -13,7 +13,8 @@ import Darwin
 /// peers it hears, fetches each peer's beacons once per USN and hands them to a consumer, and serves its
 /// own beacons at `/NotificationBeacons`. Beacons are opaque bytes here; the app plugs in their parser.
 ///
-/// All mutable state lives on one event loop (`eventLoop`); public methods hop there.
+/// All mutable state lives on one event loop (`eventLoop`); public methods hop there. Call `stop()` when
+/// done: it sends the byebye and releases the sockets, timers and the beacon server.
 public final class SSDPDiscoveryService: @unchecked Sendable {
     /// Errors raised by `start`.
     public enum StartError: Error, Hashable, Sendable {
