@@ -134,11 +134,10 @@ public enum BeaconConformance {
 
     /// Reads and checks the vector file at `path`.
     public static func check(contentsOf path: String) -> Report {
-        let name = (path as NSString).lastPathComponent
         guard let data = FileManager.default.contents(atPath: path) else {
-            return fileFailure(name, "a readable file", "cannot read \(path)")
+            return fileFailure(path, "a readable file", "cannot read it")
         }
-        return check(json: data, file: name)
+        return check(json: data, file: path)
     }
 
     /// Decodes and checks a vector file's JSON; `file` names it in the differences.
@@ -202,13 +201,14 @@ public enum BeaconConformance {
 
         // Parses.
         for (index, parse) in vector.parses.enumerated() {
-            let field = "parses[\(index)]" + (parse.description.map { " (\($0))" } ?? "")
+            let about = parse.description.map { " (\($0))" } ?? ""
+            func field(_ name: String) -> String { "parses[\(index)].\(name)\(about)" }
             let expected: String
             switch (parse.expect.match, parse.expect.reject) {
             case (let match?, nil): expected = "match \(match) from \(parse.expect.senderPublicKey ?? "?")"
             case (nil, let reject?): expected = "reject \(reject)"
             default:
-                differ(field, "one of match or reject in expect", "neither or both")
+                differ(field("expect"), "one of match or reject", "neither or both")
                 continue
             }
             let got: String
@@ -218,7 +218,7 @@ public enum BeaconConformance {
                     identity: try PrivateKey(hex: parse.receiverPrivateKey), profile: profile)
                 try receiver.addressBook.add(contentsOf: parse.addressBook.map { (hex) throws(KeyError) in try PublicKey(hex: hex) })
                 guard let stream = Hex.decode(parse.stream ?? vector.stream) else {
-                    differ(field, "a hex stream", "not hex in the vector")
+                    differ(field("stream"), "hex", "not hex in the vector")
                     continue
                 }
                 do {
@@ -230,7 +230,7 @@ public enum BeaconConformance {
                     matched = nil
                 }
             } catch {
-                differ(field, "valid receiver keys", "error \(error)")
+                differ(field("keys"), "valid receiver and address-book keys", "error \(error)")
                 continue
             }
             // Compare senders as points so that either encoding in the vector is accepted.
@@ -241,15 +241,15 @@ public enum BeaconConformance {
             } else {
                 same = expected == got
             }
-            if !same { differ(field + ".outcome", expected, got) }
+            if !same { differ(field("outcome"), expected, got) }
             // The receiver's PSK must be the one the sender's server accepts for that beacon.
             if same, let matched, matched.beaconIndex < vector.beacons.count {
                 let beacon = vector.beacons[matched.beaconIndex]
                 if beacon.pskIdentity != matched.pskIdentity {
-                    differ(field + ".psk_identity", beacon.pskIdentity, matched.pskIdentity)
+                    differ(field("psk_identity"), beacon.pskIdentity, matched.pskIdentity)
                 }
                 if beacon.pskSecret.lowercased() != Hex.encode(matched.psk) {
-                    differ(field + ".psk_secret", beacon.pskSecret.lowercased(), Hex.encode(matched.psk))
+                    differ(field("psk_secret"), beacon.pskSecret.lowercased(), Hex.encode(matched.psk))
                 }
             }
         }

@@ -62,7 +62,7 @@ import ThaliTestSupport
         let fields = report.differences.map(\.field)
         #expect(fields.contains("beacons[0].psk_secret"))
         #expect(fields.contains("beacons[0].psk_identity"))
-        let outcome = try #require(report.differences.first { $0.field.hasSuffix(".outcome") })
+        let outcome = try #require(report.differences.first { $0.field.hasPrefix("parses[0].outcome") })
         #expect(outcome.expected == "reject expired")
         #expect(outcome.got.hasPrefix("match 0 from 04"))
     }
