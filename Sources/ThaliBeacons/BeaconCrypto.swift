@@ -20,19 +20,11 @@ struct FlagKey {
 extension BeaconProfile {
     /// HKDF-SHA256 with empty info. `spec` uses the secret as input key material and `other` as salt
     /// (RFC 5869 as the presence spec names them); `cordova` swaps the two, as deployed.
-    func derive(
-        secret: some DataProtocol & ContiguousBytes, other: some DataProtocol & ContiguousBytes, count: Int
-    ) -> [UInt8] {
-        let key: SymmetricKey
+    func derive(secret: some ContiguousBytes, other: some ContiguousBytes, count: Int) -> [UInt8] {
         switch self {
-        case .spec:
-            key = HKDF<SHA256>.deriveKey(
-                inputKeyMaterial: SymmetricKey(data: secret), salt: other, info: [UInt8](), outputByteCount: count)
-        case .cordova:
-            key = HKDF<SHA256>.deriveKey(
-                inputKeyMaterial: SymmetricKey(data: other), salt: secret, info: [UInt8](), outputByteCount: count)
+        case .spec: HMACSHA256.deriveKey(inputKeyMaterial: secret, salt: other, count: count)
+        case .cordova: HMACSHA256.deriveKey(inputKeyMaterial: other, salt: secret, count: count)
         }
-        return key.withUnsafeBytes { Array($0) }
     }
 
     /// The ephemeral key as written at the start of a stream.
@@ -105,8 +97,7 @@ extension BeaconProfile {
     /// The 16-byte beacon HMAC: HMAC-SHA256(HKxy, expiration)[0..<16], HKxy = HKDF(Sxy, expiration).
     func beaconHmac(sxy: [UInt8], expiration: ArraySlice<UInt8>) -> [UInt8] {
         let hkxy = derive(secret: sxy, other: expiration, count: 32)
-        let mac = HMAC<SHA256>.authenticationCode(for: expiration, using: SymmetricKey(data: hkxy))
-        return Array(mac.prefix(16))
+        return Array(HMACSHA256.authenticationCode(key: hkxy, message: expiration).prefix(16))
     }
 
     /// The TLS PSK identity for a beacon: base64 of preamble ‖ beacon (`spec`, 192 characters) or
