@@ -13,6 +13,18 @@ struct FlagKey {
     }
 
     let cipher: Cipher
+
+    /// `spec` only: the keystream block GCM XORs onto the 16-byte KeyId (the encryption of counter
+    /// block 2), found by sealing 16 zero bytes. A flag's first 16 bytes XOR this give the KeyId the
+    /// flag carries if its tag verifies, so a receiver can look the KeyId up before paying for the
+    /// tag check. `nil` for `cordova`, whose CBC flags have no such shortcut.
+    func gcmKeystream() -> (high: UInt64, low: UInt64)? {
+        guard case .gcm(let key, let nonce) = cipher,
+              let box = try? AES.GCM.seal([UInt8](repeating: 0, count: 16), using: key, nonce: nonce)
+        else { return nil }
+        let block = Array(box.ciphertext)
+        return (block[0..<8].reduce(0) { $0 << 8 | UInt64($1) }, block[8..<16].reduce(0) { $0 << 8 | UInt64($1) })
+    }
 }
 
 /// The cryptographic steps of both profiles. Where the profiles differ only in the order of HKDF's
@@ -61,15 +73,16 @@ extension BeaconProfile {
         }
     }
 
-    /// Encrypts a KeyId into a 32-byte flag.
-    func sealFlag(_ keyId: KeyId, with flagKey: FlagKey) -> [UInt8] {
+    /// Appends the 32-byte flag that encrypts `keyId` (16 bytes) to `stream`.
+    func sealFlag(_ keyId: [UInt8], with flagKey: FlagKey, into stream: inout [UInt8]) {
         switch flagKey.cipher {
         case .gcm(let key, let nonce):
             // Sealing 16 bytes with a valid key and nonce cannot fail.
-            let box = try! AES.GCM.seal(keyId.bytes, using: key, nonce: nonce)
-            return Array(box.ciphertext) + Array(box.tag)
+            let box = try! AES.GCM.seal(keyId, using: key, nonce: nonce)
+            stream.append(contentsOf: box.ciphertext)
+            stream.append(contentsOf: box.tag)
         case .cbc(let key, let iv):
-            return Array(try! AES._CBC.encrypt(keyId.bytes, using: key, iv: iv))  // 16 bytes + a pad block
+            stream.append(contentsOf: try! AES._CBC.encrypt(keyId, using: key, iv: iv))  // 16 bytes + a pad block
         }
     }
 
@@ -103,17 +116,14 @@ extension BeaconProfile {
     /// The TLS PSK identity for a beacon: base64 of preamble ‖ beacon (`spec`, 192 characters) or
     /// unpadded URL-safe base64 of SHA-256(preamble ‖ beacon) (`cordova`, 43 characters).
     func pskIdentity(preamble: ArraySlice<UInt8>, beacon: ArraySlice<UInt8>) -> String {
-        var data = Data(capacity: preamble.count + beacon.count)
-        data.append(contentsOf: preamble)
-        data.append(contentsOf: beacon)
         switch self {
         case .spec:
-            return data.base64EncodedString()
+            return Base64.encode(preamble, beacon)
         case .cordova:
-            return Data(SHA256.hash(data: data)).base64EncodedString()
-                .replacingOccurrences(of: "+", with: "-")
-                .replacingOccurrences(of: "/", with: "_")
-                .replacingOccurrences(of: "=", with: "")
+            var hash = SHA256()
+            preamble.withUnsafeBytes { hash.update(bufferPointer: $0) }
+            beacon.withUnsafeBytes { hash.update(bufferPointer: $0) }
+            return Base64.encode(ArraySlice(hash.finalize()), urlSafe: true)
         }
     }
 

@@ -22,7 +22,7 @@ public final class BeaconGenerator: Sendable {
 
     private let clock: BeaconClock
     private let entropy: BeaconEntropy
-    private let ourKeyId: KeyId
+    private let ourKeyId: [UInt8]
     private let secrets: Locked<[PublicKey: [UInt8]]>
 
     /// A generator for `identity`. Production leaves `clock` and `entropy` at the system defaults;
@@ -36,7 +36,7 @@ public final class BeaconGenerator: Sendable {
         self.limits = limits
         self.clock = clock
         self.entropy = entropy
-        self.ourKeyId = KeyId(of: identity.publicKey, profile: profile)
+        self.ourKeyId = KeyId(of: identity.publicKey, profile: profile).bytes
         self.secrets = Locked([:])
     }
 
@@ -80,7 +80,7 @@ public final class BeaconGenerator: Sendable {
         for receiver in receivers {
             let sey = ephemeralKey.sharedSecret(with: receiver)
             let sxy = sharedSecret(with: receiver)
-            stream += profile.sealFlag(ourKeyId, with: profile.flagKey(sey: sey, expiration: expirationBytes))
+            profile.sealFlag(ourKeyId, with: profile.flagKey(sey: sey, expiration: expirationBytes), into: &stream)
             stream += profile.beaconHmac(sxy: sxy, expiration: expirationBytes)
             secretsOfReceivers.append(sxy)
         }

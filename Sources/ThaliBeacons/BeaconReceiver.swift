@@ -106,17 +106,36 @@ public final class BeaconReceiver: Sendable {
         }
 
         let flagKey = profile.flagKey(sey: identity.sharedSecret(with: ephemeralKey), expiration: expirationBytes)
+        func authenticatedKeyId(_ index: Int) -> KeyId? {
+            let start = preambleLength + index * BeaconWire.beaconLength
+            return profile.openFlag(stream[start..<(start + BeaconWire.flagLength)], with: flagKey)
+        }
+        let keystream = flagKey.gcmKeystream()
+        // spec: beacons before this index are known not to be an authenticated flag from a stranger.
+        var checkedBefore = 0
         for index in 0..<beaconCount {
             let start = preambleLength + index * BeaconWire.beaconLength
             let flagEnd = start + BeaconWire.flagLength
-            guard let keyId = profile.openFlag(stream[start..<flagEnd], with: flagKey) else { continue }
-            guard let contact = addressBook.entry(for: keyId) else {
-                // spec: an authenticated flag is certainly ours, so an unknown sender ends the scan.
-                // cordova: a CBC decrypt with good padding proves nothing, so keep looking.
-                if profile == .spec {
-                    throw BeaconRejection(.noMatch, "beacon \(index) is for us but its sender is not in the address book")
+            let keyId: KeyId
+            let contact: AddressBook.Entry
+            if let keystream {
+                // spec: only a flag naming a contact can lead to a match, so the dictionary lookup of the
+                // KeyId the flag would carry comes first and the GCM tag is verified for those alone.
+                let candidate = KeyId(bytes: stream[start..<flagEnd], xoring: keystream)
+                guard let known = addressBook.entry(for: candidate), authenticatedKeyId(index) == candidate else { continue }
+                // The spec's scan ends at the first authenticated flag whose sender is not a contact (such a
+                // flag is certainly ours). Flags skipped above could be one; only now does that matter.
+                for earlier in checkedBefore..<index {
+                    if let stranger = authenticatedKeyId(earlier), addressBook.entry(for: stranger) == nil {
+                        throw BeaconRejection(.noMatch, "beacon \(earlier) is for us but its sender is not in the address book")
+                    }
                 }
-                continue
+                checkedBefore = index + 1
+                (keyId, contact) = (candidate, known)
+            } else {
+                // cordova: a CBC decrypt with good padding proves nothing, so an unknown KeyId is skipped.
+                guard let decrypted = authenticatedKeyId(index), let known = addressBook.entry(for: decrypted) else { continue }
+                (keyId, contact) = (decrypted, known)
             }
             let sxy: [UInt8]
             if let cached = contact.sharedSecret {

@@ -25,6 +25,23 @@ public struct KeyId: Hashable, Sendable, CustomStringConvertible {
         self.low = low
     }
 
+    /// The KeyId that XOR-ing the first 16 bytes of `bytes` with `keystream` gives; no allocation.
+    init(bytes: ArraySlice<UInt8>, xoring keystream: (high: UInt64, low: UInt64)) {
+        var high: UInt64 = 0
+        var low: UInt64 = 0
+        var index = bytes.startIndex
+        for _ in 0..<8 {
+            high = high << 8 | UInt64(bytes[index])
+            index += 1
+        }
+        for _ in 0..<8 {
+            low = low << 8 | UInt64(bytes[index])
+            index += 1
+        }
+        self.high = high ^ keystream.high
+        self.low = low ^ keystream.low
+    }
+
     private init(digestPrefix digest: SHA256.Digest) {
         var bytes = [UInt8]()
         bytes.reserveCapacity(BeaconWire.keyIdLength)

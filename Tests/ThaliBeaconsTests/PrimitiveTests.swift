@@ -1,4 +1,5 @@
 import Crypto
+import Foundation
 import Testing
 @testable import ThaliBeacons
 
@@ -33,6 +34,20 @@ import Testing
         // RFC 5869 test case 3 (empty salt and info), first 32 of its 42 bytes.
         let okm = HMACSHA256.deriveKey(inputKeyMaterial: [UInt8](repeating: 0x0b, count: 22), salt: [UInt8](), count: 32)
         #expect(Hex.encode(okm) == "8da4e775a563c18f715f802a063c5a31b8a11f5c5ee1879ec3454e5f3c738d2d")
+    }
+
+    @Test func base64MatchesFoundationForEveryLengthAndSplit() {
+        var random = SplitMix64(state: 0x6236_3421)
+        for length in 0...100 {
+            let bytes = (0..<length).map { _ in UInt8.random(in: 0...255, using: &random) }
+            let expected = Data(bytes).base64EncodedString()
+            let urlSafe = expected.replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_")
+                .replacingOccurrences(of: "=", with: "")
+            for split in Set([0, length / 3, length / 2, length]) {
+                #expect(Base64.encode(bytes[..<split], bytes[split...]) == expected, "length \(length) split \(split)")
+                #expect(Base64.encode(bytes[..<split], bytes[split...], urlSafe: true) == urlSafe)
+            }
+        }
     }
 
     @Test func constantTimeComparison() {
