@@ -195,6 +195,40 @@ func reason(_ body: () throws(BeaconRejection) -> BeaconMatch) -> BeaconRejectio
         }
     }
 
+    /// The spec scan's outcome is that of checking beacons strictly in order, whatever the position
+    /// of a stranger's authenticated flag (s), beacons for others (o) and ours from a contact (k).
+    @Test(arguments: [
+        ("k", 0), ("ok", 1), ("oook", 3), ("ks", 0), ("kos", 0), ("sk", nil), ("osok", nil), ("oso", nil), ("os", nil),
+    ] as [(String, Int?)])
+    func specScanEqualsInOrderScan(_ layout: String, _ expected: Int?) throws {
+        let me = PrivateKey()
+        let known = PrivateKey()
+        let stranger = PrivateKey()
+        let expiration = start + 60_000
+        let ephemeral = PrivateKey()
+        func beacon(from sender: PrivateKey, to receiver: PublicKey) throws -> [UInt8] {
+            Array(try BeaconGenerator(identity: sender)
+                .makeAnnouncement(for: [receiver], expiration: expiration, ephemeralKey: ephemeral).stream.suffix(48))
+        }
+        var stream = Array(try BeaconGenerator(identity: known)
+            .makeAnnouncement(for: [me.publicKey], expiration: expiration, ephemeralKey: ephemeral).stream.prefix(96))
+        for kind in layout {
+            switch kind {
+            case "k": stream += try beacon(from: known, to: me.publicKey)
+            case "s": stream += try beacon(from: stranger, to: me.publicKey)
+            default: stream += try beacon(from: known, to: PrivateKey().publicKey)
+            }
+        }
+        let receiver = BeaconReceiver(identity: me)
+        try receiver.addressBook.add(known.publicKey)
+        let result = Result { () throws(BeaconRejection) in try receiver.receive(stream, now: start) }
+        switch (result, expected) {
+        case (.success(let match), let index?): #expect(match.beaconIndex == index)
+        case (.failure(let rejection), nil): #expect(rejection.reason == .noMatch)
+        default: Issue.record("\(layout): got \(result), expected \(String(describing: expected))")
+        }
+    }
+
     /// A beacon whose flag names a known sender but whose HMAC is wrong is skipped, and the scan
     /// goes on to the next beacon (both profiles, as in the spec's pseudo-code).
     @Test(arguments: [BeaconProfile.spec, .cordova])
