@@ -214,13 +214,17 @@ public enum BeaconConformance {
             let got: String
             let matched: BeaconMatch?
             do {
-                let receiver = BeaconReceiver(
-                    identity: try PrivateKey(hex: parse.receiverPrivateKey), profile: profile)
-                try receiver.addressBook.add(contentsOf: parse.addressBook.map { (hex) throws(KeyError) in try PublicKey(hex: hex) })
                 guard let stream = Hex.decode(parse.stream ?? vector.stream) else {
                     differ(field("stream"), "hex", "not hex in the vector")
                     continue
                 }
+                // Limits wide enough for any vector: the checks under test are the wire format's.
+                var limits = BeaconLimits()
+                limits.maximumBeaconsPerAnnouncement = max(limits.maximumBeaconsPerAnnouncement, stream.count / BeaconWire.beaconLength)
+                limits.addressBookCapacity = max(limits.addressBookCapacity, parse.addressBook.count)
+                let receiver = BeaconReceiver(
+                    identity: try PrivateKey(hex: parse.receiverPrivateKey), profile: profile, limits: limits)
+                try receiver.addressBook.add(contentsOf: parse.addressBook.map { (hex) throws(KeyError) in try PublicKey(hex: hex) })
                 do {
                     let match = try receiver.receive(stream, now: parse.nowMilliseconds)
                     got = "match \(match.beaconIndex) from \(match.sender.hexString())"

@@ -55,7 +55,8 @@ public final class BeaconGenerator: Sendable {
         guard (1...BeaconWire.maximumValidityMilliseconds).contains(milliseconds) else {
             throw BeaconGenerationError("validity \(milliseconds) ms is outside 1 ... \(BeaconWire.maximumValidityMilliseconds) ms")
         }
-        let expiration = clock.now() + milliseconds + UInt64(entropy.fuzz())
+        let (expiration, overflow) = clock.now().addingReportingOverflow(milliseconds + UInt64(entropy.fuzz()))
+        guard !overflow else { throw BeaconGenerationError("the clock is too close to the end of UInt64 milliseconds") }
         return try makeAnnouncement(for: receivers, expiration: expiration, ephemeralKey: entropy.ephemeralKey())
     }
 

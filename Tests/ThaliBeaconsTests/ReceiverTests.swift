@@ -54,6 +54,8 @@ func reason(_ body: () throws(BeaconRejection) -> BeaconMatch) -> BeaconRejectio
         #expect(throws: BeaconGenerationError.self) { try generator.makeAnnouncement(for: [contact], validity: .milliseconds(86_400_000 - 254)) }
         #expect(throws: Never.self) { try generator.makeAnnouncement(for: [contact], validity: .milliseconds(86_400_000 - 255)) }
         #expect(throws: BeaconGenerationError.self) { try generator.makeAnnouncement(for: Array(repeating: contact, count: 4), validity: .seconds(1)) }
+        let endOfTime = BeaconGenerator(identity: PrivateKey(), clock: .fixed(.max - 10))
+        #expect(throws: BeaconGenerationError.self) { try endOfTime.makeAnnouncement(for: [contact], validity: .seconds(1)) }
     }
 
     @Test func longestValidityWithLargestFuzzIsAcceptedAtOnce() throws {
