@@ -97,6 +97,9 @@ public enum IdentityKeyFile {
         defer { close(descriptor) }
         var info = stat()
         guard fstat(descriptor, &info) == 0 else { throw systemError("cannot stat \(path)") }
+        guard info.st_mode & S_IFMT == S_IFREG else {
+            throw KeyError(.invalidKeyFile, "\(path) is not a regular file")
+        }
         guard info.st_mode & 0o077 == 0 else {
             throw KeyError(.insecurePermissions, "\(path) has mode \(String(info.st_mode & 0o777, radix: 8)); a private key file must be 0600 or stricter")
         }

@@ -6,7 +6,7 @@ import ThaliBeacons
 struct BenchBeacons: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "beacons",
-        abstract: "Measure beacon generation and parsing (spec profile; build with -c release).",
+        abstract: "Measure beacon generation and parsing (spec profile by default; build with -c release).",
         discussion: """
             Medians in microseconds over --runs runs: generating 20 beacons with the Sxy cache cold \
             and warm; parsing a 20-beacon announcement whose last beacon is ours against a \
@@ -22,21 +22,26 @@ struct BenchBeacons: ParsableCommand {
     @Option(help: "Contacts in the receiver's address book.")
     var contacts = 10_000
 
+    @Option(help: "Wire profile: spec or cordova.")
+    var profile = "spec"
+
     func validate() throws {
         guard runs >= 200 else { throw ValidationError("--runs must be at least 200") }
         guard contacts >= 1 else { throw ValidationError("--contacts must be at least 1") }
+        guard BeaconProfile(rawValue: profile) != nil else { throw ValidationError("--profile must be spec or cordova") }
     }
 
     func run() throws {
+        let profile = BeaconProfile(rawValue: self.profile) ?? .spec
         let sender = PrivateKey()
         let me = PrivateKey()
         let receivers = (0..<19).map { _ in PrivateKey().publicKey }
 
         let generateCold = try median(runs) { () throws in
-            let generator = BeaconGenerator(identity: sender)
+            let generator = BeaconGenerator(identity: sender, profile: profile)
             return try measure { _ = try generator.makeAnnouncement(for: receivers + [me.publicKey], validity: .seconds(3600)) }
         }
-        let warmGenerator = BeaconGenerator(identity: sender)
+        let warmGenerator = BeaconGenerator(identity: sender, profile: profile)
         _ = try warmGenerator.makeAnnouncement(for: receivers + [me.publicKey], validity: .seconds(3600))
         let generateWarm = try median(runs) { () throws in
             try measure { _ = try warmGenerator.makeAnnouncement(for: receivers + [me.publicKey], validity: .seconds(3600)) }
@@ -44,7 +49,7 @@ struct BenchBeacons: ParsableCommand {
 
         // Fresh announcements for every parse: the replay cache would refuse a repeat.
         let limits = BeaconLimits(addressBookCapacity: contacts + 1, replayCacheCapacity: 2 * runs + 16)
-        let receiver = BeaconReceiver(identity: me, limits: limits)
+        let receiver = BeaconReceiver(identity: me, profile: profile, limits: limits)
         for _ in 0..<(contacts - 1) { try receiver.addressBook.add(PrivateKey().publicKey) }
         try receiver.addressBook.add(sender.publicKey)
         let matching = try (0...runs).map { _ in try warmGenerator.makeAnnouncement(for: receivers + [me.publicKey], validity: .seconds(3600)) }
@@ -78,7 +83,7 @@ struct BenchBeacons: ParsableCommand {
             ]
             print("{" + fields.map { "\"\($0.0)\": \(String(format: "%.1f", $0.1))" }.joined(separator: ", ") + "}")
         } else {
-            print("beacons, spec profile, medians over \(runs) runs, \(contacts) contacts")
+            print("beacons, \(profile) profile, medians over \(runs) runs, \(contacts) contacts")
             for (name, value) in [
                 ("generate 20 beacons, Sxy cache cold", generateCold), ("generate 20 beacons, Sxy cache warm", generateWarm),
                 ("parse 20 beacons, ours last", parseMatch), ("parse 20 beacons, none ours", parseNoMatch), ("one ECDH", ecdh),

@@ -125,6 +125,7 @@ import ThaliTestSupport
         #expect(loadText(pem) == .invalidKeyFile)
         #expect(loadText(String(repeating: "A", count: IdentityKeyFile.maximumFileSize + 1)) == .invalidKeyFile)
         #expect { try IdentityKeyFile.load(from: directory + "/missing.pem") } throws: { ($0 as? KeyError)?.kind == .fileSystem }
+        #expect { try IdentityKeyFile.load(from: directory) } throws: { ($0 as? KeyError)?.kind == .invalidKeyFile }
     }
 
     /// The key file is the format OpenSSL uses: the real `openssl` reads ours and derives the same
