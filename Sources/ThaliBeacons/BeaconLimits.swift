@@ -8,13 +8,13 @@ public struct BeaconLimits: Sendable, Hashable {
     /// Most contacts an `AddressBook` holds. Default 16,384.
     public var addressBookCapacity: Int = 16_384
     /// Most ephemeral keys a receiver remembers to reject replays. When full, expired entries go
-    /// first, then the entry that expires soonest. Default 4,096.
+    /// first, then the entry that expires soonest. 0 turns replay protection off. Default 4,096.
     public var replayCacheCapacity: Int = 4_096
     /// Most PSK identities an `AdvertisedPSKTable` holds. When full, expired entries go first, then
     /// those that expire soonest. Default 1,024.
     public var pskTableCapacity: Int = 1_024
     /// Most contacts whose ECDH secret (Sxy) a `BeaconGenerator` caches. When full, an arbitrary
-    /// entry is dropped (it is only a cache). Default 16,384.
+    /// entry is dropped (it is only a cache); 0 turns the cache off. Default 16,384.
     public var generatorSecretCacheCapacity: Int = 16_384
 
     /// The defaults documented on each property.
