@@ -14,7 +14,7 @@ struct ThaliNode: AsyncParsableCommand {
 struct Conformance: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Check wire formats against the Thali conformance vectors.",
-        subcommands: []
+        subcommands: [ConformanceBeacons.self]
     )
 }
 
@@ -22,6 +22,6 @@ struct Conformance: AsyncParsableCommand {
 struct Bench: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Measure the speed of the suite's layers.",
-        subcommands: []
+        subcommands: [BenchBeacons.self]
     )
 }
