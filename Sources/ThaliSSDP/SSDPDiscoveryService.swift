@@ -227,6 +227,12 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
 
     // MARK: Sockets
 
+    /// Reads at most one byte more than the parser accepts, so an oversized datagram is truncated by the
+    /// kernel and then refused by its size, never buffered whole.
+    private var datagramAllocator: FixedSizeRecvByteBufferAllocator {
+        FixedSizeRecvByteBufferAllocator(capacity: configuration.parserLimits.maxDatagramBytes + 1)
+    }
+
     private func openUnicastChannel() -> EventLoopFuture<Channel> {
         let interface: in_addr
         do {
@@ -238,6 +244,7 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
             return eventLoop.makeFailedFuture(error)
         }
         return DatagramBootstrap(group: eventLoop)
+            .channelOption(.recvAllocator, value: datagramAllocator)
             .channelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
                     try channel.pipeline.syncOperations.addHandler(SSDPDatagramHandler { [self] envelope in
@@ -264,6 +271,7 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
         return eventLoop.flatSubmit { [self] in
             guard let groupSocketAddress, let device else { return eventLoop.makeSucceededVoidFuture() }
             return DatagramBootstrap(group: eventLoop)
+                .channelOption(.recvAllocator, value: datagramAllocator)
                 .channelOption(.socketOption(.so_reuseaddr), value: 1)
                 .channelInitializer { channel in
                     channel.eventLoop.makeCompletedFuture {

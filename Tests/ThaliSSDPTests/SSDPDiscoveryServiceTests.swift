@@ -138,9 +138,11 @@ struct SSDPDiscoveryServiceTests {
         // Our NT with a USN that is no Thali USN; and plain garbage.
         try await raw.send(aliveText(port: port, usn: "urn:x", location: "http://127.0.0.1:80"))
         try await raw.send(Array(repeating: 0xFF, count: 64))
-        try await eventually("all four counted") {
+        // An oversized datagram: the kernel truncates it to the read size, the parser refuses its size.
+        try await raw.send(Array(repeating: UInt8(ascii: "A"), count: 8000))
+        try await eventually("all five counted") {
             let c = await bob.counters()
-            return c.foreignMessagesIgnored == 1 && c.spoofedLocationsIgnored == 1 && c.malformedDatagrams == 2
+            return c.foreignMessagesIgnored == 1 && c.spoofedLocationsIgnored == 1 && c.malformedDatagrams == 3
         }
         #expect(await bob.peers().isEmpty)
         await bob.stop()
