@@ -26,6 +26,8 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
         case alreadyStarted
         /// The datagram channel does not expose socket options (not a POSIX socket).
         case socketOptionsUnavailable
+        /// A timer or limit of the configuration is zero or negative where it must be positive.
+        case invalidConfiguration(String)
     }
 
     /// The beacon consumer: called once per fetched USN with the peer and its stream bytes.
@@ -100,6 +102,7 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
 
     /// Starts the beacon server, opens the sockets, announces `beacons` (if any) and searches once.
     public func start(advertising beacons: [UInt8]? = nil) async throws {
+        try Self.validate(configuration)
         guard IPv4Text(Substring(configuration.interfaceAddress)) != nil else {
             throw StartError.invalidAddress(configuration.interfaceAddress)
         }
@@ -542,6 +545,27 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
     }
 
     // MARK: Helpers
+
+    /// Refuses timers that would spin the event loop and limits that could never be met.
+    static func validate(_ configuration: SSDPDiscoveryConfiguration) throws(StartError) {
+        let positiveTimes: [(String, TimeAmount)] = [
+            ("foregroundAliveInterval", configuration.foregroundAliveInterval),
+            ("backgroundAliveInterval", configuration.backgroundAliveInterval),
+            ("searchInterval", configuration.searchInterval),
+            ("housekeepingInterval", configuration.housekeepingInterval),
+            ("floodWindow", configuration.limits.floodWindow),
+        ]
+        for (name, value) in positiveTimes where value <= .zero { throw .invalidConfiguration(name) }
+        let positiveCounts: [(String, Int)] = [
+            ("maxAge", configuration.maxAge), ("maxDatagramsPerWindow", configuration.limits.maxDatagramsPerWindow),
+            ("maxTrackedPeers", configuration.limits.maxTrackedPeers),
+            ("maxConcurrentFetches", configuration.limits.maxConcurrentFetches),
+            ("unicastFailureThreshold", configuration.limits.unicastFailureThreshold),
+            ("maxDatagramBytes", configuration.parserLimits.maxDatagramBytes),
+        ]
+        for (name, value) in positiveCounts where value <= 0 { throw .invalidConfiguration(name) }
+        guard (1...65535).contains(configuration.port) else { throw .invalidConfiguration("port") }
+    }
 
     /// RFC 1123 date for the DATE header.
     static func httpDate() -> String {

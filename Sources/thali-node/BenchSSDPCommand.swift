@@ -41,6 +41,12 @@ struct BenchSSDP: AsyncParsableCommand {
     @Option(help: .hidden)
     var floodSenderPort: Int?
 
+    func validate() throws {
+        guard peers >= 1, ratePerPeer >= 1, seconds >= 1 else {
+            throw ValidationError("--peers, --rate-per-peer and --seconds must be positive")
+        }
+    }
+
     func run() async throws {
         if let port = floodSenderPort {
             return try FloodSender(port: port, peers: peers, ratePerPeer: ratePerPeer, seconds: seconds).run()

@@ -12,7 +12,14 @@ import ThaliSSDP
 /// (byebye); the last line is `{"event":"stopped", ...}` with the counters.
 struct Discover: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Discover Thali peers over SSDP and serve this peer's beacons at /NotificationBeacons.")
+        abstract: "Discover Thali peers over SSDP and serve this peer's beacons at /NotificationBeacons.",
+        discussion: """
+            Prints one JSON object per line: started (our location and USN), appeared, changed, fetched, \
+            beacons (with beacons_hex), fetch_failed, left (reason byebye, expired or stopped), limit, \
+            advertising, stopped (with the counters). Reads commands from standard input: \
+            "beacons <hex>" or "beacons none", "background on|off", "stop". SIGTERM and SIGINT stop \
+            cleanly (byebye).
+            """)
 
     @Option(help: "IPv4 address of the interface to pin discovery to (127.0.0.1 for lo).")
     var interfaceAddress: String = "127.0.0.1"
@@ -63,6 +70,10 @@ struct Discover: AsyncParsableCommand {
         if beaconsHex != nil && beaconsFile != nil {
             throw ValidationError("give --beacons-hex or --beacons-file, not both")
         }
+        guard (1...65535).contains(port), (0...65535).contains(httpPort) else { throw ValidationError("bad port") }
+        guard maxAge >= 1, aliveIntervalMs >= 10, backgroundIntervalS >= 1, searchIntervalS >= 1, maxPeers >= 1,
+            maxDatagramsPerSecond >= 1, cooldownS >= 1
+        else { throw ValidationError("intervals, ages and limits must be positive (alive interval at least 10 ms)") }
     }
 
     func run() async throws {

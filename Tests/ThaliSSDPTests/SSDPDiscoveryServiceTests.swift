@@ -250,6 +250,11 @@ struct SSDPDiscoveryServiceTests {
         let notAnAddress = SSDPDiscoveryService(configuration: SSDPDiscoveryConfiguration(interfaceAddress: "localhost"),
                                                 group: group)
         await #expect(throws: SSDPDiscoveryService.StartError.invalidAddress("localhost")) { try await notAnAddress.start() }
+        var spinning = loopbackConfiguration(port: try freeUDPPort())
+        spinning.foregroundAliveInterval = .zero
+        await #expect(throws: SSDPDiscoveryService.StartError.invalidConfiguration("foregroundAliveInterval")) {
+            try await SSDPDiscoveryService(configuration: spinning, group: group).start()
+        }
         var unicastGroup = loopbackConfiguration(port: try freeUDPPort())
         unicastGroup.groupAddress = "127.0.0.1"
         await #expect(throws: SSDPDiscoveryService.StartError.invalidAddress("127.0.0.1")) {
