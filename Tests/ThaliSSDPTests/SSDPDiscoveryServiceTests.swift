@@ -241,6 +241,22 @@ struct SSDPDiscoveryServiceTests {
         await bob.stop()
     }
 
+    @Test func backgroundModeSlowsTheAlivesAndForegroundRestoresThem() async throws {
+        var configuration = loopbackConfiguration(port: try freeUDPPort())
+        configuration.foregroundAliveInterval = .milliseconds(100)
+        configuration.backgroundAliveInterval = .seconds(30)
+        let peer = SSDPDiscoveryService(configuration: configuration, group: group)
+        try await peer.start(advertising: [1])
+        try await eventually("foreground alives") { await peer.counters().alivesSent >= 4 }
+        await peer.setBackground(true)
+        let quiet = await peer.counters().alivesSent
+        try await Task.sleep(for: .milliseconds(500))
+        #expect(await peer.counters().alivesSent == quiet)
+        await peer.setBackground(false)
+        try await eventually("foreground again") { await peer.counters().alivesSent >= quiet + 3 }
+        await peer.stop()
+    }
+
     @Test func startRefusesAddressesItCannotPinTo() async throws {
         let nowhere = SSDPDiscoveryService(configuration: SSDPDiscoveryConfiguration(interfaceAddress: "10.254.254.254"),
                                            group: group)
