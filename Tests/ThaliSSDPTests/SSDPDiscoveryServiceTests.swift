@@ -125,6 +125,42 @@ struct SSDPDiscoveryServiceTests {
         await bob.stop()
     }
 
+    /// A peer speaking like the deployed node-ssdp Thali: `data:<uuid>:<generation>` USNs, no byebye on
+    /// change, LOCATION without a path, max-age 1800.
+    @Test func aDeployedThaliPeerIsDiscoveredAndItsGenerationsAreChanges() async throws {
+        let port = try freeUDPPort()
+        let bob = SSDPDiscoveryService(configuration: loopbackConfiguration(port: port), group: group)
+        let bobEvents = EventLog(bob)
+        try await bob.start()
+        let server = BeaconHTTPServer(host: "127.0.0.1", group: group)
+        let httpPort = try await server.start()
+        server.setBeacons([0xD0])
+        let raw = try await RawSSDPSocket(groupPort: port)
+        let uuid = "3f2c1a9e-6b7d-4e21-9c3a-0d5e8f7a6b10"
+        func deployedAlive(_ generation: Int) -> String {
+            "NOTIFY * HTTP/1.1\r\nHOST: 228.227.226.225:1900\r\nNT: http://www.thaliproject.org/ssdp\r\n"
+                + "NTS: ssdp:alive\r\nUSN: data:\(uuid):\(generation)\r\nLOCATION: http://127.0.0.1:\(httpPort)\r\n"
+                + "CACHE-CONTROL: max-age=1800\r\nSERVER: node.js/0.10.40 UPnP/1.1 node-ssdp/2.6.5\r\n\r\n"
+        }
+        try await raw.send(deployedAlive(0))
+        try await bobEvents.wait(timeout: .seconds(3), "fetched generation 0") {
+            if case .beaconsFetched(let peer) = $0 { return peer.uniqueServiceName == "data:\(uuid):0" && peer.beaconState == .fetched([0xD0]) }
+            return false
+        }
+        server.setBeacons([0xD1])
+        try await raw.send(deployedAlive(1))
+        try await bobEvents.wait(timeout: .seconds(3), "generation 1 is a change") {
+            if case .changed(let peer, let previous) = $0 { return previous == "data:\(uuid):0" && peer.uniqueServiceName == "data:\(uuid):1" }
+            return false
+        }
+        try await bobEvents.wait(timeout: .seconds(3), "fetched generation 1") {
+            if case .beaconsFetched(let peer) = $0 { return peer.beaconState == .fetched([0xD1]) }
+            return false
+        }
+        await server.stop()
+        await bob.stop()
+    }
+
     @Test func foreignDevicesSpoofedLocationsAndGarbageAreIgnoredQuietly() async throws {
         let port = try freeUDPPort()
         let bob = SSDPDiscoveryService(configuration: loopbackConfiguration(port: port), group: group)
