@@ -55,6 +55,17 @@ func expectNoLeaksNow(_ body: () throws -> Void, sourceLocation: SourceLocation 
     #expect(PSKTLSDiagnostics.liveObjects == before, "live OpenSSL objects before: \(before)", sourceLocation: sourceLocation)
 }
 
+/// Polls `condition` until it holds or `timeout` passes (for state another thread updates, such as a
+/// server's counters after its side of a connection closed); returns whether it held.
+func eventually(timeout: Duration = .seconds(5), _ condition: () -> Bool) async throws -> Bool {
+    let deadline = ContinuousClock.now + timeout
+    while !condition() {
+        guard ContinuousClock.now < deadline else { return false }
+        try await Task.sleep(for: .milliseconds(10))
+    }
+    return true
+}
+
 /// Waits for `ACCEPT host:port` from `openssl s_server` and returns the port.
 func acceptPort(of server: ChildProcess) async throws -> Int {
     try await server.waitForOutput(containing: "ACCEPT")
