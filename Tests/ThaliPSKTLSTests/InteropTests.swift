@@ -1,4 +1,5 @@
 import Foundation
+import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
 import Testing
@@ -184,10 +185,11 @@ extension PSKTLSTests {
 
         @Test func expiredIdentityIsRefusedWithUnknownPSKIdentity() async throws {
             try await expectNoLeaks {
-                // The lookup knows the identity until its announcement expires, like the beacon PSK table.
-                let expiry = ContinuousClock.now + .milliseconds(300)
+                // The lookup knows the identity until it expires, like the beacon PSK table; the test
+                // decides when that happens instead of racing a clock.
+                let expired = NIOLockedValueBox(false)
                 let server = try await Self.serve { identity in
-                    identity == Fixtures.identity192 && ContinuousClock.now < expiry ? Fixtures.psk : nil
+                    identity == Fixtures.identity192 && !expired.withLockedValue { $0 } ? Fixtures.psk : nil
                 }
                 let early = try Self.startClient(port: server.port)
                 defer { early.terminate() }
@@ -196,7 +198,7 @@ extension PSKTLSTests {
                 #expect(accepted.parameters.pskIdentity == Fixtures.identity192)
                 try await accepted.executeThenClose { _, _ in }
 
-                try await Task.sleep(until: expiry + .milliseconds(50))
+                expired.withLockedValue { $0 = true }
                 let late = try Self.startClient(port: server.port)
                 defer { late.terminate() }
                 let failure = try await Self.firstFailure(of: server)

@@ -170,10 +170,14 @@ extension PSKTLSTests {
                 try await connection.executeThenClose { inbound, _ in
                     var iterator = inbound.makeAsyncIterator()
                     var received = try #require(try await iterator.next()).readableBytes
-                    // Stop reading for a while: the server's writes must stall far short of the total.
-                    try await Task.sleep(for: .milliseconds(500))
-                    let stalledAt = written.value
-                    try await Task.sleep(for: .milliseconds(300))
+                    // Stop reading: the server's writes must come to a halt far short of the total. (Wait until
+                    // the count stays put for 300 ms, however long a busy machine takes to get there.)
+                    var stalledAt = -1
+                    let deadline = ContinuousClock.now + .seconds(20)
+                    while written.value != stalledAt && ContinuousClock.now < deadline {
+                        stalledAt = written.value
+                        try await Task.sleep(for: .milliseconds(300))
+                    }
                     #expect(written.value == stalledAt, "the writer kept going while nobody read")
                     #expect(stalledAt < total / 4, "wrote \(stalledAt) bytes to a reader that was not reading")
                     // Then read everything: all of it arrives intact, and the stream ends with close_notify.
