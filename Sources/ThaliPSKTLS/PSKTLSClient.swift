@@ -8,6 +8,7 @@ public struct PSKTLSClient: Sendable {
     /// The event loops the connections run on.
     public let eventLoopGroup: any EventLoopGroup
 
+    /// A client with its own OpenSSL context built from `configuration`.
     public init(configuration: PSKTLSConfiguration = PSKTLSConfiguration(),
                 eventLoopGroup: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton) throws(PSKTLSError) {
         context = try PSKTLSContext(role: .client, configuration: configuration)

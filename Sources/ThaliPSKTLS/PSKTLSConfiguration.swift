@@ -83,8 +83,10 @@ public struct PSKTLSConfiguration: Sendable {
     /// fired and writing stays possible) instead of closing the whole connection. Default: true.
     public var allowRemoteHalfClosure: Bool = true
 
+    /// The defaults.
     public init() {}
 
+    /// The defaults with the server's DH group set.
     public init(dhGroup: DHGroup) { self.dhGroup = dhGroup }
 }
 

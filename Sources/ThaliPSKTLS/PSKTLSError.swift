@@ -36,12 +36,14 @@ public struct PSKTLSError: Error, Sendable, CustomStringConvertible {
     /// Context: OpenSSL's error queue at the time of failure, or what was being checked.
     public let detail: String
 
+    /// An error with its reason, reporting side and context.
     public init(_ reason: Reason, role: PSKTLSRole, detail: String = "") {
         self.reason = reason
         self.role = role
         self.detail = detail
     }
 
+    /// The reason in words, with the context.
     public var description: String {
         let what: String
         switch reason {

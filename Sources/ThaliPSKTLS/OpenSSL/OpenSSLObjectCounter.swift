@@ -6,10 +6,14 @@ public enum PSKTLSDiagnostics {
     /// The number of live wrappers of each kind: `SSL_CTX`, `SSL` (with its two memory BIOs) and the
     /// DH group `EVP_PKEY`.
     public struct LiveObjects: Hashable, Sendable, CustomStringConvertible {
+        /// Live `PSKTLSContext`s (`SSL_CTX`).
         public var contexts = 0
+        /// Live connections (`SSL` with its memory BIOs).
         public var connections = 0
+        /// Live DH group keys (`EVP_PKEY`).
         public var dhParameters = 0
 
+        /// The counts on one line.
         public var description: String {
             "contexts=\(contexts) connections=\(connections) dhParameters=\(dhParameters)"
         }
