@@ -43,12 +43,12 @@ static inline EVP_PKEY *thali_SSL_get_tmp_key(SSL *ssl) {
     return key;
 }
 
-static inline long thali_BIO_ctrl_pending(BIO *bio) {
-    return (long)BIO_ctrl_pending(bio);
+static inline void thali_BIO_set_retry_read(BIO *bio) {
+    BIO_set_retry_read(bio);
 }
 
-static inline long thali_BIO_set_mem_eof_return(BIO *bio, long value) {
-    return BIO_set_mem_eof_return(bio, value);
+static inline void thali_BIO_clear_retry_flags(BIO *bio) {
+    BIO_clear_retry_flags(bio);
 }
 
 /// Options that Swift cannot import (they are built with the SSL_OP_BIT macro).

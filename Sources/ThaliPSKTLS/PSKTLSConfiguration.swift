@@ -63,10 +63,6 @@ public struct PSKTLSConfiguration: Sendable {
     /// next one, so this bounds nothing by itself. Default: 64 KiB.
     public var plaintextReadChunkSize: Int = 64 << 10
 
-    /// How much plaintext is encrypted per step when a large buffer is written: keeps OpenSSL's memory
-    /// buffer small and reused instead of growing with the write. Default: 64 KiB.
-    public var plaintextWriteChunkSize: Int = 64 << 10
-
     /// Server only: how many connections (handshaking or established) may be open at once; more are
     /// closed as soon as they are accepted and counted in `PSKTLSServer.Statistics.refused`. Default: 256.
     public var maximumConcurrentConnections: Int = 256

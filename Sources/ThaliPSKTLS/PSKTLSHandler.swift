@@ -244,32 +244,22 @@ public final class PSKTLSHandler: ChannelDuplexHandler {
         if stateMachine.acceptsOutput { encryptPendingWrites(context: context) }
     }
 
-    /// Encrypts the flushed writes in chunks, so OpenSSL's output buffer stays small,
-    /// and writes the ciphertext of each with that write's promise.
+    /// Encrypts the flushed writes and writes the ciphertext of each with that write's promise. OpenSSL
+    /// writes the records straight into the buffer that goes to the channel.
     private func encryptPendingWrites(context: ChannelHandlerContext) {
-        let chunkSize = configuration.plaintextWriteChunkSize
         var wroteAny = false
         while pendingWrites.hasMark, let write = pendingWrites.popFirst() {
             let (plaintext, promise) = (write.data, write.promise)
             pendingWriteBytes -= plaintext.readableBytes
             // Records add 29 bytes per 16 KiB (header, explicit nonce, tag).
-            var ciphertext = context.channel.allocator.buffer(capacity: plaintext.readableBytes + plaintext.readableBytes / 512 + 64)
-            var failure: PSKTLSError?
-            plaintext.withUnsafeReadableBytes { bytes in
-                var offset = 0
-                while offset < bytes.count, failure == nil {
-                    let end = min(offset + chunkSize, bytes.count)
-                    failure = connection.write(UnsafeRawBufferPointer(rebasing: bytes[offset..<end]))
-                    connection.drainOutput(into: &ciphertext)
-                    offset = end
-                }
-            }
+            connection.reserveOutput(plaintext.readableBytes + plaintext.readableBytes / 512 + 64)
+            let failure = plaintext.withUnsafeReadableBytes { connection.write($0) }
             if let failure {
                 promise?.fail(failure)
                 fail(failure, context: context)
                 return
             }
-            context.write(wrapOutboundOut(ciphertext), promise: promise)
+            context.write(wrapOutboundOut(connection.takeOutput()), promise: promise)
             wroteAny = true
         }
         if wroteAny { context.flush() }
@@ -312,9 +302,7 @@ public final class PSKTLSHandler: ChannelDuplexHandler {
     /// Writes whatever OpenSSL queued for the network (handshake messages, alerts, close_notify).
     private func sendPendingCiphertext(context: ChannelHandlerContext, flush: Bool) {
         guard connection.pendingOutput > 0 else { return }
-        var ciphertext = context.channel.allocator.buffer(capacity: connection.pendingOutput)
-        connection.drainOutput(into: &ciphertext)
-        context.write(wrapOutboundOut(ciphertext), promise: nil)
+        context.write(wrapOutboundOut(connection.takeOutput()), promise: nil)
         if flush { context.flush() }
     }
 
@@ -322,9 +310,7 @@ public final class PSKTLSHandler: ChannelDuplexHandler {
     /// all earlier writes), because closing a channel discards what it has not written yet. If the peer
     /// does not read for `closeTimeout`, the channel is closed anyway.
     private func sendThenClose(context: ChannelHandlerContext, mode: CloseMode, promise: EventLoopPromise<Void>?) {
-        var ciphertext = context.channel.allocator.buffer(capacity: connection.pendingOutput)
-        connection.drainOutput(into: &ciphertext)
-        let written = context.writeAndFlush(wrapOutboundOut(ciphertext))
+        let written = context.writeAndFlush(wrapOutboundOut(connection.takeOutput()))
         lastWriteBeforeClose = written
         close(context: context, after: written, mode: mode, promise: promise)
     }

@@ -6,9 +6,9 @@ import NIOCore
 /// event loop during the handshake, so it must be quick and must not block.
 public typealias PSKLookup = @Sendable (_ identity: String) -> [UInt8]?
 
-/// One OpenSSL `SSL` object with two memory BIOs: ciphertext from the network is written into
-/// `networkToSSL`, ciphertext for the network is read from `sslToNetwork`. It does no I/O itself; the
-/// channel handler moves the bytes. Owns the `SSL` (which owns both BIOs) and frees it in deinit.
+/// One OpenSSL `SSL` object and its `ByteBufferBIO`: ciphertext from the network goes in with
+/// `receive`, ciphertext for the network comes out with `takeOutput`. It does no I/O itself; the
+/// channel handler moves the bytes. Owns the `SSL` (which owns the BIO) and frees it in deinit.
 final class SSLConnection {
     /// The index of the `SSL` ex_data slot that points back at this object for OpenSSL's callbacks.
     private static let exDataIndex: Int32 = thali_SSL_get_ex_new_index()
@@ -37,8 +37,7 @@ final class SSLConnection {
     let role: PSKTLSRole
     private let context: PSKTLSContext  // keeps the SSL_CTX alive as long as the SSL
     private let ssl: OpaquePointer
-    private let networkToSSL: OpaquePointer  // BIO *, owned by ssl
-    private let sslToNetwork: OpaquePointer  // BIO *, owned by ssl
+    private let bio: ByteBufferBIO  // released after the SSL, which holds its BIO
     private let credentials: Credentials
 
     private var fatalAlertSent: TLSAlert?
@@ -52,23 +51,17 @@ final class SSLConnection {
         guard let ssl = SSL_new(context.pointer) else {
             throw PSKTLSError(.failed, role: context.role, detail: "SSL_new: \(OpenSSLErrors.drain())")
         }
-        guard let input = BIO_new(BIO_s_mem()) else {
+        let bio: ByteBufferBIO
+        do {
+            bio = try ByteBufferBIO()
+        } catch {
             SSL_free(ssl)
-            throw PSKTLSError(.failed, role: context.role, detail: "BIO_new: \(OpenSSLErrors.drain())")
+            throw PSKTLSError(.failed, role: context.role, detail: error.detail)
         }
-        guard let output = BIO_new(BIO_s_mem()) else {
-            BIO_free(input)
-            SSL_free(ssl)
-            throw PSKTLSError(.failed, role: context.role, detail: "BIO_new: \(OpenSSLErrors.drain())")
-        }
-        // An empty memory BIO reports "retry later" (-1), which OpenSSL turns into SSL_ERROR_WANT_READ.
-        _ = thali_BIO_set_mem_eof_return(input, -1)
-        _ = thali_BIO_set_mem_eof_return(output, -1)
-        SSL_set_bio(ssl, input, output)  // ssl owns both from here on
+        SSL_set_bio(ssl, bio.bio, bio.bio)  // ssl owns the BIO from here on (one reference for both directions)
         self.context = context
         self.ssl = ssl
-        self.networkToSSL = input
-        self.sslToNetwork = output
+        self.bio = bio
         self.credentials = credentials
         PSKTLSDiagnostics.adjust(\.connections, by: 1)
 
@@ -100,32 +93,19 @@ final class SSLConnection {
 
     // MARK: Bytes in and out
 
-    /// Hands ciphertext from the network to OpenSSL (copied into the input BIO).
+    /// Hands ciphertext from the network to OpenSSL (kept, not copied, until OpenSSL reads it).
     func receive(_ buffer: ByteBuffer) {
-        buffer.withUnsafeReadableBytes { bytes in
-            guard let base = bytes.baseAddress else { return }
-            var offset = 0
-            while offset < bytes.count {
-                let chunk = min(bytes.count - offset, Int(Int32.max))
-                let written = BIO_write(networkToSSL, base + offset, Int32(chunk))
-                guard written > 0 else { return }  // a memory BIO only fails when out of memory
-                offset += Int(written)
-            }
-        }
+        bio.appendInbound(buffer)
     }
 
     /// How many bytes of ciphertext wait to go to the network.
-    var pendingOutput: Int { thali_BIO_ctrl_pending(sslToNetwork) }
+    var pendingOutput: Int { bio.pendingOutput }
 
-    /// Moves all ciphertext waiting for the network into `buffer`.
-    func drainOutput(into buffer: inout ByteBuffer) {
-        let pending = pendingOutput
-        guard pending > 0 else { return }
-        buffer.writeWithUnsafeMutableBytes(minimumWritableBytes: pending) { target in
-            let read = BIO_read(sslToNetwork, target.baseAddress, Int32(min(target.count, Int(Int32.max))))
-            return max(Int(read), 0)
-        }
-    }
+    /// Makes room for `bytes` more ciphertext, so encrypting a large write allocates once.
+    func reserveOutput(_ bytes: Int) { bio.reserveOutput(bytes) }
+
+    /// All ciphertext waiting for the network.
+    func takeOutput() -> ByteBuffer { bio.takeOutput() }
 
     // MARK: Handshake
 
@@ -195,7 +175,7 @@ final class SSLConnection {
         }
     }
 
-    /// Encrypts `bytes` into the output BIO. A memory BIO never pushes back, so this writes everything
+    /// Encrypts `bytes` into the output buffer. The BIO never pushes back, so this writes everything
     /// or fails.
     func write(_ bytes: UnsafeRawBufferPointer) -> PSKTLSError? {
         guard bytes.count > 0 else { return nil }
@@ -206,7 +186,7 @@ final class SSLConnection {
         return failure()
     }
 
-    /// Queues a close_notify alert in the output BIO (without waiting for the peer's).
+    /// Queues a close_notify alert in the output buffer (without waiting for the peer's).
     func sendCloseNotify() {
         OpenSSLErrors.clear()
         _ = SSL_shutdown(ssl)
