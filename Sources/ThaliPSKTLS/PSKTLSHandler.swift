@@ -1,8 +1,8 @@
 import NIOCore
 
 /// A channel handler that runs TLS 1.2 with `DHE-PSK-AES256-GCM-SHA384` over the bytes of a channel:
-/// ciphertext below it, plaintext above it. It only moves bytes between the channel and OpenSSL's
-/// memory BIOs; `PSKTLSStateMachine` decides what each event means.
+/// ciphertext below it, plaintext above it. It only moves bytes between the channel and OpenSSL (through
+/// a BIO over NIO's buffers); `PSKTLSStateMachine` decides what each event means.
 ///
 /// - The handshake starts when the channel becomes active and must finish within
 ///   `PSKTLSConfiguration.handshakeTimeout`; then `PSKTLSEvent.handshakeCompleted` is fired and the
