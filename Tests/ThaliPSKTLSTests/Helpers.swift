@@ -17,10 +17,12 @@ enum Fixtures {
 
     static func hex(_ bytes: [UInt8]) -> String { bytes.map { String(format: "%02x", $0) }.joined() }
 
-    /// A directory for files the tests generate (DH parameter files), removed by the OS's tmp cleaning.
+    /// A directory for files the tests generate (DH parameter files, GnuTLS PSK files), removed when
+    /// the test process exits.
     static let scratch: String = {
         let path = NSTemporaryDirectory() + "thali-psktls-\(getpid())"
         try? FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
+        atexit { try? FileManager.default.removeItem(atPath: Fixtures.scratch) }
         return path
     }()
 
