@@ -225,12 +225,12 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
     }
 
     /// Ends the session: GoAway (yamux), every stream closed, the channel closed.
-    func shutdown() {
+    func shutdown(promise: EventLoopPromise<Void>?) {
         goAway()
-        guard session.close() else { return }
+        guard session.close(), let context else { promise?.succeed(()); return }
         stopTimers()
         tearDownAllStreams(error: MultiplexerError.sessionClosed)
-        context?.close(promise: nil)
+        context.close(promise: promise)
     }
 
     /// A snapshot of the session's counters.
@@ -351,7 +351,6 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
             let remoteOpensOdd = role == .server
             guard (id % 2 == 1) == remoteOpensOdd else { throw MultiplexerError.invalidStreamID(id) }
             stream = acceptRemoteStream(streamID: id, key: id, name: nil)
-            if let stream { stream.ackPending = true }
         }
         currentDataStream = nil
         currentDataFlags = []
@@ -458,6 +457,8 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
         }
         let stream = MultiplexerStreamChannel(session: self, parent: context.channel, key: key, streamID: streamID,
                                               isLocallyInitiated: false, name: name)
+        // yamux: our first frame on the stream acknowledges it.
+        stream.ackPending = configuration.framing == .yamux
         addStream(stream)
         streamsAwaitingAccept += 1
         metrics.streamsAccepted += 1

@@ -28,11 +28,12 @@ public final class MultiplexerSession: Sendable {
         configuration: MultiplexerConfiguration = MultiplexerConfiguration(),
         inboundStreamInitializer: MultiplexerHandler.StreamInitializer? = nil
     ) -> EventLoopFuture<MultiplexerSession> {
-        channel.eventLoop.submit {
+        onLoop(channel.eventLoop) {
             let handler = MultiplexerHandler(role: role, configuration: configuration,
                                              inboundStreamInitializer: inboundStreamInitializer)
             try channel.pipeline.syncOperations.addHandler(handler)
-            return MultiplexerSession(channel: channel, configuration: configuration, handler: handler)
+            return channel.eventLoop.makeSucceededFuture(
+                MultiplexerSession(channel: channel, configuration: configuration, handler: handler))
         }
     }
 
@@ -40,35 +41,48 @@ public final class MultiplexerSession: Sendable {
     /// completes with the stream's channel. `name` is sent in `thali-multiplex` open frames (ignored by yamux).
     public func openStream(name: String? = nil,
                            initializer: MultiplexerHandler.StreamInitializer? = nil) -> EventLoopFuture<Channel> {
-        let loop = channel.eventLoop
-        if loop.inEventLoop {
-            return handler.value.createStream(name: name, on: loop, initializer: initializer)
-        }
-        return loop.flatSubmit {
-            self.handler.value.createStream(name: name, on: loop, initializer: initializer)
+        onLoop(channel.eventLoop) {
+            self.handler.value.createStream(name: name, on: self.channel.eventLoop, initializer: initializer)
         }
     }
 
     /// Measures the round-trip time with a yamux ping.
     public func ping() -> EventLoopFuture<TimeAmount> {
-        channel.eventLoop.flatSubmit { self.handler.value.ping(on: self.channel.eventLoop) }
+        onLoop(channel.eventLoop) { self.handler.value.ping(on: self.channel.eventLoop) }
     }
 
     /// Sends GoAway (yamux): the peer may open no new streams; streams already open continue.
     public func goAway() {
-        channel.eventLoop.execute { self.handler.value.goAway() }
+        _ = onLoop(channel.eventLoop) {
+            self.handler.value.goAway()
+            return self.channel.eventLoop.makeSucceededVoidFuture()
+        }
     }
 
     /// Ends the session: GoAway (yamux), all streams closed, the channel closed.
     public func close() -> EventLoopFuture<Void> {
-        channel.eventLoop.flatSubmit {
-            self.handler.value.shutdown()
-            return self.channel.closeFuture
+        onLoop(channel.eventLoop) {
+            let promise = self.channel.eventLoop.makePromise(of: Void.self)
+            self.handler.value.shutdown(promise: promise)
+            return promise.futureResult
         }
     }
 
     /// A snapshot of the session's counters and per-stream flow-control state.
     public func metrics() -> EventLoopFuture<MultiplexerMetrics> {
-        channel.eventLoop.submit { self.handler.value.currentMetrics() }
+        onLoop(channel.eventLoop) {
+            self.channel.eventLoop.makeSucceededFuture(self.handler.value.currentMetrics())
+        }
+    }
+}
+
+/// Runs `body` on `loop`: at once when already there (so embedded channels need no `run()`), else
+/// submitted to it.
+private func onLoop<T: Sendable>(_ loop: EventLoop, _ body: @escaping @Sendable () throws -> EventLoopFuture<T>) -> EventLoopFuture<T> {
+    if loop.inEventLoop {
+        do { return try body() } catch { return loop.makeFailedFuture(error) }
+    }
+    return loop.flatSubmit {
+        do { return try body() } catch { return loop.makeFailedFuture(error) }
     }
 }
