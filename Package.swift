@@ -107,6 +107,7 @@ let package = Package(
                 "TCPMultiplexer", "ThaliTestSupport",
                 .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "Crypto", package: "swift-crypto"),
             ],
             exclude: ["Reference", "GoPeer"]),
         .testTarget(

@@ -38,7 +38,9 @@ func echo(s *yamux.Stream) {
 	io.Copy(s, s)
 }
 
-// exchange sends size pseudo-random bytes, half-closes, reads the echo and compares digests.
+// exchange sends size pseudo-random bytes, reads the echo and compares digests, then half-closes and
+// expects the end of the stream. (This yamux version's Read returns EOF as soon as its buffer is empty
+// once the stream is locally closed, so the FIN goes out only after the whole echo is in.)
 func exchange(s *yamux.Stream, size int, seed int64) error {
 	data := make([]byte, size)
 	rand.New(rand.NewSource(seed)).Read(data)
@@ -46,21 +48,24 @@ func exchange(s *yamux.Stream, size int, seed int64) error {
 	errc := make(chan error, 1)
 	go func() {
 		_, err := s.Write(data)
-		if err == nil {
-			err = s.Close()
-		}
 		errc <- err
 	}()
 	h := sha256.New()
-	n, err := io.Copy(h, s)
+	n, err := io.CopyN(h, s, int64(size))
 	if err != nil {
 		return fmt.Errorf("stream %d: read after %d bytes: %v", s.StreamID(), n, err)
 	}
 	if err := <-errc; err != nil {
 		return fmt.Errorf("stream %d: write: %v", s.StreamID(), err)
 	}
-	if n != int64(size) || !bytes.Equal(h.Sum(nil), want[:]) {
-		return fmt.Errorf("stream %d: echo mismatch: %d of %d bytes", s.StreamID(), n, size)
+	if !bytes.Equal(h.Sum(nil), want[:]) {
+		return fmt.Errorf("stream %d: echo mismatch", s.StreamID())
+	}
+	if err := s.Close(); err != nil {
+		return fmt.Errorf("stream %d: close: %v", s.StreamID(), err)
+	}
+	if extra, _ := io.Copy(io.Discard, s); extra != 0 {
+		return fmt.Errorf("stream %d: %d bytes after the echo", s.StreamID(), extra)
 	}
 	return nil
 }
