@@ -347,9 +347,9 @@ public final class MultiplexerStreamChannel: Channel, ChannelCore, @unchecked Se
         finPromise = nil
         closeAfterFIN?.succeed(())
         closeAfterFIN = nil
+        session?.streamTornDown(self)
         inbound.removeAll()
         inboundBytes = 0
-        session?.streamTornDown(self)
         let wasActive = activated
         activeBox.withLockedValue { $0 = false }
         if let error, wasActive { pipeline.fireErrorCaught(error) }

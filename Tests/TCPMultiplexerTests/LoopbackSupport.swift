@@ -52,12 +52,15 @@ struct Received: Sendable, Equatable {
     }
 }
 
-/// Hashes everything read and completes when the input ends (or fails when the channel fails).
+/// Hashes everything read and completes when the input ends (or fails when the channel fails). A
+/// NIO socket whose output is already shut down reports the peer's EOF by closing, not with
+/// `inputClosed`, so the channel's end also completes it.
 final class DigestCollector: ChannelInboundHandler {
     typealias InboundIn = ByteBuffer
 
     private var hasher = SHA256()
     private var count = 0
+    private var completed = false
     let promise: EventLoopPromise<Received>
 
     init(promise: EventLoopPromise<Received>) { self.promise = promise }
@@ -68,18 +71,24 @@ final class DigestCollector: ChannelInboundHandler {
         buffer.withUnsafeReadableBytes { hasher.update(bufferPointer: $0) }
     }
 
+    private func complete(_ result: Result<Received, Error>) {
+        guard !completed else { return }
+        completed = true
+        promise.completeWith(result)
+    }
+
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
         if case ChannelEvent.inputClosed = event {
-            promise.succeed(Received(count: count, digest: hasher.finalize()))
+            complete(.success(Received(count: count, digest: hasher.finalize())))
         }
     }
 
     func errorCaught(context: ChannelHandlerContext, error: Error) {
-        promise.fail(error)
+        complete(.failure(error))
     }
 
     func channelInactive(context: ChannelHandlerContext) {
-        promise.fail(ChannelError.eof)
+        complete(.success(Received(count: count, digest: hasher.finalize())))
     }
 }
 
