@@ -629,6 +629,15 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
         outstandingPings[id] = (NIODeadline.now(), promise)
         writeYamuxHeader(YamuxHeader(type: .ping, flags: .syn, streamID: 0, length: id))
         flushIfNeeded()
+        // With keepalive on, every ping must be answered within the timeout.
+        guard configuration.keepAliveInterval != nil, let context else { return }
+        let bound = NIOLoopBound(self, eventLoop: context.eventLoop)
+        context.eventLoop.scheduleTask(in: configuration.keepAliveTimeout) {
+            let handler = bound.value
+            if !handler.session.isClosed && handler.outstandingPings[id] != nil {
+                handler.fail(MultiplexerError.keepAliveTimeout)
+            }
+        }
     }
 
     private func writeYamuxHeader(_ header: YamuxHeader, promise: EventLoopPromise<Void>? = nil) {
@@ -711,11 +720,6 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
 
     private func keepAlive() {
         guard !session.isClosed else { return }
-        let now = NIODeadline.now()
-        if outstandingPings.values.contains(where: { now - $0.sent > configuration.keepAliveTimeout }) {
-            fail(MultiplexerError.keepAliveTimeout)
-            return
-        }
         sendPing(promise: nil)
     }
 
