@@ -22,7 +22,8 @@ public final class MultiplexerSession: Sendable {
 
     /// Adds a session handler at the end of `channel`'s pipeline. `inboundStreamInitializer` sets up
     /// each stream the peer opens (its future must succeed for the stream to go live); without one,
-    /// inbound streams are refused.
+    /// inbound streams are refused. Call it from the channel's initializer (or with reads off), so that
+    /// no byte of the peer arrives before the session is there.
     public static func configure(
         on channel: Channel, role: MultiplexerRole,
         configuration: MultiplexerConfiguration = MultiplexerConfiguration(),

@@ -145,10 +145,17 @@ enum MuxBenchmarks {
                                              inboundStreamInitializer: initializer).map { _ in }
             }
             .bind(host: "127.0.0.1", port: 0).get()
-        let channel = try await ClientBootstrap(group: group).connect(to: server.localAddress!).get()
-        let session = try await MultiplexerSession.configure(on: channel, role: .client, configuration: configuration).get()
-        _ = try? await session.ping().get()  // let window auto-tuning know the round-trip time
-        return (session, server)
+        let session = group.next().makePromise(of: MultiplexerSession.self)
+        _ = try await ClientBootstrap(group: group)
+            .channelInitializer { channel in
+                // Installed before the first read, so no frame of the server is missed.
+                MultiplexerSession.configure(on: channel, role: .client, configuration: configuration)
+                    .map { session.succeed($0) }
+            }
+            .connect(to: server.localAddress!).get()
+        let client = try await session.futureResult.get()
+        _ = try? await client.ping().get()  // let window auto-tuning know the round-trip time
+        return (client, server)
     }
 
     /// `count` streams sending `bytes` in total at once.

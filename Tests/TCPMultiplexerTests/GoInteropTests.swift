@@ -11,8 +11,7 @@ struct GoInteropTests {
     @Test func swiftOpensManyConcurrentStreamsToGoAndGetsTheEcho() async throws {
         let (peer, port) = try await GoPeer.serve()
         defer { peer.terminate() }
-        let channel = try await connect(port: port) { _ in testGroup.next().makeSucceededVoidFuture() }
-        let session = try await MultiplexerSession.configure(on: channel, role: .client).get()
+        let session = try await connectSession(port: port)
         try await withThrowingTaskGroup(of: Void.self) { group in
             for _ in 0..<64 {
                 group.addTask {
@@ -33,8 +32,7 @@ struct GoInteropTests {
     @Test func largeTransferThroughGoKeepsEveryByte() async throws {
         let (peer, port) = try await GoPeer.serve()
         defer { peer.terminate() }
-        let channel = try await connect(port: port) { _ in testGroup.next().makeSucceededVoidFuture() }
-        let session = try await MultiplexerSession.configure(on: channel, role: .client).get()
+        let session = try await connectSession(port: port)
         let (payload, digest) = randomPayload(64 << 20)
         let (stream, collected) = try await openCollectingStream(session)
         let received = try await exchange(on: stream, payload: payload, collector: collected)
@@ -66,9 +64,7 @@ struct GoInteropTests {
     @Test func bothSidesOpenStreamsOnOneSession() async throws {
         let (peer, port) = try await GoPeer.serve(["-open", "20", "-size", "100000"])
         defer { peer.terminate() }
-        let channel = try await connect(port: port) { _ in testGroup.next().makeSucceededVoidFuture() }
-        let session = try await MultiplexerSession.configure(on: channel, role: .client,
-                                                             inboundStreamInitializer: EchoHandler.initializer).get()
+        let session = try await connectSession(port: port, initializer: EchoHandler.initializer)
         try await withThrowingTaskGroup(of: Void.self) { group in
             for _ in 0..<20 {
                 group.addTask {

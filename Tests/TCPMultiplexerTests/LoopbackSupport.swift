@@ -158,9 +158,19 @@ func sessionPair(_ configuration: MultiplexerConfiguration, serverInitializer: M
         }
     }
     let port = try #require(listener.localAddress?.port)
-    let clientChannel = try await connect(port: port) { _ in testGroup.next().makeSucceededVoidFuture() }
-    let client = try await MultiplexerSession.configure(on: clientChannel, role: .client, configuration: configuration).get()
+    let client = try await connectSession(port: port, configuration: configuration)
     return (client, try await serverSession.futureResult.get(), listener)
+}
+
+/// Connects to 127.0.0.1:`port` with a client session installed before the first byte is read.
+func connectSession(port: Int, configuration: MultiplexerConfiguration = MultiplexerConfiguration(),
+                    initializer: MultiplexerHandler.StreamInitializer? = nil) async throws -> MultiplexerSession {
+    let session = testGroup.next().makePromise(of: MultiplexerSession.self)
+    _ = try await connect(port: port) { channel in
+        MultiplexerSession.configure(on: channel, role: .client, configuration: configuration,
+                                     inboundStreamInitializer: initializer).map { session.succeed($0) }
+    }
+    return try await session.futureResult.get()
 }
 
 /// The Go hashicorp/yamux peer program in GoPeer/, built once per test run into a temporary directory.
