@@ -116,9 +116,18 @@ enum MuxBenchmarks {
         return Double(bytes) / 1e6 / seconds
     }
 
-    static func rawTCP(group: EventLoopGroup, bytes: Int) async throws -> Double {
-        let done = group.next().makePromise(of: Int.self)
-        let server = try await ServerBootstrap(group: group)
+    /// The server side's and the client side's event loops: always two different threads, so every
+    /// run measures the same arrangement.
+    static func loops(_ group: MultiThreadedEventLoopGroup) -> (server: EventLoop, client: EventLoop) {
+        var loops = group.makeIterator()
+        let server = loops.next()!
+        return (server, loops.next() ?? server)
+    }
+
+    static func rawTCP(group: MultiThreadedEventLoopGroup, bytes: Int) async throws -> Double {
+        let (serverLoop, clientLoop) = loops(group)
+        let done = serverLoop.makePromise(of: Int.self)
+        let server = try await ServerBootstrap(group: serverLoop)
             .childChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
                     try channel.pipeline.syncOperations.addHandler(Sink(expected: bytes, done: done))
@@ -126,7 +135,7 @@ enum MuxBenchmarks {
             }
             .bind(host: "127.0.0.1", port: 0).get()
         defer { server.close(promise: nil) }
-        let client = try await ClientBootstrap(group: group).connect(to: server.localAddress!).get()
+        let client = try await ClientBootstrap(group: clientLoop).connect(to: server.localAddress!).get()
         let start = ContinuousClock.now
         try await send(bytes, on: client)
         _ = try await done.futureResult.get()
@@ -136,17 +145,18 @@ enum MuxBenchmarks {
     }
 
     /// A client and a server session over loopback TCP; the server's streams run `initializer`.
-    static func sessionPair(group: EventLoopGroup, configuration: MultiplexerConfiguration,
+    static func sessionPair(group: MultiThreadedEventLoopGroup, configuration: MultiplexerConfiguration,
                             initializer: @escaping MultiplexerHandler.StreamInitializer)
         async throws -> (MultiplexerSession, Channel) {
-        let server = try await ServerBootstrap(group: group)
+        let (serverLoop, clientLoop) = loops(group)
+        let server = try await ServerBootstrap(group: serverLoop)
             .childChannelInitializer { channel in
                 MultiplexerSession.configure(on: channel, role: .server, configuration: configuration,
                                              inboundStreamInitializer: initializer).map { _ in }
             }
             .bind(host: "127.0.0.1", port: 0).get()
-        let session = group.next().makePromise(of: MultiplexerSession.self)
-        _ = try await ClientBootstrap(group: group)
+        let session = clientLoop.makePromise(of: MultiplexerSession.self)
+        _ = try await ClientBootstrap(group: clientLoop)
             .channelInitializer { channel in
                 // Installed before the first read, so no frame of the server is missed.
                 MultiplexerSession.configure(on: channel, role: .client, configuration: configuration)
@@ -159,7 +169,7 @@ enum MuxBenchmarks {
     }
 
     /// `count` streams sending `bytes` in total at once.
-    static func streams(group: EventLoopGroup, configuration: MultiplexerConfiguration, count: Int, bytes: Int)
+    static func streams(group: MultiThreadedEventLoopGroup, configuration: MultiplexerConfiguration, count: Int, bytes: Int)
         async throws -> Double {
         let perStream = bytes / count
         let finished = Finished(count: count, loop: group.next())
@@ -189,7 +199,7 @@ enum MuxBenchmarks {
     }
 
     /// Open a stream, half-close it, wait until the server's FIN has closed it: `count` times.
-    static func opens(group: EventLoopGroup, configuration: MultiplexerConfiguration, count: Int) async throws -> Double {
+    static func opens(group: MultiThreadedEventLoopGroup, configuration: MultiplexerConfiguration, count: Int) async throws -> Double {
         let (session, server) = try await sessionPair(group: group, configuration: configuration) { channel in
             channel.eventLoop.makeCompletedFuture {
                 try channel.pipeline.syncOperations.addHandler(Sink(expected: Int.max, done: nil))
