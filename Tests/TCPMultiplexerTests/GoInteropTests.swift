@@ -82,3 +82,32 @@ struct GoInteropTests {
         try await session.close().get()
     }
 }
+
+/// A stream used as an async duplex stream (`NIOAsyncChannel` on top of the stream channel).
+@Suite(.serialized, .enabled(if: GoPeer.available, "needs golang-go and golang-github-hashicorp-yamux-dev"))
+struct AsyncStreamTests {
+    @Test func aStreamWorksAsAnAsyncChannelAgainstGo() async throws {
+        let (peer, port) = try await GoPeer.serve()
+        defer { peer.terminate() }
+        let session = try await connectSession(port: port)
+        let asyncStream = try await session.openStream { channel in
+            channel.eventLoop.makeCompletedFuture {
+                try channel.syncOptions?.setOption(.allowRemoteHalfClosure, value: true)
+            }
+        }.flatMapThrowing { channel in
+            try NIOAsyncChannel<ByteBuffer, ByteBuffer>(
+                wrappingChannelSynchronously: channel,
+                configuration: .init(isOutboundHalfClosureEnabled: true))
+        }.get()
+        let lines = (0..<1000).map { "line \($0)\n" }
+        let echoed = try await asyncStream.executeThenClose { inbound, outbound in
+            for line in lines { try await outbound.write(ByteBuffer(string: line)) }
+            outbound.finish()  // FIN; Go's echo answers with its own FIN
+            var text = ""
+            for try await buffer in inbound { text += String(buffer: buffer) }
+            return text
+        }
+        #expect(echoed == lines.joined())
+        try await session.close().get()
+    }
+}

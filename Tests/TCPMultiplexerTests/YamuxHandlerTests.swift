@@ -142,3 +142,64 @@ final class WriteFlag: @unchecked Sendable {
     private(set) var isSet = false
     func set() { isSet = true }
 }
+
+/// Limits and violations not covered above.
+@Suite struct SessionLimitTests {
+    @Test func streamsBeyondTheAcceptBacklogAreRefused() throws {
+        var configuration = quietConfiguration(.yamux)
+        configuration.acceptBacklog = 2
+        let pending = PendingInitializers()
+        let (channel, session) = try EmbeddedChannel.withSession(role: .server, configuration: configuration,
+                                                                 initializer: pending.initializer)
+        _ = try channel.drainOutbound()
+        for id: UInt32 in [1, 3, 5] { try channel.writeInbound(yamux(.windowUpdate, .syn, id: id, length: 0)) }
+        // Nobody has accepted 1 and 3 yet, so 5 is over the backlog.
+        #expect(hex(try channel.drainOutbound()) == hex(yamux(.windowUpdate, .rst, id: 5, length: 0)))
+        pending.completeAll()
+        #expect(hex(try channel.drainOutbound())
+                == hex(yamux(.windowUpdate, .ack, id: 1, length: 0)) + hex(yamux(.windowUpdate, .ack, id: 3, length: 0)))
+        try channel.writeInbound(yamux(.windowUpdate, .syn, id: 7, length: 0))
+        #expect(try session.metrics().wait().streamsRefused == 1)
+        #expect(pending.count == 3)
+    }
+
+    @Test func thaliMultiplexDuplicateOpenEndsTheSession() throws {
+        let accepted = AcceptedStreams()
+        let (channel, _) = try EmbeddedChannel.withSession(role: .server, configuration: quietConfiguration(.thaliMultiplex),
+                                                           initializer: accepted.initializer)
+        try channel.writeInbound(bytes(hex: "0000"))
+        #expect(throws: MultiplexerError.duplicateStream(0)) { try channel.writeInbound(bytes(hex: "0000")) }
+        #expect(!channel.isActive)
+        let stream = try #require(accepted.all.first)
+        #expect(stream.recorder.errors.compactMap { $0 as? MultiplexerError } == [.duplicateStream(0)])
+    }
+
+    @Test func yamuxDataAfterTheStreamsFINResetsOnlyThatStream() throws {
+        let accepted = AcceptedStreams(halfClosure: true)
+        let (channel, _) = try EmbeddedChannel.withSession(role: .server, configuration: quietConfiguration(.yamux),
+                                                           initializer: accepted.initializer)
+        _ = try channel.drainOutbound()
+        try channel.writeInbound(yamux(.windowUpdate, [.syn, .fin], id: 1, length: 0))
+        _ = try channel.drainOutbound()
+        try channel.writeInbound(yamux(.data, id: 1, length: 2, payload: [1, 2]))
+        #expect(hex(try channel.drainOutbound()) == hex(yamux(.windowUpdate, .rst, id: 1, length: 0)))
+        let stream = try #require(accepted.all.first)
+        #expect(stream.recorder.errors.compactMap { $0 as? MultiplexerError }
+                == [.unexpectedFrame(streamID: 1, reason: "data after the peer's FIN")])
+        #expect(channel.isActive)
+    }
+}
+
+/// Stream initializers that complete only when the test says so (to fill the accept backlog).
+final class PendingInitializers: @unchecked Sendable {
+    private var promises: [EventLoopPromise<Void>] = []
+    var count: Int { promises.count }
+    var initializer: MultiplexerHandler.StreamInitializer {
+        { channel in
+            let promise = channel.eventLoop.makePromise(of: Void.self)
+            self.promises.append(promise)
+            return promise.futureResult
+        }
+    }
+    func completeAll() { promises.forEach { $0.succeed(()) } }
+}
