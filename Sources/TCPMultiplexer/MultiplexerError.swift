@@ -42,6 +42,8 @@ public enum MultiplexerError: Error, Hashable, Sendable, CustomStringConvertible
     case sessionClosed
     /// The stream's output is already closed, so it cannot write.
     case outputClosed
+    /// The peer caused more control frames (refusals, resets) than may queue while it does not read.
+    case controlFrameBacklog(limit: Int)
     /// An operation was used on the wrong kind of session (for example a ping in `thali-multiplex`).
     case unsupported(String)
 
@@ -69,6 +71,7 @@ public enum MultiplexerError: Error, Hashable, Sendable, CustomStringConvertible
         case .idleTimeout: return "session idle timeout"
         case .sessionClosed: return "session closed"
         case .outputClosed: return "stream output closed"
+        case .controlFrameBacklog(let limit): return "peer caused over \(limit) bytes of control frames without reading"
         case .unsupported(let what): return "unsupported: \(what)"
         }
     }

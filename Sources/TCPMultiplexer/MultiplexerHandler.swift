@@ -49,6 +49,15 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
     /// The latest measured round-trip time (yamux pings), used by window auto-tuning.
     private var roundTripTime: TimeAmount?
     private var started = false
+    /// A ping to answer once the channel is writable again.
+    private var pendingPingAnswer: UInt32?
+    /// Bytes of frames the peer caused (refusals, resets) written while the channel was not writable.
+    private var controlBacklog = 0
+
+    /// The most bytes of peer-caused control frames (stream refusals and resets) the session queues
+    /// while the underlying channel is not writable; beyond it the peer is flooding without reading and
+    /// the session ends with ``MultiplexerError/controlFrameBacklog(limit:)``. 64 KiB.
+    public static let maxControlBacklog = 64 * 1024
     private(set) var metrics = MultiplexerMetrics()
 
     /// Creates a session handler. `inboundStreamInitializer` configures each stream the peer opens;
@@ -106,6 +115,7 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
                 defer { decoder = .yamux(yamux) }
                 while !session.isClosed, let event = try yamux.next() {
                     try handleYamux(event, payloadRemaining: yamux.pendingPayloadBytes)
+                    if controlBacklogExceeded { throw MultiplexerError.controlFrameBacklog(limit: Self.maxControlBacklog) }
                 }
             case .thaliMultiplex(var thali):
                 thali.feed(bytes)
@@ -113,6 +123,7 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
                 defer { decoder = .thaliMultiplex(thali) }
                 while !session.isClosed, let event = try thali.next() {
                     try handleThali(event)
+                    if controlBacklogExceeded { throw MultiplexerError.controlFrameBacklog(limit: Self.maxControlBacklog) }
                 }
             }
         } catch {
@@ -134,7 +145,14 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
     }
 
     public func channelWritabilityChanged(context: ChannelHandlerContext) {
-        if context.channel.isWritable { writePending() }
+        if context.channel.isWritable {
+            controlBacklog = 0
+            if let ping = pendingPingAnswer {
+                pendingPingAnswer = nil
+                writeYamuxHeader(YamuxHeader(type: .ping, flags: .ack, streamID: 0, length: ping))
+            }
+            writePending()
+        }
         context.fireChannelWritabilityChanged()
     }
 
@@ -266,7 +284,7 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
            stream.receiveWindowTarget < configuration.maxStreamWindowSize {
             // The window turned over within a few round trips: it limits the stream, so grow it while
             // the session's memory budget allows.
-            let grown = min(stream.receiveWindowTarget * 2, configuration.maxStreamWindowSize)
+            let grown = min(stream.receiveWindowTarget * 2, configuration.maxStreamWindowSize, Int(UInt32.max))
             if receiveWindowTotal + grown - stream.receiveWindowTarget <= configuration.maxSessionReceiveBuffer {
                 receiveWindowTotal += grown - stream.receiveWindowTarget
                 stream.receiveWindowTarget = grown
@@ -309,6 +327,12 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
 
     // MARK: yamux input
 
+    private var controlBacklogExceeded = false
+
+    private func controlBacklogChecked() {
+        if controlBacklog > Self.maxControlBacklog { controlBacklogExceeded = true }
+    }
+
     private func handleYamux(_ event: YamuxFrameDecoder.Event, payloadRemaining: Int) throws {
         switch event {
         case .data(let bytes):
@@ -320,12 +344,19 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
             if payloadRemaining == 0 { finishYamuxDataFrame() }
         case .header(let header):
             metrics.framesReceived += 1
+            defer { controlBacklogChecked() }
             switch header.type {
             case .data, .windowUpdate:
                 try handleYamuxStreamFrame(header)
             case .ping:
                 if header.flags.contains(.syn) {
-                    writeYamuxHeader(YamuxHeader(type: .ping, flags: .ack, streamID: 0, length: header.length))
+                    if context?.channel.isWritable ?? false {
+                        writeYamuxHeader(YamuxHeader(type: .ping, flags: .ack, streamID: 0, length: header.length))
+                    } else {
+                        // Congested: answer only the latest ping once writable, so a ping flood
+                        // cannot queue answers without bound.
+                        pendingPingAnswer = header.length
+                    }
                 } else if header.flags.contains(.ack), let ping = outstandingPings.removeValue(forKey: header.length) {
                     let rtt = NIODeadline.now() - ping.sent
                     roundTripTime = rtt
@@ -405,6 +436,7 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
             }
         case .header(let header, let body):
             metrics.framesReceived += 1
+            defer { controlBacklogChecked() }
             // Frames from the opener name a stream the peer opened (key bit 0 clear), the others one we opened.
             let key = header.streamID << 1 | (header.flag.fromInitiator ? 0 : 1)
             currentDataStream = nil
@@ -609,6 +641,9 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
     }
 
     private func sendReset(streamID: UInt64, locallyInitiated: Bool, message: String?) {
+        if let context, !context.channel.isWritable {
+            controlBacklog += YamuxHeader.size + (message?.utf8.count ?? 0)
+        }
         switch configuration.framing {
         case .yamux:
             writeYamuxHeader(YamuxHeader(type: .windowUpdate, flags: .rst, streamID: UInt32(truncatingIfNeeded: streamID), length: 0))

@@ -203,3 +203,31 @@ final class PendingInitializers: @unchecked Sendable {
     }
     func completeAll() { promises.forEach { $0.succeed(()) } }
 }
+
+/// A peer that floods without reading cannot make the session queue answers without bound.
+@Suite struct FloodTests {
+    @Test func pingAnswersCoalesceAndRefusalFloodsEndTheSession() throws {
+        let (channel, _) = try EmbeddedChannel.withSession(role: .server, configuration: quietConfiguration(.yamux),
+                                                           initializer: nil)
+        _ = try channel.drainOutbound()
+        channel.isWritable = false
+        channel.pipeline.fireChannelWritabilityChanged()
+        for id in 1...1000 { try channel.writeInbound(yamux(.ping, .syn, id: 0, length: UInt32(id))) }
+        #expect(try channel.drainOutbound().readableBytes == 0)
+        channel.isWritable = true
+        channel.pipeline.fireChannelWritabilityChanged()
+        #expect(hex(try channel.drainOutbound()) == hex(yamux(.ping, .ack, id: 0, length: 1000)))
+
+        // Streams refused (no initializer) while the peer reads nothing.
+        channel.isWritable = false
+        channel.pipeline.fireChannelWritabilityChanged()
+        var wire = ByteBuffer()
+        for id in stride(from: UInt32(1), to: 20_000, by: 2) {
+            YamuxHeader(type: .windowUpdate, flags: .syn, streamID: id, length: 0).write(to: &wire)
+        }
+        #expect(throws: MultiplexerError.controlFrameBacklog(limit: MultiplexerHandler.maxControlBacklog)) {
+            try channel.writeInbound(wire)
+        }
+        #expect(!channel.isActive)
+    }
+}
