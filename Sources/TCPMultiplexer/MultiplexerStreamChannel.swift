@@ -365,5 +365,6 @@ public final class MultiplexerStreamChannel: Channel, ChannelCore, @unchecked Se
 public struct MultiplexerStreamReset: Sendable, Hashable {
     /// The error message a `thali-multiplex` reset frame carries (yamux has no room for it).
     public var message: String?
+    /// A reset carrying `message` (if the framing has room for it).
     public init(message: String? = nil) { self.message = message }
 }

@@ -59,10 +59,14 @@ public struct ThaliMultiplexHeader: Hashable, Sendable {
     /// The largest stream id: the id is shifted left by 3 inside a 64-bit varint.
     public static let maxStreamID: UInt64 = UInt64.max >> 3
 
+    /// The stream id (its opener's number for it).
     public var streamID: UInt64
+    /// The frame kind and the sender's side.
     public var flag: Flag
+    /// The body length.
     public var length: Int
 
+    /// A header; `streamID` must be at most ``maxStreamID`` and `length` not negative.
     public init(streamID: UInt64, flag: Flag, length: Int) {
         precondition(streamID <= Self.maxStreamID && length >= 0)
         self.streamID = streamID

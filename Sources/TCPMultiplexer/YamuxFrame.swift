@@ -48,11 +48,16 @@ public struct YamuxHeader: Hashable, Sendable {
     /// The window every stream starts with in both directions, fixed by the protocol: 256 KiB.
     public static let initialWindowSize = 256 * 1024
 
+    /// What the frame is.
     public var type: FrameType
+    /// Stream control flags.
     public var flags: Flags
+    /// The stream; 0 for pings and GoAway.
     public var streamID: UInt32
+    /// Payload length (data), window delta (window update), opaque value (ping) or code (GoAway).
     public var length: UInt32
 
+    /// A header with the given fields (the version is always 0).
     public init(type: FrameType, flags: Flags = [], streamID: UInt32, length: UInt32) {
         self.type = type
         self.flags = flags
