@@ -173,6 +173,9 @@ func connectSession(port: Int, configuration: MultiplexerConfiguration = Multipl
     return try await session.futureResult.get()
 }
 
+/// Where the Go peer was built, removed when the test process exits.
+nonisolated(unsafe) private var builtDirectory: String?
+
 /// The Go hashicorp/yamux peer program in GoPeer/, built once per test run into a temporary directory.
 enum GoPeer {
     static let yamuxSource = "/usr/share/gocode/src/github.com/hashicorp/yamux"
@@ -201,6 +204,8 @@ enum GoPeer {
             let status = try await build.waitForExit(timeout: .seconds(180))
             guard status == 0 else { throw GoBuildFailed(output: build.output) }
             result = output
+            builtDirectory = directory
+            atexit { if let directory = builtDirectory { try? FileManager.default.removeItem(atPath: directory) } }
             return output
         }
     }
