@@ -313,16 +313,29 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
     }
 
     func streamTornDown(_ stream: MultiplexerStreamChannel) {
-        guard streams[stream.key] === stream else { return }
-        streams.removeValue(forKey: stream.key)
+        detach(stream)
+        bufferedTotal -= stream.inboundBytes
+    }
+
+    /// The stream is over on the wire: forget its id at once (`thali-multiplex` peers reuse an id as
+    /// soon as both sides closed it), even if its channel still has buffered bytes to hand out.
+    private func detach(_ stream: MultiplexerStreamChannel) {
+        guard !stream.isDetached else { return }
+        stream.isDetached = true
+        if streams[stream.key] === stream { streams.removeValue(forKey: stream.key) }
         if stream.isLocallyInitiated && configuration.framing == .thaliMultiplex {
             usedLocalThaliIDs.remove(stream.streamID)
         }
-        if !stream.isLocallyInitiated && !stream.activated { streamsAwaitingAccept -= 1 }
-        bufferedTotal -= stream.inboundBytes
+        leaveAcceptBacklog(stream)
         receiveWindowTotal -= stream.receiveWindowTarget
         if currentDataStream === stream { currentDataStream = nil }
         if streams.isEmpty { scheduleIdleTimeout() }
+    }
+
+    private func leaveAcceptBacklog(_ stream: MultiplexerStreamChannel) {
+        guard stream.isInAcceptBacklog else { return }
+        stream.isInAcceptBacklog = false
+        streamsAwaitingAccept -= 1
     }
 
     // MARK: yamux input
@@ -493,6 +506,7 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
         stream.ackPending = configuration.framing == .yamux
         addStream(stream)
         streamsAwaitingAccept += 1
+        stream.isInAcceptBacklog = true
         metrics.streamsAccepted += 1
         stream.register()
         let loop = context.eventLoop
@@ -500,7 +514,7 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
         initializer(stream).hop(to: loop).whenComplete { result in
             let (handler, stream) = bound.value
             guard !stream.tornDown else { return }
-            handler.streamsAwaitingAccept -= 1
+            handler.leaveAcceptBacklog(stream)
             switch result {
             case .success:
                 if handler.configuration.framing == .yamux && stream.ackPending {
@@ -525,6 +539,7 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
             return
         }
         stream.receiveEnd()
+        if stream.state.isFinished { detach(stream) }
         queueDelivery(stream)
     }
 

@@ -78,6 +78,10 @@ public final class MultiplexerStreamChannel: Channel, ChannelCore, @unchecked Se
     var closeAfterFIN: EventLoopPromise<Void>?
     var closeAfterFINRequested = false
     var isQueuedForWrite = false
+    /// The session has forgotten the stream's id (it is over on the wire).
+    var isDetached = false
+    /// The stream counts against the accept backlog (accepted, initializer still running).
+    var isInAcceptBacklog = false
 
     // yamux flow control
     /// Bytes this side may still send before the peer grants more.

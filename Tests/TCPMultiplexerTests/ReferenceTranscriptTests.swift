@@ -120,3 +120,29 @@ struct ReferenceTranscript {
         #expect(named.recorder.inactive)
     }
 }
+
+@Suite struct ThaliMultiplexIDReuseTests {
+    /// The reference library reuses an id as soon as both sides closed the stream; the close and the
+    /// next open may arrive in one read, before our channel has even seen its end.
+    @Test func anIDReusedInTheSameReadOpensANewStream() throws {
+        let accepted = AcceptedStreams(halfClosure: true, autoRead: false)
+        let (channel, session) = try EmbeddedChannel.withSession(
+            role: .server, configuration: quietConfiguration(.thaliMultiplex), initializer: accepted.initializer)
+        try channel.writeInbound(bytes(hex: "0000" + "0205" + "68656c6c6f"))  // open 0, "hello"
+        let first = try #require(accepted.all.first)
+        try first.channel.close(mode: .output).wait()
+        #expect(hex(try channel.drainOutbound()) == "0300")
+        try channel.writeInbound(bytes(hex: "0400" + "0000" + "0202" + "6869"))  // close 0, open 0 again, "hi"
+        #expect(channel.isActive)
+        #expect(accepted.count == 2)
+        let second = try #require(accepted.all.last)
+        second.channel.read()
+        #expect(second.recorder.receivedString == "hi")
+        // The first stream still hands out what it had, then its end.
+        first.channel.read()
+        #expect(first.recorder.receivedString == "hello")
+        #expect(first.recorder.inputClosed)
+        try first.channel.closeFuture.wait()
+        #expect(try session.metrics().wait().bufferedReceiveBytes == 0)
+    }
+}
