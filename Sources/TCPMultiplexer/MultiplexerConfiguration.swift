@@ -64,6 +64,13 @@ public struct MultiplexerConfiguration: Sendable {
     /// 256 KiB; it becomes writable again below half of that.
     public var streamWriteBufferHighWatermark: Int = 256 * 1024
 
+    /// The write-buffer water marks the session sets on its underlying channel, or `nil` to leave the
+    /// channel's own. The session stops sending stream data while the channel is not writable; NIO's
+    /// default marks (32/64 KiB) would make it wait for every 256 KiB frame to drain. Default 1 MiB /
+    /// 4 MiB.
+    public var underlyingWriteBufferWaterMark: ChannelOptions.Types.WriteBufferWaterMark? =
+        .init(low: 1 << 20, high: 4 << 20)
+
     /// yamux: how often to send a keepalive ping, or `nil` for none. Default 30 s, as in hashicorp/yamux.
     public var keepAliveInterval: TimeAmount? = .seconds(30)
 

@@ -30,6 +30,10 @@ public final class MultiplexerSession: Sendable {
         inboundStreamInitializer: MultiplexerHandler.StreamInitializer? = nil
     ) -> EventLoopFuture<MultiplexerSession> {
         onLoop(channel.eventLoop) {
+            if let marks = configuration.underlyingWriteBufferWaterMark {
+                // Not every channel has the option (embedded ones); the session works without it.
+                try? channel.syncOptions?.setOption(.writeBufferWaterMark, value: marks)
+            }
             let handler = MultiplexerHandler(role: role, configuration: configuration,
                                              inboundStreamInitializer: inboundStreamInitializer)
             try channel.pipeline.syncOperations.addHandler(handler)

@@ -33,9 +33,14 @@ struct BenchMux: AsyncParsableCommand {
         let group = MultiThreadedEventLoopGroup(numberOfThreads: 2)
         let bytes = megabytes << 20
         let raw: Double, one: Double, hundred: Double, opensPerSecond: Double
+        let rawCPU: Double, oneCPU: Double
         do {
+            var cpu = MuxBenchmarks.cpuSeconds()
             raw = try await MuxBenchmarks.rawTCP(group: group, bytes: bytes)
+            rawCPU = MuxBenchmarks.cpuSeconds() - cpu
+            cpu = MuxBenchmarks.cpuSeconds()
             one = try await MuxBenchmarks.streams(group: group, configuration: configuration, count: 1, bytes: bytes)
+            oneCPU = MuxBenchmarks.cpuSeconds() - cpu
             hundred = try await MuxBenchmarks.streams(group: group, configuration: configuration, count: 100, bytes: bytes)
             opensPerSecond = try await MuxBenchmarks.opens(group: group, configuration: configuration, count: opens)
         } catch {
@@ -61,6 +66,10 @@ struct BenchMux: AsyncParsableCommand {
             row("100 concurrent streams", hundred, "MB/s")
             row("stream open/close", opensPerSecond, "per s")
             row("Go hashicorp/yamux, one stream", go ?? nil, "MB/s")
+            // CPU time is steadier than wall time on a shared machine.
+            let gigabytes = Double(bytes) / 1e9
+            row("CPU per GB, raw TCP (both ends)", rawCPU / gigabytes * 1000, "ms")
+            row("CPU per GB, one mux stream", oneCPU / gigabytes * 1000, "ms")
         }
     }
 }
@@ -108,6 +117,14 @@ enum MuxBenchmarks {
             if inflight.count > depth { try await inflight.removeFirst().get() }
         }
         for write in inflight { try await write.get() }
+    }
+
+    /// User plus system CPU time of this process so far, in seconds.
+    static func cpuSeconds() -> Double {
+        var usage = rusage()
+        getrusage(RUSAGE_SELF.rawValue, &usage)
+        func seconds(_ time: timeval) -> Double { Double(time.tv_sec) + Double(time.tv_usec) / 1e6 }
+        return seconds(usage.ru_utime) + seconds(usage.ru_stime)
     }
 
     static func megabytesPerSecond(_ bytes: Int, since start: ContinuousClock.Instant) -> Double {
