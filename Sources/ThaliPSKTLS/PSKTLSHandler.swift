@@ -169,21 +169,24 @@ public final class PSKTLSHandler: ChannelDuplexHandler {
         }
     }
 
-    /// Decrypts everything buffered and fires it in chunks of `plaintextReadChunkSize`.
+    /// Decrypts everything buffered and fires it in chunks of at most `plaintextReadChunkSize`. Buffers
+    /// are sized to the ciphertext at hand (plaintext is never longer), so small messages do not each
+    /// hold a full chunk of memory while they wait for the application.
     private func deliverPlaintext(context: ChannelHandlerContext) {
         let chunkSize = configuration.plaintextReadChunkSize
-        var plaintext = context.channel.allocator.buffer(capacity: chunkSize)
+        var plaintext = ByteBuffer()
         func fire() {
             guard plaintext.readableBytes > 0 else { return }
             applicationReadPending = false
             deliveredInBurst = true
             context.fireChannelRead(wrapInboundOut(plaintext))
-            plaintext = context.channel.allocator.buffer(capacity: chunkSize)
+            plaintext = ByteBuffer()
         }
         while stateMachine.deliversInput {
-            let room = chunkSize - plaintext.readableBytes
-            if room <= 0 { fire(); continue }
-            switch connection.read(into: &plaintext, maximum: room) {
+            if plaintext.readableBytes >= chunkSize { fire() }
+            let room = min(chunkSize - plaintext.readableBytes, connection.bufferedInput)
+            let result: SSLConnection.ReadResult = room > 0 ? connection.read(into: &plaintext, maximum: room) : .wantsInput
+            switch result {
             case .read:
                 continue
             case .wantsInput:

@@ -7,11 +7,14 @@ import Testing
 final class Recorder: ChannelInboundHandler {
     typealias InboundIn = ByteBuffer
     var received: [UInt8] = []
+    var capacities: [Int] = []
     var events: [Any] = []
     var errors: [any Error] = []
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        received += unwrapInboundIn(data).readableBytesView
+        let buffer = unwrapInboundIn(data)
+        received += buffer.readableBytesView
+        capacities.append(buffer.capacity)
     }
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) { events.append(event) }
     func errorCaught(context: ChannelHandlerContext, error: any Error) { errors.append(error) }
@@ -261,6 +264,24 @@ extension PSKTLSTests {
                 try pair.server.writeInbound(ciphertext)
                 #expect(pair.serverRecorder.received.count == 101_000)
                 #expect(pair.serverReads.reads == readsAfterHandshake + 2)
+            }
+        }
+
+        @Test func smallMessagesGetSmallBuffersAndLargeOnesChunks() throws {
+            try expectNoLeaksNow {
+                let pair = try EmbeddedPair()
+                defer { pair.finish() }
+                try pair.activate()
+                try pair.exchange()
+                try pair.client.writeOutbound(ByteBuffer(string: "tiny"))
+                try pair.move(from: pair.client, to: pair.server)
+                #expect(pair.serverRecorder.received == Array("tiny".utf8))
+                #expect(pair.serverRecorder.capacities.allSatisfy { $0 <= 64 }, "\(pair.serverRecorder.capacities)")
+                // 200 KB arrive as chunks of at most plaintextReadChunkSize (64 KiB), even split at odd places.
+                try pair.client.writeOutbound(ByteBuffer(repeating: 7, count: 200_000))
+                try pair.move(from: pair.client, to: pair.server, chunk: 10_007)
+                #expect(pair.serverRecorder.received.count == 200_004)
+                #expect(pair.serverRecorder.capacities.dropFirst().allSatisfy { $0 <= 64 << 10 })
             }
         }
 

@@ -98,6 +98,16 @@ final class SSLConnection {
         bio.appendInbound(buffer)
     }
 
+    /// An upper bound for the plaintext the next reads can produce: ciphertext OpenSSL has not read,
+    /// plaintext it has decrypted and not returned, and a full record (16 KiB) if part of one already
+    /// sits in its buffer.
+    var bufferedInput: Int {
+        bio.inboundBytes + Int(SSL_pending(ssl)) + (SSL_has_pending(ssl) == 1 ? Self.maximumRecordPlaintext : 0)
+    }
+
+    /// The most plaintext one TLS record carries (RFC 5246 §6.2.1).
+    static let maximumRecordPlaintext = 16_384
+
     /// How many bytes of ciphertext wait to go to the network.
     var pendingOutput: Int { bio.pendingOutput }
 
