@@ -1,0 +1,254 @@
+import Foundation
+import NIOCore
+import NIOPosix
+import Testing
+import ThaliBeacons
+import ThaliSSDP
+import ThaliTestSupport
+
+@testable import ThaliConformance
+
+/// A deliberately broken `/NotificationBeacons` server: Python's own `http.server`, run as a separate
+/// process, each mode breaking one rule. It prints `PORT <n>` once it listens on an ephemeral port.
+private let brokenServerScript = #"""
+import sys, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+mode = sys.argv[1]
+body = bytes.fromhex(sys.argv[2]) if len(sys.argv) > 2 else b""
+
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+    def handle(self):
+        if mode == "silent":      # accepts the connection, never answers
+            time.sleep(3600)
+            return
+        super().handle()
+
+    def do_GET(self):
+        if self.path != "/NotificationBeacons":
+            self.send_error(404)
+            return
+        self.send_response(200)
+        if mode != "no-content-type":
+            self.send_header("Content-Type", "text/plain" if mode == "wrong-content-type" else "application/octet-stream")
+        if mode != "no-cache-control":
+            self.send_header("Cache-Control", "no-cache")
+        if mode == "endless":     # no length: the body runs until the client hangs up
+            self.end_headers()
+            chunk = b"\x00" * 65536
+            try:
+                while True:
+                    self.wfile.write(chunk)
+            except OSError:
+                return
+        if mode == "declared-huge":
+            self.send_header("Content-Length", "100000000")
+            self.end_headers()
+            return
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        # "truncated": half of the declared body, then the connection closes.
+        self.wfile.write(body[: len(body) // 2] if mode == "truncated" else body)
+
+server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+print("PORT", server.server_address[1], flush=True)
+server.serve_forever()
+"""#
+
+/// Starts the broken server in `mode` serving `body`; stops it when `body` returns.
+private func withBrokenServer(_ mode: String, body stream: [UInt8] = [],
+                              _ run: (BeaconLocation) async throws -> Void) async throws {
+    let directory = FileManager.default.temporaryDirectory
+        .appendingPathComponent("thali-conformance-\(getpid())-\(UInt32.random(in: 0...UInt32.max))")
+    try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+    defer { try? FileManager.default.removeItem(at: directory) }
+    let script = directory.appendingPathComponent("broken_server.py")
+    try brokenServerScript.write(to: script, atomically: true, encoding: .utf8)
+    let hex = stream.map { String(format: "%02x", $0) }.joined()
+    let process = try ChildProcess("/usr/bin/python3", ["-u", script.path, mode] + (hex.isEmpty ? [] : [hex]))
+    defer { process.terminate() }
+    try await process.waitForOutput(containing: "PORT ")
+    let line = try #require(process.output.split(separator: "\n").first { $0.hasPrefix("PORT ") })
+    let port = try #require(Int(line.dropFirst("PORT ".count).trimmingCharacters(in: .whitespaces)))
+    try await run(BeaconLocation(host: "127.0.0.1", port: port))
+}
+
+/// The probe against real broken servers: each one fails exactly the check it breaks, with the reason.
+@Suite("Probe against broken servers", .serialized,
+       .enabled(if: TestEnvironment.available(FileManager.default.isExecutableFile(atPath: "/usr/bin/python3"))))
+struct ProbeAgainstBrokenServersTests {
+    let group = MultiThreadedEventLoopGroup.singleton
+
+    /// Fast timeouts, no burst (the burst has its own test).
+    static var probe: ProbeConfiguration {
+        var configuration = ProbeConfiguration()
+        configuration.connectTimeout = .milliseconds(500)
+        configuration.responseTimeout = .milliseconds(800)
+        configuration.burstEnabled = false
+        return configuration
+    }
+
+    static func stream(_ profile: BeaconProfile = .spec, clock: BeaconClock = .system) throws -> [UInt8] {
+        try BeaconGenerator(identity: PrivateKey(), profile: profile, clock: clock)
+            .makeAnnouncement(for: [PrivateKey().publicKey], validity: .seconds(600)).stream
+    }
+
+    func probe(_ location: BeaconLocation, _ configuration: ProbeConfiguration = probe) async -> ProbeReport {
+        await ConformanceProbe(location: location, configuration: configuration, group: group).run()
+    }
+
+    @Test("a correct body from a different server passes the body checks; HTTP/1.0 close and 501 are fine")
+    func correctPythonServer() async throws {
+        try await withBrokenServer("ok", body: Self.stream(.cordova)) { location in
+            let report = await probe(location)
+            #expect(report.failed == 0, "\(report.text)")
+            #expect(report.check("body-format")?.reason.contains("profile cordova only") == true)
+            #expect(report.check("keep-alive")?.reason.contains("HTTP/1.0") == true, "\(report.text)")
+            #expect(report.check("method")?.reason.contains("501") == true, "\(report.text)")
+            #expect(report.check("burst")?.verdict == .notApplicable)
+        }
+    }
+
+    @Test("wrong and missing Content-Type fail content-type and the client fetch",
+          arguments: [("wrong-content-type", "is \"text/plain\""), ("no-content-type", "Content-Type missing")])
+    func contentType(mode: String, reason: String) async throws {
+        try await withBrokenServer(mode, body: Self.stream()) { location in
+            let report = await probe(location)
+            let check = try #require(report.check("content-type"))
+            #expect(check.verdict == .fail)
+            #expect(check.reason.contains(reason), "\(check.reason)")
+            #expect(report.check("client-fetch")?.verdict == .fail)
+            #expect(report.check("cache-control")?.verdict == .pass)
+            #expect(report.check("body-format")?.verdict == .pass)
+            #expect(report.failed == 2, "\(report.text)")
+        }
+    }
+
+    @Test("a missing Cache-Control fails cache-control only")
+    func missingCacheControl() async throws {
+        try await withBrokenServer("no-cache-control", body: Self.stream()) { location in
+            let report = await probe(location)
+            #expect(report.check("cache-control")?.verdict == .fail)
+            #expect(report.check("cache-control")?.reason == "Cache-Control missing, expected no-cache")
+            #expect(report.failed == 1, "\(report.text)")
+        }
+    }
+
+    @Test("a body cut short by the connection fails body-format")
+    func truncatedBody() async throws {
+        let stream = try Self.stream()
+        try await withBrokenServer("truncated", body: stream) { location in
+            let report = await probe(location)
+            let check = try #require(report.check("body-format"))
+            #expect(check.verdict == .fail)
+            #expect(check.reason.contains("mid-body after \(stream.count / 2) bytes of Content-Length \(stream.count)"),
+                    "\(check.reason)")
+            #expect(report.check("expiration")?.verdict == .notApplicable)
+        }
+    }
+
+    @Test("malformed bodies fail body-format with each profile's reason")
+    func malformedBodies() async throws {
+        let stream = try Self.stream()
+        var badKey = stream
+        badKey[0] = 0x31
+        for (body, reason) in [(Array(stream.dropLast(5)), "spec: length \(stream.count - 5) is not 96 + 48·N"),
+                               (badKey, "spec: ephemeral key rejected")] {
+            try await withBrokenServer("ok", body: body) { location in
+                let report = await probe(location)
+                let check = try #require(report.check("body-format"))
+                #expect(check.verdict == .fail)
+                #expect(check.reason.contains("fits neither profile"), "\(check.reason)")
+                #expect(check.reason.contains(reason), "\(check.reason)")
+                #expect(check.reason.contains("cordova: length"), "\(check.reason)")
+            }
+        }
+    }
+
+    @Test("an expired announcement fails expiration")
+    func expired() async throws {
+        let hourAgo = BeaconClock.system.now() - 3_600_000
+        try await withBrokenServer("ok", body: Self.stream(clock: .fixed(hourAgo))) { location in
+            let report = await probe(location)
+            #expect(report.check("body-format")?.verdict == .pass)
+            let check = try #require(report.check("expiration"))
+            #expect(check.verdict == .fail)
+            #expect(check.reason.hasPrefix("expired ") && check.reason.hasSuffix(" ago"), "\(check.reason)")
+        }
+    }
+
+    @Test("more beacons than the bound fail beacon-count")
+    func tooManyBeacons() async throws {
+        var configuration = Self.probe
+        configuration.maxBeacons = 2
+        let stream = try BeaconGenerator(identity: PrivateKey()).makeAnnouncement(
+            for: (0..<3).map { _ in PrivateKey().publicKey }, validity: .seconds(60)).stream
+        try await withBrokenServer("ok", body: stream) { location in
+            let report = await probe(location, configuration)
+            #expect(report.check("beacon-count")?.verdict == .fail)
+            #expect(report.check("beacon-count")?.reason.contains("3 beacons, more than 2") == true)
+        }
+    }
+
+    @Test("an endless body is cut at the bound plus one byte")
+    func endlessBody() async throws {
+        try await withBrokenServer("endless") { location in
+            let started = ContinuousClock.now
+            let report = await probe(location)
+            let check = try #require(report.check("size-bound"))
+            #expect(check.verdict == .fail)
+            #expect(check.reason == "body exceeds 65536 bytes; stopped reading at 65537", "\(check.reason)")
+            #expect(report.check("body-format")?.verdict == .notApplicable)
+            #expect(report.check("client-fetch")?.reason.contains("responseTooLarge") == true, "\(report.text)")
+            // Cut, not timed out: the whole probe ends long before the endless body would.
+            #expect(ContinuousClock.now - started < .seconds(30))
+        }
+    }
+
+    @Test("a declared length over the bound is refused without reading it")
+    func declaredHuge() async throws {
+        try await withBrokenServer("declared-huge") { location in
+            let report = await probe(location)
+            #expect(report.check("size-bound")?.verdict == .fail)
+            #expect(report.check("size-bound")?.reason.contains("declares Content-Length 100000000") == true)
+        }
+    }
+
+    @Test("a server that never answers fails reachability within the response timeout")
+    func silentServer() async throws {
+        try await withBrokenServer("silent") { location in
+            let started = ContinuousClock.now
+            let report = await probe(location)
+            let check = try #require(report.check("reachable"))
+            #expect(check.verdict == .fail)
+            #expect(check.reason == "connected, but no complete response within 800 ms")
+            #expect(report.failed == 1)
+            #expect(ContinuousClock.now - started < .seconds(10))
+        }
+    }
+
+    @Test("a server that never throttles fails the burst, or warns when told to")
+    func neverThrottles() async throws {
+        var configuration = Self.probe
+        configuration.burstEnabled = true
+        configuration.burstRequests = 30
+        configuration.burstConcurrency = 4
+        configuration.maxOutage = .seconds(2)
+        try await withBrokenServer("ok", body: Self.stream()) { location in
+            let report = await probe(location, configuration)
+            let burst = try #require(report.check("burst"))
+            #expect(burst.verdict == .fail)
+            #expect(burst.reason.hasPrefix("never throttled; 30 sent, 4 at a time: 30 answered"), "\(burst.reason)")
+            #expect(report.check("recovery")?.verdict == .pass)
+            #expect(report.failed == 1, "\(report.text)")
+
+            configuration.neverThrottlingIsWarning = true
+            let lenient = await probe(location, configuration)
+            #expect(lenient.check("burst")?.verdict == .warn)
+            #expect(lenient.failed == 0, "\(lenient.text)")
+        }
+    }
+}
