@@ -80,8 +80,9 @@ public struct ConformanceProbe: Sendable {
             report.record("reachable", .fail, "connected, but no complete response within \(Self.text(configuration.responseTimeout))")
         case .closedWithoutResponse:
             report.record("reachable", .fail, "the server closed the connection without a response")
-        case .tooLarge:
-            report.record("reachable", .fail, "the response head exceeds \(configuration.maxHeadBytes) bytes; connection cut")
+        case .tooLarge(let received):
+            report.record("reachable", .fail,
+                          "the response head exceeds \(configuration.maxHeadBytes) bytes; connection cut after \(received) bytes")
         case .malformed(let detail):
             report.record("reachable", .fail, "the answer is not an HTTP/1.x response: \(detail)")
         }
@@ -304,7 +305,7 @@ public struct ConformanceProbe: Sendable {
             case .connectFailed: self = .throttled("connection refused")
             case .closedWithoutResponse: self = .throttled("closed without answer")
             case .connectTimedOut, .timedOut: self = .timedOut
-            case .tooLarge: self = .other("too large")
+            case .tooLarge: self = .other("head too large")
             case .malformed: self = .other("malformed")
             }
         }
@@ -392,7 +393,7 @@ public struct ConformanceProbe: Sendable {
         case .connectTimedOut: "connect timed out"
         case .timedOut: "no answer in time"
         case .closedWithoutResponse: "closed without answer"
-        case .tooLarge: "response too large"
+        case .tooLarge(let received): "response head too large (cut after \(received) bytes)"
         case .malformed(let detail): "malformed (\(detail))"
         }
     }

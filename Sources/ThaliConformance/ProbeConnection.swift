@@ -26,8 +26,8 @@ enum ProbeOutcome: Sendable {
     case timedOut
     /// The server closed (or reset) the connection before any response head.
     case closedWithoutResponse
-    /// More raw bytes than the head and body bounds allow arrived; the connection was cut.
-    case tooLarge
+    /// The response head did not end within `maxHeadBytes`; the connection was cut after `received` bytes.
+    case tooLarge(received: Int)
     /// The bytes were not an HTTP/1.x response.
     case malformed(String)
 }
@@ -48,7 +48,8 @@ struct ProbeConnection: Sendable {
     /// Connects to `host:port`; a failure is returned as the outcome the request would have had.
     static func open(host: String, port: Int, configuration: ProbeConfiguration,
                      group: EventLoopGroup) async -> Result<ProbeConnection, ProbeOutcomeError> {
-        let rawLimit = ProbeByteLimitHandler.rawLimit(configuration)
+        let totalLimit = ProbeByteLimitHandler.totalLimit(configuration)
+        let headLimit = configuration.maxHeadBytes
         let maxBody = configuration.maxBodyBytes
         do {
             let channel = try await ClientBootstrap(group: group)
@@ -56,9 +57,10 @@ struct ProbeConnection: Sendable {
                 .channelInitializer { channel in
                     channel.eventLoop.makeCompletedFuture {
                         let sync = channel.pipeline.syncOperations
-                        try sync.addHandler(ProbeByteLimitHandler(limit: rawLimit))
+                        let limiter = ProbeByteLimitHandler(headLimit: headLimit, totalLimit: totalLimit)
+                        try sync.addHandler(limiter)
                         try sync.addHTTPClientHandlers()
-                        try sync.addHandler(ProbeExchangeHandler(host: host, maxBodyBytes: maxBody))
+                        try sync.addHandler(ProbeExchangeHandler(host: host, maxBodyBytes: maxBody, limiter: limiter))
                     }
                 }
                 .connect(host: host, port: port).get()
@@ -121,33 +123,59 @@ extension ProbeConnection {
     }
 }
 
-/// Cuts the connection once more raw bytes arrive than a bounded response can need, before the HTTP
-/// decoder buffers them (a head without end, or chunk framing around an endless body).
+/// Bounds the raw bytes a connection may deliver, before the HTTP decoder buffers them: while a head is
+/// awaited, at most `headLimit` bytes (plus the one read that completes it); over the connection's life,
+/// `totalLimit` (a backstop for chunk framing around an endless body). The exchange handler says when a
+/// head is awaited and when it arrived.
 final class ProbeByteLimitHandler: ChannelInboundHandler {
     typealias InboundIn = ByteBuffer
     typealias InboundOut = ByteBuffer
 
     /// Raw bytes allowed per connection: the head bound, the body bound plus one, and as much again for
     /// chunk framing, per request a connection may carry (the probe sends at most two).
-    static func rawLimit(_ configuration: ProbeConfiguration) -> Int {
+    static func totalLimit(_ configuration: ProbeConfiguration) -> Int {
         2 * (configuration.maxHeadBytes + 2 * (configuration.maxBodyBytes + 1))
     }
 
-    struct LimitExceeded: Error {}
+    /// Raised into the pipeline when a bound is crossed; the connection is then closed.
+    struct LimitExceeded: Error {
+        /// True when the head bound was crossed, false for the connection's total.
+        var inHead: Bool
+        /// Raw bytes received on the connection when it was cut.
+        var received: Int
+    }
 
-    private let limit: Int
-    private var received = 0
+    private let headLimit: Int
+    private let totalLimit: Int
+    private var total = 0
+    /// Bytes since a head began to be awaited; nil while none is.
+    private var headBytes: Int?
 
-    init(limit: Int) { self.limit = limit }
+    init(headLimit: Int, totalLimit: Int) {
+        self.headLimit = headLimit
+        self.totalLimit = totalLimit
+    }
+
+    /// A request went out: count bytes against the head bound until `headArrived`.
+    func awaitHead() { headBytes = 0 }
+
+    /// The decoder produced the head.
+    func headArrived() { headBytes = nil }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        received += unwrapInboundIn(data).readableBytes
-        guard received <= limit else {
-            context.fireErrorCaught(LimitExceeded())
-            context.close(promise: nil)
-            return
-        }
+        let count = unwrapInboundIn(data).readableBytes
+        total += count
+        guard total <= totalLimit else { return exceeded(context, inHead: false) }
+        headBytes = headBytes.map { $0 + count }
+        // The decoder parses synchronously: if this read completes the head, `headArrived` runs first.
         context.fireChannelRead(data)
+        if let headBytes, headBytes > headLimit { exceeded(context, inHead: true) }
+    }
+
+    private func exceeded(_ context: ChannelHandlerContext, inHead: Bool) {
+        headBytes = nil
+        context.fireErrorCaught(LimitExceeded(inHead: inHead, received: total))
+        context.close(promise: nil)
     }
 }
 
@@ -159,13 +187,15 @@ final class ProbeExchangeHandler: ChannelDuplexHandler {
 
     private let host: String
     private let maxBodyBytes: Int
+    private let limiter: ProbeByteLimitHandler
     private var pending: EventLoopPromise<ProbeOutcome>?
     private var head: HTTPResponseHead?
     private var body: [UInt8] = []
 
-    init(host: String, maxBodyBytes: Int) {
+    init(host: String, maxBodyBytes: Int, limiter: ProbeByteLimitHandler) {
         self.host = host
         self.maxBodyBytes = maxBodyBytes
+        self.limiter = limiter
     }
 
     func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
@@ -176,6 +206,7 @@ final class ProbeExchangeHandler: ChannelDuplexHandler {
             return
         }
         pending = request.promise
+        limiter.awaitHead()
         head = nil
         body = []
         var headers = HTTPHeaders([("Host", host), ("Connection", request.keepAlive ? "keep-alive" : "close"),
@@ -193,6 +224,7 @@ final class ProbeExchangeHandler: ChannelDuplexHandler {
             // Informational heads (100 Continue) precede the real one.
             if (100..<200).contains(responseHead.status.code), responseHead.status != .switchingProtocols { return }
             head = responseHead
+            limiter.headArrived()
             if let declared = responseHead.headers.first(name: "Content-Length").flatMap({ Int($0) }),
                 declared > maxBodyBytes
             {
@@ -213,8 +245,12 @@ final class ProbeExchangeHandler: ChannelDuplexHandler {
     }
 
     func errorCaught(context: ChannelHandlerContext, error: Error) {
-        if error is ProbeByteLimitHandler.LimitExceeded {
-            complete(.tooLarge)
+        if let limit = error as? ProbeByteLimitHandler.LimitExceeded {
+            if limit.inHead || head == nil {
+                complete(.tooLarge(received: limit.received))
+            } else {
+                finish(context, exceeded: true, complete: false)
+            }
         } else if head != nil || error is IOError || error is ChannelError {
             // After the head, a parse error is an end of file inside the body (or broken framing):
             // the response is incomplete rather than not HTTP at all.

@@ -9,7 +9,7 @@ import ThaliTestSupport
 @testable import ThaliConformance
 
 /// A deliberately broken `/NotificationBeacons` server: Python's own `http.server`, run as a separate
-/// process, each mode breaking one rule. It prints `PORT <n>` once it listens on an ephemeral port.
+/// process, each mode breaking one rule. It prints `PORT <n> LISTENING` once it listens on an ephemeral port.
 private let brokenServerScript = #"""
 import sys, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -44,6 +44,13 @@ class Handler(BaseHTTPRequestHandler):
                     self.wfile.write(chunk)
             except OSError:
                 return
+        if mode == "endless-head":  # header lines that never end
+            self.flush_headers()
+            try:
+                while True:
+                    self.wfile.write(b"X-Filler: " + b"a" * 1000 + b"\r\n")
+            except OSError:
+                return
         if mode == "declared-huge":
             self.send_header("Content-Length", "100000000")
             self.end_headers()
@@ -54,7 +61,7 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(body[: len(body) // 2] if mode == "truncated" else body)
 
 server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-print("PORT", server.server_address[1], flush=True)
+print("PORT", server.server_address[1], "LISTENING", flush=True)
 server.serve_forever()
 """#
 
@@ -69,10 +76,12 @@ private func withBrokenServer(_ mode: String, body stream: [UInt8] = [],
     try brokenServerScript.write(to: script, atomically: true, encoding: .utf8)
     let hex = stream.map { String(format: "%02x", $0) }.joined()
     let process = try ChildProcess("/usr/bin/python3", ["-u", script.path, mode] + (hex.isEmpty ? [] : [hex]))
-    defer { process.terminate() }
-    try await process.waitForOutput(containing: "PORT ")
+    // A throwaway server: nothing to shut down cleanly, so no grace period.
+    defer { process.terminate(signal: SIGKILL) }
+    // Wait for the line's last word, so that the port number has arrived in full.
+    try await process.waitForOutput(containing: " LISTENING")
     let line = try #require(process.output.split(separator: "\n").first { $0.hasPrefix("PORT ") })
-    let port = try #require(Int(line.dropFirst("PORT ".count).trimmingCharacters(in: .whitespaces)))
+    let port = try #require(Int(line.split(separator: " ")[1]))
     try await run(BeaconLocation(host: "127.0.0.1", port: port))
 }
 
@@ -214,6 +223,20 @@ struct ProbeAgainstBrokenServersTests {
             let report = await probe(location)
             #expect(report.check("size-bound")?.verdict == .fail)
             #expect(report.check("size-bound")?.reason.contains("declares Content-Length 100000000") == true)
+        }
+    }
+
+    @Test("a head that never ends is cut at the head bound")
+    func endlessHead() async throws {
+        try await withBrokenServer("endless-head") { location in
+            let report = await probe(location)
+            let check = try #require(report.check("reachable"))
+            #expect(check.verdict == .fail)
+            #expect(check.reason.hasPrefix("the response head exceeds 8192 bytes; connection cut after "), "\(report.text)")
+            // Cut at the head bound plus at most one read (64 KiB), not at the connection's total bound.
+            let received = try #require(Int(check.reason.split(separator: " ").dropLast().last ?? ""))
+            #expect(received > 8192)
+            #expect(received <= 8192 + 65536)
         }
     }
 
