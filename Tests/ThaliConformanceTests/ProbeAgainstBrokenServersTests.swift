@@ -10,12 +10,14 @@ import ThaliTestSupport
 
 /// A deliberately broken `/NotificationBeacons` server: Python's own `http.server`, run as a separate
 /// process, each mode breaking one rule. It prints `PORT <n> LISTENING` once it listens on an ephemeral port.
-private let brokenServerScript = #"""
-import sys, time
+let brokenServerScript = #"""
+import sys, threading, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 mode = sys.argv[1]
 body = bytes.fromhex(sys.argv[2]) if len(sys.argv) > 2 else b""
+served = 0
+served_lock = threading.Lock()
 
 class Handler(BaseHTTPRequestHandler):
     def log_message(self, *args):
@@ -27,9 +29,28 @@ class Handler(BaseHTTPRequestHandler):
             return
         super().handle()
 
+    def do_POST(self):
+        if mode == "lax":         # accepts any method
+            self.do_GET()
+        else:
+            self.send_error(501)
+
     def do_GET(self):
-        if self.path != "/NotificationBeacons":
+        global served
+        if self.path != "/NotificationBeacons" and mode != "lax":
             self.send_error(404)
+            return
+        with served_lock:
+            served += 1
+            count = served
+        if mode == "throttles-429" and count > 3:
+            self.send_response(429)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        self.requests_here = getattr(self, "requests_here", 0) + 1
+        if mode == "hangs-second" and self.requests_here == 2:
+            time.sleep(3600)      # the second request on a persistent connection is never answered
             return
         self.send_response(200)
         if mode != "no-content-type":
@@ -60,13 +81,15 @@ class Handler(BaseHTTPRequestHandler):
         # "truncated": half of the declared body, then the connection closes.
         self.wfile.write(body[: len(body) // 2] if mode == "truncated" else body)
 
+if mode in ("http11", "hangs-second"):
+    Handler.protocol_version = "HTTP/1.1"   # persistent connections
 server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
 print("PORT", server.server_address[1], "LISTENING", flush=True)
 server.serve_forever()
 """#
 
 /// Starts the broken server in `mode` serving `body`; stops it when `body` returns.
-private func withBrokenServer(_ mode: String, body stream: [UInt8] = [],
+func withBrokenServer(_ mode: String, body stream: [UInt8] = [],
                               _ run: (BeaconLocation) async throws -> Void) async throws {
     let directory = FileManager.default.temporaryDirectory
         .appendingPathComponent("thali-conformance-\(getpid())-\(UInt32.random(in: 0...UInt32.max))")
@@ -223,6 +246,58 @@ struct ProbeAgainstBrokenServersTests {
             let report = await probe(location)
             #expect(report.check("size-bound")?.verdict == .fail)
             #expect(report.check("size-bound")?.reason.contains("declares Content-Length 100000000") == true)
+        }
+    }
+
+    @Test("an HTTP/1.1 server keeping connections open answers two requests on one")
+    func persistentConnections() async throws {
+        try await withBrokenServer("http11", body: Self.stream()) { location in
+            let report = await probe(location)
+            #expect(report.failed == 0, "\(report.text)")
+            #expect(report.check("keep-alive")?.reason == "answered two requests on one persistent connection")
+        }
+    }
+
+    @Test("a persistent connection whose second request hangs fails keep-alive")
+    func secondRequestHangs() async throws {
+        try await withBrokenServer("hangs-second", body: Self.stream()) { location in
+            let report = await probe(location)
+            let check = try #require(report.check("keep-alive"))
+            #expect(check.verdict == .fail)
+            #expect(check.reason == "second request on a persistent connection: no answer in time")
+            #expect(report.failed == 1, "\(report.text)")
+        }
+    }
+
+    @Test("a server answering every path and method: unknown-path warns, method fails")
+    func laxServer() async throws {
+        try await withBrokenServer("lax", body: Self.stream()) { location in
+            let report = await probe(location)
+            #expect(report.check("unknown-path")?.verdict == .warn)
+            #expect(report.check("unknown-path")?.reason.hasPrefix("status 200 for /NotificationBeacons-probe-") == true)
+            #expect(report.check("method")?.verdict == .fail)
+            #expect(report.check("method")?.reason == "POST accepted with 200; only GET is defined")
+            #expect(report.failed == 1, "\(report.text)")
+        }
+    }
+
+    @Test("429 counts as throttling; a server that keeps refusing warns in recovery")
+    func throttlesWith429() async throws {
+        var configuration = Self.probe
+        configuration.burstEnabled = true
+        configuration.burstRequests = 20
+        configuration.burstConcurrency = 1
+        configuration.maxOutage = .seconds(1)
+        try await withBrokenServer("throttles-429", body: Self.stream()) { location in
+            let report = await probe(location, configuration)
+            // Three GETs of /NotificationBeacons came before the burst (first answer, client fetch,
+            // keep-alive), all answered; the fourth, the burst's first, is refused.
+            let burst = try #require(report.check("burst"))
+            #expect(burst.verdict == .pass)
+            #expect(burst.reason.hasPrefix("throttled after 0 answered (first refusal: status 429); 20 sent"), "\(burst.reason)")
+            let recovery = try #require(report.check("recovery"))
+            #expect(recovery.verdict == .warn)
+            #expect(recovery.reason.contains("last: status 429"), "\(recovery.reason)")
         }
     }
 
