@@ -80,8 +80,10 @@ struct ProbeConnection: Sendable {
             channel.close(promise: nil)
         }
         promise.futureResult.whenComplete { _ in timeout.cancel() }
-        channel.writeAndFlush(ProbeRequest(method: method, path: path, keepAlive: keepAlive, promise: promise),
-                              promise: nil)
+        // On a connection the server already closed the handlers are gone and the write fails at the
+        // head of the pipeline: the request never went out, so it was refused, not left unanswered.
+        channel.writeAndFlush(ProbeRequest(method: method, path: path, keepAlive: keepAlive, promise: promise))
+            .whenFailure { _ in promise.succeed(.closedWithoutResponse) }
         return (try? await promise.futureResult.get()) ?? .closedWithoutResponse
     }
 

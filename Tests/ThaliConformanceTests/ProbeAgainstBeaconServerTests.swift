@@ -70,6 +70,8 @@ struct ProbeAgainstBeaconServerTests {
             #expect(server.counters.rejectedPerSource > 0)
             let burst = try #require(report.check("burst")?.reason)
             #expect(burst.contains("40 sent"))
+            // A connection the server closed before the request went out is a refusal, not a timeout.
+            #expect(burst.contains(" 0 timed out"), "\(burst)")
             // Ten connections per source and second: before the first refusal, at most the rest of one
             // window and (on a slow machine) one more window were answered.
             let answered = try #require(Int(burst.split(separator: " ")[2]))
