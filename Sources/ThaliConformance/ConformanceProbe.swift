@@ -37,8 +37,13 @@ public struct ConformanceProbe: Sendable {
     static let laterChecks = ["unknown-path", "method", "keep-alive", "burst", "recovery"]
 
     /// Runs every check and returns the report (the probe itself never throws: failures are verdicts).
+    /// A configuration whose `problem` is not nil gives a single failed `configuration` check and no traffic.
     public func run() async -> ProbeReport {
         var report = ProbeReport(target: location.description)
+        if let problem = configuration.problem {
+            report.record("configuration", .fail, problem)  // no traffic with bounds that do not hold
+            return report
+        }
         report.note(Self.flagsNote)
         let start = NIODeadline.now()
         let first = await oneShot(.GET, BeaconLocation.notificationBeaconsPath)
@@ -367,7 +372,11 @@ public struct ConformanceProbe: Sendable {
                               ? "answering right after the burst" : "answering again \(Self.text(waited)) after the burst")
                 return
             }
-            try? await Task.sleep(nanoseconds: UInt64(configuration.recoveryPollInterval.nanoseconds))
+            do {
+                try await Task.sleep(nanoseconds: UInt64(configuration.recoveryPollInterval.nanoseconds))
+            } catch {
+                break  // cancelled: report what was seen so far
+            }
         } while NIODeadline.now() < deadline
         report.record("recovery", .warn,
                       "not answering \(Self.text(configuration.maxOutage)) after the burst (last: \(Self.text(last)))")

@@ -1,6 +1,9 @@
 import Foundation
+import NIOCore
+import NIOPosix
 import Testing
 import ThaliBeacons
+import ThaliSSDP
 
 @testable import ThaliConformance
 
@@ -103,5 +106,33 @@ struct ProbeReportTests {
         let checks = try #require(object["checks"] as? [[String: String]])
         #expect(checks.map { $0["verdict"] } == ["PASS", "FAIL", "WARN", "N/A"])
         #expect(checks[1] == ["id": "content-type", "verdict": "FAIL", "reason": "Content-Type missing"])
+    }
+}
+
+@Suite("Probe configuration")
+struct ProbeConfigurationTests {
+    @Test("defaults come from the suite's own client and beacon limits")
+    func defaults() {
+        let configuration = ProbeConfiguration()
+        #expect(configuration.maxBodyBytes == BeaconHTTPClientConfiguration().maxBodyBytes)
+        #expect(configuration.maxHeadBytes == BeaconHTTPClientConfiguration().maxHeadBytes)
+        #expect(configuration.connectTimeout == BeaconHTTPClientConfiguration().connectTimeout)
+        #expect(configuration.maxBeacons == BeaconLimits().maximumBeaconsPerAnnouncement)
+        #expect(configuration.problem == nil)
+    }
+
+    @Test("bounds that do not hold give one failed check and no traffic")
+    func refusedConfiguration() async {
+        var configuration = ProbeConfiguration()
+        configuration.burstConcurrency = ProbeConfiguration.maximumBurstConcurrency + 1
+        // Port 9 on loopback: nothing is sent there anyway, the probe stops before connecting.
+        let report = await ConformanceProbe(location: BeaconLocation(host: "127.0.0.1", port: 9),
+                                            configuration: configuration,
+                                            group: MultiThreadedEventLoopGroup.singleton).run()
+        #expect(report.checks == [ProbeCheck("configuration", .fail, "burst concurrency must be 1 ... 256")])
+        configuration.burstEnabled = false
+        #expect(configuration.problem == nil)
+        configuration.responseTimeout = .zero
+        #expect(configuration.problem == "timeouts must be positive")
     }
 }
