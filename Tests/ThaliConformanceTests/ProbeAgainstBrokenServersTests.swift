@@ -11,7 +11,7 @@ import ThaliTestSupport
 /// A deliberately broken `/NotificationBeacons` server: Python's own `http.server`, run as a separate
 /// process, each mode breaking one rule. It prints `PORT <n> LISTENING` once it listens on an ephemeral port.
 let brokenServerScript = #"""
-import sys, threading, time
+import os, sys, threading, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 mode = sys.argv[1]
@@ -43,6 +43,8 @@ class Handler(BaseHTTPRequestHandler):
         with served_lock:
             served += 1
             count = served
+        if mode == "crashes" and count > 3:
+            os._exit(1)           # the whole server dies under load
         if mode == "throttles-429" and count > 3:
             self.send_response(429)
             self.send_header("Content-Length", "0")
@@ -298,6 +300,24 @@ struct ProbeAgainstBrokenServersTests {
             let recovery = try #require(report.check("recovery"))
             #expect(recovery.verdict == .warn)
             #expect(recovery.reason.contains("last: status 429"), "\(recovery.reason)")
+        }
+    }
+
+    @Test("a server that dies under the burst: recovery warns that it stopped answering")
+    func crashesUnderLoad() async throws {
+        var configuration = Self.probe
+        configuration.burstEnabled = true
+        configuration.burstRequests = 10
+        configuration.burstConcurrency = 2
+        configuration.maxOutage = .seconds(1)
+        try await withBrokenServer("crashes", body: Self.stream()) { location in
+            let report = await probe(location, configuration)
+            // A dead server refuses like a throttling one; recovery is what tells them apart.
+            #expect(report.check("burst")?.verdict == .pass, "\(report.text)")
+            let recovery = try #require(report.check("recovery"))
+            #expect(recovery.verdict == .warn)
+            #expect(recovery.reason.hasPrefix("not answering 1.0 s after the burst (last: no connection"), "\(recovery.reason)")
+            #expect(report.failed == 0, "\(report.text)")
         }
     }
 
