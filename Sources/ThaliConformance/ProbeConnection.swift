@@ -1,3 +1,8 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
 import NIOCore
 import NIOHTTP1
 import NIOPosix
@@ -67,6 +72,12 @@ struct ProbeConnection: Sendable {
             return .success(ProbeConnection(channel: channel, responseTimeout: configuration.responseTimeout))
         } catch ChannelError.connectTimeout {
             return .failure(ProbeOutcomeError(outcome: .connectTimedOut))
+        } catch let error as NIOConnectionError {
+            // The per-address cause ("Connection refused") says more than the wrapper's description.
+            let cause = error.connectionErrors.first.map { failure in
+                (failure.error as? IOError).map { String(cString: strerror($0.errnoCode)) } ?? "\(failure.error)"
+            } ?? "\(error)"
+            return .failure(ProbeOutcomeError(outcome: .connectFailed(cause)))
         } catch {
             return .failure(ProbeOutcomeError(outcome: .connectFailed("\(error)")))
         }
