@@ -14,7 +14,7 @@ struct ThaliNode: AsyncParsableCommand {
 struct Conformance: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Check wire formats against the Thali conformance vectors.",
-        subcommands: [ConformanceBeacons.self]
+        subcommands: [ConformanceBeacons.self, ConformanceProbeCommand.self]
     )
 }
 
