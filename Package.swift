@@ -71,6 +71,7 @@ let package = Package(
             dependencies: [
                 "CDBus", "CBluetooth", "TCPMultiplexer",
                 .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
             ]),
@@ -112,6 +113,8 @@ let package = Package(
             dependencies: [
                 "ThaliBLEBinding", "ThaliTestSupport",
                 .product(name: "NIOEmbedded", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
             ]),
     ],
     swiftLanguageModes: [.v6]
