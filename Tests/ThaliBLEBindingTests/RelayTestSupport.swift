@@ -134,3 +134,13 @@ struct UncheckedSendable<T>: @unchecked Sendable {
     var value: T
     init(_ value: T) { self.value = value }
 }
+
+/// Polls an async `condition` until it holds or `timeout` passes.
+func eventuallyAsync(timeout: Duration = .seconds(5), _ condition: () async -> Bool) async -> Bool {
+    let deadline = ContinuousClock.now + timeout
+    while await !condition() {
+        if ContinuousClock.now >= deadline { return false }
+        try? await Task.sleep(for: .milliseconds(20))
+    }
+    return true
+}
