@@ -43,8 +43,74 @@ public struct DBusSignal: Sendable {
 /// The thread is the only one that touches the libdbus connection: it sends queued messages, reads,
 /// matches replies to calls by serial (so every call has its own deadline and can never hang), answers
 /// calls to exported objects, and hands signals to subscribers. Handlers run on that thread and must be
-/// quick. The connection is closed and released on `close()` or deinit.
-public final class DBusClient: @unchecked Sendable {
+/// quick. The connection is closed on `close()` or when the last reference goes.
+public final class DBusClient: Sendable {
+    private let loop: DBusConnectionLoop
+
+    /// The bus address connected to.
+    public var address: String { loop.address }
+    /// The unique name the bus gave this connection (`:1.42`).
+    public var uniqueName: String { loop.uniqueName }
+    /// The time every call waits for its reply unless told otherwise.
+    public var defaultTimeout: Duration { loop.defaultTimeout }
+
+    /// Connects to the bus at `address` (for example `unix:path=/tmp/bus`) and registers on it.
+    /// - Parameter defaultTimeout: the longest any call waits for its reply (also bounds the
+    ///   registration itself).
+    public init(address: String, defaultTimeout: Duration = .seconds(5)) throws(DBusClientError) {
+        loop = try DBusConnectionLoop(address: address, defaultTimeout: defaultTimeout)
+    }
+
+    deinit { loop.close() }
+
+    /// Whether the connection is still up.
+    public var isConnected: Bool { loop.isConnected }
+
+    /// Closes the connection: pending calls fail with `.disconnected`.
+    public func close() { loop.close() }
+
+    /// Registers `handler` to run when the connection drops (not on `close()`).
+    public func onDisconnect(_ handler: @escaping @Sendable () -> Void) { loop.onDisconnect(handler) }
+
+    /// Calls a method and returns the reply's values.
+    /// - Throws: `DBusClientError.remote` for an error reply, `.timedOut` after `timeout` (default:
+    ///   `defaultTimeout`), `.disconnected` when the bus goes away.
+    public func call(destination: String, path: String, interface: String, member: String,
+                     arguments: [DBusValue] = [], timeout: Duration? = nil) async throws -> [DBusValue]
+    {
+        try await loop.call(destination: destination, path: path, interface: interface, member: member,
+                            arguments: arguments, timeout: timeout)
+    }
+
+    /// Emits a signal from `path`.
+    public func emitSignal(path: String, interface: String, member: String, arguments: [DBusValue]) throws {
+        try loop.emitSignal(path: path, interface: interface, member: member, arguments: arguments)
+    }
+
+    /// Exports an object: calls to `path` (any interface) go to `handler`, on the connection's thread.
+    public func export(path: String, handler: @escaping @Sendable (DBusMethodCall) -> DBusMethodReply) throws {
+        try loop.export(path: path, handler: handler)
+    }
+
+    /// Stops exporting `path`.
+    public func unexport(path: String) { loop.unexport(path: path) }
+
+    /// Subscribes to signals: adds `matchRule` on the bus, then runs `handler` (on the connection's
+    /// thread) for every signal of `interface` (and `member`, if given). Returns an id for `unsubscribe`.
+    @discardableResult
+    public func subscribe(matchRule: String, interface: String, member: String? = nil,
+                          handler: @escaping @Sendable (DBusSignal) -> Void) async throws -> Int
+    {
+        try await loop.subscribe(matchRule: matchRule, interface: interface, member: member, handler: handler)
+    }
+
+    /// Removes a subscription's handler.
+    public func unsubscribe(_ id: Int) { loop.unsubscribe(id) }
+}
+
+/// The connection and its thread. The thread keeps this object alive while it runs; `DBusClient` stops
+/// it when the client goes away, and the libdbus connection is released when both are done.
+final class DBusConnectionLoop: @unchecked Sendable {
     private struct PendingCall {
         var continuation: CheckedContinuation<[DBusValue], any Error>
         var deadline: ContinuousClock.Instant
@@ -66,14 +132,15 @@ public final class DBusClient: @unchecked Sendable {
         var subscriptions: [Subscription] = []
         var nextSubscription = 0
         var disconnectHandlers: [@Sendable () -> Void] = []
+        var loopThread: pthread_t?
     }
 
     /// The bus address connected to.
-    public let address: String
+    let address: String
     /// The unique name the bus gave this connection (`:1.42`).
-    public let uniqueName: String
+    let uniqueName: String
     /// The time every call waits for its reply unless told otherwise.
-    public let defaultTimeout: Duration
+    let defaultTimeout: Duration
 
     private let connection: OpaquePointer
     private let shared = NIOLockedValueBox(Shared())
@@ -86,7 +153,7 @@ public final class DBusClient: @unchecked Sendable {
 
     /// Connects to the bus at `address` (for example `unix:path=/tmp/bus`) and registers on it.
     /// - Parameter defaultTimeout: the longest any call waits for its reply.
-    public init(address: String, defaultTimeout: Duration = .seconds(5)) throws(DBusClientError) {
+    init(address: String, defaultTimeout: Duration = .seconds(5)) throws(DBusClientError) {
         dbus_threads_init_default()
         var error = CDBus.DBusError()
         dbus_error_init(&error)
@@ -141,17 +208,19 @@ public final class DBusClient: @unchecked Sendable {
     }
 
     /// Whether the connection is still up.
-    public var isConnected: Bool { shared.withLockedValue { $0.running } }
+    var isConnected: Bool { shared.withLockedValue { $0.running } }
 
     /// Closes the connection: pending calls fail with `.disconnected`. Waits for the loop thread to end.
-    public func close() {
+    func close() {
         shared.withLockedValue { $0.running = false }
+        // From a handler on the loop thread itself: the loop ends after the handler returns.
+        if let thread = shared.withLockedValue({ $0.loopThread }), pthread_equal(thread, pthread_self()) != 0 { return }
         finished.lock(whenValue: true)
         finished.unlock()
     }
 
     /// Registers `handler` to run when the connection drops (not on `close()`).
-    public func onDisconnect(_ handler: @escaping @Sendable () -> Void) {
+    func onDisconnect(_ handler: @escaping @Sendable () -> Void) {
         shared.withLockedValue { $0.disconnectHandlers.append(handler) }
     }
 
@@ -160,7 +229,7 @@ public final class DBusClient: @unchecked Sendable {
     /// Calls a method and returns the reply's values.
     /// - Throws: `DBusClientError.remote` for an error reply, `.timedOut` after `timeout`,
     ///   `.disconnected` when the bus goes away.
-    public func call(destination: String, path: String, interface: String, member: String,
+    func call(destination: String, path: String, interface: String, member: String,
                      arguments: [DBusValue] = [], timeout: Duration? = nil) async throws -> [DBusValue]
     {
         let message = try DBusMessageRef.methodCall(destination: destination, path: path, interface: interface, member: member)
@@ -182,7 +251,7 @@ public final class DBusClient: @unchecked Sendable {
     }
 
     /// Emits a signal from `path`.
-    public func emitSignal(path: String, interface: String, member: String, arguments: [DBusValue]) throws {
+    func emitSignal(path: String, interface: String, member: String, arguments: [DBusValue]) throws {
         guard let raw = dbus_message_new_signal(path, interface, member) else { throw DBusClientError.outOfMemory }
         let message = DBusMessageRef(owning: raw)
         try message.append(arguments)
@@ -196,20 +265,20 @@ public final class DBusClient: @unchecked Sendable {
     // MARK: Objects and signals
 
     /// Exports an object: calls to `path` (any interface) go to `handler`, on the loop thread.
-    public func export(path: String, handler: @escaping @Sendable (DBusMethodCall) -> DBusMethodReply) throws {
+    func export(path: String, handler: @escaping @Sendable (DBusMethodCall) -> DBusMethodReply) throws {
         guard DBusNames.isValidObjectPath(path) else { throw DBusClientError.invalidArgument("object path \(path)") }
         shared.withLockedValue { $0.exports[path] = handler }
     }
 
     /// Stops exporting `path`.
-    public func unexport(path: String) {
+    func unexport(path: String) {
         _ = shared.withLockedValue { $0.exports.removeValue(forKey: path) }
     }
 
     /// Subscribes to signals: adds `matchRule` on the bus, then runs `handler` for every signal of
     /// `interface` (and `member`, if given). Returns an id for `unsubscribe`.
     @discardableResult
-    public func subscribe(matchRule: String, interface: String, member: String? = nil,
+    func subscribe(matchRule: String, interface: String, member: String? = nil,
                           handler: @escaping @Sendable (DBusSignal) -> Void) async throws -> Int
     {
         let id = shared.withLockedValue { state in
@@ -229,7 +298,7 @@ public final class DBusClient: @unchecked Sendable {
     }
 
     /// Removes a subscription's handler.
-    public func unsubscribe(_ id: Int) {
+    func unsubscribe(_ id: Int) {
         shared.withLockedValue { $0.subscriptions.removeAll { $0.id == id } }
     }
 
@@ -248,6 +317,7 @@ public final class DBusClient: @unchecked Sendable {
 
     private func runLoop() {
         finished.lock()
+        shared.withLockedValue { $0.loopThread = pthread_self() }
         var dropped = false
         while true {
             let (jobs, running) = shared.withLockedValue { state in
@@ -339,6 +409,8 @@ public final class DBusClient: @unchecked Sendable {
                     reply = try message.makeError(name: name, text: text)
                 }
             } else {
+                // Nobody takes ownership of descriptors passed to an unknown object.
+                for case .unixFD(let fd) in (try? message.arguments()) ?? [] { _ = closeDescriptor(fd) }
                 reply = try message.makeError(name: "org.freedesktop.DBus.Error.UnknownObject", text: "no object at \(path)")
             }
         } catch {
