@@ -8,6 +8,9 @@ public struct BluetoothBindingLimits: Sendable, Hashable {
     /// How long the client-side localhost listener waits for the app's one connection before giving up
     /// and closing the Bluetooth stream.
     public var relayAcceptTimeout: TimeAmount = .seconds(30)
+    /// How long the server side waits for its localhost connection to the app before closing the
+    /// Bluetooth stream.
+    public var appConnectTimeout: TimeAmount = .seconds(2)
 
     /// Length of the window in which incoming connections are counted.
     public var incomingConnectionWindow: TimeAmount = .seconds(10)

@@ -161,7 +161,7 @@ public final class BluetoothRelayServer: Sendable {
 
         do {
             let app = try await ClientBootstrap(group: loop)
-                .connectTimeout(limits.handshakeTimeout)
+                .connectTimeout(limits.appConnectTimeout)
                 .channelInitializer { channel in
                     channel.eventLoop.makeCompletedFuture {
                         try channel.pipeline.syncOperations.addHandler(halves.value.1)
