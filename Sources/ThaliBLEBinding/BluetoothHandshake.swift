@@ -19,7 +19,7 @@ public enum BluetoothHandshake {
         case invalidClientHello(UInt8)
         /// The client received a first octet other than 0.
         case invalidServerAcknowledgement(UInt8)
-        /// The stream ended before the handshake octet arrived.
+        /// The stream ended (closed, reset or failed) before the handshake octet arrived.
         case closedBeforeHandshake
         /// The handshake octet did not arrive within `BluetoothBindingLimits.handshakeTimeout`.
         case timedOut
@@ -28,7 +28,7 @@ public enum BluetoothHandshake {
             switch self {
             case .invalidClientHello(let byte): return "Bluetooth handshake: client sent \(byte), expected 0 or 1"
             case .invalidServerAcknowledgement(let byte): return "Bluetooth handshake: server answered \(byte), expected 0"
-            case .closedBeforeHandshake: return "Bluetooth handshake: connection closed before the handshake octet"
+            case .closedBeforeHandshake: return "Bluetooth handshake: the connection ended before the handshake octet"
             case .timedOut: return "Bluetooth handshake: timed out"
             }
         }

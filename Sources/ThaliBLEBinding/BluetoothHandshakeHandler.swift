@@ -119,10 +119,8 @@ public final class BluetoothHandshakeHandler: ChannelInboundHandler, RemovableCh
 
     public func errorCaught(context: ChannelHandlerContext, error: any Error) {
         guard !finished else { return context.fireErrorCaught(error) }
-        finished = true
-        timer?.cancel()
-        outcome.fail(error)
-        context.close(promise: nil)
+        // A reset (a peer that refused us closes with our hello unread) is the stream ending too.
+        fail(.closedBeforeHandshake, context: context)
     }
 
     private func succeed(_ result: BluetoothHandshake.Outcome, leftover: ByteBuffer, context: ChannelHandlerContext) {

@@ -151,3 +151,20 @@ private func outcome(_ future: EventLoopFuture<BluetoothHandshake.Outcome>) -> R
     }
 }
 
+
+@Suite struct HandshakeErrorTests {
+    struct Reset: Error {}
+
+    @Test func anIOErrorBeforeTheHandshakeEndsItAsClosed() throws {
+        let channel = EmbeddedChannel()
+        let promise = channel.eventLoop.makePromise(of: BluetoothHandshake.Outcome.self)
+        try channel.pipeline.syncOperations.addHandler(
+            BluetoothHandshakeHandler(role: .client(.hasNotifications), timeout: .seconds(5), outcome: promise))
+        try channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 1)).wait()
+        channel.pipeline.fireErrorCaught(Reset())
+        let box = NIOLockedValueBox<Result<BluetoothHandshake.Outcome, any Error>?>(nil)
+        promise.futureResult.whenComplete { result in box.withLockedValue { $0 = result } }
+        #expect(throws: BluetoothHandshake.Violation.closedBeforeHandshake) { try box.withLockedValue { $0 }?.get() }
+        #expect(!channel.isActive)
+    }
+}
