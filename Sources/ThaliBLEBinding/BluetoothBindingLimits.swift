@@ -87,6 +87,8 @@ public struct IncomingConnectionGate: Sendable {
     private var pausedUntil: NIODeadline?
     /// Relays currently open.
     public private(set) var open = 0
+    /// Addresses currently remembered (rate windows and refusals), bounded by `maxTrackedAddresses`.
+    public var trackedAddresses: Int { perAddress.count + refusedUntil.count }
     /// What the gate has done so far.
     public private(set) var counters = Counters()
 

@@ -149,6 +149,37 @@ private func first<S: AsyncSequence & Sendable>(_ sequence: S, timeout: Duration
         #expect(await eventuallyAsync { (try? await mock.calls(adapter, "StartDiscovery").count) == 2 })
     }
 
+    @Test func rememberedAdvertisersAreBounded() async throws {
+        let mock = try await BlueZMock()
+        try await mock.addAdapter()
+        var configuration = BlueZConfiguration(busAddress: mock.busAddress)
+        configuration.limits.maxTrackedPeers = 2
+        let client = try BlueZClient(configuration: configuration)
+        defer { client.close() }
+        let stream = try await client.scan()
+        let box = UncheckedSendable(stream.makeAsyncIterator())
+        var iterator = box.value
+        var devices: [String] = []
+        for index in 1...3 {
+            let device = try await mock.addDevice("7A:00:00:00:00:0\(index)")
+            devices.append(device)
+            try await mock.updateProperties(device, interface: "org.bluez.Device1", [
+                ("ServiceData", serviceData(thaliUUID, [0] + peerAddress.octets)),
+            ])
+            #expect(try await iterator.next()?.advertiserAddress == BluetoothAddress("7A:00:00:00:00:0\(index)"))
+        }
+        // The first advertiser was forgotten (only two are kept), so the same data is news again;
+        // the third is still remembered and its repeat is not.
+        try await mock.updateProperties(devices[2], interface: "org.bluez.Device1", [
+            ("ServiceData", serviceData(thaliUUID, [0] + peerAddress.octets)),
+        ])
+        try await mock.updateProperties(devices[0], interface: "org.bluez.Device1", [
+            ("ServiceData", serviceData(thaliUUID, [0] + peerAddress.octets)),
+        ])
+        #expect(try await iterator.next()?.advertiserAddress == BluetoothAddress("7A:00:00:00:00:01"))
+        #expect(client.scanCounters.thaliReports == 5)
+    }
+
     @Test func missingAdapterIsAnError() async throws {
         let mock = try await BlueZMock()
         let client = try makeClient(mock)

@@ -1,5 +1,6 @@
 import NIOConcurrencyHelpers
 import NIOCore
+import NIOEmbedded
 import NIOPosix
 import Testing
 @testable import ThaliBLEBinding
@@ -389,5 +390,52 @@ let channelNumber: UInt8 = 5
         #expect(gate.admit(now: start + .seconds(29)) == .coolingDown)
         #expect(gate.admit(now: start + .seconds(30)) == .accept)
         #expect(gate.counters == AdvertisementRateGate.Counters(accepted: 4, dropped: 2, coolDowns: 1))
+    }
+}
+
+@Suite struct MoreLimitTests {
+    @Test func perAddressTablesStayBounded() {
+        var limits = BluetoothBindingLimits()
+        limits.maxTrackedAddresses = 8
+        limits.maxIncomingConnectionsPerWindow = .max
+        limits.maxConcurrentIncomingConnections = .max
+        var gate = IncomingConnectionGate(limits: limits)
+        let now = NIODeadline.uptimeNanoseconds(1_000_000_000)
+        for index in 0..<1000 {
+            let address = BluetoothAddress(octets: [0, 0, 0, 0, UInt8(index >> 8), UInt8(index & 0xFF)])!
+            #expect(gate.admit(address, now: now) == .accept)
+        }
+        #expect(gate.trackedAddresses <= 8)
+    }
+
+    @Test func unreachableAppClosesTheStream() async throws {
+        let group = MultiThreadedEventLoopGroup.singleton
+        let air = InProcessBluetoothAir()
+        // A port that was just free: nothing listens there.
+        let probe = try await ServerBootstrap(group: group).bind(host: "127.0.0.1", port: 0).get()
+        let port = try #require(probe.localAddress?.port)
+        try await probe.close()
+        let server = BluetoothRelayServer(transport: air.transport(for: serverAddress), group: group, appPort: port)
+        let log = EventLog(server.events)
+        try await server.start(channel: channelNumber)
+        let relay = try await BluetoothRelayClient(transport: air.transport(for: clientAddress), group: group)
+            .connect(to: serverAddress, channel: channelNumber, hasNotifications: false)
+        try await relay.closeFuture.get()
+        #expect(await log.waitFor(.appUnreachable(clientAddress)))
+        #expect(server.counters.appConnectFailures == 1)
+        server.stop()
+    }
+
+    @Test func clientHandshakeTimesOut() throws {
+        let channel = EmbeddedChannel()
+        let promise = channel.eventLoop.makePromise(of: BluetoothHandshake.Outcome.self)
+        try channel.pipeline.syncOperations.addHandler(
+            BluetoothHandshakeHandler(role: .client(.hasNoNotifications), timeout: .seconds(1), outcome: promise))
+        try channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 1)).wait()
+        channel.embeddedEventLoop.advanceTime(by: .seconds(1))
+        let box = NIOLockedValueBox<Result<BluetoothHandshake.Outcome, any Error>?>(nil)
+        promise.futureResult.whenComplete { result in box.withLockedValue { $0 = result } }
+        #expect(throws: BluetoothHandshake.Violation.timedOut) { try box.withLockedValue { $0 }?.get() }
+        #expect(!channel.isActive)
     }
 }
