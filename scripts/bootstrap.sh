@@ -31,3 +31,9 @@ if [[ "${1:-}" == "--test" ]]; then
         "$venv/bin/pip" install -q python-dbusmock async-upnp-client
     fi
 fi
+
+# ThaliSSDP tests: curl is the independent HTTP client of /NotificationBeacons.
+if [[ "${1:-}" == "--test" ]] && ! command -v curl >/dev/null; then
+    echo "bootstrap: installing curl"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq curl >/dev/null
+fi
