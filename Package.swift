@@ -115,7 +115,7 @@ let package = Package(
         .testTarget(
             name: "ThaliBLEBindingTests",
             dependencies: [
-                "ThaliBLEBinding", "ThaliTestSupport",
+                "ThaliBLEBinding", "ThaliTestSupport", "ThaliBeacons", "ThaliSSDP",
                 .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),

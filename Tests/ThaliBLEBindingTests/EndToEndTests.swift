@@ -4,6 +4,8 @@ import NIOCore
 import NIOHTTP1
 import NIOPosix
 import Testing
+import ThaliBeacons
+import ThaliSSDP
 @testable import ThaliBLEBinding
 
 /// A minimal `/NotificationBeacons` server standing in for the peripheral's app (204 when empty, else
@@ -75,6 +77,70 @@ func fetchBeacons(port: Int, group: any EventLoopGroup) async throws -> (head: S
 @Suite(.serialized) struct EndToEndTests {
     let group = MultiThreadedEventLoopGroup.singleton
 
+    /// The same path with the suite's real parts on both ends: the peripheral (Alice) serves a
+    /// ThaliBeacons announcement with ThaliSSDP's `/NotificationBeacons` server; the central (Bob)
+    /// fetches it through the Bluetooth relay with ThaliSSDP's HTTP client and finds his beacon in it
+    /// with ThaliBeacons' receiver.
+    @Test func contactFindsItsBeaconOverTheBluetoothRelay() async throws {
+        let alice = PrivateKey(), bob = PrivateKey(), carol = PrivateKey()
+        let announcement = try BeaconGenerator(identity: alice).makeAnnouncement(for: [carol.publicKey, bob.publicKey],
+                                                                               validity: .seconds(60))
+        let receiver = BeaconReceiver(identity: bob)
+        try receiver.addressBook.add(alice.publicKey)
+
+        let mock = try await BlueZMock()
+        try await mock.addAdapter("hci0")
+        try await mock.addAdapter("hci1")
+        let air = InProcessBluetoothAir()
+        let aliceAddress = BluetoothAddress("00:1A:7D:DA:71:1A")!
+        let bobAddress = BluetoothAddress("00:1A:7D:DA:71:1B")!
+
+        let http = BeaconHTTPServer(host: "127.0.0.1", group: group)
+        http.setBeacons(announcement.stream)
+        let httpPort = try await http.start()
+        let server = BluetoothRelayServer(transport: air.transport(for: aliceAddress), group: group, appPort: httpPort)
+        try await server.start(channel: 1)
+        let peripheral = try BlueZClient(configuration: BlueZConfiguration(busAddress: mock.busAddress, adapterName: "hci0"))
+        defer { peripheral.close() }
+        try await peripheral.advertise(ThaliAdvertisement(payload: .bluetoothAddress(aliceAddress)))
+
+        let central = try BlueZClient(configuration: BlueZConfiguration(busAddress: mock.busAddress, adapterName: "hci1"))
+        defer { central.close() }
+        let discoveries = try await central.scan()
+        try await Self.carryAdvertisement(mock: mock, from: peripheral, toAdapter: "hci1", advertiser: "5E:00:00:00:00:02")
+        var iterator = discoveries.makeAsyncIterator()
+        let discovery = try #require(try await iterator.next())
+        let target = try #require(discovery.peerAddress)
+        #expect(target == aliceAddress)
+
+        let relay = try await BluetoothRelayClient(transport: air.transport(for: bobAddress), group: group)
+            .connect(to: target, channel: 1, hasNotifications: false)
+        let bytes = try await BeaconHTTPClient(group: group).fetch(BeaconLocation(host: "127.0.0.1", port: relay.localPort))
+        #expect(bytes == announcement.stream)
+        let match = try receiver.receive(bytes)
+        #expect(match.sender == alice.publicKey)
+        #expect(match.beaconIndex == 1)
+        try await relay.closeFuture.get()
+        #expect(http.counters.requestsAnswered == 1)
+        server.stop()
+        await http.stop()
+    }
+
+    /// Plays the radio between two adapters of the mock: reads the advertisement `peripheral`
+    /// registered (as bluetoothd does) and makes `adapter` report a device advertising it.
+    static func carryAdvertisement(mock: BlueZMock, from peripheral: BlueZClient, toAdapter adapter: String,
+                                   advertiser: String) async throws
+    {
+        let properties = try await mock.control.call(
+            destination: peripheral.uniqueBusName, path: peripheral.advertisementPath,
+            interface: "org.freedesktop.DBus.Properties", member: "GetAll", arguments: [.string("org.bluez.LEAdvertisement1")])
+        let advertised = try #require(properties.first?.stringKeyedDictionary)
+        #expect(advertised["Type"]?.string == "broadcast")
+        let device = try await mock.addDevice(advertiser, adapter: adapter)
+        try await mock.updateProperties(device, interface: "org.bluez.Device1",
+                                        [("ServiceData", try #require(advertised["ServiceData"]?.unwrapped))])
+    }
+
     /// Peripheral and central each with their own BlueZ client (two adapters of the mock bluetoothd) and
     /// their own Bluetooth address in the in-process air. The test plays the radio: it reads the
     /// advertisement the peripheral registered (as bluetoothd would) and makes the central's adapter
@@ -83,7 +149,7 @@ func fetchBeacons(port: Int, group: any EventLoopGroup) async throws -> (head: S
     @Test func centralFindsPeripheralConnectsAndFetchesBeacons() async throws {
         let mock = try await BlueZMock()
         try await mock.addAdapter("hci0")
-        let centralAdapter = try await mock.addAdapter("hci1")
+        try await mock.addAdapter("hci1")
         let air = InProcessBluetoothAir()
         let peripheralAddress = BluetoothAddress("00:1A:7D:DA:71:0A")!
         let centralAddress = BluetoothAddress("00:1A:7D:DA:71:0B")!
@@ -104,15 +170,7 @@ func fetchBeacons(port: Int, group: any EventLoopGroup) async throws -> (head: S
         let discoveries = try await central.scan()
 
         // The radio: what the peripheral registered reaches the central's adapter.
-        let properties = try await mock.control.call(
-            destination: peripheral.uniqueBusName, path: peripheral.advertisementPath,
-            interface: "org.freedesktop.DBus.Properties", member: "GetAll", arguments: [.string("org.bluez.LEAdvertisement1")])
-        let advertised = try #require(properties.first?.stringKeyedDictionary)
-        #expect(advertised["Type"]?.string == "broadcast")
-        let device = try await mock.addDevice("5E:00:00:00:00:01", adapter: "hci1")
-        #expect(device.hasPrefix(centralAdapter))
-        try await mock.updateProperties(device, interface: "org.bluez.Device1", [("ServiceData", try #require(advertised["ServiceData"]?.unwrapped))])
-
+        try await Self.carryAdvertisement(mock: mock, from: peripheral, toAdapter: "hci1", advertiser: "5E:00:00:00:00:01")
         var iterator = discoveries.makeAsyncIterator()
         let discovery = try #require(try await iterator.next())
         #expect(discovery.peerAddress == peripheralAddress)
