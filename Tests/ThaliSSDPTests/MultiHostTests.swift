@@ -34,7 +34,7 @@ final class BridgedHosts: @unchecked Sendable {
 
 @Suite("Discovery across three hosts", .serialized)
 struct MultiHostTests {
-    @Test(.enabled(if: canUseNetworkNamespaces && thaliNodePath() != nil))
+    @Test(.enabled(if: TestEnvironment.available(canUseNetworkNamespaces && thaliNodePath() != nil)))
     func threePeersDiscoverEachOtherAndSeeByebyeAndExpiry() async throws {
         let node = try #require(thaliNodePath())
         let network = try BridgedHosts(prefix: "tssdp\(getpid())", count: 3)

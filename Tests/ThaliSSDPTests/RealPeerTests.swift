@@ -13,7 +13,7 @@ struct RealPeerTests {
     static let nt = ThaliServiceName.notificationType
 
     /// gssdp only speaks on port 1900, so these run in a network namespace of their own.
-    @Test(.enabled(if: canUseNetworkNamespaces && ChildProcess.which("gssdp-discover") != nil && thaliNodePath() != nil))
+    @Test(.enabled(if: TestEnvironment.available(canUseNetworkNamespaces && ChildProcess.which("gssdp-discover") != nil && thaliNodePath() != nil)))
     func gssdpSeesOurAnnouncementsAndByebye() async throws {
         let namespace = try NetworkNamespace("thali-ssdp-\(getpid())-g1")
         let node = try namespace.spawn(try #require(thaliNodePath()),
@@ -31,7 +31,7 @@ struct RealPeerTests {
         try await node.waitForExit()
     }
 
-    @Test(.enabled(if: canUseNetworkNamespaces && ChildProcess.which("gssdp-discover") != nil && thaliNodePath() != nil))
+    @Test(.enabled(if: TestEnvironment.available(canUseNetworkNamespaces && ChildProcess.which("gssdp-discover") != nil && thaliNodePath() != nil)))
     func gssdpsSearchIsAnsweredByUnicast() async throws {
         let namespace = try NetworkNamespace("thali-ssdp-\(getpid())-g2")
         // Background mode: one alive at start, the next only after 60 s; gssdp starts after the first.
@@ -49,7 +49,7 @@ struct RealPeerTests {
         #expect(counters["alivesSent"] == 1)  // so gssdp learnt of us from the search answer
     }
 
-    @Test(.enabled(if: ChildProcess.testVenvPython(packageRoot: PackagePaths.root()) != nil))
+    @Test(.enabled(if: TestEnvironment.available(ChildProcess.testVenvPython(packageRoot: PackagePaths.root()) != nil)))
     func asyncUpnpClientSeesOurAlivesAndOurSearchAnswer() async throws {
         let upnpClient = PackagePaths.root() + "/.venv-test/bin/upnp-client"
         let port = try freeUDPPort()
