@@ -14,6 +14,14 @@ final class BlueZMock: @unchecked Sendable {
     /// The test's own connection, used to drive the mock (add adapters and devices, read call logs).
     let control: DBusClient
 
+    /// Whether the peers these tests need are installed: `dbus-daemon` and the test venv with
+    /// python-dbusmock (`scripts/bootstrap.sh --test`). Under `scripts/test.sh`/CI they must be.
+    static var peersPresent: Bool {
+        TestEnvironment.available(
+            ChildProcess.which("dbus-daemon") != nil
+                && ChildProcess.testVenvPython(packageRoot: PackagePaths.root()) != nil)
+    }
+
     struct Unavailable: Error, CustomStringConvertible {
         let description: String
     }
