@@ -26,7 +26,7 @@ private func first<S: AsyncSequence & Sendable>(_ sequence: S, timeout: Duration
     }
 }
 
-@Suite(.serialized, .enabled(if: BlueZMock.peersPresent, "needs dbus-daemon and python-dbusmock")) struct BlueZClientTests {
+@Suite(.serialized, .enabled(if: BlueZMock.peersPresent, "needs dbus-daemon and python-dbusmock"), .timeLimit(.minutes(1))) struct BlueZClientTests {
     private func makeClient(_ mock: BlueZMock, adapter: String? = nil, timeout: Duration = .seconds(3)) throws -> BlueZClient {
         var configuration = BlueZConfiguration(busAddress: mock.busAddress, adapterName: adapter)
         configuration.callTimeout = timeout

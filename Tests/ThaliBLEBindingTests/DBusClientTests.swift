@@ -3,7 +3,7 @@ import Testing
 @testable import ThaliBLEBinding
 
 /// The libdbus wrapper against a real (private) dbus-daemon.
-@Suite(.serialized, .enabled(if: BlueZMock.peersPresent, "needs dbus-daemon and python-dbusmock")) struct DBusClientTests {
+@Suite(.serialized, .enabled(if: BlueZMock.peersPresent, "needs dbus-daemon and python-dbusmock"), .timeLimit(.minutes(1))) struct DBusClientTests {
     @Test func refusesAnUnreachableBus() {
         #expect(throws: DBusClientError.self) {
             _ = try DBusClient(address: "unix:path=/nonexistent/thali-\(getpid())/bus")

@@ -74,7 +74,7 @@ func fetchBeacons(port: Int, group: any EventLoopGroup) async throws -> (head: S
     }
 }
 
-@Suite(.serialized, .enabled(if: BlueZMock.peersPresent, "needs dbus-daemon and python-dbusmock")) struct EndToEndTests {
+@Suite(.serialized, .enabled(if: BlueZMock.peersPresent, "needs dbus-daemon and python-dbusmock"), .timeLimit(.minutes(1))) struct EndToEndTests {
     let group = MultiThreadedEventLoopGroup.singleton
 
     /// The same path with the suite's real parts on both ends: the peripheral (Alice) serves a

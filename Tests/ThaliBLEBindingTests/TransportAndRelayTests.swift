@@ -33,7 +33,7 @@ let channelNumber: UInt8 = 5
     }
 }
 
-@Suite struct InProcessTransportTests {
+@Suite(.timeLimit(.minutes(1))) struct InProcessTransportTests {
     @Test func refusesWhenNobodyListens() async {
         let air = InProcessBluetoothAir()
         await #expect(throws: BluetoothTransportError.connectionRefused(serverAddress, channel: 3)) {
@@ -71,7 +71,7 @@ let channelNumber: UInt8 = 5
 }
 
 /// The relay over the in-process transport with real TCP on both sides.
-@Suite struct RelayTests {
+@Suite(.timeLimit(.minutes(1))) struct RelayTests {
     let group = MultiThreadedEventLoopGroup.singleton
 
     private func makeServer(_ air: InProcessBluetoothAir, app: EchoApp, limits: BluetoothBindingLimits = .init())
@@ -393,7 +393,7 @@ let channelNumber: UInt8 = 5
     }
 }
 
-@Suite struct MoreLimitTests {
+@Suite(.timeLimit(.minutes(1))) struct MoreLimitTests {
     @Test func perAddressTablesStayBounded() {
         var limits = BluetoothBindingLimits()
         limits.maxTrackedAddresses = 8
