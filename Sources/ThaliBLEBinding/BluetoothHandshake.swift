@@ -45,8 +45,11 @@ public enum BluetoothHandshake {
 
     /// The server's state machine.
     public enum ServerState: Hashable, Sendable {
+        /// Waiting for the client's first octet.
         case awaitingHello
+        /// Acknowledged; the stream is relayed from now on.
         case completed(ClientHello)
+        /// Ended by a violation; the stream is closed.
         case failed(Violation)
 
         /// What the server must do after an event.
@@ -80,9 +83,13 @@ public enum BluetoothHandshake {
 
     /// The client's state machine.
     public enum ClientState: Hashable, Sendable {
+        /// Connected, nothing sent yet.
         case idle
+        /// Hello sent, waiting for the server's octet.
         case awaitingAcknowledgement(ClientHello)
+        /// Acknowledged; the stream is relayed from now on.
         case completed
+        /// Ended by a violation; the stream is closed.
         case failed(Violation)
 
         /// What the client must do after an event.

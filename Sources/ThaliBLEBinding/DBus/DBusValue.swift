@@ -1,17 +1,29 @@
 /// A D-Bus value with its type, as carried in message bodies. Containers carry the signatures of their
 /// elements so that empty arrays and dictionaries still have a type.
 public indirect enum DBusValue: Hashable, Sendable {
+    /// `y`
     case byte(UInt8)
+    /// `b`
     case boolean(Bool)
+    /// `n`
     case int16(Int16)
+    /// `q`
     case uint16(UInt16)
+    /// `i`
     case int32(Int32)
+    /// `u`
     case uint32(UInt32)
+    /// `x`
     case int64(Int64)
+    /// `t`
     case uint64(UInt64)
+    /// `d`
     case double(Double)
+    /// `s` (UTF-8 without NUL)
     case string(String)
+    /// `o`
     case objectPath(String)
+    /// `g`
     case signature(String)
     /// A file descriptor passed over the bus. A received one belongs to the receiver, who must close it.
     case unixFD(Int32)
