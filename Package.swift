@@ -64,6 +64,7 @@ let package = Package(
             name: "TCPMultiplexer",
             dependencies: [
                 .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
             ]),
@@ -110,8 +111,10 @@ let package = Package(
             dependencies: [
                 "TCPMultiplexer", "ThaliTestSupport",
                 .product(name: "NIOEmbedded", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "Crypto", package: "swift-crypto"),
             ],
-            exclude: ["Reference"]),
+            exclude: ["Reference", "GoPeer"]),
         .testTarget(
             name: "ThaliBLEBindingTests",
             dependencies: [
