@@ -118,7 +118,7 @@ let package = Package(
         .testTarget(
             name: "ThaliBLEBindingTests",
             dependencies: [
-                "ThaliBLEBinding", "ThaliTestSupport", "ThaliBeacons", "ThaliSSDP",
+                "ThaliBLEBinding", "ThaliTestSupport", "ThaliBeacons", "ThaliSSDP", "TCPMultiplexer",
                 .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
