@@ -12,6 +12,7 @@ let package = Package(
         .library(name: "ThaliSSDP", targets: ["ThaliSSDP"]),
         .library(name: "TCPMultiplexer", targets: ["TCPMultiplexer"]),
         .library(name: "ThaliBLEBinding", targets: ["ThaliBLEBinding"]),
+        .library(name: "ThaliConformance", targets: ["ThaliConformance"]),
         .executable(name: "thali-node", targets: ["thali-node"]),
     ],
     dependencies: [
@@ -49,6 +50,7 @@ let package = Package(
                 "COpenSSL",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
             ]),
         .target(
@@ -78,10 +80,19 @@ let package = Package(
                 .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
             ]),
+        .target(
+            name: "ThaliConformance",
+            dependencies: [
+                "ThaliBeacons", "ThaliSSDP",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+            ]),
         .executableTarget(
             name: "thali-node",
             dependencies: [
                 "ThaliBeacons", "ThaliPSKTLS", "ThaliSSDP", "TCPMultiplexer", "ThaliBLEBinding",
+                "ThaliConformance",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -97,6 +108,7 @@ let package = Package(
             dependencies: [
                 "ThaliPSKTLS", "ThaliBeacons", "ThaliTestSupport",
                 .product(name: "NIOEmbedded", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
             ]),
         .testTarget(
             name: "ThaliSSDPTests",
@@ -115,6 +127,13 @@ let package = Package(
                 .product(name: "Crypto", package: "swift-crypto"),
             ],
             exclude: ["Reference", "GoPeer"]),
+        .testTarget(
+            name: "ThaliConformanceTests",
+            dependencies: [
+                "ThaliConformance", "ThaliSSDP", "ThaliBeacons", "ThaliTestSupport",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+            ]),
         .testTarget(
             name: "ThaliBLEBindingTests",
             dependencies: [

@@ -37,3 +37,11 @@ if [[ "${1:-}" == "--test" ]] && ! command -v curl >/dev/null; then
     echo "bootstrap: installing curl"
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq curl >/dev/null
 fi
+
+# ThaliPSKTLS tests: GnuTLS's gnutls-serv is a second, independent TLS stack for DHE-PSK interop.
+if [[ "${1:-}" == "--test" ]] && ! command -v gnutls-serv >/dev/null; then
+    echo "bootstrap: installing gnutls-bin"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq gnutls-bin >/dev/null
+fi
