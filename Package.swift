@@ -137,7 +137,7 @@ let package = Package(
         .testTarget(
             name: "ThaliBLEBindingTests",
             dependencies: [
-                "ThaliBLEBinding", "ThaliTestSupport", "ThaliBeacons", "ThaliSSDP", "TCPMultiplexer",
+                "ThaliBLEBinding", "ThaliTestSupport", "ThaliBeacons", "ThaliSSDP", "TCPMultiplexer", "ThaliPSKTLS",
                 .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
