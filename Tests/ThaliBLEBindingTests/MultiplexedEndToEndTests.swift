@@ -87,17 +87,13 @@ final class FirstOctetRouter: ChannelInboundHandler, RemovableChannelHandler {
             }
         }
         let tlsPort = tls.port
-        let muxApp = try await ServerBootstrap(group: group)
-            .childChannelInitializer { child in
-                MultiplexerSession.configure(on: child, role: .server, inboundStreamInitializer: { stream in
-                    return stream.eventLoop.makeCompletedFuture {
-                        try stream.pipeline.syncOperations.addHandler(FirstOctetRouter(httpPort: httpPort, tlsPort: tlsPort))
-                    }
-                }).map { _ in }
+        let gateway = try await MultiplexedAppGateway.start(group: group) { stream in
+            stream.eventLoop.makeCompletedFuture {
+                try stream.pipeline.syncOperations.addHandler(FirstOctetRouter(httpPort: httpPort, tlsPort: tlsPort))
             }
-            .bind(host: "127.0.0.1", port: 0).get()
+        }
         let server = BluetoothRelayServer(transport: air.transport(for: aliceAddress), group: group,
-                                          appPort: try #require(muxApp.localAddress?.port))
+                                          appPort: gateway.port)
         try await server.start(channel: 1)
         let peripheral = try BlueZClient(configuration: BlueZConfiguration(busAddress: mock.busAddress, adapterName: "hci0"))
         defer { peripheral.close() }
@@ -111,14 +107,9 @@ final class FirstOctetRouter: ChannelInboundHandler, RemovableChannelHandler {
         var iterator = discoveries.makeAsyncIterator()
         let target = try #require(try await iterator.next()?.peerAddress)
         #expect(target == aliceAddress)
-        let relay = try await BluetoothRelayClient(transport: air.transport(for: bobAddress), group: group)
+        let connection = try await MultiplexedBluetoothClient(transport: air.transport(for: bobAddress), group: group)
             .connect(to: target, channel: 1, hasNotifications: false)
-
-        // The multiplexer over the single relayed connection; a local port whose connections are streams.
-        let carrier = try await ClientBootstrap(group: group).connect(host: "127.0.0.1", port: relay.localPort).get()
-        let session = try await MultiplexerSession.configure(on: carrier, role: .client).get()
-        let bridge = try await MultiplexerBridge.listen(forwardingTo: session).get()
-        let streamPort = try #require(bridge.localAddress?.port)
+        let streamPort = connection.localPort
         let location = BeaconLocation(host: "127.0.0.1", port: streamPort)
         let httpClient = BeaconHTTPClient(group: group)
 
@@ -127,11 +118,11 @@ final class FirstOctetRouter: ChannelInboundHandler, RemovableChannelHandler {
         #expect(match.sender == alice.publicKey)
 
         // PSK-TLS with the beacon's identity, while three more fetches run on their own streams.
-        let connection = try await PSKTLSClient(configuration: tlsConfiguration, eventLoopGroup: group)
+        let tlsConnection = try await PSKTLSClient(configuration: tlsConfiguration, eventLoopGroup: group)
             .connect(host: "127.0.0.1", port: streamPort, identity: match.pskIdentity, psk: match.psk)
-        #expect(connection.parameters.cipherSuite == "DHE-PSK-AES256-GCM-SHA384")
-        #expect(connection.parameters.pskIdentity == match.pskIdentity)
-        try await connection.executeThenClose { inbound, outbound in
+        #expect(tlsConnection.parameters.cipherSuite == "DHE-PSK-AES256-GCM-SHA384")
+        #expect(tlsConnection.parameters.pskIdentity == match.pskIdentity)
+        try await tlsConnection.executeThenClose { inbound, outbound in
             async let fetches = withThrowingTaskGroup(of: [UInt8].self) { fetchGroup in
                 for _ in 0..<3 { fetchGroup.addTask { try await httpClient.fetch(location) } }
                 var results: [[UInt8]] = []
@@ -153,16 +144,15 @@ final class FirstOctetRouter: ChannelInboundHandler, RemovableChannelHandler {
         #expect(http.counters.requestsAnswered == 4)
         #expect(tls.statistics.established == 1)
         // All of it ran as streams of the one multiplexer session over the one Bluetooth connection.
-        #expect(try await session.metrics().get().streamsOpenedLocally == 5)
+        #expect(try await connection.session.metrics().get().streamsOpenedLocally == 5)
         #expect(server.counters.relayed == 1)
 
-        try await session.close().get()
-        try await relay.closeFuture.get()
-        try? await bridge.close()
+        await connection.close()
+        try await connection.closeFuture.get()
         server.stop()
         await tls.close()
         echo.cancel()
         await http.stop()
-        try? await muxApp.close()
+        await gateway.close()
     }
 }
