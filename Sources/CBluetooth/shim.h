@@ -1,6 +1,44 @@
 #ifndef THALI_CBLUETOOTH_SHIM_H
 #define THALI_CBLUETOOTH_SHIM_H
 #include <sys/socket.h>
+#include <string.h>
+#include <unistd.h>
 #include <bluetooth/bluetooth.h>
 #include <bluetooth/rfcomm.h>
+
+/* RFCOMM helpers: BlueZ spells these with macros (AF_BLUETOOTH, BTPROTO_RFCOMM, BDADDR_ANY) that
+   Swift does not import cleanly; each returns what the system call returns (-1 and errno on failure).
+   Addresses are passed least significant octet first, as in bdaddr_t. */
+
+static inline int thali_rfcomm_socket(void) {
+    return socket(AF_BLUETOOTH, SOCK_STREAM | SOCK_CLOEXEC, BTPROTO_RFCOMM);
+}
+
+static inline int thali_rfcomm_connect(int fd, const uint8_t address_le[6], uint8_t channel) {
+    struct sockaddr_rc addr;
+    memset(&addr, 0, sizeof(addr));
+    addr.rc_family = AF_BLUETOOTH;
+    memcpy(addr.rc_bdaddr.b, address_le, 6);
+    addr.rc_channel = channel;
+    return connect(fd, (struct sockaddr *)&addr, sizeof(addr));
+}
+
+static inline int thali_rfcomm_bind_any(int fd, uint8_t channel) {
+    struct sockaddr_rc addr;
+    memset(&addr, 0, sizeof(addr));
+    addr.rc_family = AF_BLUETOOTH;
+    /* all-zero rc_bdaddr is BDADDR_ANY */
+    addr.rc_channel = channel;
+    return bind(fd, (struct sockaddr *)&addr, sizeof(addr));
+}
+
+static inline int thali_rfcomm_accept(int fd, uint8_t address_le_out[6]) {
+    struct sockaddr_rc addr;
+    socklen_t length = sizeof(addr);
+    memset(&addr, 0, sizeof(addr));
+    int client = accept4(fd, (struct sockaddr *)&addr, &length, SOCK_CLOEXEC);
+    if (client >= 0) memcpy(address_le_out, addr.rc_bdaddr.b, 6);
+    return client;
+}
+
 #endif

@@ -1,1 +1,0 @@
-// ThaliBLEBinding: see spec/ and the module's types. (Module under construction.)

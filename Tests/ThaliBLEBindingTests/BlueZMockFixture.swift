@@ -1,0 +1,127 @@
+import Foundation
+import Testing
+import ThaliTestSupport
+@testable import ThaliBLEBinding
+
+/// A private `dbus-daemon` with python-dbusmock's `bluez5` template on it: a stand-in for bluetoothd
+/// that speaks the real BlueZ D-Bus API. Nothing touches the machine's own buses.
+final class BlueZMock: @unchecked Sendable {
+    let directory: String
+    let busAddress: String
+    let daemon: ChildProcess
+    var mock: ChildProcess?
+    let python: String
+    /// The test's own connection, used to drive the mock (add adapters and devices, read call logs).
+    let control: DBusClient
+
+    /// Whether the peers these tests need are installed: `dbus-daemon` and the test venv with
+    /// python-dbusmock (`scripts/bootstrap.sh --test`). Under `scripts/test.sh`/CI they must be.
+    static var peersPresent: Bool {
+        TestEnvironment.available(
+            ChildProcess.which("dbus-daemon") != nil
+                && ChildProcess.testVenvPython(packageRoot: PackagePaths.root()) != nil)
+    }
+
+    struct Unavailable: Error, CustomStringConvertible {
+        let description: String
+    }
+
+    /// Starts the bus and, if `startBlueZ`, the mock bluetoothd.
+    init(startBlueZ: Bool = true) async throws {
+        let root = PackagePaths.root()
+        guard let python = ChildProcess.testVenvPython(packageRoot: root) else {
+            throw Unavailable(description: "no test venv: run scripts/bootstrap.sh --test")
+        }
+        self.python = python
+        directory = NSTemporaryDirectory() + "thali-ble-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        daemon = try ChildProcess("dbus-daemon", ["--session", "--nofork", "--print-address",
+                                                  "--address=unix:path=\(directory)/bus"])
+        try await daemon.waitForOutput(containing: "unix:path=")
+        guard let line = daemon.output.split(separator: "\n").first(where: { $0.hasPrefix("unix:path=") }) else {
+            throw Unavailable(description: "dbus-daemon printed no address: \(daemon.output)")
+        }
+        busAddress = String(line)
+        control = try DBusClient(address: busAddress, defaultTimeout: .seconds(5))
+        if startBlueZ { try await startMock() }
+    }
+
+    deinit {
+        control.close()
+        // Stateless test peers: no need for a graceful exit.
+        mock?.terminate(signal: SIGKILL)
+        daemon.terminate(signal: SIGKILL)
+        try? FileManager.default.removeItem(atPath: directory)
+    }
+
+    /// Starts (or restarts) the mock bluetoothd and waits until it owns `org.bluez`.
+    func startMock() async throws {
+        mock = try ChildProcess(python, ["-m", "dbusmock", "--system", "--template", "bluez5"],
+                                environment: ["DBUS_SYSTEM_BUS_ADDRESS": busAddress])
+        let deadline = ContinuousClock.now + .seconds(15)
+        while ContinuousClock.now < deadline {
+            let reply = try await control.call(destination: "org.freedesktop.DBus", path: "/org/freedesktop/DBus",
+                                               interface: "org.freedesktop.DBus", member: "NameHasOwner",
+                                               arguments: [.string("org.bluez")])
+            if reply.first?.bool == true { return }
+            try await Task.sleep(for: .milliseconds(50))
+        }
+        throw Unavailable(description: "the bluez5 mock did not appear: \(mock?.output ?? "")")
+    }
+
+    /// Kills the mock bluetoothd (as if it crashed).
+    func killMock() {
+        mock?.terminate(signal: SIGKILL)
+        mock = nil
+    }
+
+    // MARK: Driving the mock
+
+    func bluez(_ path: String, _ interface: String, _ member: String, _ arguments: [DBusValue] = []) async throws -> [DBusValue] {
+        try await control.call(destination: "org.bluez", path: path, interface: interface, member: member, arguments: arguments)
+    }
+
+    @discardableResult
+    func addAdapter(_ name: String = "hci0") async throws -> String {
+        try await bluez("/", "org.bluez.Mock", "AddAdapter", [.string(name), .string("thali-test")]).first?.string ?? ""
+    }
+
+    @discardableResult
+    func addDevice(_ address: String, adapter: String = "hci0") async throws -> String {
+        try await bluez("/", "org.bluez.Mock", "AddDevice", [.string(adapter), .string(address), .string("peer")]).first?.string ?? ""
+    }
+
+    func updateProperties(_ path: String, interface: String, _ properties: [(String, DBusValue)]) async throws {
+        _ = try await bluez(path, "org.freedesktop.DBus.Mock", "UpdateProperties", [.string(interface), .properties(properties)])
+    }
+
+    /// The arguments of every logged call of `method` on `path`.
+    func calls(_ path: String, _ method: String) async throws -> [[DBusValue]] {
+        let reply = try await bluez(path, "org.freedesktop.DBus.Mock", "GetMethodCalls", [.string(method)])
+        guard case .array(_, let calls)? = reply.first else { return [] }
+        return calls.compactMap { call in
+            guard case .structure(let fields) = call, fields.count == 2, case .array(_, let arguments) = fields[1] else { return nil }
+            return arguments.map(\.unwrapped)
+        }
+    }
+
+    /// Runs a Python snippet (with `dbus` imported, `bus` connected to the private bus, and `argv`) and
+    /// returns its standard output.
+    func python(_ script: String, _ arguments: [String]) async throws -> String {
+        let prelude = "import sys, dbus, socket\nbus = dbus.bus.BusConnection(sys.argv[1])\nargv = sys.argv[2:]\n"
+        let child = try ChildProcess(python, ["-c", prelude + script, busAddress] + arguments)
+        let status = try await child.waitForExit(timeout: .seconds(20))
+        guard status == 0 else { throw Unavailable(description: "python failed (\(status)): \(child.output)") }
+        return child.output
+    }
+}
+
+/// Service data as BlueZ reports it: `a{sv}` of UUID → `ay`.
+func serviceData(_ uuid: String, _ bytes: [UInt8]) -> DBusValue {
+    .dictionary(keySignature: "s", valueSignature: "v", [DBusDictionaryEntry(key: .string(uuid), value: .variant(.bytes(bytes)))])
+}
+
+/// Manufacturer data as BlueZ reports it: `a{qv}` of company → `ay`.
+func manufacturerData(_ company: UInt16, _ bytes: [UInt8]) -> DBusValue {
+    .dictionary(keySignature: "q", valueSignature: "v", [DBusDictionaryEntry(key: .uint16(company), value: .variant(.bytes(bytes)))])
+}
