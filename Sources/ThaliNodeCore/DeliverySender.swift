@@ -1,0 +1,182 @@
+import Crypto
+import Foundation
+import Logging
+import NIOCore
+
+/// Delivers the pending items for one contact over one delivery stream: the session driver of
+/// ``DeliverySenderStateMachine``, doing the store and file I/O it asks for.
+///
+/// The peer is the contact that the layer below (beacons + PSK-TLS) authenticated; only that contact's
+/// items are offered. An item is removed from the outbox only after the receiver acknowledges it (or
+/// reports it already stored); anything else leaves it pending for the next session.
+public struct DeliverySender: Sendable {
+    /// What one session achieved.
+    public struct Summary: Sendable, Hashable {
+        /// Items the receiver acknowledged in this session.
+        public var delivered: [UUID] = []
+        /// Items the receiver already had (acknowledged in an earlier session whose ack was lost).
+        public var alreadyStored: [UUID] = []
+        /// Items the receiver refused.
+        public var refused: [UUID] = []
+        /// Items whose content the receiver discarded; still pending.
+        public var discarded: [UUID] = []
+        /// Content bytes sent (resumed prefixes not counted).
+        public var bytesSent: UInt64 = 0
+    }
+
+    /// The store whose outbox is delivered.
+    public let store: NodeStore
+    /// The authenticated peer: the contact the items are for.
+    public let peer: Contact
+    /// Bounds for frames and chunks.
+    public let limits: DeliveryLimits
+    private let now: @Sendable () -> Date
+    private let events: DeliveryEventHandler?
+    private let logger: Logger
+
+    /// Creates a sender of `store`'s items for `authenticatedPeer`, the contact whose identity the
+    /// transport below proved (never a name taken from the stream itself).
+    public init(store: NodeStore, authenticatedPeer: Contact, limits: DeliveryLimits? = nil,
+                now: @escaping @Sendable () -> Date = { Date() }, events: DeliveryEventHandler? = nil,
+                logger: Logger = Logger(label: "thali.delivery.sender")) {
+        self.store = store
+        self.peer = authenticatedPeer
+        self.limits = limits ?? store.limits
+        self.now = now
+        self.events = events
+        var logger = logger
+        logger[metadataKey: "peer"] = "\(authenticatedPeer.name)"
+        self.logger = logger
+    }
+
+    /// Runs one session on `channel` (configured by ``DeliveryChannel``) and closes it. Throws on a
+    /// protocol violation, a lost connection or a timeout; what was acknowledged before stays delivered.
+    public func run(on channel: DeliveryChannel.AsyncFrames) async throws -> Summary {
+        guard peer.id != nil else { throw NodeError.unknownContact(peer.name) }
+        return try await channel.executeThenClose { inbound, outbound in
+            var frames = inbound.makeAsyncIterator()
+            var machine = DeliverySenderStateMachine()
+            var summary = Summary()
+            var handled = Set<UUID>()
+            try await outbound.write(machine.start())
+            _ = try store.sweepExpired(now: now())
+            while let item = try store.pendingItems(for: peer, now: now()).first(where: { !handled.contains($0.id) }) {
+                handled.insert(item.id)
+                guard let content = ItemContent(item) else {
+                    logger.error("content of queued item is missing", metadata: ["item": "\(item.id)"])
+                    try store.recordProblem(item.id, "the node's copy of the file is missing or changed size")
+                    continue
+                }
+                events?(.offered(item.offer))
+                try await outbound.write(machine.offer(item.offer))
+                var action = try machine.receive(try await next(&frames, &machine))
+                while true {
+                    switch action {
+                    case .verifyPrefix(_, let offset, let digest):
+                        let matches = try content.prefixDigest(length: offset) == digest
+                        if !matches { logger.info("receiver's partial copy differs; restarting", metadata: ["item": "\(item.id)"]) }
+                        action = try machine.prefixVerified(matches: matches)
+                        continue
+                    case .stream(let offer, let offset):
+                        try store.recordAcknowledgedBytes(offer.id, offset)
+                        events?(.transferStarted(id: offer.id, offset: offset, total: offer.size))
+                        try await outbound.write(.start(id: offer.id, offset: offset))
+                        summary.bytesSent += try await content.stream(from: offset, chunkBytes: limits.chunkBytes) { chunk, sent in
+                            try await outbound.write(.data(chunk))
+                            events?(.progress(id: offer.id, bytes: sent, total: offer.size))
+                        }
+                        try await outbound.write(machine.contentSent())
+                        action = try machine.receive(try await next(&frames, &machine))
+                        continue
+                    case .delivered(let offer, let alreadyStored):
+                        try store.markDelivered(offer.id)
+                        if alreadyStored { summary.alreadyStored.append(offer.id) } else { summary.delivered.append(offer.id) }
+                        logger.info("delivered", metadata: ["item": "\(offer.id)", "alreadyStored": "\(alreadyStored)"])
+                        events?(.delivered(id: offer.id, alreadyStored: alreadyStored))
+                    case .refused(let offer, let reason):
+                        try store.markRefused(offer.id, reason: "refused by the receiver: \(reason)")
+                        summary.refused.append(offer.id)
+                        logger.warning("refused by the receiver", metadata: ["item": "\(offer.id)", "reason": "\(reason)"])
+                        events?(.refused(id: offer.id, reason))
+                    case .rejected(let offer, let failure):
+                        try store.recordProblem(offer.id, "discarded by the receiver: \(failure)")
+                        summary.discarded.append(offer.id)
+                        logger.warning("discarded by the receiver", metadata: ["item": "\(offer.id)", "reason": "\(failure)"])
+                        events?(.discarded(id: offer.id, failure))
+                    }
+                    break
+                }
+            }
+            try await outbound.write(machine.finish())
+            // The receiver closes after `done`; waiting for that makes sure `done` arrived.
+            if let frame = try await frames.next() {
+                throw DeliveryProtocolError.unexpectedFrame(frame: frame.name, state: machine.stateName)
+            }
+            return summary
+        }
+    }
+
+    private func next(_ frames: inout NIOAsyncChannelInboundStream<DeliveryFrame>.AsyncIterator,
+                      _ machine: inout DeliverySenderStateMachine) async throws -> DeliveryFrame {
+        guard let frame = try await frames.next() else {
+            try machine.streamEnded()
+            throw DeliveryProtocolError.connectionClosed(state: machine.stateName)
+        }
+        return frame
+    }
+}
+
+/// The content of an outbox item: the text's bytes or the node's copy of the file.
+private enum ItemContent {
+    case bytes([UInt8])
+    case file(path: String, size: UInt64)
+
+    init?(_ item: OutboxItem) {
+        switch item.kind {
+        case .text:
+            guard let text = item.text else { return nil }
+            self = .bytes(Array(text.utf8))
+        case .file:
+            guard let path = item.filePath, FileContent.size(of: path) == UInt64(item.size) else { return nil }
+            self = .file(path: path, size: UInt64(item.size))
+        }
+    }
+
+    func prefixDigest(length: UInt64) throws -> [UInt8] {
+        switch self {
+        case .bytes(let bytes):
+            return Array(SHA256.hash(data: bytes.prefix(Int(min(length, UInt64(bytes.count))))))
+        case .file(let path, _):
+            return Array(try FileContent.hashPrefix(of: path, length: length).0.finalize())
+        }
+    }
+
+    /// Sends the content from `offset` in chunks; returns the number of bytes sent.
+    func stream(from offset: UInt64, chunkBytes: Int,
+                send: (ByteBuffer, _ sentSoFar: UInt64) async throws -> Void) async throws -> UInt64 {
+        var position = offset
+        switch self {
+        case .bytes(let bytes):
+            while position < UInt64(bytes.count) {
+                let end = min(Int(position) + chunkBytes, bytes.count)
+                try await send(ByteBuffer(bytes: bytes[Int(position)..<end]), UInt64(end))
+                position = UInt64(end)
+            }
+        case .file(let path, let size):
+            guard let handle = FileHandle(forReadingAtPath: path) else {
+                throw NodeError.unreadableFile(path: path, reason: "cannot open")
+            }
+            defer { try? handle.close() }
+            try handle.seek(toOffset: offset)
+            while position < size {
+                let want = Int(min(UInt64(chunkBytes), size - position))
+                guard let block = try handle.read(upToCount: want), !block.isEmpty else {
+                    throw NodeError.unreadableFile(path: path, reason: "shorter than its recorded size")
+                }
+                position += UInt64(block.count)
+                try await send(ByteBuffer(bytes: block), position)
+            }
+        }
+        return position - offset
+    }
+}
