@@ -11,7 +11,7 @@ public enum DeliveryChannel {
     public static func configureSynchronously(_ channel: any Channel, limits: DeliveryLimits) throws -> AsyncFrames {
         channel.eventLoop.preconditionInEventLoop()
         try channel.pipeline.syncOperations.addHandlers([
-            IdleStateHandler(readTimeout: limits.idleTimeout),
+            IdleStateHandler(allTimeout: limits.idleTimeout),
             IdleTimeoutHandler(timeout: limits.idleTimeout),
             ByteToMessageHandler(DeliveryFrameDecoder(limits: limits)),
             MessageToByteHandler(DeliveryFrameEncoder()),
@@ -25,14 +25,16 @@ public enum DeliveryChannel {
     }
 }
 
-/// The peer sent nothing for ``DeliveryLimits/idleTimeout``; the session was closed.
+/// Nothing moved in either direction for ``DeliveryLimits/idleTimeout``; the session was closed.
 public struct DeliveryIdleTimeout: Error, Hashable, CustomStringConvertible {
     /// The timeout that passed.
     public let timeout: TimeAmount
-    public var description: String { "no data from the peer for \(timeout.nanoseconds / 1_000_000) ms" }
+    public var description: String { "nothing sent or received for \(timeout.nanoseconds / 1_000_000) ms" }
 }
 
-/// Turns a read-idle event into a ``DeliveryIdleTimeout`` error and closes the channel.
+/// Turns an idle event (nothing read and nothing written for the timeout) into a ``DeliveryIdleTimeout``
+/// error and closes the channel. Both directions count: a sender streaming a large file reads nothing for
+/// a long time, and a stalled peer stops both.
 final class IdleTimeoutHandler: ChannelInboundHandler, Sendable {
     typealias InboundIn = ByteBuffer
     typealias InboundOut = ByteBuffer
@@ -41,7 +43,7 @@ final class IdleTimeoutHandler: ChannelInboundHandler, Sendable {
     init(timeout: TimeAmount) { self.timeout = timeout }
 
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
-        if let idle = event as? IdleStateHandler.IdleStateEvent, idle == .read {
+        if let idle = event as? IdleStateHandler.IdleStateEvent, idle == .all {
             context.fireErrorCaught(DeliveryIdleTimeout(timeout: timeout))
             context.close(promise: nil)
             return

@@ -24,8 +24,8 @@ public struct DeliveryLimits: Sendable, Hashable {
     /// The largest text item, in UTF-8 bytes. Default 64 KiB.
     public var maxTextBytes: UInt64
 
-    /// How long a delivery session may wait for its peer's next bytes before it is closed, so a silent
-    /// peer cannot hold a session (and its partial file) open forever. Default 60 s.
+    /// How long a delivery session may go without reading or writing anything before it is closed, so a
+    /// silent or stalled peer cannot hold a session (and its partial file) open forever. Default 60 s.
     public var idleTimeout: TimeAmount
 
     /// Creates limits; every argument defaults to the documented value.

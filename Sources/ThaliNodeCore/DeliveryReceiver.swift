@@ -2,6 +2,7 @@ import Crypto
 import Foundation
 import Logging
 import NIOCore
+import NIOPosix
 
 /// Receives items from one contact over one delivery stream: the session driver of
 /// ``DeliveryReceiverStateMachine``, doing the store and file I/O it asks for.
@@ -33,12 +34,15 @@ public struct DeliveryReceiver: Sendable {
     private let now: @Sendable () -> Date
     private let events: DeliveryEventHandler?
     private let logger: Logger
+    private let blockingPool: NIOThreadPool
 
     /// Creates a receiver into `store`'s inbox from `authenticatedPeer`, the contact whose identity the
-    /// transport below proved (never a name taken from the stream itself).
+    /// transport below proved (never a name taken from the stream itself). Database and file work runs on
+    /// `blockingPool`, never on the event loop or the concurrency pool.
     public init(store: NodeStore, authenticatedPeer: Contact, limits: DeliveryLimits? = nil,
                 now: @escaping @Sendable () -> Date = { Date() }, events: DeliveryEventHandler? = nil,
-                logger: Logger = Logger(label: "thali.delivery.receiver")) {
+                logger: Logger = Logger(label: "thali.delivery.receiver"), blockingPool: NIOThreadPool = .singleton) {
+        self.blockingPool = blockingPool
         self.store = store
         self.peer = authenticatedPeer
         self.limits = limits ?? store.limits
@@ -53,12 +57,12 @@ public struct DeliveryReceiver: Sendable {
     /// closes it. Throws on a protocol violation, a lost connection or a timeout; what was committed stays.
     public func run(on channel: DeliveryChannel.AsyncFrames) async throws -> Summary {
         guard peer.id != nil else { throw NodeError.unknownContact(peer.name) }
-        let clock = now
+        let clock = now, store = self.store, peer = self.peer
         return try await channel.executeThenClose { inbound, outbound in
             var machine = DeliveryReceiverStateMachine(limits: limits, now: { UInt64(max(0, clock().milliseconds)) })
             var summary = Summary()
             var partial: PartialFile?
-            var found: (hasher: SHA256, length: UInt64)?
+            var found: FoundPartial?
             defer { partial?.close() }
             for try await frame in inbound {
                 var action = try machine.receive(frame)
@@ -70,7 +74,7 @@ public struct DeliveryReceiver: Sendable {
                         if case .answer(let id, .refused) = reply { summary.refused.append(id) }
                         try await outbound.write(reply)
                     case .lookUp(let offer):
-                        let (result, state) = try lookUp(offer)
+                        let (result, state) = try await blocking { try lookUp(offer) }
                         found = state
                         if result == .complete {
                             summary.duplicates.append(offer.id)
@@ -79,25 +83,27 @@ public struct DeliveryReceiver: Sendable {
                         action = try machine.lookUpCompleted(result)
                         continue
                     case .preparePartial(let offer, let offset):
-                        let resumed = found.flatMap { $0.length == offset && offset > 0 ? $0.hasher : nil }
-                        partial = try PartialFile(path: store.partialPath(for: offer.id, from: peer), keeping: offset,
-                                                  hasher: resumed)
+                        let resumed = found.flatMap { $0.length == offset && offset > 0 ? HashState(value: $0.hasher) : nil }
+                        let path = store.partialPath(for: offer.id, from: peer)
+                        partial = try await blocking { try PartialFile(path: path, keeping: offset, hasher: resumed?.value) }
                         found = nil
                         if offset > 0 { logger.info("resuming", metadata: ["item": "\(offer.id)", "offset": "\(offset)"]) }
                         events?(.transferStarted(id: offer.id, offset: offset, total: offer.size))
                     case .append(let bytes):
-                        try partial?.append(bytes)
+                        if let file = partial { try await blocking { try file.append(bytes) } }
                         summary.bytesReceived += UInt64(bytes.readableBytes)
                         if case .receiving(let offer, let received) = machine.state {
                             events?(.progress(id: offer.id, bytes: received, total: offer.size))
                         }
                     case .verify:
-                        let digest = try partial?.finish() ?? []
+                        let file = partial
+                        let digest = try await blocking { try file?.finish() ?? [] }
                         partial = nil
                         action = try machine.contentVerified(digest: digest)
                         continue
                     case .commit(let offer):
-                        switch try store.commitReceived(offer, from: peer, now: now()) {
+                        let received = now()
+                        switch try await blocking({ try store.commitReceived(offer, from: peer, now: received) }) {
                         case .stored(let item):
                             summary.received.append(item)
                             logger.info("received", metadata: ["item": "\(offer.id)", "kind": "\(offer.kind.rawValue)"])
@@ -112,7 +118,8 @@ public struct DeliveryReceiver: Sendable {
                         action = try machine.committed()
                         continue
                     case .discardPartial(let offer, let reply):
-                        try? FileManager.default.removeItem(atPath: store.partialPath(for: offer.id, from: peer))
+                        let path = store.partialPath(for: offer.id, from: peer)
+                        _ = try? await blocking { try FileManager.default.removeItem(atPath: path) }
                         if case .reject(_, let failure) = reply {
                             summary.discarded.append(offer.id)
                             logger.warning("discarded damaged content", metadata: ["item": "\(offer.id)", "reason": "\(failure)"])
@@ -130,9 +137,13 @@ public struct DeliveryReceiver: Sendable {
         }
     }
 
+    /// Runs blocking database or file work on the blocking pool.
+    private func blocking<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
+        try await blockingPool.runIfActive(body)
+    }
+
     /// What is stored of `offer`: in the inbox, a usable partial file (with its hash state), or nothing.
-    private func lookUp(_ offer: ItemOffer) throws
-        -> (DeliveryReceiverStateMachine.LookUpResult, (hasher: SHA256, length: UInt64)?) {
+    private func lookUp(_ offer: ItemOffer) throws -> (DeliveryReceiverStateMachine.LookUpResult, FoundPartial?) {
         if try store.inboxContains(offer.id, from: peer) { return (.complete, nil) }
         let path = store.partialPath(for: offer.id, from: peer)
         guard let length = FileContent.size(of: path), length > 0 else { return (.nothing, nil) }
@@ -142,12 +153,26 @@ public struct DeliveryReceiver: Sendable {
         }
         let (hasher, hashed) = try FileContent.hashPrefix(of: path, length: length)
         guard hashed == length else { return (.nothing, nil) }
-        return (.partial(length: length, prefixSHA256: Array(hasher.finalize())), (hasher, length))
+        return (.partial(length: length, prefixSHA256: Array(hasher.finalize())), FoundPartial(hasher: hasher, length: length))
     }
 }
 
-/// A file being received: truncated to the agreed offset, appended to, hashed as it grows.
-private final class PartialFile {
+/// A partial file found at look-up: its length and the hash state after it, kept so a resume does not
+/// hash the prefix twice.
+private struct FoundPartial: @unchecked Sendable {
+    // SHA256 is a plain value (no shared state); it only lacks a Sendable annotation.
+    var hasher: SHA256
+    var length: UInt64
+}
+
+/// A hash state carried into the blocking pool.
+private struct HashState: @unchecked Sendable {
+    var value: SHA256
+}
+
+/// A file being received: truncated to the agreed offset, appended to, hashed as it grows. Used by one
+/// session at a time (each call awaited before the next), hence unchecked.
+private final class PartialFile: @unchecked Sendable {
     private let handle: FileHandle
     private var hasher: SHA256
     private var closed = false

@@ -2,6 +2,7 @@ import Crypto
 import Foundation
 import Logging
 import NIOCore
+import NIOPosix
 
 /// Delivers the pending items for one contact over one delivery stream: the session driver of
 /// ``DeliverySenderStateMachine``, doing the store and file I/O it asks for.
@@ -33,12 +34,15 @@ public struct DeliverySender: Sendable {
     private let now: @Sendable () -> Date
     private let events: DeliveryEventHandler?
     private let logger: Logger
+    private let blockingPool: NIOThreadPool
 
     /// Creates a sender of `store`'s items for `authenticatedPeer`, the contact whose identity the
-    /// transport below proved (never a name taken from the stream itself).
+    /// transport below proved (never a name taken from the stream itself). Database and file work runs on
+    /// `blockingPool`, never on the event loop or the concurrency pool.
     public init(store: NodeStore, authenticatedPeer: Contact, limits: DeliveryLimits? = nil,
                 now: @escaping @Sendable () -> Date = { Date() }, events: DeliveryEventHandler? = nil,
-                logger: Logger = Logger(label: "thali.delivery.sender")) {
+                logger: Logger = Logger(label: "thali.delivery.sender"), blockingPool: NIOThreadPool = .singleton) {
+        self.blockingPool = blockingPool
         self.store = store
         self.peer = authenticatedPeer
         self.limits = limits ?? store.limits
@@ -53,18 +57,21 @@ public struct DeliverySender: Sendable {
     /// protocol violation, a lost connection or a timeout; what was acknowledged before stays delivered.
     public func run(on channel: DeliveryChannel.AsyncFrames) async throws -> Summary {
         guard peer.id != nil else { throw NodeError.unknownContact(peer.name) }
+        let store = self.store, peer = self.peer, now = self.now
         return try await channel.executeThenClose { inbound, outbound in
             var frames = inbound.makeAsyncIterator()
             var machine = DeliverySenderStateMachine()
             var summary = Summary()
             var handled = Set<UUID>()
             try await outbound.write(machine.start())
-            _ = try store.sweepExpired(now: now())
-            while let item = try store.pendingItems(for: peer, now: now()).first(where: { !handled.contains($0.id) }) {
+            _ = try await blocking { try store.sweepExpired(now: now()) }
+            while let item = try await blocking({ [handled] in
+                try store.pendingItems(for: peer, now: now()).first(where: { !handled.contains($0.id) })
+            }) {
                 handled.insert(item.id)
                 guard let content = ItemContent(item) else {
                     logger.error("content of queued item is missing", metadata: ["item": "\(item.id)"])
-                    try store.recordProblem(item.id, "the node's copy of the file is missing or changed size")
+                    try await blocking { try store.recordProblem(item.id, "the node's copy of the file is missing or changed size") }
                     continue
                 }
                 events?(.offered(item.offer))
@@ -73,33 +80,40 @@ public struct DeliverySender: Sendable {
                 while true {
                     switch action {
                     case .verifyPrefix(_, let offset, let digest):
-                        let matches = try content.prefixDigest(length: offset) == digest
+                        let matches = try await blocking { try content.prefixDigest(length: offset) } == digest
                         if !matches { logger.info("receiver's partial copy differs; restarting", metadata: ["item": "\(item.id)"]) }
                         action = try machine.prefixVerified(matches: matches)
                         continue
                     case .stream(let offer, let offset):
-                        try store.recordAcknowledgedBytes(offer.id, offset)
+                        try await blocking { try store.recordAcknowledgedBytes(offer.id, offset) }
                         events?(.transferStarted(id: offer.id, offset: offset, total: offer.size))
                         try await outbound.write(.start(id: offer.id, offset: offset))
-                        summary.bytesSent += try await content.stream(from: offset, chunkBytes: limits.chunkBytes) { chunk, sent in
-                            try await outbound.write(.data(chunk))
-                            events?(.progress(id: offer.id, bytes: sent, total: offer.size))
+                        let reader = try await blocking { try content.reader(from: offset) }
+                        defer { reader.close() }
+                        var position = offset
+                        while position < offer.size {
+                            let count = Int(min(UInt64(limits.chunkBytes), offer.size - position))
+                            let chunk = try await blocking { try reader.read(count) }
+                            position += UInt64(chunk.count)
+                            summary.bytesSent += UInt64(chunk.count)
+                            try await outbound.write(.data(ByteBuffer(bytes: chunk)))
+                            events?(.progress(id: offer.id, bytes: position, total: offer.size))
                         }
                         try await outbound.write(machine.contentSent())
                         action = try machine.receive(try await next(&frames, &machine))
                         continue
                     case .delivered(let offer, let alreadyStored):
-                        try store.markDelivered(offer.id)
+                        try await blocking { try store.markDelivered(offer.id) }
                         if alreadyStored { summary.alreadyStored.append(offer.id) } else { summary.delivered.append(offer.id) }
                         logger.info("delivered", metadata: ["item": "\(offer.id)", "alreadyStored": "\(alreadyStored)"])
                         events?(.delivered(id: offer.id, alreadyStored: alreadyStored))
                     case .refused(let offer, let reason):
-                        try store.markRefused(offer.id, reason: "refused by the receiver: \(reason)")
+                        try await blocking { try store.markRefused(offer.id, reason: "refused by the receiver: \(reason)") }
                         summary.refused.append(offer.id)
                         logger.warning("refused by the receiver", metadata: ["item": "\(offer.id)", "reason": "\(reason)"])
                         events?(.refused(id: offer.id, reason))
                     case .rejected(let offer, let failure):
-                        try store.recordProblem(offer.id, "discarded by the receiver: \(failure)")
+                        try await blocking { try store.recordProblem(offer.id, "discarded by the receiver: \(failure)") }
                         summary.discarded.append(offer.id)
                         logger.warning("discarded by the receiver", metadata: ["item": "\(offer.id)", "reason": "\(failure)"])
                         events?(.discarded(id: offer.id, failure))
@@ -116,6 +130,11 @@ public struct DeliverySender: Sendable {
         }
     }
 
+    /// Runs blocking database or file work on the blocking pool.
+    private func blocking<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
+        try await blockingPool.runIfActive(body)
+    }
+
     private func next(_ frames: inout NIOAsyncChannelInboundStream<DeliveryFrame>.AsyncIterator,
                       _ machine: inout DeliverySenderStateMachine) async throws -> DeliveryFrame {
         guard let frame = try await frames.next() else {
@@ -127,7 +146,7 @@ public struct DeliverySender: Sendable {
 }
 
 /// The content of an outbox item: the text's bytes or the node's copy of the file.
-private enum ItemContent {
+private enum ItemContent: Sendable {
     case bytes([UInt8])
     case file(path: String, size: UInt64)
 
@@ -151,32 +170,55 @@ private enum ItemContent {
         }
     }
 
-    /// Sends the content from `offset` in chunks; returns the number of bytes sent.
-    func stream(from offset: UInt64, chunkBytes: Int,
-                send: (ByteBuffer, _ sentSoFar: UInt64) async throws -> Void) async throws -> UInt64 {
-        var position = offset
+    /// A reader positioned at `offset`.
+    func reader(from offset: UInt64) throws -> ContentReader {
         switch self {
         case .bytes(let bytes):
-            while position < UInt64(bytes.count) {
-                let end = min(Int(position) + chunkBytes, bytes.count)
-                try await send(ByteBuffer(bytes: bytes[Int(position)..<end]), UInt64(end))
-                position = UInt64(end)
-            }
-        case .file(let path, let size):
+            return ContentReader(bytes: bytes, offset: Int(min(offset, UInt64(bytes.count))))
+        case .file(let path, _):
             guard let handle = FileHandle(forReadingAtPath: path) else {
                 throw NodeError.unreadableFile(path: path, reason: "cannot open")
             }
-            defer { try? handle.close() }
             try handle.seek(toOffset: offset)
-            while position < size {
-                let want = Int(min(UInt64(chunkBytes), size - position))
-                guard let block = try handle.read(upToCount: want), !block.isEmpty else {
-                    throw NodeError.unreadableFile(path: path, reason: "shorter than its recorded size")
-                }
-                position += UInt64(block.count)
-                try await send(ByteBuffer(bytes: block), position)
-            }
+            return ContentReader(handle: handle, path: path)
         }
-        return position - offset
     }
+}
+
+/// Reads an item's content sequentially. Used by one session at a time (each call awaited before the
+/// next), hence unchecked.
+private final class ContentReader: @unchecked Sendable {
+    private let handle: FileHandle?
+    private let path: String
+    private let bytes: [UInt8]
+    private var offset: Int
+
+    init(bytes: [UInt8], offset: Int) {
+        self.handle = nil
+        self.path = ""
+        self.bytes = bytes
+        self.offset = offset
+    }
+
+    init(handle: FileHandle, path: String) {
+        self.handle = handle
+        self.path = path
+        self.bytes = []
+        self.offset = 0
+    }
+
+    /// The next `count` bytes; throws if the content ends early.
+    func read(_ count: Int) throws -> [UInt8] {
+        if let handle {
+            guard let block = try handle.read(upToCount: count), block.count == count else {
+                throw NodeError.unreadableFile(path: path, reason: "shorter than its recorded size")
+            }
+            return Array(block)
+        }
+        let end = min(offset + count, bytes.count)
+        defer { offset = end }
+        return Array(bytes[offset..<end])
+    }
+
+    func close() { try? handle?.close() }
 }

@@ -7,7 +7,7 @@ import Testing
 /// Deliveries between two stores in two data directories over real TCP connections on 127.0.0.1.
 @Suite("Delivery over loopback TCP")
 struct DeliveryTests {
-    static let limits = DeliveryLimits(chunkBytes: 4096, idleTimeout: .seconds(10))
+    static let limits = DeliveryLimits(chunkBytes: 4096, idleTimeout: .seconds(30))
 
     /// Queues two texts and a file from Alice to Bob; returns the file's content.
     @discardableResult
@@ -141,6 +141,39 @@ struct DeliveryTests {
         }
     }
 
+    @Test("an acknowledgement lost after the commit: the next session is answered complete, nothing is doubled")
+    func lostAcknowledgement() async throws {
+        let pair = try NodePair(limits: Self.limits)
+        let content = try Self.queueItems(pair, fileBytes: 20_000)
+        let first = try #require(try pair.alice.outbox().first)
+        // Bob's first answer is 22 bytes; a cut at 30 lets him commit the first text but not send its ack.
+        let cut = try await deliverOverTCP(pair, limits: Self.limits, cut: (.receiver, 30))
+        #expect(throws: (any Error).self) { try cut.sender.get() }
+        #expect(try pair.bob.inbox().map(\.itemID) == [first.id])
+        #expect(try pair.alice.outboxItem(id: first.id) != nil)
+        let outcome = try await deliverOverTCP(pair, limits: Self.limits)
+        #expect(try outcome.sender.get().alreadyStored == [first.id])
+        #expect(try outcome.receiver.get().duplicates == [first.id])
+        try Self.expectDeliveredExactlyOnce(pair, file: content)
+    }
+
+    @Test("a connection cut in the middle of a file: the next session resumes where the receiver stopped")
+    func cutMidFileResumes() async throws {
+        let pair = try NodePair(limits: Self.limits)
+        let content = try Self.queueItems(pair, fileBytes: 100_000)
+        let file = try #require(try pair.alice.outbox().first { $0.kind == .file })
+        _ = try await deliverOverTCP(pair, limits: Self.limits, cut: (.sender, 60_000))
+        let partial = FileContent.size(of: pair.bob.partialPath(for: file.id, from: pair.aliceAtBob)) ?? 0
+        #expect(partial > 40_000 && partial < 60_000)
+        #expect(try pair.alice.outboxItem(id: file.id) != nil)
+        let log = EventLog()
+        let outcome = try await deliverOverTCP(pair, limits: Self.limits, senderEvents: log.handler)
+        #expect(try outcome.sender.get().bytesSent == 100_000 - partial)
+        #expect(log.events.contains(.transferStarted(id: file.id, offset: partial, total: 100_000)))
+        #expect(try pair.alice.outboxItem(id: file.id) == nil)
+        try Self.expectDeliveredExactlyOnce(pair, file: content)
+    }
+
     /// Interrupts the first session after `k` bytes written by one side, then reconnects until done.
     static func interruptThenComplete(side: Side, k: Int) async throws {
         let pair = try NodePair(limits: limits)
@@ -153,9 +186,10 @@ struct DeliveryTests {
         try expectDeliveredExactlyOnce(pair, file: content)
     }
 
-    /// The sender writes about 20 KB of content plus framing (~20,400 bytes): cut at every frame-sized
-    /// region near the start and the end, and every 700 bytes through the content.
-    static let senderCuts: [Int] = Array(0...160) + Array(stride(from: 161, to: 20_200, by: 701)) + Array(20_200...20_420)
+    /// The sender writes 20,476 bytes (hello 6, offers 80+80+90, starts 3×29, text data 14+26, file data
+    /// 20,000+5×5, ends 3×21, done 5): cut at every byte through the texts' frames and the end of the file,
+    /// every 701 bytes through the file's content, and a little past the end (no cut at all).
+    static let senderCuts: [Int] = Array(0...380) + Array(stride(from: 381, to: 20_380, by: 701)) + Array(20_380...20_480)
 
     @Test("sender side cut after k bytes, then reconnect: exactly one copy of each item", arguments: senderCuts)
     func senderInterrupted(k: Int) async throws {

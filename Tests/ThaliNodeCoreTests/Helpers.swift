@@ -1,4 +1,5 @@
 import Foundation
+import Logging
 import NIOCore
 import NIOPosix
 @testable import ThaliNodeCore
@@ -111,9 +112,9 @@ func deliverOverTCP(_ pair: NodePair, limits: DeliveryLimits, cut: (Side, Int)? 
         }
     guard let port = server.channel.localAddress?.port else { throw ChannelError.unknownLocalAddress }
     let receiver = DeliveryReceiver(store: pair.bob, authenticatedPeer: pair.aliceAtBob, limits: limits, now: now,
-                                    events: receiverEvents)
+                                    events: receiverEvents, logger: quietLogger)
     let sender = DeliverySender(store: pair.alice, authenticatedPeer: pair.bobAtAlice, limits: limits, now: now,
-                                events: senderEvents)
+                                events: senderEvents, logger: quietLogger)
     async let receiverResult: Result<DeliveryReceiver.Summary, any Error> = {
         do {
             return .success(try await server.executeThenClose { connections in
@@ -147,3 +148,6 @@ final class EventLog: @unchecked Sendable {
     var handler: DeliveryEventHandler { { event in self.lock.withLock { self.storage.append(event) } } }
     var events: [DeliveryEvent] { lock.withLock { storage } }
 }
+
+/// Sessions in tests log nothing (hundreds of sessions run); the events carry what the tests check.
+let quietLogger = Logger(label: "thali.test") { _ in SwiftLogNoOpLogHandler() }
