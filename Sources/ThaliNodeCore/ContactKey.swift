@@ -1,22 +1,31 @@
 import Foundation
 
-/// Contact public keys as the node stores them: SEC1-encoded secp256k1 points (33 bytes compressed or
-/// 65 bytes uncompressed), accepted as hex or base64 and stored as lowercase hex.
+/// Contact public keys as the node stores them: SEC1-encoded secp256k1 points, accepted compressed (33
+/// bytes) or uncompressed (65 bytes), as hex or base64, and stored in one canonical form — compressed, as
+/// lowercase hex — so the same key always compares equal.
 public enum ContactKey {
-    /// Decodes `text` (hex, or standard/URL-safe base64) into SEC1 bytes and returns them as lowercase
-    /// hex; throws ``NodeError/invalidPublicKey(_:reason:)`` for anything that cannot be such a key.
+    /// Decodes `text` (hex, or standard/URL-safe base64) into SEC1 bytes and returns the compressed form
+    /// as lowercase hex; throws ``NodeError/invalidPublicKey(_:reason:)`` for anything that cannot be such
+    /// a key.
     public static func normalize(_ text: String) throws -> String {
         let trimmed = text.trimmingCharacters(in: .whitespacesAndNewlines)
         guard let bytes = decodeHex(trimmed) ?? decodeBase64(trimmed) else {
             throw NodeError.invalidPublicKey(text, reason: "neither hex nor base64")
         }
         switch (bytes.count, bytes.first) {
-        case (33, 0x02?), (33, 0x03?), (65, 0x04?):
-            return bytes.map { String(format: "%02x", $0) }.joined()
+        case (33, 0x02?), (33, 0x03?):
+            return hex(bytes)
+        case (65, 0x04?):
+            // Compressed form: the parity of y selects 02 (even) or 03 (odd), followed by x.
+            return hex([bytes[64] & 1 == 0 ? 0x02 : 0x03] + bytes[1..<33])
         default:
             throw NodeError.invalidPublicKey(
                 text, reason: "not a SEC1 public key (33 bytes starting 02/03, or 65 bytes starting 04); got \(bytes.count) bytes")
         }
+    }
+
+    static func hex(_ bytes: some Sequence<UInt8>) -> String {
+        bytes.map { String(format: "%02x", $0) }.joined()
     }
 
     static func decodeHex(_ text: String) -> [UInt8]? {

@@ -85,7 +85,9 @@ public struct DeliverySender: Sendable {
                         action = try machine.prefixVerified(matches: matches)
                         continue
                     case .stream(let offer, let offset):
-                        try await blocking { try store.recordAcknowledgedBytes(offer.id, offset) }
+                        if offset != UInt64(max(0, item.acknowledgedBytes)) {
+                            try await blocking { try store.recordAcknowledgedBytes(offer.id, offset) }
+                        }
                         events?(.transferStarted(id: offer.id, offset: offset, total: offer.size))
                         try await outbound.write(.start(id: offer.id, offset: offset))
                         let reader = try await blocking { try content.reader(from: offset) }

@@ -29,6 +29,13 @@ struct NodeStoreTests {
         let dave = try store.addContact(name: "dave", publicKey: base64)
         #expect(dave.publicKey == key)
         #expect(try store.contact(publicKey: key.uppercased())?.name == "dave")
+        // The uncompressed form of a key is the same contact: 04 ‖ x ‖ y with y odd compresses to 03 ‖ x.
+        let x = String(repeating: "11", count: 32)
+        let oddY = String(repeating: "22", count: 31) + "23"
+        let erin = try store.addContact(name: "erin", publicKey: "04" + x + oddY)
+        #expect(erin.publicKey == "03" + x)
+        #expect(try store.contact(publicKey: "03" + x)?.name == "erin")
+        try store.removeContact(named: "erin")
         #expect(throws: NodeError.contactExists("dave")) { try store.addContact(name: "dave", publicKey: randomPublicKey()) }
         #expect(throws: NodeError.invalidPublicKey(key, reason: "already the key of contact \"dave\"")) {
             try store.addContact(name: "eve", publicKey: key)
