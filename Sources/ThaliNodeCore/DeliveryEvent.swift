@@ -23,3 +23,15 @@ public enum DeliveryEvent: Sendable, Hashable {
 
 /// A callback for ``DeliveryEvent``s. It runs on the session's task; keep it short.
 public typealias DeliveryEventHandler = @Sendable (DeliveryEvent) -> Void
+
+/// Delivery events as an `AsyncStream`, for progress displays that iterate.
+public enum DeliveryEvents {
+    /// A stream of events and the handler that feeds it (pass it as a session's `events`); call `finish`
+    /// on the continuation when the sessions are over. The stream buffers at most `bufferLimit` events,
+    /// dropping the oldest, so a slow reader cannot grow memory without bound.
+    public static func makeStream(bufferLimit: Int = 1024)
+        -> (stream: AsyncStream<DeliveryEvent>, handler: DeliveryEventHandler, continuation: AsyncStream<DeliveryEvent>.Continuation) {
+        let (stream, continuation) = AsyncStream.makeStream(of: DeliveryEvent.self, bufferingPolicy: .bufferingNewest(bufferLimit))
+        return (stream, { event in continuation.yield(event) }, continuation)
+    }
+}

@@ -126,18 +126,22 @@ public final class NodeStore: Sendable {
         return try pool.read { db in try Contact.filter(Column("publicKey") == key).fetchOne(db) }
     }
 
-    /// Removes the contact named `name` and the items queued for it (their file copies too). The inbox
-    /// keeps what it received from the contact.
+    /// Removes the contact named `name`, the items queued for it (their file copies too) and its partial
+    /// files. The inbox keeps what it received from the contact.
     public func removeContact(named name: String) throws {
-        let files = try pool.write { db -> [String] in
+        let (id, files) = try pool.write { db -> (Int64, [String]) in
             guard let contact = try Contact.filter(Column("name") == name).fetchOne(db), let id = contact.id else {
                 throw NodeError.unknownContact(name)
             }
             let files = try OutboxItem.filter(Column("contactID") == id).fetchAll(db).compactMap(\.filePath)
             _ = try Contact.deleteOne(db, key: id)
-            return files
+            return (id, files)
         }
         for file in files { try? FileManager.default.removeItem(atPath: file) }
+        let partials = (try? FileManager.default.contentsOfDirectory(atPath: home.partialDirectory)) ?? []
+        for partial in partials where partial.hasPrefix("\(id)-") {
+            try? FileManager.default.removeItem(atPath: home.partialDirectory + "/" + partial)
+        }
     }
 
     // MARK: Outbox

@@ -46,8 +46,13 @@ struct DeliveryTests {
         let content = try Self.queueItems(pair, fileBytes: 300_000)
         let senderLog = EventLog()
         let receiverLog = EventLog()
+        let (stream, streamHandler, continuation) = DeliveryEvents.makeStream()
         let outcome = try await deliverOverTCP(pair, limits: Self.limits, senderEvents: senderLog.handler,
-                                               receiverEvents: receiverLog.handler)
+                                               receiverEvents: { event in receiverLog.handler(event); streamHandler(event) })
+        continuation.finish()
+        var streamed: [DeliveryEvent] = []
+        for await event in stream { streamed.append(event) }
+        #expect(streamed == receiverLog.events)
         let sent = try outcome.sender.get()
         let received = try outcome.receiver.get()
         #expect(sent.delivered.count == 3)

@@ -112,6 +112,14 @@ struct NodeConfigurationTests {
         #expect(throws: NodeError.self) { try NodeStore(home: NodeHome(path: file + "/sub")) }
     }
 
+    @Test("interface selection: a named interface, the loopback by name, or a typed error")
+    func interfaceSelection() throws {
+        let loopback = try NodeInterface.select(configured: "lo")
+        #expect(loopback.ipv4Address == "127.0.0.1")
+        #expect(throws: NodeError.noUsableInterface(name: "thali-none0")) { try NodeInterface.select(configured: "thali-none0") }
+        #expect("\(NodeError.noUsableInterface(name: "thali-none0"))".contains("thali-none0"))
+    }
+
     @Test("binding a port that is in use gives portInUse with the host and port")
     func busyPort() async throws {
         let group = MultiThreadedEventLoopGroup.singleton

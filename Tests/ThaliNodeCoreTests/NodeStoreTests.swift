@@ -175,8 +175,18 @@ struct NodeStoreTests {
         let source = temporary.home.path + "/f.txt"
         try Data("file".utf8).write(to: URL(fileURLWithPath: source))
         let item = try store.enqueueFile(at: source, to: "bob", expiresAt: Date().addingTimeInterval(60))
+        let bob = try store.contact(named: "bob")
+        let partial = store.partialPath(for: UUID(), from: bob)
+        try Data("half".utf8).write(to: URL(fileURLWithPath: partial))
+        let text = Array("kept".utf8)
+        let offer = ItemOffer(id: UUID(), kind: .text, size: UInt64(text.count), sha256: Array(SHA256.hash(data: text)),
+                              createdMilliseconds: 1, expiresMilliseconds: UInt64.max / 2, name: "")
+        try Data(text).write(to: URL(fileURLWithPath: store.partialPath(for: offer.id, from: bob)))
+        _ = try store.commitReceived(offer, from: bob)
         try store.removeContact(named: "bob")
         #expect(try store.outbox().isEmpty)
         #expect(!FileManager.default.fileExists(atPath: item.filePath ?? ""))
+        #expect(!FileManager.default.fileExists(atPath: partial))
+        #expect(try store.inbox().compactMap(\.text) == ["kept"])
     }
 }
