@@ -55,8 +55,18 @@ public struct DeliveryReceiver: Sendable {
 
     /// Runs one session on `channel` (configured by ``DeliveryChannel``) until the sender says `done`, then
     /// closes it. Throws on a protocol violation, a lost connection or a timeout; what was committed stays.
+    ///
+    /// One session per direction and contact runs at a time: a second one throws
+    /// ``NodeError/sessionInProgress(contact:role:)`` and closes its channel.
     public func run(on channel: DeliveryChannel.AsyncFrames) async throws -> Summary {
         guard peer.id != nil else { throw NodeError.unknownContact(peer.name) }
+        do {
+            try store.claimSession(.receiving, with: peer)
+        } catch {
+            try? await channel.channel.close()
+            throw error
+        }
+        defer { store.releaseSession(.receiving, with: peer) }
         let clock = now, store = self.store, peer = self.peer
         return try await channel.executeThenClose { inbound, outbound in
             var machine = DeliveryReceiverStateMachine(limits: limits, now: { UInt64(max(0, clock().milliseconds)) })

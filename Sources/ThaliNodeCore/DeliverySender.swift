@@ -55,8 +55,18 @@ public struct DeliverySender: Sendable {
 
     /// Runs one session on `channel` (configured by ``DeliveryChannel``) and closes it. Throws on a
     /// protocol violation, a lost connection or a timeout; what was acknowledged before stays delivered.
+    ///
+    /// One session per direction and contact runs at a time: a second one throws
+    /// ``NodeError/sessionInProgress(contact:role:)`` and closes its channel.
     public func run(on channel: DeliveryChannel.AsyncFrames) async throws -> Summary {
         guard peer.id != nil else { throw NodeError.unknownContact(peer.name) }
+        do {
+            try store.claimSession(.sending, with: peer)
+        } catch {
+            try? await channel.channel.close()
+            throw error
+        }
+        defer { store.releaseSession(.sending, with: peer) }
         let store = self.store, peer = self.peer, now = self.now
         return try await channel.executeThenClose { inbound, outbound in
             var frames = inbound.makeAsyncIterator()

@@ -29,6 +29,8 @@ public enum NodeError: Error, Hashable, CustomStringConvertible {
     case invalidFileName(String)
     /// An expiry that is not in the future.
     case invalidExpiry(String)
+    /// A delivery session of this direction with this contact is already running.
+    case sessionInProgress(contact: String, role: String)
 
     public var description: String {
         switch self {
@@ -47,6 +49,7 @@ public enum NodeError: Error, Hashable, CustomStringConvertible {
         case .itemTooLarge(let size, let limit): "item of \(size) bytes exceeds the limit of \(limit) bytes"
         case .invalidFileName(let name): "file name \"\(name)\" cannot be delivered"
         case .invalidExpiry(let value): "invalid expiry \(value): it must be in the future"
+        case .sessionInProgress(let contact, let role): "a \(role) session with \(contact) is already running"
         }
     }
 

@@ -1,6 +1,7 @@
 import Crypto
 import Foundation
 import GRDB
+import NIOConcurrencyHelpers
 
 extension ItemKind: DatabaseValueConvertible {}
 
@@ -16,6 +17,7 @@ public final class NodeStore: Sendable {
     /// The limits queued items are checked against.
     public let limits: DeliveryLimits
     private let pool: DatabasePool
+    private let sessions = NIOLockedValueBox<Set<SessionKey>>([])
 
     /// Opens (creating if needed) the store in `home`, migrating its schema to the current version.
     public init(home: NodeHome, limits: DeliveryLimits = .default) throws {
@@ -86,6 +88,36 @@ public final class NodeStore: Sendable {
     /// The SQLite journal mode (`wal`).
     public func journalMode() throws -> String {
         try pool.read { db in try String.fetchOne(db, sql: "PRAGMA journal_mode") ?? "" }
+    }
+
+    // MARK: Sessions
+
+    /// The direction of a delivery session.
+    public enum SessionRole: String, Sendable, Hashable {
+        /// This node delivers its outbox to the contact.
+        case sending
+        /// This node receives into its inbox from the contact.
+        case receiving
+    }
+
+    struct SessionKey: Hashable {
+        let contactID: Int64
+        let role: SessionRole
+    }
+
+    /// Claims the one session of `role` with `contact` this store may run at a time (two receivers of the
+    /// same item would share its partial file); throws ``NodeError/sessionInProgress(contact:role:)`` if
+    /// it is taken. Sessions call this themselves.
+    func claimSession(_ role: SessionRole, with contact: Contact) throws {
+        let key = SessionKey(contactID: contact.id ?? 0, role: role)
+        let claimed = sessions.withLockedValue { $0.insert(key).inserted }
+        if !claimed { throw NodeError.sessionInProgress(contact: contact.name, role: role.rawValue) }
+    }
+
+    /// Releases a claim made by ``claimSession(_:with:)``.
+    func releaseSession(_ role: SessionRole, with contact: Contact) {
+        let key = SessionKey(contactID: contact.id ?? 0, role: role)
+        _ = sessions.withLockedValue { $0.remove(key) }
     }
 
     // MARK: Contacts

@@ -61,3 +61,36 @@ struct DeliveryChannelTests {
         #expect(try pair.bob.inbox().isEmpty)
     }
 }
+
+@Suite("Delivery sessions per contact")
+struct DeliverySessionClaimTests {
+    @Test("a second receiving session with the same contact is refused while the first runs")
+    func oneSessionPerContact() async throws {
+        let pair = try NodePair(limits: DeliveryLimits())
+        let limits = DeliveryLimits(idleTimeout: .seconds(2))
+        let group = MultiThreadedEventLoopGroup.singleton
+        let server = try await ServerBootstrap(group: group).bind(host: "127.0.0.1", port: 0) { child in
+            child.eventLoop.makeCompletedFuture { try DeliveryChannel.configureSynchronously(child, limits: limits) }
+        }
+        let port = try #require(server.channel.localAddress?.port)
+        let first = try await ClientBootstrap(group: group).connect(host: "127.0.0.1", port: port).get()
+        let second = try await ClientBootstrap(group: group).connect(host: "127.0.0.1", port: port).get()
+        let receiver = DeliveryReceiver(store: pair.bob, authenticatedPeer: pair.aliceAtBob, limits: limits, logger: quietLogger)
+        try await server.executeThenClose { connections in
+            var iterator = connections.makeAsyncIterator()
+            let one = try #require(try await iterator.next())
+            let two = try #require(try await iterator.next())
+            async let firstSession: Void = { _ = try? await receiver.run(on: one) }()
+            try await Task.sleep(for: .milliseconds(200))  // the first session has claimed the contact
+            await #expect(throws: NodeError.sessionInProgress(contact: "alice", role: "receiving")) {
+                _ = try await receiver.run(on: two)
+            }
+            await firstSession  // ends by its idle timeout
+        }
+        // Released: a new session may run (it fails only because this peer stays silent).
+        #expect(throws: Never.self) { try pair.bob.claimSession(.receiving, with: pair.aliceAtBob) }
+        pair.bob.releaseSession(.receiving, with: pair.aliceAtBob)
+        try? await first.close()
+        try? await second.close()
+    }
+}
