@@ -19,9 +19,11 @@ struct CommandLineTests {
     }
 
     func thaliNode(_ arguments: [String], environment: [String: String] = [:]) async throws -> Run {
-        let child = try ChildProcess(Self.executable, arguments, environment: environment)
-        let status = try await child.waitForExit(timeout: .seconds(30))
-        return Run(status: status, output: child.output)
+        let executable = Self.executable
+        let result = try await Task.detached {
+            try SpawnedCommand.run(executable, arguments, environment: environment)
+        }.value
+        return Run(status: result.status, output: result.output)
     }
 
     @Test("contacts, send, outbox and inbox work on a fresh data directory given by --home")

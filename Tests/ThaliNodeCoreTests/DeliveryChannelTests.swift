@@ -64,10 +64,10 @@ struct DeliveryChannelTests {
 
 @Suite("Delivery sessions per contact")
 struct DeliverySessionClaimTests {
-    @Test("a second receiving session with the same contact is refused while the first runs")
+    @Test("a second receiving session with the same contact is refused while the first runs, allowed after")
     func oneSessionPerContact() async throws {
         let pair = try NodePair(limits: DeliveryLimits())
-        let limits = DeliveryLimits(idleTimeout: .seconds(2))
+        let limits = DeliveryLimits(idleTimeout: .seconds(120))
         let group = MultiThreadedEventLoopGroup.singleton
         let server = try await ServerBootstrap(group: group).bind(host: "127.0.0.1", port: 0) { child in
             child.eventLoop.makeCompletedFuture { try DeliveryChannel.configureSynchronously(child, limits: limits) }
@@ -80,17 +80,29 @@ struct DeliverySessionClaimTests {
             var iterator = connections.makeAsyncIterator()
             let one = try #require(try await iterator.next())
             let two = try #require(try await iterator.next())
-            async let firstSession: Void = { _ = try? await receiver.run(on: one) }()
-            try await Task.sleep(for: .milliseconds(200))  // the first session has claimed the contact
+            // The first session waits for its silent peer until that peer closes.
+            async let firstSession: (any Error)? = { do { _ = try await receiver.run(on: one); return nil } catch { return error } }()
+            // Wait until the running session holds the claim (polling: no fixed sleep).
+            let deadline = ContinuousClock.now + .seconds(30)
+            while ContinuousClock.now < deadline {
+                do {
+                    try pair.bob.claimSession(.receiving, with: pair.aliceAtBob)
+                    pair.bob.releaseSession(.receiving, with: pair.aliceAtBob)
+                    try await Task.sleep(for: .milliseconds(5))
+                } catch {
+                    break
+                }
+            }
             await #expect(throws: NodeError.sessionInProgress(contact: "alice", role: "receiving")) {
                 _ = try await receiver.run(on: two)
             }
-            await firstSession  // ends by its idle timeout
+            try? await first.close()
+            let firstError = await firstSession
+            #expect(firstError as? DeliveryProtocolError == .connectionClosed(state: "awaiting hello"))
         }
-        // Released: a new session may run (it fails only because this peer stays silent).
+        // Released when the first session ended.
         #expect(throws: Never.self) { try pair.bob.claimSession(.receiving, with: pair.aliceAtBob) }
         pair.bob.releaseSession(.receiving, with: pair.aliceAtBob)
-        try? await first.close()
         try? await second.close()
     }
 }
