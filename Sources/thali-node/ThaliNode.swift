@@ -6,7 +6,7 @@ struct ThaliNode: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "thali-node",
         abstract: "A Thali peer: private discovery of contacts and authenticated delivery over local networks.",
-        subcommands: [Conformance.self, Bench.self, Contacts.self, Send.self, Outbox.self, Inbox.self, Config.self]
+        subcommands: [Demo.self, Conformance.self, Bench.self, Contacts.self, Send.self, Outbox.self, Inbox.self, Config.self]
     )
 }
 
@@ -14,7 +14,7 @@ struct ThaliNode: AsyncParsableCommand {
 struct Conformance: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Check wire formats against the Thali conformance vectors.",
-        subcommands: []
+        subcommands: [ConformanceBeacons.self]
     )
 }
 
@@ -22,6 +22,6 @@ struct Conformance: AsyncParsableCommand {
 struct Bench: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Measure the speed of the suite's layers.",
-        subcommands: [BenchDelivery.self]
+        subcommands: [BenchBeacons.self, BenchDelivery.self]
     )
 }

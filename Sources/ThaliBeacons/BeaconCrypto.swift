@@ -1,0 +1,152 @@
+import Crypto
+import Foundation
+import _CryptoExtras
+
+/// The key that opens every beacon flag of one announcement for one receiver. It depends only on
+/// Sey and the expiration, so a receiver derives it once per stream, not once per beacon.
+struct FlagKey {
+    enum Cipher {
+        /// `spec`: AES-128-GCM with HKey = KM[16..<32] and nonce KM[0..<12].
+        case gcm(SymmetricKey, AES.GCM.Nonce)
+        /// `cordova`: AES-128-CBC with OpenSSL's EVP_BytesToKey(MD5) key and IV from a 16-byte HKey.
+        case cbc(SymmetricKey, AES._CBC.IV)
+    }
+
+    let cipher: Cipher
+
+    /// `spec` only: the keystream block GCM XORs onto the 16-byte KeyId (the encryption of counter
+    /// block 2), found by sealing 16 zero bytes. A flag's first 16 bytes XOR this give the KeyId the
+    /// flag carries if its tag verifies, so a receiver can look the KeyId up before paying for the
+    /// tag check. `nil` for `cordova`, whose CBC flags have no such shortcut.
+    func gcmKeystream() -> (high: UInt64, low: UInt64)? {
+        guard case .gcm(let key, let nonce) = cipher,
+              let box = try? AES.GCM.seal([UInt8](repeating: 0, count: 16), using: key, nonce: nonce)
+        else { return nil }
+        let block = Array(box.ciphertext)
+        return (block[0..<8].reduce(0) { $0 << 8 | UInt64($1) }, block[8..<16].reduce(0) { $0 << 8 | UInt64($1) })
+    }
+}
+
+/// The cryptographic steps of both profiles. Where the profiles differ only in the order of HKDF's
+/// arguments, one function (`derive`) takes the order from the profile.
+extension BeaconProfile {
+    /// HKDF-SHA256 with empty info. `spec` uses the secret as input key material and `other` as salt
+    /// (RFC 5869 as the presence spec names them); `cordova` swaps the two, as deployed.
+    func derive(secret: some ContiguousBytes, other: some ContiguousBytes, count: Int) -> [UInt8] {
+        switch self {
+        case .spec: HMACSHA256.deriveKey(inputKeyMaterial: secret, salt: other, count: count)
+        case .cordova: HMACSHA256.deriveKey(inputKeyMaterial: other, salt: secret, count: count)
+        }
+    }
+
+    /// The ephemeral key as written at the start of a stream.
+    func encodeEphemeralKey(_ key: PublicKey) -> [UInt8] {
+        switch self {
+        case .spec: key.subjectPublicKeyInfo
+        case .cordova: key.uncompressed
+        }
+    }
+
+    /// The ephemeral key of a stream, or `nil` when it is not an uncompressed point on the curve in
+    /// this profile's encoding.
+    func decodeEphemeralKey(_ bytes: ArraySlice<UInt8>) -> PublicKey? {
+        switch self {
+        case .spec: try? PublicKey(subjectPublicKeyInfo: bytes)
+        case .cordova: bytes.first == 0x04 ? try? PublicKey(sec1: bytes) : nil
+        }
+    }
+
+    /// The flag key for one (Sey, expiration).
+    func flagKey(sey: [UInt8], expiration: ArraySlice<UInt8>) -> FlagKey {
+        switch self {
+        case .spec:
+            let material = derive(secret: sey, other: expiration, count: 32)
+            // The spec slices a 16-byte IV; GCM's nonce is 12 bytes, so we take KM[0..<12].
+            let nonce = try! AES.GCM.Nonce(data: material[0..<12])  // 12 bytes is always a valid nonce
+            return FlagKey(cipher: .gcm(SymmetricKey(data: material[16..<32]), nonce))
+        case .cordova:
+            // crypto.createCipher('aes128', hkey): EVP_BytesToKey(MD5, no salt, 1 round).
+            let hkey = derive(secret: sey, other: expiration, count: 16)
+            let key = Array(Insecure.MD5.hash(data: hkey))
+            let iv = Array(Insecure.MD5.hash(data: key + hkey))
+            return FlagKey(cipher: .cbc(SymmetricKey(data: key), try! AES._CBC.IV(ivBytes: iv)))  // 16 bytes
+        }
+    }
+
+    /// Appends the 32-byte flag that encrypts `keyId` (16 bytes) to `stream`.
+    func sealFlag(_ keyId: [UInt8], with flagKey: FlagKey, into stream: inout [UInt8]) {
+        switch flagKey.cipher {
+        case .gcm(let key, let nonce):
+            // Sealing 16 bytes with a valid key and nonce cannot fail.
+            let box = try! AES.GCM.seal(keyId, using: key, nonce: nonce)
+            stream.append(contentsOf: box.ciphertext)
+            stream.append(contentsOf: box.tag)
+        case .cbc(let key, let iv):
+            stream.append(contentsOf: try! AES._CBC.encrypt(keyId, using: key, iv: iv))  // 16 bytes + a pad block
+        }
+    }
+
+    /// Decrypts a 32-byte flag; `nil` unless it yields a 16-byte KeyId (GCM: the tag verifies;
+    /// CBC: the second block decrypts to a full PKCS#7 padding block).
+    func openFlag(_ flag: ArraySlice<UInt8>, with flagKey: FlagKey) -> KeyId? {
+        switch flagKey.cipher {
+        case .gcm(let key, let nonce):
+            guard let box = try? AES.GCM.SealedBox(
+                nonce: nonce, ciphertext: flag.prefix(16), tag: flag.dropFirst(16)),
+                  let plaintext = try? AES.GCM.open(box, using: key)
+            else { return nil }
+            return KeyId(bytes: plaintext)
+        case .cbc(let key, let iv):
+            // Upstream passes any well-padded plaintext to its address book, whose lookup can only
+            // succeed for 16 bytes; asking for exactly one data block plus a full pad block is the
+            // same test without a lookup of garbage.
+            guard let plaintext = try? AES._CBC.decrypt(flag, using: key, iv: iv, noPadding: true),
+                  plaintext.count == 32, plaintext.suffix(16).allSatisfy({ $0 == 16 })
+            else { return nil }
+            return KeyId(bytes: plaintext.prefix(16))
+        }
+    }
+
+    /// The 16-byte beacon HMAC: HMAC-SHA256(HKxy, expiration)[0..<16], HKxy = HKDF(Sxy, expiration).
+    func beaconHmac(sxy: [UInt8], expiration: ArraySlice<UInt8>) -> [UInt8] {
+        let hkxy = derive(secret: sxy, other: expiration, count: 32)
+        return Array(HMACSHA256.authenticationCode(key: hkxy, message: expiration).prefix(16))
+    }
+
+    /// The TLS PSK identity for a beacon: base64 of preamble ‖ beacon (`spec`, 192 characters) or
+    /// unpadded URL-safe base64 of SHA-256(preamble ‖ beacon) (`cordova`, 43 characters).
+    func pskIdentity(preamble: ArraySlice<UInt8>, beacon: ArraySlice<UInt8>) -> String {
+        switch self {
+        case .spec:
+            return Base64.encode(preamble, beacon)
+        case .cordova:
+            var hash = SHA256()
+            preamble.withUnsafeBytes { hash.update(bufferPointer: $0) }
+            beacon.withUnsafeBytes { hash.update(bufferPointer: $0) }
+            return Base64.encode(ArraySlice(hash.finalize()), urlSafe: true)
+        }
+    }
+
+    /// The TLS pre-shared key for a PSK identity: HKDF(Sxy, identity), 16 bytes (`spec`) or 32 (`cordova`).
+    func psk(sxy: [UInt8], identity: String) -> [UInt8] {
+        derive(secret: sxy, other: Array(identity.utf8), count: self == .spec ? 16 : 32)
+    }
+}
+
+/// Compares two byte sequences in time that depends only on their length.
+func constantTimeEqual(_ lhs: some Collection<UInt8>, _ rhs: some Collection<UInt8>) -> Bool {
+    guard lhs.count == rhs.count else { return false }
+    var difference: UInt8 = 0
+    for (left, right) in zip(lhs, rhs) { difference |= left ^ right }
+    return difference == 0
+}
+
+extension UInt64 {
+    /// The 8 big-endian bytes of the value.
+    var bigEndianBytes: [UInt8] { (0..<8).map { UInt8(truncatingIfNeeded: self >> (56 - 8 * $0)) } }
+
+    /// Reads 8 big-endian bytes.
+    init(bigEndianBytes bytes: ArraySlice<UInt8>) {
+        self = bytes.reduce(0) { $0 << 8 | UInt64($1) }
+    }
+}

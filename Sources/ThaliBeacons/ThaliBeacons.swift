@@ -1,1 +1,0 @@
-// ThaliBeacons: see spec/ and the module's types. (Module under construction.)

@@ -1,0 +1,31 @@
+import ArgumentParser
+import ThaliBeacons
+
+/// `thali-node conformance beacons FILE...`: checks vector files in the `thali-beacon-vectors/1`
+/// format against this implementation.
+struct ConformanceBeacons: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "beacons",
+        abstract: "Check notification-beacon vectors (format thali-beacon-vectors/1).",
+        discussion: """
+            For every case: the generated stream byte for byte, each beacon's PSK identity and secret, \
+            and every parse outcome. Prints one line per difference (file, case, field, expected, got) \
+            and a last line "N passed, M failed"; exits non-zero if anything failed. A file that cannot \
+            be read or decoded counts as one failure.
+            """)
+
+    @Argument(help: "Vector files to check.")
+    var files: [String]
+
+    func validate() throws {
+        guard !files.isEmpty else { throw ValidationError("give at least one vector file") }
+    }
+
+    func run() throws {
+        var report = BeaconConformance.Report()
+        for file in files { report.merge(BeaconConformance.check(contentsOf: file)) }
+        for difference in report.differences { print(difference) }
+        print("\(report.passed) passed, \(report.failed) failed")
+        if report.failed > 0 { throw ExitCode.failure }
+    }
+}
