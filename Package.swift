@@ -80,6 +80,7 @@ let package = Package(
         .target(
             name: "ThaliNodeCore",
             dependencies: [
+                "ThaliBeacons",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
@@ -129,7 +130,7 @@ let package = Package(
         .testTarget(
             name: "ThaliNodeCoreTests",
             dependencies: [
-                "ThaliNodeCore", "ThaliTestSupport",
+                "ThaliNodeCore", "ThaliBeacons", "ThaliTestSupport",
                 .product(name: "NIOEmbedded", package: "swift-nio"),
             ]),
     ],

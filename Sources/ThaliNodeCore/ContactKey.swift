@@ -1,31 +1,27 @@
 import Foundation
+import ThaliBeacons
 
-/// Contact public keys as the node stores them: SEC1-encoded secp256k1 points, accepted compressed (33
-/// bytes) or uncompressed (65 bytes), as hex or base64, and stored in one canonical form — compressed, as
-/// lowercase hex — so the same key always compares equal.
+/// Contact public keys as the node stores them: secp256k1 points (validated by ThaliBeacons' strict SEC1
+/// parser: on the curve, compressed or uncompressed), accepted as hex or base64 (standard or URL-safe),
+/// and stored in one canonical form — compressed, as lowercase hex — so one key always compares equal.
 public enum ContactKey {
-    /// Decodes `text` (hex, or standard/URL-safe base64) into SEC1 bytes and returns the compressed form
-    /// as lowercase hex; throws ``NodeError/invalidPublicKey(_:reason:)`` for anything that cannot be such
-    /// a key.
-    public static func normalize(_ text: String) throws -> String {
+    /// Parses `text` (hex, or base64) as a secp256k1 public key; throws
+    /// ``NodeError/invalidPublicKey(_:reason:)`` for anything that is not one.
+    public static func parse(_ text: String) throws -> PublicKey {
         let trimmed = text.trimmingCharacters(in: .whitespacesAndNewlines)
         guard let bytes = decodeHex(trimmed) ?? decodeBase64(trimmed) else {
             throw NodeError.invalidPublicKey(text, reason: "neither hex nor base64")
         }
-        switch (bytes.count, bytes.first) {
-        case (33, 0x02?), (33, 0x03?):
-            return hex(bytes)
-        case (65, 0x04?):
-            // Compressed form: the parity of y selects 02 (even) or 03 (odd), followed by x.
-            return hex([bytes[64] & 1 == 0 ? 0x02 : 0x03] + bytes[1..<33])
-        default:
-            throw NodeError.invalidPublicKey(
-                text, reason: "not a SEC1 public key (33 bytes starting 02/03, or 65 bytes starting 04); got \(bytes.count) bytes")
+        do {
+            return try PublicKey(sec1: bytes)
+        } catch {
+            throw NodeError.invalidPublicKey(text, reason: error.detail)
         }
     }
 
-    static func hex(_ bytes: some Sequence<UInt8>) -> String {
-        bytes.map { String(format: "%02x", $0) }.joined()
+    /// The canonical stored form of `text`: the compressed SEC1 point as lowercase hex.
+    public static func normalize(_ text: String) throws -> String {
+        try parse(text).hexString(compressed: true)
     }
 
     static func decodeHex(_ text: String) -> [UInt8]? {
@@ -56,6 +52,11 @@ public enum ContactKey {
         while standard.count % 4 != 0 { standard.append("=") }
         return Data(base64Encoded: standard).map(Array.init)
     }
+}
+
+extension Contact {
+    /// The contact's public key as ThaliBeacons' `PublicKey` (for the address book and PSK derivation).
+    public func identityKey() throws -> PublicKey { try ContactKey.parse(publicKey) }
 }
 
 /// Rules for contact names: what the user types to address a contact.

@@ -5,6 +5,10 @@ import NIOCore
 public enum NodeError: Error, Hashable, CustomStringConvertible {
     /// No identity in the data directory (`thali-node identity create` makes one).
     case missingIdentity(path: String)
+    /// The identity file exists but cannot be used (bad format, permissions open to others).
+    case unusableIdentity(path: String, reason: String)
+    /// `identity create` would replace an existing identity.
+    case identityExists(path: String)
     /// No contact of that name.
     case unknownContact(String)
     /// A contact of that name exists already.
@@ -35,6 +39,8 @@ public enum NodeError: Error, Hashable, CustomStringConvertible {
     public var description: String {
         switch self {
         case .missingIdentity(let path): "no identity at \(path); create one with `thali-node identity create`"
+        case .unusableIdentity(let path, let reason): "cannot use the identity at \(path): \(reason)"
+        case .identityExists(let path): "an identity exists already at \(path); replacing it needs --force (contacts will have to re-add the new key)"
         case .unknownContact(let name): "unknown contact \"\(name)\"; see `thali-node contacts list`"
         case .contactExists(let name): "a contact named \"\(name)\" exists already"
         case .invalidContactName(let name, let reason): "invalid contact name \"\(name)\": \(reason)"

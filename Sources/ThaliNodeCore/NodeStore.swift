@@ -2,6 +2,7 @@ import Crypto
 import Foundation
 import GRDB
 import NIOConcurrencyHelpers
+import ThaliBeacons
 
 extension ItemKind: DatabaseValueConvertible {}
 
@@ -122,11 +123,15 @@ public final class NodeStore: Sendable {
 
     // MARK: Contacts
 
-    /// Adds a contact. `publicKey` is normalised by ``ContactKey/normalize(_:)``.
+    /// Adds a contact. `publicKey` is validated and normalised by ``ContactKey/normalize(_:)``; it may not
+    /// be `ownKey` (this node's identity), nor the key of another contact.
     @discardableResult
-    public func addContact(name: String, publicKey: String, now: Date = Date()) throws -> Contact {
+    public func addContact(name: String, publicKey: String, ownKey: PublicKey? = nil, now: Date = Date()) throws -> Contact {
         try ContactNames.validate(name)
         let key = try ContactKey.normalize(publicKey)
+        if let ownKey, ownKey.hexString(compressed: true) == key {
+            throw NodeError.invalidPublicKey(publicKey, reason: "this is the node's own key")
+        }
         return try pool.write { db in
             if try Contact.filter(Column("name") == name).fetchOne(db) != nil { throw NodeError.contactExists(name) }
             if let holder = try Contact.filter(Column("publicKey") == key).fetchOne(db) {

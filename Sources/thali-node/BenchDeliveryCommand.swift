@@ -3,6 +3,7 @@ import Foundation
 import Logging
 import NIOCore
 import NIOPosix
+import ThaliBeacons
 import ThaliNodeCore
 
 /// `thali-node bench delivery`: delivery throughput between two stores over loopback TCP (no TLS, no
@@ -22,7 +23,7 @@ struct BenchDelivery: AsyncParsableCommand {
         let limits = DeliveryLimits(chunkBytes: chunkBytes, maxItemBytes: UInt64(max(fileMib, 1)) << 20)
         let alice = try NodeStore(home: NodeHome(path: root + "/alice"), limits: limits)
         let bob = try NodeStore(home: NodeHome(path: root + "/bob"), limits: limits)
-        let key = { () -> String in "02" + (0..<32).map { _ in String(format: "%02x", UInt8.random(in: 0...255)) }.joined() }
+        let key = { PrivateKey().publicKey.hexString(compressed: true) }
         let bobAtAlice = try alice.addContact(name: "bob", publicKey: key())
         let aliceAtBob = try bob.addContact(name: "alice", publicKey: key())
         let expiry = Date().addingTimeInterval(3600)

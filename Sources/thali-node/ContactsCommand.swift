@@ -17,7 +17,9 @@ struct Contacts: ParsableCommand {
 
         func run() throws {
             let (store, _) = try options.openStore()
-            let contact = try store.addContact(name: name, publicKey: publicKey)
+            // Our own key is no contact; without an identity yet there is nothing to compare with.
+            let own = try? NodeIdentity.load(from: options.nodeHome).publicKey
+            let contact = try store.addContact(name: name, publicKey: publicKey, ownKey: own)
             print("added contact \(contact.name) (\(contact.publicKey))")
         }
     }

@@ -32,6 +32,8 @@ struct Send: ParsableCommand {
 
     func run() throws {
         let (store, configuration) = try options.openStore()
+        // Only a node with an identity can ever deliver what it queues: say so now, not never.
+        _ = try NodeIdentity.load(from: options.nodeHome)
         let now = Date()
         let expiry = now.addingTimeInterval(Double(expiresIn?.seconds ?? configuration.defaultItemExpirySeconds))
         let item: OutboxItem

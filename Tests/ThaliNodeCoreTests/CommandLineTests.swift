@@ -30,6 +30,19 @@ struct CommandLineTests {
     func happyPath() async throws {
         let temporary = TemporaryHome("cli")
         let home = ["--home", temporary.home.path]
+        let created = try await thaliNode(["identity", "create", "--json"] + home)
+        #expect(created.status == 0, "\(created.output)")
+        let identity = try NodeIdentity.load(from: temporary.home)
+        #expect(created.output.contains(identity.publicKey.hexString(compressed: true)))
+        let shown = try await thaliNode(["identity", "show"] + home)
+        #expect(shown.output.contains("public key: \(identity.publicKey.hexString(compressed: true))"), "\(shown.output)")
+        let again = try await thaliNode(["identity", "create"] + home)
+        #expect(again.status != 0)
+        #expect(again.output.contains("an identity exists already"), "\(again.output)")
+        let ownKey = try await thaliNode(["contacts", "add", "me", identity.publicKey.hexString(compressed: false)] + home)
+        #expect(ownKey.status != 0)
+        #expect(ownKey.output.contains("own key"), "\(ownKey.output)")
+
         let key = randomPublicKey()
         let added = try await thaliNode(["contacts", "add", "bob", key] + home)
         #expect(added.status == 0, "\(added.output)")
@@ -73,9 +86,25 @@ struct CommandLineTests {
         #expect(try NodeStore(home: temporary.home).contacts().map(\.name) == ["carol"])
     }
 
+    @Test("a missing identity is a clear error for identity show and for send")
+    func missingIdentity() async throws {
+        let temporary = TemporaryHome("cli-noid")
+        let home = ["--home", temporary.home.path]
+        let show = try await thaliNode(["identity", "show"] + home)
+        #expect(show.status != 0)
+        #expect(show.output.contains("no identity at \(temporary.home.identityPath)"), "\(show.output)")
+        #expect(show.output.contains("thali-node identity create"))
+        _ = try await thaliNode(["contacts", "add", "bob", randomPublicKey()] + home)
+        let send = try await thaliNode(["send", "bob", "hi"] + home)
+        #expect(send.status != 0)
+        #expect(send.output.contains("no identity at \(temporary.home.identityPath)"), "\(send.output)")
+        #expect(try NodeStore(home: temporary.home).outbox().isEmpty)
+    }
+
     @Test("sending to an unknown contact fails with a clear message and queues nothing")
     func unknownContact() async throws {
         let temporary = TemporaryHome("cli-unknown")
+        _ = try NodeIdentity.create(in: temporary.home)
         let run = try await thaliNode(["send", "nobody", "hi", "--home", temporary.home.path])
         #expect(run.status != 0)
         #expect(run.output.contains("unknown contact \"nobody\""), "\(run.output)")
@@ -107,6 +136,7 @@ struct CommandLineTests {
     func badArguments() async throws {
         let temporary = TemporaryHome("cli-args")
         let home = ["--home", temporary.home.path]
+        _ = try NodeIdentity.create(in: temporary.home)
         let badKey = try await thaliNode(["contacts", "add", "bob", "not-a-key"] + home)
         #expect(badKey.status != 0)
         #expect(badKey.output.contains("invalid public key"), "\(badKey.output)")

@@ -2,6 +2,7 @@ import Foundation
 import Logging
 import NIOCore
 import NIOPosix
+import ThaliBeacons
 @testable import ThaliNodeCore
 
 /// A fresh data directory under the system's temporary directory, removed when the value is released.
@@ -17,11 +18,9 @@ final class TemporaryHome: @unchecked Sendable {
     deinit { try? FileManager.default.removeItem(atPath: home.path) }
 }
 
-/// A random, well-formed compressed SEC1 public key (hex) for contacts in tests.
+/// The compressed hex public key of a fresh identity, for contacts in tests.
 func randomPublicKey() -> String {
-    var bytes: [UInt8] = [0x02]
-    for _ in 0..<32 { bytes.append(UInt8.random(in: 0...255)) }
-    return bytes.map { String(format: "%02x", $0) }.joined()
+    PrivateKey().publicKey.hexString(compressed: true)
 }
 
 /// Random bytes (seeded generator not needed: tests compare digests, not values).

@@ -1,5 +1,6 @@
 import Crypto
 import Foundation
+import ThaliBeacons
 import Testing
 @testable import ThaliNodeCore
 
@@ -29,12 +30,12 @@ struct NodeStoreTests {
         let dave = try store.addContact(name: "dave", publicKey: base64)
         #expect(dave.publicKey == key)
         #expect(try store.contact(publicKey: key.uppercased())?.name == "dave")
-        // The uncompressed form of a key is the same contact: 04 ‖ x ‖ y with y odd compresses to 03 ‖ x.
-        let x = String(repeating: "11", count: 32)
-        let oddY = String(repeating: "22", count: 31) + "23"
-        let erin = try store.addContact(name: "erin", publicKey: "04" + x + oddY)
-        #expect(erin.publicKey == "03" + x)
-        #expect(try store.contact(publicKey: "03" + x)?.name == "erin")
+        // The uncompressed form of a key is stored compressed: the same contact either way.
+        let erinKey = PrivateKey().publicKey
+        let erin = try store.addContact(name: "erin", publicKey: erinKey.hexString(compressed: false))
+        #expect(erin.publicKey == erinKey.hexString(compressed: true))
+        #expect(try store.contact(publicKey: erinKey.base64String(compressed: false))?.name == "erin")
+        #expect(try erin.identityKey() == erinKey)
         try store.removeContact(named: "erin")
         #expect(throws: NodeError.contactExists("dave")) { try store.addContact(name: "dave", publicKey: randomPublicKey()) }
         #expect(throws: NodeError.invalidPublicKey(key, reason: "already the key of contact \"dave\"")) {
@@ -42,6 +43,12 @@ struct NodeStoreTests {
         }
         #expect(throws: NodeError.self) { try store.addContact(name: "eve", publicKey: "zz") }
         #expect(throws: NodeError.self) { try store.addContact(name: "eve", publicKey: "05" + String(repeating: "00", count: 32)) }
+        // Well-formed but not a point on secp256k1 (x ≥ p).
+        #expect(throws: NodeError.self) { try store.addContact(name: "eve", publicKey: "02" + String(repeating: "ff", count: 32)) }
+        let own = PrivateKey().publicKey
+        #expect(throws: NodeError.invalidPublicKey(own.hexString(compressed: true), reason: "this is the node's own key")) {
+            try store.addContact(name: "me", publicKey: own.hexString(compressed: true), ownKey: own)
+        }
         #expect(throws: NodeError.self) { try store.addContact(name: "", publicKey: randomPublicKey()) }
         #expect(throws: NodeError.self) { try store.addContact(name: "a\nb", publicKey: randomPublicKey()) }
         try store.addContact(name: "alice", publicKey: randomPublicKey())
