@@ -163,6 +163,13 @@ public final class NodeStore: Sendable {
         return try pool.read { db in try Contact.filter(Column("publicKey") == key).fetchOne(db) }
     }
 
+    /// The contact whose identity key is `key` (as authenticated by a beacon match and PSK-TLS), if any:
+    /// the `authenticatedPeer` of a delivery session.
+    public func contact(for key: PublicKey) throws -> Contact? {
+        let canonical = key.hexString(compressed: true)
+        return try pool.read { db in try Contact.filter(Column("publicKey") == canonical).fetchOne(db) }
+    }
+
     /// Removes the contact named `name`, the items queued for it (their file copies too) and its partial
     /// files. The inbox keeps what it received from the contact.
     public func removeContact(named name: String) throws {

@@ -36,6 +36,8 @@ struct NodeStoreTests {
         #expect(erin.publicKey == erinKey.hexString(compressed: true))
         #expect(try store.contact(publicKey: erinKey.base64String(compressed: false))?.name == "erin")
         #expect(try erin.identityKey() == erinKey)
+        #expect(try store.contact(for: erinKey)?.name == "erin")
+        #expect(try store.contact(for: PrivateKey().publicKey) == nil)
         try store.removeContact(named: "erin")
         #expect(throws: NodeError.contactExists("dave")) { try store.addContact(name: "dave", publicKey: randomPublicKey()) }
         #expect(throws: NodeError.invalidPublicKey(key, reason: "already the key of contact \"dave\"")) {
