@@ -75,10 +75,20 @@ public struct DeliverySender: Sendable {
             var handled = Set<UUID>()
             try await outbound.write(machine.start())
             _ = try await blocking { try store.sweepExpired(now: now()) }
-            while let item = try await blocking({ [handled] in
-                try store.pendingItems(for: peer, now: now()).first(where: { !handled.contains($0.id) })
-            }) {
+            // Items are fetched a batch at a time; an empty batch is refetched once, so items queued during
+            // the session go out too. `handled` keeps an item from being offered twice in one session.
+            var batch: [OutboxItem] = []
+            while true {
+                if batch.isEmpty {
+                    batch = try await blocking { [handled] in
+                        try store.pendingItems(for: peer, now: now()).filter { !handled.contains($0.id) }
+                    }
+                    if batch.isEmpty { break }
+                }
+                let item = batch.removeFirst()
                 handled.insert(item.id)
+                // Expired while waiting in this batch: the next sweep drops it; never offer it.
+                guard item.expiresAtMs > now().millisecondsSinceEpoch else { continue }
                 guard let content = ItemContent(item) else {
                     logger.error("content of queued item is missing", metadata: ["item": "\(item.id)"])
                     try await blocking { try store.recordProblem(item.id, "the node's copy of the file is missing or changed size") }

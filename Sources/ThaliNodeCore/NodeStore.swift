@@ -381,6 +381,9 @@ extension Date {
     /// Milliseconds since the epoch.
     var milliseconds: Int64 { Int64((timeIntervalSince1970 * 1000).rounded(.down)) }
 
+    /// Milliseconds since the epoch (the unit of the store's timestamps).
+    public var millisecondsSinceEpoch: Int64 { milliseconds }
+
     /// The date `milliseconds` after the epoch.
     init(milliseconds: Int64) { self.init(timeIntervalSince1970: Double(milliseconds) / 1000) }
 }
