@@ -1,6 +1,7 @@
 import Foundation
 import Logging
 import NIOCore
+import ThaliBeacons
 
 /// The node's configuration, read from `config.json` in the data directory. Every key is optional and
 /// has a default; unknown keys are errors (a typo must not silently fall back to a default). The keys and
@@ -18,9 +19,13 @@ public struct NodeConfiguration: Sendable, Hashable {
     /// `ssdpPort`: UDP port for SSDP. Default 1900.
     public var ssdpPort: Int
     /// `beaconProfile`: beacon wire profile, `"spec"` or `"cordova"`. Default `"spec"`.
-    public var beaconProfile: String
-    /// `beaconValiditySeconds`: how long an announcement's beacons stay valid, 1 … 86399. Default 3600.
+    public var beaconProfile: BeaconProfile
+    /// `beaconValiditySeconds`: how long an announcement's beacons stay valid, 1 … 86399 (the beacon
+    /// generator's maximum of 24 h − 255 ms, in whole seconds). Default 3600.
     public var beaconValiditySeconds: Int
+
+    /// ``beaconValiditySeconds`` as the duration ThaliBeacons' generator takes.
+    public var beaconValidity: Duration { .seconds(beaconValiditySeconds) }
     /// `defaultItemExpirySeconds`: expiry of a queued item when `send` gets no `--expires-in`; at least 1.
     /// Default 604800 (7 days).
     public var defaultItemExpirySeconds: Int
@@ -37,7 +42,7 @@ public struct NodeConfiguration: Sendable, Hashable {
         beaconPort = 0
         ssdpMulticastAddress = "239.255.255.250"
         ssdpPort = 1900
-        beaconProfile = "spec"
+        beaconProfile = .spec
         beaconValiditySeconds = 3600
         defaultItemExpirySeconds = 7 * 24 * 3600
         logLevel = .info
@@ -86,10 +91,12 @@ public struct NodeConfiguration: Sendable, Hashable {
             (try? SocketAddress(ipAddress: $0, port: 0)) != nil ? nil : "not an IP address"
         }
         configuration.ssdpPort = try fields.integer("ssdpPort", default: 1900, range: 1...65535)
-        configuration.beaconProfile = try fields.string("beaconProfile", default: "spec") {
-            ["spec", "cordova"].contains($0) ? nil : "must be \"spec\" or \"cordova\""
+        let profile = try fields.string("beaconProfile", default: BeaconProfile.spec.rawValue) {
+            BeaconProfile(rawValue: $0) == nil ? "must be \"spec\" or \"cordova\"" : nil
         }
-        configuration.beaconValiditySeconds = try fields.integer("beaconValiditySeconds", default: 3600, range: 1...86399)
+        configuration.beaconProfile = BeaconProfile(rawValue: profile) ?? .spec
+        configuration.beaconValiditySeconds = try fields.integer(
+            "beaconValiditySeconds", default: 3600, range: 1...Int(BeaconWire.maximumValidityMilliseconds / 1000))
         configuration.defaultItemExpirySeconds = try fields.integer("defaultItemExpirySeconds", default: 7 * 24 * 3600,
                                                                     range: 1...Int(Int32.max))
         let level = try fields.string("logLevel", default: "info") {
@@ -116,7 +123,7 @@ public struct NodeConfiguration: Sendable, Hashable {
             "interface": interface.map { $0 as Any } ?? NSNull(),
             "deliveryPort": deliveryPort, "beaconPort": beaconPort,
             "ssdpMulticastAddress": ssdpMulticastAddress, "ssdpPort": ssdpPort,
-            "beaconProfile": beaconProfile, "beaconValiditySeconds": beaconValiditySeconds,
+            "beaconProfile": beaconProfile.rawValue, "beaconValiditySeconds": beaconValiditySeconds,
             "defaultItemExpirySeconds": defaultItemExpirySeconds, "logLevel": logLevel.rawValue,
             "maxFramePayloadBytes": limits.maxFramePayloadBytes, "chunkBytes": limits.chunkBytes,
             "maxNameBytes": limits.maxNameBytes, "maxItemBytes": limits.maxItemBytes,

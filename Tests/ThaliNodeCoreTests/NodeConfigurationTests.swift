@@ -40,7 +40,7 @@ struct NodeConfigurationTests {
         #expect(configuration.beaconPort == 4001)
         #expect(configuration.ssdpMulticastAddress == "228.227.226.225")
         #expect(configuration.ssdpPort == 1901)
-        #expect(configuration.beaconProfile == "cordova")
+        #expect(configuration.beaconProfile == .cordova)
         #expect(configuration.beaconValiditySeconds == 60)
         #expect(configuration.defaultItemExpirySeconds == 120)
         #expect(configuration.logLevel == .debug)
