@@ -56,6 +56,7 @@ let package = Package(
             name: "ThaliSSDP",
             dependencies: [
                 .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
@@ -113,7 +114,9 @@ let package = Package(
             dependencies: [
                 "ThaliSSDP", "ThaliBeacons", "ThaliTestSupport",
                 .product(name: "NIOEmbedded", package: "swift-nio"),
-            ]),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+            ],
+            exclude: ["Reference"]),
         .testTarget(
             name: "TCPMultiplexerTests",
             dependencies: [

@@ -32,6 +32,12 @@ if [[ "${1:-}" == "--test" ]]; then
     fi
 fi
 
+# ThaliSSDP tests: curl is the independent HTTP client of /NotificationBeacons.
+if [[ "${1:-}" == "--test" ]] && ! command -v curl >/dev/null; then
+    echo "bootstrap: installing curl"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq curl >/dev/null
+fi
+
 # thali-node's store (GRDB) links the system SQLite: its headers come from libsqlite3-dev.
 if ! dpkg-query -W -f='${Status}' libsqlite3-dev 2>/dev/null | grep -q "install ok installed"; then
     echo "bootstrap: installing libsqlite3-dev"

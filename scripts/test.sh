@@ -4,5 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh --test
 export THALI_TEST_VENV="$PWD/.venv-test"
+# Every peer is installed now: a test that cannot find one fails instead of skipping.
+export THALI_REQUIRE_PEERS=1
 swift build --build-tests
 swift test --skip-build "$@"

@@ -1,0 +1,237 @@
+import NIOCore
+import NIOHTTP1
+import NIOPosix
+
+/// Bounds and retry policy of beacon fetches (the seed: clients "MUST put in place protections to ensure
+/// that the response is not excessively long").
+public struct BeaconHTTPClientConfiguration: Sendable {
+    /// Longest wait for the TCP connection.
+    public var connectTimeout: TimeAmount = .seconds(1)
+    /// Longest time from connected to the end of the response; a slow peer is cut here.
+    public var responseTimeout: TimeAmount = .seconds(2)
+    /// Largest body accepted; a longer (declared or sent) body is cut. A Thali beacon stream for 1,000
+    /// contacts is about 48 KiB.
+    public var maxBodyBytes: Int = 64 * 1024
+    /// Largest response head (status line and headers).
+    public var maxHeadBytes: Int = 8 * 1024
+    /// Attempts per fetch, the first included.
+    public var maxAttempts: Int = 3
+    /// Delay before the second attempt; doubles per attempt.
+    public var initialBackoff: TimeAmount = .milliseconds(100)
+    /// The largest delay between attempts.
+    public var maxBackoff: TimeAmount = .seconds(2)
+    /// Random spread of each delay, as a fraction: 0.5 draws from 50%...150% of it.
+    public var jitter: Double = 0.5
+
+    /// The defaults above.
+    public init() {}
+}
+
+/// Why a beacon fetch failed.
+public struct BeaconFetchError: Error, Hashable, Sendable, CustomStringConvertible {
+    /// The kinds of failure.
+    public enum Reason: Hashable, Sendable {
+        /// No TCP connection (refused, unreachable, or `connectTimeout`).
+        case connectFailed(String)
+        /// The response did not complete within `responseTimeout`.
+        case timedOut
+        /// The body (or head) exceeded its bound; the connection was cut.
+        case responseTooLarge(limit: Int)
+        /// A status other than 200 or 204.
+        case unexpectedStatus(Int)
+        /// A 200 whose Content-Type is not `application/octet-stream`.
+        case unexpectedContentType(String?)
+        /// The connection closed before the response ended.
+        case connectionClosed
+        /// The response was not valid HTTP/1.1.
+        case malformedResponse(String)
+    }
+
+    /// What went wrong.
+    public let reason: Reason
+    /// The location that was fetched.
+    public let location: BeaconLocation
+    /// Attempts made.
+    public let attempts: Int
+
+    /// Whether another attempt may succeed.
+    var isTransient: Bool {
+        switch reason {
+        case .connectFailed, .timedOut, .connectionClosed: return true
+        case .unexpectedStatus(let status): return status >= 500
+        case .responseTooLarge, .unexpectedContentType, .malformedResponse: return false
+        }
+    }
+
+    public var description: String { "beacon fetch from \(location) failed after \(attempts) attempt(s): \(reason)" }
+}
+
+/// Fetches `GET /NotificationBeacons` from a peer, with bounded time and size and retries.
+public struct BeaconHTTPClient: Sendable {
+    /// Limits and retry policy.
+    public let configuration: BeaconHTTPClientConfiguration
+    private let group: EventLoopGroup
+
+    /// A client whose connections run on `group`.
+    public init(configuration: BeaconHTTPClientConfiguration = .init(), group: EventLoopGroup) {
+        self.configuration = configuration
+        self.group = group
+    }
+
+    /// The advertised stream (empty for 204), retrying transient failures with backoff and jitter.
+    public func fetch(_ location: BeaconLocation) async throws(BeaconFetchError) -> [UInt8] {
+        var attempt = 1
+        while true {
+            do {
+                return try await fetchOnce(location)
+            } catch let reason {
+                let failure = BeaconFetchError(reason: reason, location: location, attempts: attempt)
+                guard failure.isTransient, attempt < configuration.maxAttempts else { throw failure }
+                do { try await Task.sleep(for: backoff(beforeAttempt: attempt + 1)) } catch { throw failure }
+                attempt += 1
+            }
+        }
+    }
+
+    /// The delay before attempt `n` (n >= 2): initial × 2^(n-2), capped, spread by `jitter`.
+    func backoff(beforeAttempt attempt: Int) -> Duration {
+        let base = Double(configuration.initialBackoff.nanoseconds) * Double(1 << min(attempt - 2, 20))
+        let capped = min(base, Double(configuration.maxBackoff.nanoseconds))
+        let spread = configuration.jitter > 0 ? Double.random(in: (1 - configuration.jitter)...(1 + configuration.jitter)) : 1
+        return .nanoseconds(Int64(capped * spread))
+    }
+
+    private func fetchOnce(_ location: BeaconLocation) async throws(BeaconFetchError.Reason) -> [UInt8] {
+        let promise = group.next().makePromise(of: [UInt8].self)
+        let configuration = self.configuration
+        let channel: Channel
+        do {
+            channel = try await ClientBootstrap(group: group)
+                .connectTimeout(configuration.connectTimeout)
+                .channelInitializer { channel in
+                    channel.eventLoop.makeCompletedFuture {
+                        let sync = channel.pipeline.syncOperations
+                        try sync.addHandler(InboundByteLimitHandler(
+                            limit: configuration.maxHeadBytes + configuration.maxBodyBytes))
+                        try sync.addHTTPClientHandlers()
+                        try sync.addHandler(BeaconResponseHandler(
+                            host: location.host, maxBodyBytes: configuration.maxBodyBytes, promise: promise))
+                    }
+                }
+                .connect(host: location.host, port: location.port).get()
+        } catch {
+            promise.fail(BeaconFetchError.Reason.connectFailed("\(error)"))
+            throw .connectFailed("\(error)")
+        }
+        let timeout = channel.eventLoop.scheduleTask(in: configuration.responseTimeout) {
+            promise.fail(BeaconFetchError.Reason.timedOut)
+        }
+        promise.futureResult.whenComplete { _ in
+            timeout.cancel()
+            channel.close(promise: nil)
+        }
+        do {
+            return try await promise.futureResult.get()
+        } catch let reason as BeaconFetchError.Reason {
+            throw reason
+        } catch {
+            throw .malformedResponse("\(error)")
+        }
+    }
+}
+
+extension BeaconFetchError.Reason: Error {}
+
+/// Cuts the connection once more than `limit` bytes have arrived, before any parser buffers them.
+final class InboundByteLimitHandler: ChannelInboundHandler {
+    typealias InboundIn = ByteBuffer
+    typealias InboundOut = ByteBuffer
+    private let limit: Int
+    private var received = 0
+
+    init(limit: Int) { self.limit = limit }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        received += unwrapInboundIn(data).readableBytes
+        guard received <= limit else {
+            context.fireErrorCaught(BeaconFetchError.Reason.responseTooLarge(limit: limit))
+            context.close(promise: nil)
+            return
+        }
+        context.fireChannelRead(data)
+    }
+}
+
+/// Sends the GET and turns the response into the stream bytes or a `BeaconFetchError.Reason`.
+final class BeaconResponseHandler: ChannelInboundHandler {
+    typealias InboundIn = HTTPClientResponsePart
+    typealias OutboundOut = HTTPClientRequestPart
+
+    private let host: String
+    private let maxBodyBytes: Int
+    private let promise: EventLoopPromise<[UInt8]>
+    private var status: HTTPResponseStatus?
+    private var body: [UInt8] = []
+
+    init(host: String, maxBodyBytes: Int, promise: EventLoopPromise<[UInt8]>) {
+        self.host = host
+        self.maxBodyBytes = maxBodyBytes
+        self.promise = promise
+    }
+
+    func channelActive(context: ChannelHandlerContext) {
+        let head = HTTPRequestHead(version: .http1_1, method: .GET, uri: BeaconLocation.notificationBeaconsPath,
+                                   headers: HTTPHeaders([("Host", host), ("Connection", "close"),
+                                                         ("Accept", "application/octet-stream")]))
+        context.write(wrapOutboundOut(.head(head)), promise: nil)
+        context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)
+        context.fireChannelActive()
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        switch unwrapInboundIn(data) {
+        case .head(let head):
+            switch head.status {
+            case .ok:
+                let type = head.headers.first(name: "Content-Type")
+                guard let type, type.split(separator: ";").first?.trimmingWhitespace().lowercased() == "application/octet-stream" else {
+                    return fail(context, .unexpectedContentType(type.map { String($0.prefix(64)) }))
+                }
+                if let length = head.headers.first(name: "Content-Length").flatMap({ Int($0) }), length > maxBodyBytes {
+                    return fail(context, .responseTooLarge(limit: maxBodyBytes))
+                }
+                status = head.status
+            case .noContent:
+                status = head.status
+            default:
+                fail(context, .unexpectedStatus(Int(head.status.code)))
+            }
+        case .body(let buffer):
+            guard status == .ok else { return }
+            guard body.count + buffer.readableBytes <= maxBodyBytes else {
+                return fail(context, .responseTooLarge(limit: maxBodyBytes))
+            }
+            body.append(contentsOf: buffer.readableBytesView)
+        case .end:
+            guard status != nil else { return }
+            promise.succeed(status == .ok ? body : [])
+        }
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: Error) {
+        if let reason = error as? BeaconFetchError.Reason { return fail(context, reason) }
+        if error is IOError { return fail(context, .connectionClosed) }  // reset by the peer: transient
+        fail(context, .malformedResponse("\(error)"))
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        promise.fail(BeaconFetchError.Reason.connectionClosed)  // no-op if already completed
+        context.fireChannelInactive()
+    }
+
+    private func fail(_ context: ChannelHandlerContext, _ reason: BeaconFetchError.Reason) {
+        status = nil
+        promise.fail(reason)
+        context.close(promise: nil)
+    }
+}

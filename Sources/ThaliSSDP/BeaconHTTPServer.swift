@@ -1,0 +1,256 @@
+import Logging
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOHTTP1
+import NIOPosix
+
+/// Bounds of the `/NotificationBeacons` server (the seed: "if the load of requests on the server becomes
+/// excessive the server will either filter out excessive requesters or ... not offer the server port for
+/// a period of time"). Both happen here: per-requester filtering, and closing the port on global overload.
+public struct BeaconHTTPServerLimits: Sendable {
+    /// Connections accepted from one source address per `sourceWindow`; more are closed at once. A peer
+    /// needs one request per beacon change.
+    public var maxRequestsPerSource: Int = 10
+    /// The per-source window.
+    public var sourceWindow: TimeAmount = .seconds(10)
+    /// Source addresses remembered for the per-source limit (bounds its memory).
+    public var maxTrackedSources: Int = 4096
+    /// Connections accepted from everyone per `globalWindow`; beyond it the port closes.
+    public var maxRequestsGlobal: Int = 200
+    /// The global window.
+    public var globalWindow: TimeAmount = .seconds(1)
+    /// How long the port stays closed after a global overload.
+    public var overloadClosePeriod: TimeAmount = .seconds(30)
+    /// Connections open at once; more are closed at once.
+    public var maxConcurrentConnections: Int = 64
+    /// Time a connection may take to send its request and receive the answer; slow requesters are cut.
+    public var connectionTimeout: TimeAmount = .seconds(2)
+
+    /// The defaults above.
+    public init() {}
+}
+
+/// What the beacon server has counted; read with `BeaconHTTPServer.counters`.
+public struct BeaconHTTPServerCounters: Hashable, Sendable {
+    /// Requests answered (200, 204, 404 or 405).
+    public var requestsAnswered = 0
+    /// Connections closed because their source exceeded `maxRequestsPerSource`.
+    public var rejectedPerSource = 0
+    /// Connections closed because `maxConcurrentConnections` were open or the global limit was hit.
+    public var rejectedGlobal = 0
+    /// Times the port was closed for `overloadClosePeriod`.
+    public var overloadShutdowns = 0
+    /// Connections cut by `connectionTimeout`.
+    public var timedOut = 0
+    /// All zero.
+    public init() {}
+}
+
+/// The HTTP server answering `GET /NotificationBeacons` with the advertised stream: 204 when nothing is
+/// advertised, else 200 `application/octet-stream`, `Cache-Control: no-cache`. One request per connection.
+public final class BeaconHTTPServer: Sendable {
+    private struct State: Sendable {
+        var beacons: [UInt8]?
+        var counters = BeaconHTTPServerCounters()
+        var perSource: KeyedRateWindows<String>
+        var global: RateWindow
+        var openConnections = 0
+        var closedUntil: NIODeadline?
+        var channel: Channel?
+        var stopped = false
+    }
+
+    /// The address the server listens on.
+    public let host: String
+    /// The limits in force.
+    public let limits: BeaconHTTPServerLimits
+    private let group: EventLoopGroup
+    private let state: NIOLockedValueBox<State>
+    private let boundPort = NIOLockedValueBox<Int>(0)
+    private let overloadHandler: @Sendable (TimeAmount) -> Void
+    private let logger: Logger
+
+    /// A server on `host` (port chosen at `start`). `onOverload` is told when the port closes, and for how long.
+    public init(host: String, limits: BeaconHTTPServerLimits = .init(), group: EventLoopGroup,
+                logger: Logger = Logger(label: "thali.ssdp.http-server"),
+                onOverload: @escaping @Sendable (TimeAmount) -> Void = { _ in }) {
+        self.host = host
+        self.limits = limits
+        self.group = group
+        self.logger = logger
+        self.overloadHandler = onOverload
+        self.state = NIOLockedValueBox(State(
+            perSource: KeyedRateWindows(limit: limits.maxRequestsPerSource, length: limits.sourceWindow,
+                                        maxKeys: limits.maxTrackedSources),
+            global: RateWindow(limit: limits.maxRequestsGlobal, length: limits.globalWindow)))
+    }
+
+    /// The port the server is bound to (0 before `start`).
+    public var port: Int { boundPort.withLockedValue { $0 } }
+
+    /// What the server has counted so far.
+    public var counters: BeaconHTTPServerCounters { state.withLockedValue { $0.counters } }
+
+    /// Whether the port is currently closed because of an overload.
+    public var isClosedForOverload: Bool { state.withLockedValue { $0.closedUntil != nil } }
+
+    /// Sets the stream served (nil: answer 204).
+    public func setBeacons(_ bytes: [UInt8]?) { state.withLockedValue { $0.beacons = bytes } }
+
+    /// Binds `host:port` (0 picks a free port) and returns the port.
+    @discardableResult
+    public func start(port: Int = 0) async throws -> Int {
+        let channel = try await bind(port: port).get()
+        let bound = channel.localAddress?.port ?? port
+        boundPort.withLockedValue { $0 = bound }
+        state.withLockedValue { $0.channel = channel }
+        return bound
+    }
+
+    /// Closes the listening port for good.
+    public func stop() async {
+        let channel = state.withLockedValue { state -> Channel? in
+            state.stopped = true
+            defer { state.channel = nil }
+            return state.channel
+        }
+        try? await channel?.close()
+    }
+
+    private func bind(port: Int) -> EventLoopFuture<Channel> {
+        ServerBootstrap(group: group)
+            .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+            .serverChannelOption(.backlog, value: 64)
+            .childChannelInitializer { [self] channel in self.admit(channel) }
+            .bind(host: host, port: port)
+    }
+
+    /// Decides, per accepted connection, whether it is served; enforces every limit before any byte is read.
+    private func admit(_ channel: Channel) -> EventLoopFuture<Void> {
+        let now = NIODeadline.now()
+        let source = channel.remoteAddress?.ipAddress ?? "?"
+        enum Verdict { case serve, perSource, global, overload }
+        let verdict = state.withLockedValue { state -> Verdict in
+            if state.closedUntil != nil || state.stopped { return .global }
+            guard state.global.record(now: now) else { return .overload }
+            guard state.perSource.record(source, now: now) else { return .perSource }
+            guard state.openConnections < limits.maxConcurrentConnections else { return .global }
+            state.openConnections += 1
+            return .serve
+        }
+        switch verdict {
+        case .serve:
+            break
+        case .perSource:
+            state.withLockedValue { $0.counters.rejectedPerSource += 1 }
+            return channel.close()
+        case .global:
+            state.withLockedValue { $0.counters.rejectedGlobal += 1 }
+            return channel.close()
+        case .overload:
+            state.withLockedValue { $0.counters.rejectedGlobal += 1 }
+            closeForOverload()
+            return channel.close()
+        }
+        channel.closeFuture.whenComplete { [state] _ in state.withLockedValue { $0.openConnections -= 1 } }
+        let timeout = channel.eventLoop.scheduleTask(in: limits.connectionTimeout) { [state] in
+            state.withLockedValue { $0.counters.timedOut += 1 }
+            channel.close(promise: nil)
+        }
+        channel.closeFuture.whenComplete { _ in timeout.cancel() }
+        return channel.eventLoop.makeCompletedFuture { [state] in
+            let sync = channel.pipeline.syncOperations
+            try sync.configureHTTPServerPipeline(withPipeliningAssistance: false, withErrorHandling: true)
+            try sync.addHandler(BeaconRequestHandler(beacons: {
+                state.withLockedValue { state in
+                    state.counters.requestsAnswered += 1
+                    return state.beacons
+                }
+            }))
+        }
+    }
+
+    /// Closes the listening socket for `overloadClosePeriod`, then binds the same port again.
+    private func closeForOverload() {
+        let channel = state.withLockedValue { state -> Channel? in
+            guard state.closedUntil == nil, !state.stopped else { return nil }
+            state.closedUntil = .now() + limits.overloadClosePeriod
+            state.counters.overloadShutdowns += 1
+            defer { state.channel = nil }
+            return state.channel
+        }
+        guard let channel else { return }
+        logger.warning("beacon server overloaded; port closed", metadata: ["milliseconds": "\(limits.overloadClosePeriod.nanoseconds / 1_000_000)"])
+        channel.close(promise: nil)
+        overloadHandler(limits.overloadClosePeriod)
+        channel.eventLoop.scheduleTask(in: limits.overloadClosePeriod) { [self] in self.reopen() }
+    }
+
+    private func reopen() {
+        guard !state.withLockedValue({ $0.stopped }) else { return }
+        bind(port: port).whenComplete { [self] result in
+            switch result {
+            case .success(let channel):
+                let keep = state.withLockedValue { state -> Bool in
+                    state.closedUntil = nil
+                    guard !state.stopped else { return false }
+                    state.channel = channel
+                    return true
+                }
+                if !keep { channel.close(promise: nil) }
+            case .failure(let error):
+                logger.error("beacon server could not reopen its port", metadata: ["error": "\(error)"])
+                state.withLockedValue { $0.closedUntil = nil }
+            }
+        }
+    }
+}
+
+/// Answers one request per connection; only moves bytes between the HTTP codec and the beacon stream.
+final class BeaconRequestHandler: ChannelInboundHandler {
+    typealias InboundIn = HTTPServerRequestPart
+    typealias OutboundOut = HTTPServerResponsePart
+
+    private let beacons: @Sendable () -> [UInt8]?
+    private var head: HTTPRequestHead?
+
+    init(beacons: @escaping @Sendable () -> [UInt8]?) { self.beacons = beacons }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        switch unwrapInboundIn(data) {
+        case .head(let head): self.head = self.head ?? head
+        case .body: break  // a GET has none; whatever arrives is dropped, not buffered
+        case .end:
+            guard let head else { return }
+            respond(context: context, to: head)
+        }
+    }
+
+    private func respond(context: ChannelHandlerContext, to head: HTTPRequestHead) {
+        let path = head.uri.split(separator: "?", maxSplits: 1).first.map(String.init) ?? head.uri
+        var headers = HTTPHeaders([("Connection", "close")])
+        let status: HTTPResponseStatus
+        var body: [UInt8] = []
+        if path != BeaconLocation.notificationBeaconsPath {
+            status = .notFound
+        } else if head.method != .GET {
+            status = .methodNotAllowed
+            headers.add(name: "Allow", value: "GET")
+        } else if let stream = beacons() {
+            status = .ok
+            body = stream
+            headers.add(name: "Content-Type", value: "application/octet-stream")
+            headers.add(name: "Cache-Control", value: "no-cache")
+        } else {
+            status = .noContent
+        }
+        if status != .noContent { headers.add(name: "Content-Length", value: String(body.count)) }
+        context.write(wrapOutboundOut(.head(HTTPResponseHead(version: .http1_1, status: status, headers: headers))), promise: nil)
+        if !body.isEmpty {
+            context.write(wrapOutboundOut(.body(.byteBuffer(context.channel.allocator.buffer(bytes: body)))), promise: nil)
+        }
+        context.writeAndFlush(wrapOutboundOut(.end(nil))).whenComplete { [channel = context.channel] _ in
+            channel.close(promise: nil)
+        }
+    }
+}

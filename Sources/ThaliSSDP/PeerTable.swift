@@ -1,0 +1,117 @@
+import NIOCore
+
+/// The peers discovery tracks, as a state machine with explicit inputs (alive, byebye, fetch results,
+/// time) and outputs (`Action`s the service performs). No I/O, so tests drive it directly.
+struct PeerTable {
+    /// A tracked peer's lifecycle.
+    enum State {
+        /// Announcing; forgotten at `expiry` unless refreshed.
+        case active(expiry: NIODeadline)
+        /// Sent byebye; a new USN before `deadline` makes this a change instead of a departure.
+        case departing(deadline: NIODeadline)
+    }
+
+    struct Entry {
+        var peer: SSDPPeer
+        var state: State
+    }
+
+    /// What the service must do after an input.
+    enum Action: Equatable {
+        case emit(SSDPDiscoveryEvent)
+        /// Fetch the beacons for this USN at this location.
+        case fetch(BeaconLocation, serviceName: String)
+        /// A new peer was refused because the table is full.
+        case capExceeded
+    }
+
+    let maxPeers: Int
+    let byebyeGrace: TimeAmount
+    private(set) var entries: [BeaconLocation: Entry] = [:]
+    private var locationByServiceName: [String: BeaconLocation] = [:]
+
+    init(maxPeers: Int, byebyeGrace: TimeAmount) {
+        self.maxPeers = maxPeers
+        self.byebyeGrace = byebyeGrace
+    }
+
+    var count: Int { entries.count }
+    var peers: [SSDPPeer] { entries.values.map(\.peer) }
+
+    /// An alive announcement or a search answer.
+    mutating func alive(serviceName: String, location: BeaconLocation, maxAge: Int, now: NIODeadline) -> [Action] {
+        let expiry = now + .seconds(Int64(max(0, maxAge)))
+        if let known = locationByServiceName[serviceName], known == location, var entry = entries[location] {
+            entry.state = .active(expiry: expiry)
+            entries[location] = entry
+            return []
+        }
+        if var entry = entries[location] {
+            let previous = entry.peer.uniqueServiceName
+            locationByServiceName[previous] = nil
+            locationByServiceName[serviceName] = location
+            entry.peer.uniqueServiceName = serviceName
+            entry.peer.beaconState = .fetching
+            entry.state = .active(expiry: expiry)
+            entries[location] = entry
+            return [.emit(.changed(entry.peer, previousServiceName: previous)), .fetch(location, serviceName: serviceName)]
+        }
+        guard entries.count < maxPeers else { return [.capExceeded] }
+        // A USN is unique to one location; if it moves, the old location's entry goes.
+        if let stale = locationByServiceName[serviceName] { entries[stale] = nil }
+        let peer = SSDPPeer(location: location, uniqueServiceName: serviceName, beaconState: .fetching)
+        entries[location] = Entry(peer: peer, state: .active(expiry: expiry))
+        locationByServiceName[serviceName] = location
+        return [.emit(.appeared(peer)), .fetch(location, serviceName: serviceName)]
+    }
+
+    /// A byebye from `source`: the peer departs unless a new USN arrives from it within the grace period.
+    /// Only the peer's own address may say byebye for it, so a forged byebye cannot evict anyone.
+    mutating func byebye(serviceName: String, source: String?, now: NIODeadline) -> [Action] {
+        guard let location = locationByServiceName[serviceName], var entry = entries[location],
+            location.host == source
+        else { return [] }
+        entry.state = .departing(deadline: now + byebyeGrace)
+        entries[location] = entry
+        return []
+    }
+
+    /// The result of fetching `serviceName`'s beacons; ignored if the peer moved on to another USN.
+    mutating func fetched(serviceName: String, result: SSDPPeer.BeaconState, reason: String? = nil) -> [Action] {
+        guard let location = locationByServiceName[serviceName], var entry = entries[location] else { return [] }
+        entry.peer.beaconState = result
+        entries[location] = entry
+        if case .failed = result {
+            return [.emit(.beaconFetchFailed(entry.peer, reason: reason ?? "failed"))]
+        }
+        return [.emit(.beaconsFetched(entry.peer))]
+    }
+
+    /// Removes peers whose byebye grace or max-age ran out by `now`.
+    mutating func expire(now: NIODeadline) -> [Action] {
+        var actions: [Action] = []
+        for (location, entry) in entries {
+            let reason: SSDPDiscoveryEvent.DepartureReason?
+            switch entry.state {
+            case .active(let expiry): reason = expiry <= now ? .expired : nil
+            case .departing(let deadline): reason = deadline <= now ? .byebye : nil
+            }
+            guard let reason else { continue }
+            entries[location] = nil
+            locationByServiceName[entry.peer.uniqueServiceName] = nil
+            actions.append(.emit(.left(entry.peer, reason: reason)))
+        }
+        return actions
+    }
+
+    /// Forgets everyone (discovery stopped).
+    mutating func removeAll() -> [Action] {
+        let actions = entries.values.map { Action.emit(.left($0.peer, reason: .stopped)) }
+        entries.removeAll()
+        locationByServiceName.removeAll()
+        return actions
+    }
+
+    /// Whether `serviceName` is the current USN of a tracked peer.
+    func isCurrent(_ serviceName: String) -> Bool { locationByServiceName[serviceName] != nil }
+}

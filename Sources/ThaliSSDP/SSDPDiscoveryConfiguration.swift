@@ -1,0 +1,56 @@
+import NIOCore
+
+/// Everything a discovery service needs to know: where to listen, how often to speak, and its limits.
+/// Defaults follow `spec/ssdp.md`.
+public struct SSDPDiscoveryConfiguration: Sendable {
+    /// The IPv4 address of the interface discovery is pinned to (`IP_MULTICAST_IF`, group join, HTTP
+    /// server and LOCATION). On `lo`, `127.0.0.1`.
+    public var interfaceAddress: String
+    /// The multicast group. Thali's deployed node-ssdp used 228.227.226.225; we use SSDP's own.
+    public var groupAddress: String = "239.255.255.250"
+    /// The multicast port. Tests pick a random one so concurrent runs do not hear each other.
+    public var port: Int = 1900
+    /// The TCP port of the beacon server; 0 picks a free one.
+    public var httpPort: Int = 0
+    /// `NT` sent and the only `NT`/`ST` listened to.
+    public var notificationType: String = ThaliServiceName.notificationType
+    /// Interval between alive announcements while the app is in use (seed: 500 ms).
+    public var foregroundAliveInterval: TimeAmount = .milliseconds(500)
+    /// Interval between alive announcements in background mode (seed: one minute).
+    public var backgroundAliveInterval: TimeAmount = .seconds(60)
+    /// Whether the peer starts in background mode.
+    public var background: Bool = false
+    /// `CACHE-CONTROL: max-age` sent, in seconds (seed: 60).
+    public var maxAge: Int = 60
+    /// Multicast TTL (2: the local network and one router at most).
+    public var multicastTTL: UInt8 = 2
+    /// `MX` of our M-SEARCHes, in seconds.
+    public var searchMaxWait: Int = 3
+    /// Shortest interval between our M-SEARCHes (seed: "no more than once every 5 minutes").
+    public var searchInterval: TimeAmount = .seconds(300)
+    /// Upper bound of the random delay before answering an M-SEARCH: min(MX, this) seconds.
+    public var maxSearchResponseDelaySeconds: Int = 5
+    /// How long a byebye'd peer is kept so that the alive for its next USN, sent right after, reads as a
+    /// change rather than a departure and a new arrival.
+    public var byebyeGracePeriod: TimeAmount = .milliseconds(300)
+    /// How often expiry and byebye graces are checked.
+    public var housekeepingInterval: TimeAmount = .milliseconds(100)
+    /// `SERVER` header value.
+    public var server: String = "Linux UPnP/1.1 thali-swift/1.0"
+    /// Datagram parser bounds.
+    public var parserLimits = SSDPParserLimits()
+    /// Discovery DoS bounds.
+    public var limits = SSDPDiscoveryLimits()
+    /// Beacon server bounds.
+    public var serverLimits = BeaconHTTPServerLimits()
+    /// Beacon client bounds and retries.
+    public var client = BeaconHTTPClientConfiguration()
+
+    /// A configuration pinned to `interfaceAddress`, defaults elsewhere.
+    public init(interfaceAddress: String) {
+        self.interfaceAddress = interfaceAddress
+    }
+
+    /// `HOST` header value: `group:port`.
+    var hostHeader: String { "\(groupAddress):\(port)" }
+}

@@ -1,0 +1,579 @@
+import Logging
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOPosix
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// Thali Wi-Fi discovery: announces this peer's beacon location over SSDP, answers searches, tracks the
+/// peers it hears, fetches each peer's beacons once per USN and hands them to a consumer, and serves its
+/// own beacons at `/NotificationBeacons`. Beacons are opaque bytes here; the app plugs in their parser.
+///
+/// All mutable state lives on one event loop (`eventLoop`); public methods hop there. Call `stop()` when
+/// done: it sends the byebye and releases the sockets, timers and the beacon server.
+public final class SSDPDiscoveryService: @unchecked Sendable {
+    /// Errors raised by `start`.
+    public enum StartError: Error, Hashable, Sendable {
+        /// No interface carries `interfaceAddress`.
+        case noInterface(address: String)
+        /// `interfaceAddress` or `groupAddress` is not an IPv4 address of the right kind.
+        case invalidAddress(String)
+        /// `start` was called twice.
+        case alreadyStarted
+        /// The datagram channel does not expose socket options (not a POSIX socket).
+        case socketOptionsUnavailable
+        /// A timer or limit of the configuration is zero or negative where it must be positive.
+        case invalidConfiguration(String)
+    }
+
+    /// The beacon consumer: called once per fetched USN with the peer and its stream bytes.
+    public typealias BeaconConsumer = @Sendable (SSDPPeer, [UInt8]) async -> Void
+
+    /// The configuration in force.
+    public let configuration: SSDPDiscoveryConfiguration
+    /// Discovery's events, in order. Buffers the newest 4,096 if nobody reads.
+    public let events: AsyncStream<SSDPDiscoveryEvent>
+    /// The loop all state is confined to.
+    public let eventLoop: EventLoop
+
+    private let group: EventLoopGroup
+    private let logger: Logger
+    private let consumer: BeaconConsumer
+    private let eventSink: AsyncStream<SSDPDiscoveryEvent>.Continuation
+    private let client: BeaconHTTPClient
+    private let server: BeaconHTTPServer
+
+    // Loop-confined state.
+    private var started = false
+    private var stopped = false
+    private var multicastChannel: Channel?
+    private var unicastChannel: Channel?
+    /// The pinned interface address (for the group join).
+    private var device: SocketAddress?
+    private var groupSocketAddress: SocketAddress?
+    private var announcer: SSDPAnnouncer
+    private var searcher: SSDPSearcher
+    private var table: PeerTable
+    private var flood: RateWindow
+    private var discoveryOffUntil: NIODeadline?
+    private var counters = SSDPDiscoveryCounters()
+    private var pendingResponses = 0
+    private var fetchQueue: [(BeaconLocation, String)] = []
+    private var fetchesInFlight = 0
+    private var consecutiveUnicastFailures = 0
+    private var aliveTask: RepeatedTask?
+    private var housekeepingTask: RepeatedTask?
+    private var searchTask: RepeatedTask?
+
+    /// A service with `configuration`, running on one loop of `group`; `consumer` receives fetched beacons.
+    public init(configuration: SSDPDiscoveryConfiguration, group: EventLoopGroup,
+                logger: Logger = Logger(label: "thali.ssdp"), consumer: @escaping BeaconConsumer = { _, _ in }) {
+        self.configuration = configuration
+        self.group = group
+        self.eventLoop = group.next()
+        self.logger = logger
+        self.consumer = consumer
+        (self.events, self.eventSink) = AsyncStream.makeStream(of: SSDPDiscoveryEvent.self,
+                                                               bufferingPolicy: .bufferingNewest(4096))
+        self.client = BeaconHTTPClient(configuration: configuration.client, group: group)
+        self.announcer = SSDPAnnouncer(configuration: configuration,
+                                       location: BeaconLocation(host: configuration.interfaceAddress, port: 0))
+        self.searcher = SSDPSearcher(interval: configuration.searchInterval)
+        self.table = PeerTable(maxPeers: configuration.limits.maxTrackedPeers,
+                               byebyeGrace: configuration.byebyeGracePeriod)
+        self.flood = RateWindow(limit: configuration.limits.maxDatagramsPerWindow,
+                                length: configuration.limits.floodWindow)
+        // The server reports overloads back here; a weak link, so the server does not keep us alive.
+        let overloadTarget = NIOLockedValueBox(WeakService())
+        self.server = BeaconHTTPServer(host: configuration.interfaceAddress, limits: configuration.serverLimits,
+                                       group: group, logger: logger) { period in
+            overloadTarget.withLockedValue { $0.service }?.httpOverloaded(for: period)
+        }
+        overloadTarget.withLockedValue { $0.service = self }
+    }
+
+    private struct WeakService: Sendable { weak var service: SSDPDiscoveryService? }
+
+    // MARK: Public API
+
+    /// Starts the beacon server, opens the sockets, announces `beacons` (if any) and searches once.
+    public func start(advertising beacons: [UInt8]? = nil) async throws {
+        try Self.validate(configuration)
+        guard IPv4Text(Substring(configuration.interfaceAddress)) != nil else {
+            throw StartError.invalidAddress(configuration.interfaceAddress)
+        }
+        let groupAddress = try SocketAddress(ipAddress: configuration.groupAddress, port: configuration.port)
+        guard groupAddress.isMulticast else { throw StartError.invalidAddress(configuration.groupAddress) }
+        guard try System.enumerateDevices().contains(where: { $0.address?.ipAddress == configuration.interfaceAddress }) else {
+            throw StartError.noInterface(address: configuration.interfaceAddress)
+        }
+        let device = try SocketAddress(ipAddress: configuration.interfaceAddress, port: 0)
+        try await eventLoop.submit {
+            guard !self.started else { throw StartError.alreadyStarted }
+            self.started = true
+        }.get()
+
+        server.setBeacons(beacons)
+        do {
+            let httpPort = try await server.start(port: configuration.httpPort)
+            let unicast = try await openUnicastChannel().get()
+            try await eventLoop.submit {
+                self.device = device
+                self.groupSocketAddress = groupAddress
+                self.unicastChannel = unicast
+                self.announcer.location = BeaconLocation(host: self.configuration.interfaceAddress, port: httpPort)
+            }.get()
+            try await joinGroup().get()
+        } catch {
+            // Leave nothing open behind a failed start.
+            let unicast = try? await eventLoop.submit { () -> Channel? in
+                defer { self.unicastChannel = nil }
+                return self.unicastChannel
+            }.get()
+            try? await unicast?.close()
+            await server.stop()
+            throw error
+        }
+        try await eventLoop.submit {
+            if beacons != nil { self.sendAll(self.announcer.beaconsChanged(advertising: true)) }
+            self.searchIfAllowed()
+            self.scheduleAlives()
+            self.housekeepingTask = self.eventLoop.scheduleRepeatedTask(
+                initialDelay: self.configuration.housekeepingInterval, delay: self.configuration.housekeepingInterval
+            ) { _ in self.housekeeping() }
+            self.searchTask = self.eventLoop.scheduleRepeatedTask(
+                initialDelay: self.configuration.searchInterval, delay: self.configuration.searchInterval
+            ) { _ in self.searchIfAllowed() }
+        }.get()
+    }
+
+    /// Advertises a new beacon stream (nil: none). Sends byebye for the old USN, then alive for a new one.
+    public func advertise(_ beacons: [UInt8]?) async {
+        server.setBeacons(beacons)
+        try? await eventLoop.submit {
+            guard self.started, !self.stopped else { return }
+            self.sendAll(self.announcer.beaconsChanged(advertising: beacons != nil))
+        }.get()
+    }
+
+    /// Switches between the foreground (500 ms) and background (60 s) announcement rates.
+    public func setBackground(_ background: Bool) async {
+        try? await eventLoop.submit {
+            guard background != self.isBackground else { return }
+            self.isBackground = background
+            if self.started && !self.stopped { self.scheduleAlives() }
+        }.get()
+    }
+
+    private var isBackground: Bool?
+
+    /// Clean shutdown: byebye for our USN, then sockets and server closed; tracked peers reported as left.
+    public func stop() async {
+        let (channels, byebyeSent) = (try? await eventLoop.submit { () -> ([Channel], EventLoopFuture<Void>?) in
+            guard self.started, !self.stopped else { return ([], nil) }
+            let byebyeSent = self.announcer.shutdown().map { self.send($0) }
+            self.stopped = true
+            self.aliveTask?.cancel()
+            self.housekeepingTask?.cancel()
+            self.searchTask?.cancel()
+            self.perform(self.table.removeAll())
+            let channels = [self.multicastChannel, self.unicastChannel].compactMap { $0 }
+            self.multicastChannel = nil
+            self.unicastChannel = nil
+            return (channels, byebyeSent)
+        }.get()) ?? ([], nil)
+        try? await byebyeSent?.get()  // the byebye leaves before its socket closes
+        for channel in channels { try? await channel.close() }
+        await server.stop()
+        eventSink.finish()
+    }
+
+    /// The peers tracked now.
+    public func peers() async -> [SSDPPeer] {
+        (try? await eventLoop.submit { self.table.peers }.get()) ?? []
+    }
+
+    /// What discovery has counted so far.
+    public func counters() async -> SSDPDiscoveryCounters {
+        (try? await eventLoop.submit { self.counters }.get()) ?? SSDPDiscoveryCounters()
+    }
+
+    /// What the beacon server has counted so far.
+    public var serverCounters: BeaconHTTPServerCounters { server.counters }
+
+    /// Where this peer's beacons are served (port 0 before `start`).
+    public func location() async -> BeaconLocation {
+        (try? await eventLoop.submit { self.announcer.location }.get())
+            ?? BeaconLocation(host: configuration.interfaceAddress, port: 0)
+    }
+
+    /// This peer's current USN, if it advertises.
+    public func uniqueServiceName() async -> String? {
+        try? await eventLoop.submit { self.announcer.serviceName }.get()
+    }
+
+    /// Whether discovery is currently switched off by a flood or the peer cap.
+    public func isDiscoveryOff() async -> Bool {
+        (try? await eventLoop.submit { self.discoveryOffUntil != nil }.get()) ?? false
+    }
+
+    /// Whether announcements are currently paused by a limit.
+    public func isAnnouncingPaused() async -> Bool {
+        (try? await eventLoop.submit { () -> Bool in
+            if case .paused = self.announcer.state { return true } else { return false }
+        }.get()) ?? false
+    }
+
+    // MARK: Sockets
+
+    /// Reads at most one byte more than the parser accepts, so an oversized datagram is truncated by the
+    /// kernel and then refused by its size, never buffered whole.
+    private var datagramAllocator: FixedSizeRecvByteBufferAllocator {
+        FixedSizeRecvByteBufferAllocator(capacity: configuration.parserLimits.maxDatagramBytes + 1)
+    }
+
+    private func openUnicastChannel() -> EventLoopFuture<Channel> {
+        let interface: in_addr
+        do {
+            guard case .v4(let address) = try SocketAddress(ipAddress: configuration.interfaceAddress, port: 0) else {
+                return eventLoop.makeFailedFuture(StartError.invalidAddress(configuration.interfaceAddress))
+            }
+            interface = address.address.sin_addr
+        } catch {
+            return eventLoop.makeFailedFuture(error)
+        }
+        return DatagramBootstrap(group: eventLoop)
+            .channelOption(.recvAllocator, value: datagramAllocator)
+            .channelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.addHandler(SSDPDatagramHandler { [self] envelope in
+                        self.received(envelope)
+                    })
+                }
+            }
+            .bind(host: configuration.interfaceAddress, port: 0)
+            .flatMap { [configuration] channel in
+                guard let options = channel as? SocketOptionProvider else {
+                    return channel.close().flatMapThrowing { throw StartError.socketOptionsUnavailable }
+                }
+                return options.setIPMulticastIF(interface)
+                    .flatMap { options.setIPMulticastTTL(configuration.multicastTTL) }
+                    .flatMap { options.setIPMulticastLoop(1) }
+                    .map { channel }
+            }
+    }
+
+    /// Opens the multicast socket (bound to the group address, so unicast to the port is not read) and
+    /// joins the group on the pinned interface.
+    private func joinGroup() -> EventLoopFuture<Void> {
+        let configuration = self.configuration
+        return eventLoop.flatSubmit { [self] in
+            guard let groupSocketAddress, let device else { return eventLoop.makeSucceededVoidFuture() }
+            return DatagramBootstrap(group: eventLoop)
+                .channelOption(.recvAllocator, value: datagramAllocator)
+                .channelOption(.socketOption(.so_reuseaddr), value: 1)
+                .channelInitializer { channel in
+                    channel.eventLoop.makeCompletedFuture {
+                        try channel.pipeline.syncOperations.addHandler(SSDPDatagramHandler { [self] envelope in
+                            self.received(envelope)
+                        })
+                    }
+                }
+                .bind(host: configuration.groupAddress, port: configuration.port)
+                .flatMap { (channel: Channel) -> EventLoopFuture<Channel> in
+                    // IP_ADD_MEMBERSHIP by hand: NIO's joinGroup refuses interfaces without the MULTICAST
+                    // flag, and `lo` has none, yet pinning both sides to 127.0.0.1 works there.
+                    guard case .v4(let group) = groupSocketAddress, case .v4(let interface) = device else {
+                        return channel.close().flatMapThrowing { throw StartError.invalidAddress(configuration.groupAddress) }
+                    }
+                    let request = ip_mreq(imr_multiaddr: group.address.sin_addr, imr_interface: interface.address.sin_addr)
+                    guard let options = channel as? SocketOptionProvider else {
+                        return channel.close().flatMapThrowing { throw StartError.socketOptionsUnavailable }
+                    }
+                    return options
+                        .unsafeSetSocketOption(level: .ip, name: .ip_add_membership, value: request)
+                        .map { channel }
+                }
+                .map { (channel: Channel) in
+                    if self.stopped { channel.close(promise: nil) } else { self.multicastChannel = channel }
+                }
+        }
+    }
+
+    /// Switches discovery off: the multicast socket closes so the kernel, not this process, drops the flood.
+    private func switchDiscoveryOff(_ kind: SSDPDiscoveryEvent.LimitKind) {
+        guard discoveryOffUntil == nil else { return }
+        discoveryOffUntil = .now() + configuration.limits.discoveryCooldown
+        logger.warning("SSDP discovery off", metadata: ["limit": "\(kind.rawValue)"])
+        eventSink.yield(.limitTriggered(kind))
+        multicastChannel?.close(promise: nil)
+        multicastChannel = nil
+        eventLoop.scheduleTask(in: configuration.limits.discoveryCooldown) { [self] in
+            guard !stopped else { return }
+            joinGroup().whenComplete { [self] result in
+                discoveryOffUntil = nil
+                flood = RateWindow(limit: configuration.limits.maxDatagramsPerWindow,
+                                   length: configuration.limits.floodWindow)
+                if case .failure(let error) = result {
+                    logger.error("SSDP could not rejoin the group", metadata: ["error": "\(error)"])
+                }
+                searchIfAllowed()
+            }
+        }
+    }
+
+    // MARK: Sending
+
+    @discardableResult
+    private func send(_ message: SSDPMessage, to destination: SocketAddress? = nil) -> EventLoopFuture<Void> {
+        guard let channel = unicastChannel, let target = destination ?? groupSocketAddress else {
+            return eventLoop.makeSucceededVoidFuture()
+        }
+        switch message {
+        case .notification(let notification):
+            if notification.subtype == .alive { counters.alivesSent += 1 } else { counters.byebyesSent += 1 }
+        case .search: counters.searchesSent += 1
+        case .searchResponse: counters.searchResponsesSent += 1
+        }
+        let buffer = channel.allocator.buffer(bytes: message.serialize())
+        return channel.writeAndFlush(AddressedEnvelope(remoteAddress: target, data: buffer))
+    }
+
+    private func sendAll(_ messages: [SSDPMessage]) { messages.forEach { send($0) } }
+
+    private func scheduleAlives() {
+        aliveTask?.cancel()
+        let interval = (isBackground ?? configuration.background)
+            ? configuration.backgroundAliveInterval : configuration.foregroundAliveInterval
+        aliveTask = eventLoop.scheduleRepeatedTask(initialDelay: interval, delay: interval) { [self] _ in
+            if let alive = announcer.tick(now: .now()) { send(alive) }
+        }
+    }
+
+    private func searchIfAllowed() {
+        guard !stopped, searcher.shouldSearch(now: .now()) else { return }
+        send(SSDPSearcher.request(configuration, searcher: announcer.serviceName))
+    }
+
+    // MARK: Receiving
+
+    private func received(_ envelope: AddressedEnvelope<ByteBuffer>) {
+        guard !stopped else { return }
+        counters.datagramsReceived += 1
+        let now = NIODeadline.now()
+        guard discoveryOffUntil == nil else { return }  // stragglers read before the socket closed
+        guard flood.record(now: now) else {
+            counters.floodShutdowns += 1
+            return switchDiscoveryOff(.announcementFlood)
+        }
+        let message: SSDPMessage
+        do {
+            message = try SSDPMessage.parse(envelope.data.readableBytesView, limits: configuration.parserLimits)
+        } catch {
+            counters.malformedDatagrams += 1
+            return
+        }
+        let source = envelope.remoteAddress
+        switch message {
+        case .notification(let notification):
+            guard notification.notificationType == configuration.notificationType else {
+                counters.foreignMessagesIgnored += 1
+                return
+            }
+            guard notification.uniqueServiceName != announcer.serviceName else {
+                counters.ownMessagesIgnored += 1
+                return
+            }
+            guard ThaliServiceName.isThaliServiceName(notification.uniqueServiceName) else {
+                counters.malformedDatagrams += 1
+                return
+            }
+            switch notification.subtype {
+            case .alive:
+                guard let location = verifiedLocation(notification.location, source: source) else { return }
+                perform(table.alive(serviceName: notification.uniqueServiceName, location: location,
+                                    maxAge: notification.maxAge ?? 0, now: now))
+            case .byebye:
+                perform(table.byebye(serviceName: notification.uniqueServiceName, source: source.ipAddress, now: now))
+            }
+        case .search(let search):
+            respond(to: search, from: source)
+        case .searchResponse(let response):
+            guard response.searchTarget == configuration.notificationType else {
+                counters.foreignMessagesIgnored += 1
+                return
+            }
+            guard response.uniqueServiceName != announcer.serviceName else {
+                counters.ownMessagesIgnored += 1
+                return
+            }
+            guard ThaliServiceName.isThaliServiceName(response.uniqueServiceName),
+                let location = verifiedLocation(response.location, source: source)
+            else { return }
+            perform(table.alive(serviceName: response.uniqueServiceName, location: location,
+                                maxAge: response.maxAge, now: now))
+        }
+    }
+
+    /// The LOCATION, if it parses and names the datagram's own source address: otherwise anyone could
+    /// aim every listener's fetches at a victim.
+    private func verifiedLocation(_ text: String?, source: SocketAddress) -> BeaconLocation? {
+        guard let text, let location = BeaconLocation(parsing: text), location.host == source.ipAddress else {
+            counters.spoofedLocationsIgnored += 1
+            return nil
+        }
+        return location
+    }
+
+    private func respond(to search: SSDPSearchRequest, from source: SocketAddress) {
+        guard search.searcherServiceName == nil || search.searcherServiceName != announcer.serviceName else {
+            counters.ownMessagesIgnored += 1
+            return
+        }
+        guard search.searchTarget == configuration.notificationType
+            || search.searchTarget == SSDPSearchRequest.allTargets
+        else {
+            counters.foreignMessagesIgnored += 1
+            return
+        }
+        guard announcer.isAnnouncing else { return }
+        guard pendingResponses < configuration.limits.maxPendingSearchResponses else {
+            counters.searchResponsesDropped += 1
+            return
+        }
+        pendingResponses += 1
+        let window = Int64(max(0, min(search.maxWaitSeconds, configuration.maxSearchResponseDelaySeconds))) * 1000
+        let delay = TimeAmount.milliseconds(window > 0 ? Int64.random(in: 0..<window) : 0)
+        eventLoop.scheduleTask(in: delay) { [self] in
+            pendingResponses -= 1
+            guard !stopped, let answer = announcer.answer(to: search, date: Self.httpDate()) else { return }
+            send(answer, to: source)
+        }
+    }
+
+    // MARK: Peer table actions and fetching
+
+    private func perform(_ actions: [PeerTable.Action]) {
+        for action in actions {
+            switch action {
+            case .emit(let event):
+                eventSink.yield(event)
+            case .fetch(let location, let serviceName):
+                guard fetchQueue.count < configuration.limits.maxTrackedPeers else { continue }
+                fetchQueue.append((location, serviceName))
+                startFetches()
+            case .capExceeded:
+                counters.peersRejectedAtCap += 1
+                if discoveryOffUntil == nil {
+                    counters.peerCapShutdowns += 1
+                    switchDiscoveryOff(.peerCap)
+                }
+            }
+        }
+    }
+
+    private func startFetches() {
+        while fetchesInFlight < configuration.limits.maxConcurrentFetches, !fetchQueue.isEmpty {
+            let (location, serviceName) = fetchQueue.removeFirst()
+            guard table.isCurrent(serviceName) else { continue }  // superseded while queued
+            fetchesInFlight += 1
+            let client = self.client
+            Task {
+                let result: Result<[UInt8], BeaconFetchError>
+                do throws(BeaconFetchError) { result = .success(try await client.fetch(location)) } catch { result = .failure(error) }
+                let delivery = try? await self.eventLoop.submit { self.fetchFinished(serviceName, result) }.get()
+                if let (peer, bytes) = delivery ?? nil { await self.consumer(peer, bytes) }
+                self.eventLoop.execute {
+                    self.fetchesInFlight -= 1
+                    self.startFetches()
+                }
+            }
+        }
+    }
+
+    /// Records a fetch result; returns what to hand to the consumer.
+    private func fetchFinished(_ serviceName: String, _ result: Result<[UInt8], BeaconFetchError>) -> (SSDPPeer, [UInt8])? {
+        guard !stopped else { return nil }
+        switch result {
+        case .success(let bytes):
+            counters.beaconFetchesSucceeded += 1
+            consecutiveUnicastFailures = 0
+            let actions = table.fetched(serviceName: serviceName, result: .fetched(bytes))
+            perform(actions)
+            for case .emit(.beaconsFetched(let peer)) in actions { return (peer, bytes) }
+            return nil
+        case .failure(let error):
+            counters.beaconFetchesFailed += 1
+            consecutiveUnicastFailures += 1
+            perform(table.fetched(serviceName: serviceName, result: .failed, reason: "\(error.reason)"))
+            if consecutiveUnicastFailures >= configuration.limits.unicastFailureThreshold {
+                consecutiveUnicastFailures = 0
+                if pauseAnnouncing(for: configuration.limits.unicastFailurePause, kind: .unicastFailure) {
+                    counters.unicastFailurePauses += 1
+                }
+            }
+            return nil
+        }
+    }
+
+    /// Pauses announcing; returns whether this started a pause (an ongoing one is only extended).
+    @discardableResult
+    private func pauseAnnouncing(for period: TimeAmount, kind: SSDPDiscoveryEvent.LimitKind) -> Bool {
+        if case .paused = announcer.state {
+            _ = announcer.pause(until: .now() + period)
+            return false
+        }
+        logger.warning("SSDP announcements paused", metadata: ["limit": "\(kind.rawValue)"])
+        eventSink.yield(.limitTriggered(kind))
+        if let byebye = announcer.pause(until: .now() + period) { send(byebye) }
+        return true
+    }
+
+    private func httpOverloaded(for period: TimeAmount) {
+        eventLoop.execute { [self] in
+            guard started, !stopped else { return }
+            pauseAnnouncing(for: period, kind: .httpOverload)
+        }
+    }
+
+    private func housekeeping() {
+        perform(table.expire(now: .now()))
+    }
+
+    // MARK: Helpers
+
+    /// Refuses timers that would spin the event loop and limits that could never be met.
+    static func validate(_ configuration: SSDPDiscoveryConfiguration) throws(StartError) {
+        let positiveTimes: [(String, TimeAmount)] = [
+            ("foregroundAliveInterval", configuration.foregroundAliveInterval),
+            ("backgroundAliveInterval", configuration.backgroundAliveInterval),
+            ("searchInterval", configuration.searchInterval),
+            ("housekeepingInterval", configuration.housekeepingInterval),
+            ("floodWindow", configuration.limits.floodWindow),
+        ]
+        for (name, value) in positiveTimes where value <= .zero { throw .invalidConfiguration(name) }
+        let positiveCounts: [(String, Int)] = [
+            ("maxAge", configuration.maxAge), ("maxDatagramsPerWindow", configuration.limits.maxDatagramsPerWindow),
+            ("maxTrackedPeers", configuration.limits.maxTrackedPeers),
+            ("maxConcurrentFetches", configuration.limits.maxConcurrentFetches),
+            ("unicastFailureThreshold", configuration.limits.unicastFailureThreshold),
+            ("maxDatagramBytes", configuration.parserLimits.maxDatagramBytes),
+        ]
+        for (name, value) in positiveCounts where value <= 0 { throw .invalidConfiguration(name) }
+        guard (1...65535).contains(configuration.port) else { throw .invalidConfiguration("port") }
+    }
+
+    /// RFC 1123 date for the DATE header.
+    static func httpDate() -> String {
+        var now = time(nil)
+        var parts = tm()
+        gmtime_r(&now, &parts)
+        var buffer = [CChar](repeating: 0, count: 64)
+        let length = strftime(&buffer, buffer.count, "%a, %d %b %Y %H:%M:%S GMT", &parts)
+        return String(decoding: buffer.prefix(length).map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    }
+}

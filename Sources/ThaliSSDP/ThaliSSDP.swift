@@ -1,1 +1,0 @@
-// ThaliSSDP: see spec/ and the module's types. (Module under construction.)

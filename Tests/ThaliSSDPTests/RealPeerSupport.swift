@@ -1,0 +1,85 @@
+import Foundation
+import ThaliTestSupport
+
+/// The `thali-node` built beside the test bundle (`swift build --build-tests` builds both).
+func thaliNodePath() -> String? {
+    let beside = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent()
+        .appendingPathComponent("thali-node").path
+    let candidates = [beside, PackagePaths.root() + "/.build/debug/thali-node"]
+    return candidates.first { FileManager.default.isExecutableFile(atPath: $0) }
+}
+
+/// Whether this process may create network namespaces (root, and `ip` present).
+var canUseNetworkNamespaces: Bool { geteuid() == 0 && ChildProcess.which("ip") != nil }
+
+/// Runs a command to completion; throws with its output if it fails.
+@discardableResult
+func runCommand(_ executable: String, _ arguments: [String]) throws -> String {
+    let process = Process()
+    guard let path = ChildProcess.which(executable) else { throw CommandFailure(command: executable, output: "not found") }
+    process.executableURL = URL(fileURLWithPath: path)
+    process.arguments = arguments
+    let pipe = Pipe()
+    process.standardOutput = pipe
+    process.standardError = pipe
+    try process.run()
+    let data = pipe.fileHandleForReading.readDataToEndOfFile()
+    process.waitUntilExit()
+    let output = String(decoding: data, as: UTF8.self)
+    guard process.terminationStatus == 0 else {
+        throw CommandFailure(command: ([executable] + arguments).joined(separator: " "), output: output)
+    }
+    return output
+}
+
+struct CommandFailure: Error, CustomStringConvertible {
+    let command: String
+    let output: String
+    var description: String { "\(command) failed: \(output)" }
+}
+
+/// A network namespace of this test run, deleted on deinit (so also when a test fails).
+final class NetworkNamespace: @unchecked Sendable {
+    let name: String
+
+    init(_ name: String) throws {
+        self.name = name
+        _ = try? runCommand("ip", ["netns", "del", name])  // a leftover of a crashed run with the same pid
+        try runCommand("ip", ["netns", "add", name])
+        try run("ip", "link", "set", "lo", "up")
+    }
+
+    deinit { _ = try? runCommand("ip", ["netns", "del", name]) }
+
+    /// Runs a command inside the namespace to completion.
+    @discardableResult
+    func run(_ arguments: String...) throws -> String {
+        try runCommand("ip", ["netns", "exec", name] + arguments)
+    }
+
+    /// Starts a process inside the namespace.
+    func spawn(_ executable: String, _ arguments: [String]) throws -> ChildProcess {
+        try ChildProcess("ip", ["netns", "exec", name, executable] + arguments)
+    }
+}
+
+/// The JSON lines a `thali-node discover` printed so far.
+func discoverLines(_ child: ChildProcess) -> [[String: Any]] {
+    child.output.split(separator: "\n").compactMap {
+        try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any]
+    }
+}
+
+/// Waits until a `thali-node discover` printed a line matching `predicate`.
+@discardableResult
+func waitForLine(_ child: ChildProcess, timeout: Duration = .seconds(5), _ what: String,
+                 _ predicate: ([String: Any]) -> Bool) async throws -> [String: Any] {
+    let deadline = ContinuousClock.now + timeout
+    while true {
+        if let line = discoverLines(child).first(where: predicate) { return line }
+        guard ContinuousClock.now < deadline else {
+            throw CommandFailure(command: "waiting for \(what)", output: child.output)
+        }
+        try await Task.sleep(for: .milliseconds(20))
+    }
+}

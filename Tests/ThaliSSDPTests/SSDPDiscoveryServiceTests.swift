@@ -1,0 +1,338 @@
+import Foundation
+import NIOCore
+import NIOPosix
+import Testing
+
+@testable import ThaliSSDP
+
+/// Tracks how often the consumer saw each USN.
+final class ConsumerLog: @unchecked Sendable {
+    private let lock = NSLock()
+    private var calls: [(String, [UInt8])] = []
+    func record(_ peer: SSDPPeer, _ bytes: [UInt8]) { lock.withLock { calls.append((peer.uniqueServiceName, bytes)) } }
+    var entries: [(String, [UInt8])] { lock.withLock { calls } }
+}
+
+@Suite("Discovery service on loopback multicast", .serialized)
+struct SSDPDiscoveryServiceTests {
+    let group = MultiThreadedEventLoopGroup.singleton
+
+    @Test func peersDiscoverEachOtherFetchOncePerUSNSeeChangesAndByebye() async throws {
+        let port = try freeUDPPort()
+        let consumed = ConsumerLog()
+        let alice = SSDPDiscoveryService(configuration: loopbackConfiguration(port: port), group: group)
+        let bob = SSDPDiscoveryService(configuration: loopbackConfiguration(port: port), group: group) { peer, bytes in
+            consumed.record(peer, bytes)
+        }
+        let aliceEvents = EventLog(alice)
+        let bobEvents = EventLog(bob)
+        try await alice.start(advertising: [1, 2, 3])
+        try await bob.start(advertising: [4, 5])
+        let aliceLocation = await alice.location()
+        let bobLocation = await bob.location()
+
+        try await bobEvents.wait(timeout: .seconds(3), "bob fetches alice") {
+            if case .beaconsFetched(let peer) = $0 { return peer.location == aliceLocation && peer.beaconState == .fetched([1, 2, 3]) }
+            return false
+        }
+        try await aliceEvents.wait(timeout: .seconds(3), "alice fetches bob") {
+            if case .beaconsFetched(let peer) = $0 { return peer.location == bobLocation && peer.beaconState == .fetched([4, 5]) }
+            return false
+        }
+        let firstName = try #require(await alice.uniqueServiceName())
+
+        // New beacons: a new USN, seen as a change, fetched once.
+        await alice.advertise([9])
+        let secondName = try #require(await alice.uniqueServiceName())
+        #expect(firstName != secondName)
+        try await bobEvents.wait(timeout: .seconds(3), "bob sees the change") {
+            if case .changed(let peer, let previous) = $0 { return previous == firstName && peer.uniqueServiceName == secondName }
+            return false
+        }
+        try await eventually("the new beacons reach bob's consumer") { consumed.entries.contains { $0.0 == secondName } }
+        try await Task.sleep(for: .milliseconds(600))  // several more alives of the same USN
+        #expect(consumed.entries.filter { $0.0 == firstName }.map(\.1) == [[1, 2, 3]])
+        #expect(consumed.entries.filter { $0.0 == secondName }.map(\.1) == [[9]])
+        #expect(!bobEvents.events.contains { if case .left = $0 { return true } else { return false } })
+
+        // Clean stop: byebye, seen as a departure.
+        await alice.stop()
+        try await bobEvents.wait(timeout: .seconds(2), "alice leaves by byebye") {
+            if case .left(let peer, .byebye) = $0 { return peer.location == aliceLocation }
+            return false
+        }
+        #expect(await bob.peers().isEmpty)
+        let counters = await bob.counters()
+        #expect(counters.ownMessagesIgnored > 0)  // bob heard its own alives through multicast loopback
+        #expect(counters.spoofedLocationsIgnored == 0 && counters.malformedDatagrams == 0)
+        await bob.stop()
+    }
+
+    @Test func searchOnJoinFindsAQuietPeerAndAnswersAreUnicastWithinMX() async throws {
+        let port = try freeUDPPort()
+        var quiet = loopbackConfiguration(port: port)
+        quiet.background = true  // one alive at start, then only every 60 s
+        let alice = SSDPDiscoveryService(configuration: quiet, group: group)
+        try await alice.start(advertising: [1])
+        try await Task.sleep(for: .milliseconds(200))  // alice's first alive is gone before bob listens
+        let bob = SSDPDiscoveryService(configuration: loopbackConfiguration(port: port), group: group)
+        let bobEvents = EventLog(bob)
+        try await bob.start()
+        try await bobEvents.wait(timeout: .seconds(3), "bob finds alice through M-SEARCH") {
+            if case .beaconsFetched(let peer) = $0 { return peer.beaconState == .fetched([1]) }
+            return false
+        }
+        #expect(await bob.counters().searchesSent == 1)
+        #expect(await alice.counters().searchResponsesSent >= 1)
+
+        // A hand-written M-SEARCH gets a unicast 200 OK with every header; a foreign target gets nothing.
+        let raw = try await RawSSDPSocket(groupPort: port)
+        let search = "M-SEARCH * HTTP/1.1\r\nHOST: 239.255.255.250:\(port)\r\nMAN: \"ssdp:discover\"\r\nMX: 1\r\nST: "
+        try await raw.send(search + "upnp:rootdevice\r\n\r\n")
+        try await raw.send(search + "ssdp:all\r\n\r\n")
+        try await eventually(timeout: .seconds(3), "an answer") { raw.datagrams.count >= 1 }
+        try await Task.sleep(for: .milliseconds(1200))
+        let answers = try raw.datagrams.map { try SSDPMessage.parse($0.data.readableBytesView) }
+        #expect(answers.count == 1)  // alice once (ssdp:all); bob advertises nothing; nobody answers rootdevice
+        guard case .searchResponse(let response) = answers.first else { Issue.record("\(answers)"); return }
+        #expect(response.uniqueServiceName == (await alice.uniqueServiceName()))
+        #expect(response.location == (await alice.location()).description)
+        #expect(response.maxAge == 60 && response.date?.hasSuffix("GMT") == true)
+        #expect(response.searchTarget == ThaliServiceName.notificationType)
+        let bytes = String(decoding: raw.datagrams[0].data.readableBytesView, as: UTF8.self)
+        #expect(bytes.contains("\r\nEXT: \r\n"))
+        await bob.stop()
+        await alice.stop()
+    }
+
+    @Test func aSilentlyKilledPeerExpiresByMaxAge() async throws {
+        let port = try freeUDPPort()
+        let bob = SSDPDiscoveryService(configuration: loopbackConfiguration(port: port), group: group)
+        let bobEvents = EventLog(bob)
+        try await bob.start()
+        let server = BeaconHTTPServer(host: "127.0.0.1", group: group)
+        let httpPort = try await server.start()
+        server.setBeacons([3])
+        let raw = try await RawSSDPSocket(groupPort: port)
+        try await raw.send(aliveText(port: port, location: "http://127.0.0.1:\(httpPort)/NotificationBeacons", maxAge: 1))
+        try await bobEvents.wait(timeout: .seconds(2), "appeared") { if case .appeared = $0 { true } else { false } }
+        let started = ContinuousClock.now
+        try await bobEvents.wait(timeout: .seconds(3), "expired") {
+            if case .left(_, .expired) = $0 { true } else { false }
+        }
+        #expect(ContinuousClock.now - started >= .milliseconds(700))
+        await server.stop()
+        await bob.stop()
+    }
+
+    /// A peer speaking like the deployed node-ssdp Thali: `data:<uuid>:<generation>` USNs, no byebye on
+    /// change, LOCATION without a path, max-age 1800.
+    @Test func aDeployedThaliPeerIsDiscoveredAndItsGenerationsAreChanges() async throws {
+        let port = try freeUDPPort()
+        let bob = SSDPDiscoveryService(configuration: loopbackConfiguration(port: port), group: group)
+        let bobEvents = EventLog(bob)
+        try await bob.start()
+        let server = BeaconHTTPServer(host: "127.0.0.1", group: group)
+        let httpPort = try await server.start()
+        server.setBeacons([0xD0])
+        let raw = try await RawSSDPSocket(groupPort: port)
+        let uuid = "3f2c1a9e-6b7d-4e21-9c3a-0d5e8f7a6b10"
+        func deployedAlive(_ generation: Int) -> String {
+            "NOTIFY * HTTP/1.1\r\nHOST: 228.227.226.225:1900\r\nNT: http://www.thaliproject.org/ssdp\r\n"
+                + "NTS: ssdp:alive\r\nUSN: data:\(uuid):\(generation)\r\nLOCATION: http://127.0.0.1:\(httpPort)\r\n"
+                + "CACHE-CONTROL: max-age=1800\r\nSERVER: node.js/0.10.40 UPnP/1.1 node-ssdp/2.6.5\r\n\r\n"
+        }
+        try await raw.send(deployedAlive(0))
+        try await bobEvents.wait(timeout: .seconds(3), "fetched generation 0") {
+            if case .beaconsFetched(let peer) = $0 { return peer.uniqueServiceName == "data:\(uuid):0" && peer.beaconState == .fetched([0xD0]) }
+            return false
+        }
+        server.setBeacons([0xD1])
+        try await raw.send(deployedAlive(1))
+        try await bobEvents.wait(timeout: .seconds(3), "generation 1 is a change") {
+            if case .changed(let peer, let previous) = $0 { return previous == "data:\(uuid):0" && peer.uniqueServiceName == "data:\(uuid):1" }
+            return false
+        }
+        try await bobEvents.wait(timeout: .seconds(3), "fetched generation 1") {
+            if case .beaconsFetched(let peer) = $0 { return peer.beaconState == .fetched([0xD1]) }
+            return false
+        }
+        await server.stop()
+        await bob.stop()
+    }
+
+    @Test func foreignDevicesSpoofedLocationsAndGarbageAreIgnoredQuietly() async throws {
+        let port = try freeUDPPort()
+        let bob = SSDPDiscoveryService(configuration: loopbackConfiguration(port: port), group: group)
+        try await bob.start()
+        let raw = try await RawSSDPSocket(groupPort: port)
+        // A UPnP router on the same group.
+        try await raw.send(aliveText(port: port, usn: "uuid:router::upnp:rootdevice", location: "http://127.0.0.1:80/desc.xml",
+                                     nt: "upnp:rootdevice"))
+        // A Thali alive whose LOCATION points somewhere other than its source: a connection cannon.
+        try await raw.send(aliveText(port: port, location: "http://10.9.9.9:80/NotificationBeacons"))
+        // Our NT with a USN that is no Thali USN; and plain garbage.
+        try await raw.send(aliveText(port: port, usn: "urn:x", location: "http://127.0.0.1:80"))
+        try await raw.send(Array(repeating: 0xFF, count: 64))
+        // An oversized datagram: the kernel truncates it to the read size, the parser refuses its size.
+        try await raw.send(Array(repeating: UInt8(ascii: "A"), count: 8000))
+        try await eventually("all five counted") {
+            let c = await bob.counters()
+            return c.foreignMessagesIgnored == 1 && c.spoofedLocationsIgnored == 1 && c.malformedDatagrams == 3
+        }
+        #expect(await bob.peers().isEmpty)
+        await bob.stop()
+    }
+
+    @Test func anAnnouncementFloodSwitchesDiscoveryOffForTheCooldown() async throws {
+        let port = try freeUDPPort()
+        var configuration = loopbackConfiguration(port: port)
+        configuration.limits.maxDatagramsPerWindow = 20
+        configuration.limits.floodWindow = .seconds(10)
+        configuration.limits.discoveryCooldown = .milliseconds(700)
+        let bob = SSDPDiscoveryService(configuration: configuration, group: group)
+        let bobEvents = EventLog(bob)
+        try await bob.start()
+        let raw = try await RawSSDPSocket(groupPort: port)
+        for index in 0..<60 {
+            try await raw.send(aliveText(port: port, location: "http://127.0.0.1:\(1000 + index)/"))
+        }
+        try await bobEvents.wait(timeout: .seconds(2), "flood") { $0 == .limitTriggered(.announcementFlood) }
+        #expect(await bob.isDiscoveryOff())
+        let during = await bob.counters()
+        #expect(during.floodShutdowns == 1)
+        #expect(during.datagramsReceived < 40)  // of 60: the rest were dropped by the kernel (socket closed)
+        try await eventually(timeout: .seconds(3), "discovery back on") { !(await bob.isDiscoveryOff()) }
+        try await raw.send(aliveText(port: port, location: "http://127.0.0.1:2000/"))
+        try await bobEvents.wait(timeout: .seconds(2), "a peer after the cool-down") {
+            if case .appeared(let peer) = $0 { return peer.location.port == 2000 } else { return false }
+        }
+        await bob.stop()
+    }
+
+    @Test func thePeerCapRefusesNewPeersAndSwitchesDiscoveryOff() async throws {
+        let port = try freeUDPPort()
+        var configuration = loopbackConfiguration(port: port)
+        configuration.limits.maxTrackedPeers = 3
+        configuration.client.maxAttempts = 1
+        let bob = SSDPDiscoveryService(configuration: configuration, group: group)
+        let bobEvents = EventLog(bob)
+        try await bob.start()
+        let raw = try await RawSSDPSocket(groupPort: port)
+        for index in 0..<5 {
+            try await raw.send(aliveText(port: port, location: "http://127.0.0.1:\(3000 + index)/"))
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        try await bobEvents.wait(timeout: .seconds(2), "peer cap") { $0 == .limitTriggered(.peerCap) }
+        let counters = await bob.counters()
+        #expect(counters.peerCapShutdowns == 1)
+        #expect(counters.peersRejectedAtCap == 1)  // the fourth; the fifth arrived with discovery off
+        #expect(await bob.peers().count == 3)
+        #expect(await bob.isDiscoveryOff())
+        await bob.stop()
+    }
+
+    @Test func whenEveryUnicastFailsAnnouncementsPause() async throws {
+        let port = try freeUDPPort()
+        var configuration = loopbackConfiguration(port: port)
+        configuration.limits.unicastFailureThreshold = 3
+        configuration.limits.unicastFailurePause = .seconds(30)
+        configuration.client.maxAttempts = 1
+        let bob = SSDPDiscoveryService(configuration: configuration, group: group)
+        let bobEvents = EventLog(bob)
+        try await bob.start(advertising: [1])
+        let raw = try await RawSSDPSocket(groupPort: port)
+        for _ in 0..<3 {  // three peers whose beacon ports refuse connections
+            try await raw.send(aliveText(port: port, location: "http://127.0.0.1:\(try closedTCPPort())/"))
+        }
+        try await bobEvents.wait(timeout: .seconds(3), "unicast failure") { $0 == .limitTriggered(.unicastFailure) }
+        #expect(await bob.isAnnouncingPaused())
+        let counters = await bob.counters()
+        #expect(counters.unicastFailurePauses == 1 && counters.beaconFetchesFailed == 3)
+        // The pause withdrew our USN, and no alive goes out during it.
+        let before = counters.alivesSent
+        #expect(counters.byebyesSent == 1)
+        try await Task.sleep(for: .milliseconds(600))
+        #expect(await bob.counters().alivesSent == before)
+        await bob.stop()
+    }
+
+    @Test func anOverloadedBeaconServerPausesAnnouncements() async throws {
+        let port = try freeUDPPort()
+        var configuration = loopbackConfiguration(port: port)
+        configuration.serverLimits.maxRequestsGlobal = 3
+        configuration.serverLimits.globalWindow = .seconds(30)
+        configuration.serverLimits.overloadClosePeriod = .seconds(30)
+        let bob = SSDPDiscoveryService(configuration: configuration, group: group)
+        let bobEvents = EventLog(bob)
+        try await bob.start(advertising: [1])
+        var clientConfiguration = BeaconHTTPClientConfiguration()
+        clientConfiguration.maxAttempts = 1
+        let client = BeaconHTTPClient(configuration: clientConfiguration, group: group)
+        let location = await bob.location()
+        for _ in 0..<4 { _ = try? await client.fetch(location) }
+        try await bobEvents.wait(timeout: .seconds(2), "overload") { $0 == .limitTriggered(.httpOverload) }
+        #expect(await bob.isAnnouncingPaused())
+        #expect(bob.serverCounters.overloadShutdowns == 1)
+        await bob.stop()
+    }
+
+    @Test func backgroundModeSlowsTheAlivesAndForegroundRestoresThem() async throws {
+        var configuration = loopbackConfiguration(port: try freeUDPPort())
+        configuration.foregroundAliveInterval = .milliseconds(100)
+        configuration.backgroundAliveInterval = .seconds(30)
+        let peer = SSDPDiscoveryService(configuration: configuration, group: group)
+        try await peer.start(advertising: [1])
+        try await eventually("foreground alives") { await peer.counters().alivesSent >= 4 }
+        await peer.setBackground(true)
+        let quiet = await peer.counters().alivesSent
+        try await Task.sleep(for: .milliseconds(500))
+        #expect(await peer.counters().alivesSent == quiet)
+        await peer.setBackground(false)
+        try await eventually("foreground again") { await peer.counters().alivesSent >= quiet + 3 }
+        await peer.stop()
+    }
+
+    @Test func startRefusesAddressesItCannotPinTo() async throws {
+        let nowhere = SSDPDiscoveryService(configuration: SSDPDiscoveryConfiguration(interfaceAddress: "10.254.254.254"),
+                                           group: group)
+        await #expect(throws: SSDPDiscoveryService.StartError.noInterface(address: "10.254.254.254")) {
+            try await nowhere.start()
+        }
+        let notAnAddress = SSDPDiscoveryService(configuration: SSDPDiscoveryConfiguration(interfaceAddress: "localhost"),
+                                                group: group)
+        await #expect(throws: SSDPDiscoveryService.StartError.invalidAddress("localhost")) { try await notAnAddress.start() }
+        var spinning = loopbackConfiguration(port: try freeUDPPort())
+        spinning.foregroundAliveInterval = .zero
+        await #expect(throws: SSDPDiscoveryService.StartError.invalidConfiguration("foregroundAliveInterval")) {
+            try await SSDPDiscoveryService(configuration: spinning, group: group).start()
+        }
+        var unicastGroup = loopbackConfiguration(port: try freeUDPPort())
+        unicastGroup.groupAddress = "127.0.0.1"
+        await #expect(throws: SSDPDiscoveryService.StartError.invalidAddress("127.0.0.1")) {
+            try await SSDPDiscoveryService(configuration: unicastGroup, group: group).start()
+        }
+    }
+
+    @Test func searchAnswersAreBoundedUnderAnMSearchFlood() async throws {
+        let port = try freeUDPPort()
+        var configuration = loopbackConfiguration(port: port)
+        configuration.limits.maxPendingSearchResponses = 2
+        let bob = SSDPDiscoveryService(configuration: configuration, group: group)
+        try await bob.start(advertising: [1])
+        let raw = try await RawSSDPSocket(groupPort: port)
+        let search = "M-SEARCH * HTTP/1.1\r\nHOST: 239.255.255.250:\(port)\r\nMAN: \"ssdp:discover\"\r\nMX: 2\r\nST: ssdp:all\r\n\r\n"
+        for _ in 0..<6 { try await raw.send(search) }
+        try await eventually("drops counted") { await bob.counters().searchResponsesDropped == 4 }
+        try await eventually(timeout: .seconds(4), "two answers") { raw.datagrams.count == 2 }
+        await bob.stop()
+    }
+}
+
+/// A TCP port on 127.0.0.1 that refuses connections.
+func closedTCPPort() throws -> Int {
+    let channel = try ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton).bind(host: "127.0.0.1", port: 0).wait()
+    let port = channel.localAddress?.port ?? 1
+    try channel.close().wait()
+    return port
+}

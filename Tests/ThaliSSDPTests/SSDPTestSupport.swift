@@ -1,0 +1,122 @@
+import Foundation
+import NIOCore
+import NIOPosix
+import Testing
+
+@testable import ThaliSSDP
+
+/// Collects a service's events so tests can wait for them.
+final class EventLog: @unchecked Sendable {
+    private let lock = NSLock()
+    private var collected: [SSDPDiscoveryEvent] = []
+    private var task: Task<Void, Never>?
+
+    init(_ service: SSDPDiscoveryService) {
+        task = Task { [weak self] in
+            for await event in service.events { self?.append(event) }
+        }
+    }
+
+    deinit { task?.cancel() }
+
+    private func append(_ event: SSDPDiscoveryEvent) { lock.withLock { collected.append(event) } }
+
+    var events: [SSDPDiscoveryEvent] { lock.withLock { collected } }
+
+    /// Waits until `predicate` holds for some event; returns it.
+    @discardableResult
+    func wait(timeout: Duration = .seconds(5), _ what: String = "event",
+              _ predicate: (SSDPDiscoveryEvent) -> Bool) async throws -> SSDPDiscoveryEvent {
+        let deadline = ContinuousClock.now + timeout
+        while true {
+            if let event = events.first(where: predicate) { return event }
+            guard ContinuousClock.now < deadline else { throw WaitTimeout(what: what, seen: events) }
+            try await Task.sleep(for: .milliseconds(20))
+        }
+    }
+}
+
+struct WaitTimeout: Error, CustomStringConvertible {
+    let what: String
+    let seen: [SSDPDiscoveryEvent]
+    var description: String { "timed out waiting for \(what); events: \(seen)" }
+}
+
+/// Polls `condition` until true or `timeout`.
+func eventually(timeout: Duration = .seconds(5), _ what: String, _ condition: () async -> Bool) async throws {
+    let deadline = ContinuousClock.now + timeout
+    while !(await condition()) {
+        guard ContinuousClock.now < deadline else { throw WaitTimeout(what: what, seen: []) }
+        try await Task.sleep(for: .milliseconds(20))
+    }
+}
+
+/// A free UDP port for a test's multicast group, so concurrent runs never hear each other.
+func freeUDPPort() throws -> Int {
+    let channel = try DatagramBootstrap(group: MultiThreadedEventLoopGroup.singleton).bind(host: "127.0.0.1", port: 0).wait()
+    defer { try? channel.close().wait() }
+    return channel.localAddress?.port ?? 0
+}
+
+/// A loopback configuration on a fresh port with short timers.
+func loopbackConfiguration(port: Int) -> SSDPDiscoveryConfiguration {
+    var configuration = SSDPDiscoveryConfiguration(interfaceAddress: "127.0.0.1")
+    configuration.port = port
+    configuration.foregroundAliveInterval = .milliseconds(200)
+    configuration.searchMaxWait = 1
+    configuration.client.responseTimeout = .milliseconds(500)
+    configuration.client.initialBackoff = .milliseconds(20)
+    return configuration
+}
+
+/// A UDP socket on 127.0.0.1 that plays a hand-written SSDP peer: sends to the group (pinned to loopback)
+/// or to an address, and records what it receives.
+final class RawSSDPSocket: @unchecked Sendable {
+    let channel: Channel
+    let group: SocketAddress
+    private let received = NIOLockedBox()
+
+    init(host: String = "127.0.0.1", groupPort: Int) async throws {
+        let box = received
+        channel = try await DatagramBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+            .channelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.addHandler(SSDPDatagramHandler { box.append($0) })
+                }
+            }
+            .bind(host: host, port: 0).get()
+        let interface = try SocketAddress(ipAddress: host, port: 0)
+        guard case .v4(let v4) = interface else { throw WaitTimeout(what: "IPv4", seen: []) }
+        try await (channel as! SocketOptionProvider).setIPMulticastIF(v4.address.sin_addr).get()
+        group = try SocketAddress(ipAddress: "239.255.255.250", port: groupPort)
+    }
+
+    deinit { channel.close(promise: nil) }
+
+    var port: Int { channel.localAddress?.port ?? 0 }
+
+    func send(_ text: String, to target: SocketAddress? = nil) async throws {
+        try await send(Array(text.utf8), to: target)
+    }
+
+    func send(_ bytes: [UInt8], to target: SocketAddress? = nil) async throws {
+        try await channel.writeAndFlush(AddressedEnvelope(remoteAddress: target ?? group,
+                                                          data: channel.allocator.buffer(bytes: bytes)))
+    }
+
+    var datagrams: [AddressedEnvelope<ByteBuffer>] { received.values }
+}
+
+final class NIOLockedBox: @unchecked Sendable {
+    private let lock = NSLock()
+    private var items: [AddressedEnvelope<ByteBuffer>] = []
+    func append(_ item: AddressedEnvelope<ByteBuffer>) { lock.withLock { items.append(item) } }
+    var values: [AddressedEnvelope<ByteBuffer>] { lock.withLock { items } }
+}
+
+/// An ssdp:alive as a foreign or hand-made Thali peer would send it.
+func aliveText(port: Int, usn: String = ThaliServiceName.makeUniqueServiceName(), location: String,
+               nt: String = ThaliServiceName.notificationType, maxAge: Int = 60) -> String {
+    "NOTIFY * HTTP/1.1\r\nHOST: 239.255.255.250:\(port)\r\nNT: \(nt)\r\nNTS: ssdp:alive\r\nUSN: \(usn)\r\n"
+        + "LOCATION: \(location)\r\nCACHE-CONTROL: max-age=\(maxAge)\r\nSERVER: test/1\r\n\r\n"
+}
