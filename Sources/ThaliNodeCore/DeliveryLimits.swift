@@ -28,6 +28,11 @@ public struct DeliveryLimits: Sendable, Hashable {
     /// silent or stalled peer cannot hold a session (and its partial file) open forever. Default 60 s.
     public var idleTimeout: TimeAmount
 
+    /// How long a partial file (an interrupted transfer) is kept for resuming. A receiving session first
+    /// deletes its contact's partial files untouched for longer, so transfers a sender abandoned (the
+    /// item expired or was removed) do not hold disk space forever. Default 7 days.
+    public var partialRetention: TimeAmount
+
     /// Creates limits; every argument defaults to the documented value.
     public init(
         maxFramePayloadBytes: Int = 64 * 1024,
@@ -35,7 +40,8 @@ public struct DeliveryLimits: Sendable, Hashable {
         maxNameBytes: Int = 255,
         maxItemBytes: UInt64 = 1 << 30,
         maxTextBytes: UInt64 = 64 * 1024,
-        idleTimeout: TimeAmount = .seconds(60)
+        idleTimeout: TimeAmount = .seconds(60),
+        partialRetention: TimeAmount = .hours(24 * 7)
     ) {
         let maxNameBytes = min(max(maxNameBytes, 1), Int(UInt16.max))
         let frame = max(maxFramePayloadBytes, DeliveryLimits.minimumFramePayloadBytes, ItemOffer.fixedBytes + maxNameBytes)
@@ -45,6 +51,7 @@ public struct DeliveryLimits: Sendable, Hashable {
         self.maxItemBytes = maxItemBytes
         self.maxTextBytes = maxTextBytes
         self.idleTimeout = idleTimeout
+        self.partialRetention = partialRetention
     }
 
     /// The smallest accepted `maxFramePayloadBytes`: room for an offer with a 255-byte name.

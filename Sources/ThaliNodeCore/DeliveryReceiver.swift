@@ -68,6 +68,9 @@ public struct DeliveryReceiver: Sendable {
         }
         defer { store.releaseSession(.receiving, with: peer) }
         let clock = now, store = self.store, peer = self.peer
+        let cutoff = now().addingTimeInterval(-Double(limits.partialRetention.nanoseconds) / 1e9)
+        let stale = try await blocking { store.sweepStalePartials(from: peer, before: cutoff) }
+        if stale > 0 { logger.info("deleted abandoned partial files", metadata: ["count": "\(stale)"]) }
         return try await channel.executeThenClose { inbound, outbound in
             var machine = DeliveryReceiverStateMachine(limits: limits, now: { UInt64(max(0, clock().milliseconds)) })
             var summary = Summary()

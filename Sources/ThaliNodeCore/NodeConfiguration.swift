@@ -32,7 +32,7 @@ public struct NodeConfiguration: Sendable, Hashable {
     /// `logLevel`: `trace`, `debug`, `info`, `notice`, `warning`, `error` or `critical`. Default `info`.
     public var logLevel: Logger.Level
     /// `maxFramePayloadBytes`, `chunkBytes`, `maxNameBytes`, `maxItemBytes`, `maxTextBytes`,
-    /// `idleTimeoutSeconds`: the delivery limits (see ``DeliveryLimits`` for their defaults and meaning).
+    /// `idleTimeoutSeconds`, `partialRetentionSeconds`: the delivery limits (see ``DeliveryLimits`` for their defaults and meaning).
     public var limits: DeliveryLimits
 
     /// The defaults.
@@ -53,7 +53,7 @@ public struct NodeConfiguration: Sendable, Hashable {
     public static let keys: [String] = [
         "interface", "deliveryPort", "beaconPort", "ssdpMulticastAddress", "ssdpPort", "beaconProfile",
         "beaconValiditySeconds", "defaultItemExpirySeconds", "logLevel", "maxFramePayloadBytes", "chunkBytes",
-        "maxNameBytes", "maxItemBytes", "maxTextBytes", "idleTimeoutSeconds",
+        "maxNameBytes", "maxItemBytes", "maxTextBytes", "idleTimeoutSeconds", "partialRetentionSeconds",
     ]
 
     /// Loads the configuration of `home`: the defaults when `config.json` does not exist, else the file.
@@ -111,9 +111,11 @@ public struct NodeConfiguration: Sendable, Hashable {
         let item = try fields.integer("maxItemBytes", default: Int(defaults.maxItemBytes), range: 0...Int.max)
         let text = try fields.integer("maxTextBytes", default: Int(defaults.maxTextBytes), range: 0...Int.max)
         let idle = try fields.integer("idleTimeoutSeconds", default: 60, range: 1...86400)
+        let retention = try fields.integer("partialRetentionSeconds", default: 7 * 24 * 3600, range: 60...Int(Int32.max))
         configuration.limits = DeliveryLimits(maxFramePayloadBytes: frame, chunkBytes: chunk, maxNameBytes: name,
                                               maxItemBytes: UInt64(item), maxTextBytes: UInt64(text),
-                                              idleTimeout: .seconds(Int64(idle)))
+                                              idleTimeout: .seconds(Int64(idle)),
+                                              partialRetention: .seconds(Int64(retention)))
         return configuration
     }
 
@@ -129,6 +131,7 @@ public struct NodeConfiguration: Sendable, Hashable {
             "maxNameBytes": limits.maxNameBytes, "maxItemBytes": limits.maxItemBytes,
             "maxTextBytes": limits.maxTextBytes,
             "idleTimeoutSeconds": limits.idleTimeout.nanoseconds / 1_000_000_000,
+            "partialRetentionSeconds": limits.partialRetention.nanoseconds / 1_000_000_000,
         ]
     }
 }

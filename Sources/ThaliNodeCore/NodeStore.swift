@@ -331,6 +331,21 @@ public final class NodeStore: Sendable {
         "\(home.partialDirectory)/\(contact.id ?? 0)-\(id.uuidString).part"
     }
 
+    /// Deletes the partial files from `contact` last modified before `cutoff`; returns how many.
+    @discardableResult
+    public func sweepStalePartials(from contact: Contact, before cutoff: Date) -> Int {
+        let prefix = "\(contact.id ?? 0)-"
+        let names = (try? FileManager.default.contentsOfDirectory(atPath: home.partialDirectory)) ?? []
+        var removed = 0
+        for name in names where name.hasPrefix(prefix) {
+            let path = home.partialDirectory + "/" + name
+            guard let modified = (try? FileManager.default.attributesOfItem(atPath: path))?[.modificationDate] as? Date,
+                  modified < cutoff else { continue }
+            if (try? FileManager.default.removeItem(atPath: path)) != nil { removed += 1 }
+        }
+        return removed
+    }
+
     /// The outcome of ``commitReceived(_:from:now:)``.
     public enum CommitResult: Sendable, Hashable {
         /// Stored now.

@@ -123,6 +123,24 @@ struct DeliveryTests {
         #expect(try pair.alice.contactsWithPendingItems().isEmpty)
     }
 
+    @Test("a receiving session deletes its contact's abandoned partial files, keeps recent ones and others'")
+    func abandonedPartialsSwept() async throws {
+        let pair = try NodePair(limits: Self.limits)
+        let stale = pair.bob.partialPath(for: UUID(), from: pair.aliceAtBob)
+        let recent = pair.bob.partialPath(for: UUID(), from: pair.aliceAtBob)
+        let carol = try pair.bob.addContact(name: "carol", publicKey: randomPublicKey())
+        let carols = pair.bob.partialPath(for: UUID(), from: carol)
+        for path in [stale, recent, carols] { try Data("partial".utf8).write(to: URL(fileURLWithPath: path)) }
+        let eightDaysAgo = Date().addingTimeInterval(-8 * 24 * 3600)
+        for path in [stale, carols] {
+            try FileManager.default.setAttributes([.modificationDate: eightDaysAgo], ofItemAtPath: path)
+        }
+        _ = try await deliverOverTCP(pair, limits: Self.limits).receiver.get()
+        #expect(!FileManager.default.fileExists(atPath: stale))
+        #expect(FileManager.default.fileExists(atPath: recent))
+        #expect(FileManager.default.fileExists(atPath: carols))
+    }
+
     @Test("a partial file with an intact prefix is resumed; a damaged one is restarted")
     func resumeAndRestart() async throws {
         for damaged in [false, true] {

@@ -32,7 +32,8 @@ struct NodeConfigurationTests {
             {"interface": "lo", "deliveryPort": 4000, "beaconPort": 4001, "ssdpMulticastAddress": "228.227.226.225",
              "ssdpPort": 1901, "beaconProfile": "cordova", "beaconValiditySeconds": 60, "defaultItemExpirySeconds": 120,
              "logLevel": "debug", "maxFramePayloadBytes": 8192, "chunkBytes": 4096, "maxNameBytes": 100,
-             "maxItemBytes": 1000000, "maxTextBytes": 500, "idleTimeoutSeconds": 5}
+             "maxItemBytes": 1000000, "maxTextBytes": 500, "idleTimeoutSeconds": 5,
+             "partialRetentionSeconds": 3600}
             """, in: temporary)
         let configuration = try NodeConfiguration.load(home: temporary.home)
         #expect(configuration.interface == "lo")
@@ -45,7 +46,8 @@ struct NodeConfigurationTests {
         #expect(configuration.defaultItemExpirySeconds == 120)
         #expect(configuration.logLevel == .debug)
         #expect(configuration.limits == DeliveryLimits(maxFramePayloadBytes: 8192, chunkBytes: 4096, maxNameBytes: 100,
-                                                       maxItemBytes: 1_000_000, maxTextBytes: 500, idleTimeout: .seconds(5)))
+                                                       maxItemBytes: 1_000_000, maxTextBytes: 500, idleTimeout: .seconds(5),
+                                                       partialRetention: .seconds(3600)))
         // What `jsonObject` writes reads back to the same configuration.
         let data = try JSONSerialization.data(withJSONObject: configuration.jsonObject)
         #expect(try NodeConfiguration.parse(data, path: "x") == configuration)
