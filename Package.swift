@@ -12,6 +12,7 @@ let package = Package(
         .library(name: "ThaliSSDP", targets: ["ThaliSSDP"]),
         .library(name: "TCPMultiplexer", targets: ["TCPMultiplexer"]),
         .library(name: "ThaliBLEBinding", targets: ["ThaliBLEBinding"]),
+        .library(name: "ThaliConformance", targets: ["ThaliConformance"]),
         .executable(name: "thali-node", targets: ["thali-node"]),
     ],
     dependencies: [
@@ -65,6 +66,7 @@ let package = Package(
             name: "TCPMultiplexer",
             dependencies: [
                 .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
             ]),
@@ -75,6 +77,14 @@ let package = Package(
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
+            ]),
+        .target(
+            name: "ThaliConformance",
+            dependencies: [
+                "ThaliBeacons", "ThaliSSDP",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
             ]),
         /// The node's data and delivery core: data directory, configuration, SQLite store (GRDB), and the
         /// store-and-forward delivery protocol that runs over any authenticated byte stream.
@@ -92,7 +102,8 @@ let package = Package(
         .executableTarget(
             name: "thali-node",
             dependencies: [
-                "ThaliBeacons", "ThaliPSKTLS", "ThaliSSDP", "TCPMultiplexer", "ThaliBLEBinding", "ThaliNodeCore",
+                "ThaliBeacons", "ThaliPSKTLS", "ThaliSSDP", "TCPMultiplexer", "ThaliBLEBinding",
+                "ThaliConformance", "ThaliNodeCore",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -122,8 +133,17 @@ let package = Package(
             dependencies: [
                 "TCPMultiplexer", "ThaliTestSupport",
                 .product(name: "NIOEmbedded", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "Crypto", package: "swift-crypto"),
             ],
-            exclude: ["Reference"]),
+            exclude: ["Reference", "GoPeer"]),
+        .testTarget(
+            name: "ThaliConformanceTests",
+            dependencies: [
+                "ThaliConformance", "ThaliSSDP", "ThaliBeacons", "ThaliTestSupport",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+            ]),
         .testTarget(
             name: "ThaliBLEBindingTests",
             dependencies: [

@@ -13,8 +13,8 @@ struct ThaliNode: AsyncParsableCommand {
 /// Conformance tools other implementers run against their own wire formats.
 struct Conformance: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Check wire formats against the Thali conformance vectors.",
-        subcommands: [ConformanceBeacons.self]
+        abstract: "Check wire formats against the conformance vectors, or probe another implementation's endpoint.",
+        subcommands: [ConformanceBeacons.self, ConformanceProbeCommand.self]
     )
 }
 
@@ -22,6 +22,6 @@ struct Conformance: AsyncParsableCommand {
 struct Bench: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Measure the speed of the suite's layers.",
-        subcommands: [BenchBeacons.self, BenchSSDP.self, BenchDelivery.self]
+        subcommands: [BenchBeacons.self, BenchSSDP.self, BenchMux.self, BenchDelivery.self]
     )
 }

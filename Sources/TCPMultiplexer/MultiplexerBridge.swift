@@ -1,0 +1,67 @@
+import NIOCore
+import NIOPosix
+
+/// Carries TCP connections over a multiplexer session, as a Thali binding needs: the connecting
+/// side runs a local TCP listener whose connections each become a new stream; the listening side
+/// turns each incoming stream into a connection to a local port. An EOF on either end becomes a
+/// half-close (FIN) on the other, an error a reset.
+public enum MultiplexerBridge {
+    /// Connecting side: listens on `host:port` (port 0 picks a free port; read it from the returned
+    /// channel's `localAddress`) on the session's event loop; each accepted connection opens a stream on
+    /// `session` and is joined to it. Close the returned channel to stop listening.
+    public static func listen(host: String = "127.0.0.1", port: Int = 0,
+                              forwardingTo session: MultiplexerSession) -> EventLoopFuture<Channel> {
+        let loop = session.channel.eventLoop
+        return ServerBootstrap(group: loop)
+            .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+            .childChannelOption(.allowRemoteHalfClosure, value: true)
+            .childChannelOption(.autoRead, value: false)
+            .childChannelInitializer { connection in
+                // The connection reads nothing until both ends are glued.
+                let (tcpGlue, pairedStreamGlue) = StreamGlueHandler.pair()
+                let streamGlue = NIOLoopBound(pairedStreamGlue, eventLoop: loop)
+                do {
+                    try connection.pipeline.syncOperations.addHandler(tcpGlue)
+                } catch {
+                    return connection.eventLoop.makeFailedFuture(error)
+                }
+                return session.openStream { stream in
+                    stream.eventLoop.makeCompletedFuture {
+                        try stream.syncOptions?.setOption(.allowRemoteHalfClosure, value: true)
+                        try stream.pipeline.syncOperations.addHandler(streamGlue.value)
+                    }
+                }.flatMap { _ in
+                    connection.setOption(.autoRead, value: true)
+                }
+            }
+            .bind(host: host, port: port)
+    }
+
+    /// Listening side: a stream initializer that connects each incoming stream to `host:port` and
+    /// joins them; a failed connection resets the stream. Pass it to
+    /// ``MultiplexerSession/configure(on:role:configuration:inboundStreamInitializer:)``.
+    public static func connectingInitializer(host: String, port: Int) -> MultiplexerHandler.StreamInitializer {
+        return { stream in
+            let (pairedTCPGlue, pairedStreamGlue) = StreamGlueHandler.pair()
+            let tcpGlue = NIOLoopBound(pairedTCPGlue, eventLoop: stream.eventLoop)
+            let streamGlue = NIOLoopBound(pairedStreamGlue, eventLoop: stream.eventLoop)
+            return ClientBootstrap(group: stream.eventLoop)
+                .channelOption(.allowRemoteHalfClosure, value: true)
+                .channelOption(.autoRead, value: false)  // until both ends are glued
+                .channelInitializer { connection in
+                    connection.eventLoop.makeCompletedFuture {
+                        try connection.pipeline.syncOperations.addHandler(tcpGlue.value)
+                    }
+                }
+                .connect(host: host, port: port)
+                .flatMapThrowing { connection -> Channel in
+                    try stream.syncOptions?.setOption(.allowRemoteHalfClosure, value: true)
+                    try stream.pipeline.syncOperations.addHandler(streamGlue.value)
+                    return connection
+                }
+                .flatMap { connection in
+                    connection.setOption(.autoRead, value: true)
+                }
+        }
+    }
+}

@@ -1,1 +1,0 @@
-// TCPMultiplexer: see spec/ and the module's types. (Module under construction.)

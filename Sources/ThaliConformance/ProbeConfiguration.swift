@@ -1,0 +1,73 @@
+import NIOCore
+import ThaliBeacons
+import ThaliSSDP
+
+/// Every bound and option of a conformance probe. The defaults reuse the suite's own client bounds
+/// (`BeaconHTTPClientConfiguration`) and beacon limits (`BeaconLimits`), so the probe judges another
+/// implementation by what this one would accept.
+public struct ProbeConfiguration: Sendable {
+    /// Longest wait for a TCP connection.
+    public var connectTimeout: TimeAmount
+    /// Longest wait from sending a request to the end of its response.
+    public var responseTimeout: TimeAmount
+    /// Largest body accepted (ThaliSSDP's client bound by default). The probe reads at most this many
+    /// body bytes plus one, then closes the connection, so a hostile server cannot make it buffer more.
+    public var maxBodyBytes: Int
+    /// Largest response head (status line and headers) read before the connection is cut.
+    public var maxHeadBytes: Int
+    /// Most beacons a body may carry (`BeaconLimits.maximumBeaconsPerAnnouncement` by default): this
+    /// suite's receivers reject longer announcements as malformed.
+    public var maxBeacons: Int
+    /// Clock skew forgiven when judging the expiration, in milliseconds.
+    public var clockSkewToleranceMilliseconds: UInt64 = 0
+
+    /// Whether to run the burst at all (it may make the server close its port for a while).
+    public var burstEnabled = true
+    /// Requests the burst sends, one connection each. At most `ProbeConfiguration.maximumBurstRequests`.
+    public var burstRequests = 200
+    /// Requests the burst keeps in flight at once. At most `ProbeConfiguration.maximumBurstConcurrency`.
+    public var burstConcurrency = 16
+    /// Longest the burst may run; requests not started by then are not sent.
+    public var burstTimeLimit: TimeAmount = .seconds(20)
+    /// A server that never throttles the burst is a failure, unless this is true (then a warning).
+    public var neverThrottlingIsWarning = false
+    /// After the burst, how long the server may stay silent (a port closed for overload counts) before
+    /// the probe warns that it stopped answering.
+    public var maxOutage: TimeAmount = .seconds(60)
+    /// Interval between attempts while waiting for the server to answer again after the burst.
+    public var recoveryPollInterval: TimeAmount = .milliseconds(250)
+
+    /// Upper bound on `burstRequests`: the probe is a checker, not a load generator.
+    public static let maximumBurstRequests = 10_000
+    /// Upper bound on `burstConcurrency`.
+    public static let maximumBurstConcurrency = 256
+
+    /// Defaults taken from `BeaconHTTPClientConfiguration()` and `BeaconLimits()`.
+    public init() {
+        let client = BeaconHTTPClientConfiguration()
+        connectTimeout = client.connectTimeout
+        responseTimeout = client.responseTimeout
+        maxBodyBytes = client.maxBodyBytes
+        maxHeadBytes = client.maxHeadBytes
+        maxBeacons = BeaconLimits().maximumBeaconsPerAnnouncement
+    }
+
+    /// Why this configuration cannot run (nil: it can).
+    public var problem: String? {
+        if connectTimeout <= .zero || responseTimeout <= .zero { return "timeouts must be positive" }
+        if maxBodyBytes < 1 || maxHeadBytes < 64 { return "max body must be ≥ 1 byte and max head ≥ 64 bytes" }
+        if maxBeacons < 1 { return "max beacons must be ≥ 1" }
+        if burstEnabled {
+            if !(1...Self.maximumBurstRequests).contains(burstRequests) {
+                return "burst requests must be 1 ... \(Self.maximumBurstRequests)"
+            }
+            if !(1...Self.maximumBurstConcurrency).contains(burstConcurrency) {
+                return "burst concurrency must be 1 ... \(Self.maximumBurstConcurrency)"
+            }
+            if burstTimeLimit <= .zero || maxOutage < .zero || recoveryPollInterval <= .zero {
+                return "burst time limit and poll interval must be positive, max outage not negative"
+            }
+        }
+        return nil
+    }
+}

@@ -1,0 +1,133 @@
+import Foundation
+import NIOCore
+import NIOEmbedded
+@testable import TCPMultiplexer
+
+/// Records what a stream channel's pipeline sees. Used from one event loop at a time.
+final class StreamRecorder: ChannelInboundHandler, @unchecked Sendable {
+    typealias InboundIn = ByteBuffer
+
+    private let lock = NSLock()
+    private var _received: [UInt8] = []
+    private var _errors: [Error] = []
+    private var _inputClosed = false
+    private var _inactive = false
+
+    var received: [UInt8] { lock.withLock { _received } }
+    var receivedString: String { String(decoding: received, as: UTF8.self) }
+    var errors: [Error] { lock.withLock { _errors } }
+    var inputClosed: Bool { lock.withLock { _inputClosed } }
+    var inactive: Bool { lock.withLock { _inactive } }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        let buffer = unwrapInboundIn(data)
+        lock.withLock { _received += buffer.readableBytesView }
+    }
+
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if case ChannelEvent.inputClosed = event { lock.withLock { _inputClosed = true } }
+        context.fireUserInboundEventTriggered(event)
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: Error) {
+        lock.withLock { _errors.append(error) }
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        lock.withLock { _inactive = true }
+    }
+}
+
+/// Streams the peer opened, in order, with their recorders.
+final class AcceptedStreams: @unchecked Sendable {
+    private let lock = NSLock()
+    private var _streams: [(channel: Channel, recorder: StreamRecorder)] = []
+    let halfClosure: Bool
+    let autoRead: Bool
+
+    init(halfClosure: Bool = false, autoRead: Bool = true) {
+        self.halfClosure = halfClosure
+        self.autoRead = autoRead
+    }
+
+    var all: [(channel: Channel, recorder: StreamRecorder)] { lock.withLock { _streams } }
+    var count: Int { lock.withLock { _streams.count } }
+
+    func named(_ name: String) -> (channel: Channel, recorder: StreamRecorder)? {
+        all.last { ($0.channel as? MultiplexerStreamChannel)?.name == name }
+    }
+
+    var initializer: MultiplexerHandler.StreamInitializer {
+        { channel in
+            channel.eventLoop.makeCompletedFuture {
+                let recorder = StreamRecorder()
+                try channel.syncOptions?.setOption(.allowRemoteHalfClosure, value: self.halfClosure)
+                try channel.syncOptions?.setOption(.autoRead, value: self.autoRead)
+                try channel.pipeline.syncOperations.addHandler(recorder)
+                self.lock.withLock { self._streams.append((channel, recorder)) }
+            }
+        }
+    }
+}
+
+/// A recorder-equipped stream initializer for locally opened streams.
+func recordingInitializer(_ recorder: StreamRecorder, halfClosure: Bool = true) -> MultiplexerHandler.StreamInitializer {
+    { channel in
+        channel.eventLoop.makeCompletedFuture {
+            try channel.syncOptions?.setOption(.allowRemoteHalfClosure, value: halfClosure)
+            try channel.pipeline.syncOperations.addHandler(recorder)
+        }
+    }
+}
+
+extension EmbeddedChannel {
+    /// Everything written to the channel so far, joined.
+    func drainOutbound() throws -> ByteBuffer {
+        var joined = ByteBuffer()
+        while var buffer = try readOutbound(as: ByteBuffer.self) { joined.writeBuffer(&buffer) }
+        return joined
+    }
+
+    /// An active embedded channel with a session on it.
+    static func withSession(role: MultiplexerRole, configuration: MultiplexerConfiguration,
+                            initializer: MultiplexerHandler.StreamInitializer?) throws -> (EmbeddedChannel, MultiplexerSession) {
+        let channel = EmbeddedChannel()
+        try channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 1)).wait()
+        let session = try MultiplexerSession.configure(on: channel, role: role, configuration: configuration,
+                                                       inboundStreamInitializer: initializer).wait()
+        return (channel, session)
+    }
+}
+
+/// A yamux frame as bytes.
+func yamux(_ type: YamuxHeader.FrameType, _ flags: YamuxHeader.Flags = [], id: UInt32, length: UInt32,
+           payload: [UInt8] = []) -> ByteBuffer {
+    var buffer = ByteBuffer()
+    YamuxHeader(type: type, flags: flags, streamID: id, length: length).write(to: &buffer)
+    buffer.writeBytes(payload)
+    return buffer
+}
+
+/// Test configuration: no timers, so embedded channels see only the frames a test causes.
+func quietConfiguration(_ framing: MultiplexerFraming) -> MultiplexerConfiguration {
+    var configuration = MultiplexerConfiguration(framing: framing)
+    configuration.keepAliveInterval = nil
+    return configuration
+}
+
+/// Deterministic pseudo-random bytes (xorshift), so large transfers can be checked without storing them twice.
+struct PatternGenerator {
+    private var state: UInt64
+    init(seed: UInt64) { state = seed | 1 }
+    mutating func next() -> UInt64 {
+        state ^= state << 13
+        state ^= state >> 7
+        state ^= state << 17
+        return state
+    }
+    mutating func fill(_ buffer: inout ByteBuffer, count: Int) {
+        var remaining = count
+        while remaining >= 8 { buffer.writeInteger(next()); remaining -= 8 }
+        while remaining > 0 { buffer.writeInteger(UInt8(truncatingIfNeeded: next())); remaining -= 1 }
+    }
+}

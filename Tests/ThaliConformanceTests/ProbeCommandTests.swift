@@ -1,0 +1,74 @@
+import Foundation
+import NIOPosix
+import Testing
+import ThaliBeacons
+import ThaliSSDP
+import ThaliTestSupport
+
+@testable import ThaliConformance
+
+/// The `thali-node` built beside the test bundle (`swift build --build-tests` builds both).
+private func thaliNode() -> String? {
+    let beside = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent()
+        .appendingPathComponent("thali-node").path
+    return [beside, PackagePaths.root() + "/.build/debug/thali-node"]
+        .first { FileManager.default.isExecutableFile(atPath: $0) }
+}
+
+/// `thali-node conformance probe` as a user runs it: a separate process, its output and exit status.
+@Suite("thali-node conformance probe", .serialized, .enabled(if: TestEnvironment.available(thaliNode() != nil)))
+struct ProbeCommandTests {
+    func runProbe(_ arguments: [String]) async throws -> (status: Int32, output: String) {
+        let node = try #require(thaliNode())
+        let process = try ChildProcess(node, ["conformance", "probe"] + arguments)
+        let status = try await process.waitForExit(timeout: .seconds(60))
+        // The output pipe is drained asynchronously; give the last line a moment to arrive.
+        try? await process.waitForOutput(containing: status == 64 ? "Error" : "passed", timeout: .seconds(2))
+        return (status, process.output)
+    }
+
+    @Test("against BeaconHTTPServer: a verdict line per check, one note, the tally, exit 0")
+    func conformingServer() async throws {
+        var limits = BeaconHTTPServerLimits()
+        limits.maxRequestsPerSource = 10
+        limits.sourceWindow = .seconds(1)
+        let server = BeaconHTTPServer(host: "127.0.0.1", limits: limits, group: MultiThreadedEventLoopGroup.singleton)
+        server.setBeacons(try BeaconGenerator(identity: PrivateKey()).makeAnnouncement(
+            for: [PrivateKey().publicKey], validity: .seconds(600)).stream)
+        let port = try await server.start()
+        let (status, output) = try await runProbe(["http://127.0.0.1:\(port)", "--burst-requests", "40",
+                                                   "--burst-concurrency", "8", "--max-outage-s", "10"])
+        await server.stop()
+        #expect(status == 0, "\(output)")
+        let lines = output.split(separator: "\n").map(String.init)
+        #expect(lines.first == "probe http://127.0.0.1:\(port)/NotificationBeacons")
+        #expect(lines.last == "14 passed, 0 failed", "\(output)")
+        #expect(lines.filter { $0.hasPrefix("NOTE ") } == ["NOTE \(ConformanceProbe.flagsNote)"])
+        #expect(lines.contains { $0.hasPrefix("PASS burst: throttled after ") }, "\(output)")
+        #expect(lines.contains("N/A  empty-204: status 200"))
+    }
+
+    @Test("--json against a server without Cache-Control: one object, the failure in it, exit 1")
+    func jsonAndFailure() async throws {
+        let stream = try BeaconGenerator(identity: PrivateKey()).makeAnnouncement(
+            for: [PrivateKey().publicKey], validity: .seconds(600)).stream
+        try await withBrokenServer("no-cache-control", body: stream) { location in
+            let (status, output) = try await runProbe(["http://\(location.host):\(location.port)", "--json", "--no-burst"])
+            #expect(status == 1, "\(output)")
+            let object = try #require(
+                try JSONSerialization.jsonObject(with: Data(output.utf8)) as? [String: Any], "\(output)")
+            #expect(object["failed"] as? Int == 1)
+            let checks = try #require(object["checks"] as? [[String: String]])
+            #expect(checks.first { $0["id"] == "cache-control" }?["verdict"] == "FAIL")
+            #expect(checks.first { $0["id"] == "burst" }?["verdict"] == "N/A")
+        }
+    }
+
+    @Test("a host name, or a burst beyond its bound, is refused before any traffic",
+          arguments: [["http://localhost:8080"], ["http://127.0.0.1:9", "--burst-requests", "10001"]])
+    func validation(arguments: [String]) async throws {
+        let (status, output) = try await runProbe(arguments)
+        #expect(status == 64, "\(output)")
+        #expect(output.contains("Error:"), "\(output)")
+    }
+}
