@@ -153,7 +153,7 @@ let package = Package(
         .testTarget(
             name: "ThaliNodeCoreTests",
             dependencies: [
-                "ThaliNodeCore", "ThaliBeacons", "ThaliTestSupport",
+                "ThaliNodeCore", "ThaliBeacons", "TCPMultiplexer", "ThaliTestSupport",
                 .product(name: "NIOEmbedded", package: "swift-nio"),
             ]),
     ],

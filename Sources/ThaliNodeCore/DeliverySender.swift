@@ -144,10 +144,12 @@ public struct DeliverySender: Sendable {
                 }
             }
             try await outbound.write(machine.finish())
-            // The receiver closes after `done`; waiting for that makes sure `done` arrived.
-            if let frame = try await frames.next() {
-                throw DeliveryProtocolError.unexpectedFrame(frame: frame.name, state: machine.stateName)
-            }
+            // The receiver closes after `done`; waiting for that lets `done` arrive before our close. How the
+            // stream ends (a clean EOF, or a reset as some multiplexers close) no longer matters: every item
+            // was settled by its own acknowledgement.
+            let after: DeliveryFrame?
+            do { after = try await frames.next() } catch { after = nil }
+            if let after { throw DeliveryProtocolError.unexpectedFrame(frame: after.name, state: machine.stateName) }
             return summary
         }
     }
