@@ -38,6 +38,14 @@ if [[ "${1:-}" == "--test" ]] && ! command -v curl >/dev/null; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq curl >/dev/null
 fi
 
+# ThaliPSKTLS tests: GnuTLS's gnutls-serv is a second, independent TLS stack for DHE-PSK interop.
+if [[ "${1:-}" == "--test" ]] && ! command -v gnutls-serv >/dev/null; then
+    echo "bootstrap: installing gnutls-bin"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq gnutls-bin >/dev/null
+fi
+
 # thali-node's store (GRDB) links the system SQLite: its headers come from libsqlite3-dev.
 if ! dpkg-query -W -f='${Status}' libsqlite3-dev 2>/dev/null | grep -q "install ok installed"; then
     echo "bootstrap: installing libsqlite3-dev"

@@ -1,0 +1,73 @@
+import COpenSSL
+
+/// An OpenSSL `SSL_CTX` configured for the Thali PSK profile, for one role. Immutable once built and
+/// shared by every connection of a client or server (building one costs far more than a handshake).
+///
+/// The profile: TLS 1.2 only; the cipher list is exactly `DHE-PSK-AES256-GCM-SHA384` and no TLS 1.3
+/// suites; no session cache, tickets or renegotiation (each handshake runs a fresh DH exchange and
+/// the PSK lookup); security level 2, so a client refuses DH primes under 2048 bits during the
+/// handshake; a server uses the configured RFC 7919 group and sends no identity hint.
+public final class PSKTLSContext: @unchecked Sendable {
+    // @unchecked: the SSL_CTX is fully configured in init and only read afterwards; OpenSSL allows
+    // concurrent SSL_new on one context.
+
+    /// The side this context serves.
+    public let role: PSKTLSRole
+    /// The configuration it was built from.
+    public let configuration: PSKTLSConfiguration
+
+    let pointer: OpaquePointer  // SSL_CTX *
+    private let dhParameters: DHParameters?
+
+    /// Builds a context for `role`. Throws `PSKTLSError` with reason `invalidConfiguration` if OpenSSL
+    /// refuses a setting (which means the OpenSSL build lacks the suite or the group).
+    public init(role: PSKTLSRole, configuration: PSKTLSConfiguration = PSKTLSConfiguration()) throws(PSKTLSError) {
+        OpenSSLErrors.clear()
+        // The group first: everything allocated before a throw must already belong to a stored property.
+        let dhParameters = role == .server ? try DHParameters(group: configuration.dhGroup) : nil
+        guard let context = SSL_CTX_new(role == .server ? TLS_server_method() : TLS_client_method()) else {
+            throw PSKTLSError(.invalidConfiguration, role: role, detail: "SSL_CTX_new: \(OpenSSLErrors.drain())")
+        }
+        self.role = role
+        self.configuration = configuration
+        self.pointer = context
+        self.dhParameters = dhParameters
+        PSKTLSDiagnostics.adjust(\.contexts, by: 1)
+
+        func check(_ ok: Bool, _ what: String) throws(PSKTLSError) {
+            if !ok { throw PSKTLSError(.invalidConfiguration, role: role, detail: "\(what): \(OpenSSLErrors.drain())") }
+        }
+        // Self is fully initialised: a throw below runs deinit, which frees the context.
+        try check(thali_SSL_CTX_set_min_proto_version(context, TLS1_2_VERSION) == 1, "min version")
+        try check(thali_SSL_CTX_set_max_proto_version(context, TLS1_2_VERSION) == 1, "max version")
+        try check(SSL_CTX_set_cipher_list(context, PSKTLSProfile.cipherSuite) == 1, "cipher list")
+        try check(SSL_CTX_set_ciphersuites(context, "") == 1, "TLS 1.3 suites")
+        SSL_CTX_set_security_level(context, 2)
+        _ = SSL_CTX_set_options(
+            context, thali_SSL_OP_NO_TICKET() | thali_SSL_OP_NO_RENEGOTIATION() | thali_SSL_OP_NO_COMPRESSION())
+        _ = thali_SSL_CTX_set_session_cache_mode(context, Int(SSL_SESS_CACHE_OFF))
+        SSL_CTX_set_info_callback(context) { ssl, type, value in
+            guard let ssl, type & SSL_CB_ALERT != 0, let connection = SSLConnection.owner(of: ssl) else { return }
+            connection.recordAlert(level: UInt8(truncatingIfNeeded: value >> 8),
+                                   alert: TLSAlert(rawValue: UInt8(truncatingIfNeeded: value)),
+                                   sent: type & SSL_CB_WRITE != 0)
+        }
+        if let dhParameters {
+            let key = dhParameters.retainedPointer()
+            if SSL_CTX_set0_tmp_dh_pkey(context, key) != 1 {
+                EVP_PKEY_free(key)
+                try check(false, "SSL_CTX_set0_tmp_dh_pkey(\(configuration.dhGroup.rawValue))")
+            }
+            SSL_CTX_set_psk_server_callback(context) { ssl, identity, psk, maximumLength in
+                guard let ssl, let identity, let psk, let connection = SSLConnection.owner(of: ssl) else { return 0 }
+                return connection.serverPSK(identity: identity, into: psk, maximumLength: Int(maximumLength))
+            }
+        }
+        OpenSSLErrors.clear()
+    }
+
+    deinit {
+        SSL_CTX_free(pointer)
+        PSKTLSDiagnostics.adjust(\.contexts, by: -1)
+    }
+}

@@ -1,0 +1,113 @@
+import NIOCore
+
+/// A finite-field Diffie-Hellman group of RFC 7919 that the server offers in its ServerKeyExchange.
+///
+/// TLS 1.2 has no negotiation of finite-field groups in OpenSSL 3.0, so the server picks one and the
+/// client accepts any group of at least 2048 bits. Nothing smaller exists here on purpose.
+public enum DHGroup: String, CaseIterable, Hashable, Sendable {
+    case ffdhe2048
+    case ffdhe3072
+    case ffdhe4096
+
+    /// The size of the group's prime in bits.
+    public var bits: Int {
+        switch self {
+        case .ffdhe2048: 2048
+        case .ffdhe3072: 3072
+        case .ffdhe4096: 4096
+        }
+    }
+}
+
+/// The protocol profile: the only values this module negotiates. Not configurable on purpose.
+public enum PSKTLSProfile {
+    /// The one cipher suite, TLS_DHE_PSK_WITH_AES_256_GCM_SHA384 (RFC 5487, code point 0x00AB).
+    public static let cipherSuite = "DHE-PSK-AES256-GCM-SHA384"
+    /// The cipher suite's IANA code point.
+    public static let cipherSuiteID: UInt16 = 0x00AB
+    /// The one protocol version, TLS 1.2.
+    public static let protocolVersion = "TLSv1.2"
+    /// The smallest DH prime a client accepts from a server, in bits (OpenSSL security level 2).
+    public static let minimumDHBits = 2048
+    /// The longest PSK identity OpenSSL 3.0 sends or accepts, in bytes (`PSK_MAX_IDENTITY_LEN`).
+    /// RFC 4279 only obliges implementations to accept 128; Thali's identities are 192 characters.
+    public static let maximumIdentityLength = 256
+    /// The longest PSK OpenSSL 3.0 accepts, in bytes (`PSK_MAX_PSK_LEN`).
+    public static let maximumPSKLength = 512
+}
+
+/// Settings of a PSK-TLS client or server. Every limit has a default that suits a phone-sized peer.
+public struct PSKTLSConfiguration: Sendable {
+    /// The DH group a server uses for every handshake (a fresh key each time). Ignored by clients,
+    /// which accept any group of at least `PSKTLSProfile.minimumDHBits`. Default: ffdhe3072.
+    public var dhGroup: DHGroup = .ffdhe3072
+
+    /// How long a handshake may take from the moment the TCP connection is up; then it fails with
+    /// `PSKTLSError.Reason.handshakeTimedOut` and the connection is closed. Default: 10 s.
+    public var handshakeTimeout: TimeAmount = .seconds(10)
+
+    /// How long closing waits for the close_notify alert (or a fatal alert), and the data written before
+    /// it, to reach the network; a peer that does not read gets its connection closed after this.
+    /// Default: 5 s.
+    public var closeTimeout: TimeAmount = .seconds(5)
+
+    /// How long a client waits for the TCP connection. Default: 10 s.
+    public var connectTimeout: TimeAmount = .seconds(10)
+
+    /// How many bytes of plaintext the handler holds for the application while the handshake is still
+    /// running; a write beyond that fails with `writeBufferLimitExceeded`. Default: 1 MiB.
+    public var maximumBufferedPlaintextBeforeHandshake: Int = 1 << 20
+
+    /// The size of the buffers plaintext is decrypted into and delivered in. Larger values mean fewer,
+    /// bigger reads for the application; each read of the network is decrypted completely before the
+    /// next one, so this bounds nothing by itself. Default: 64 KiB.
+    public var plaintextReadChunkSize: Int = 64 << 10
+
+    /// Server only: how many connections (handshaking or established) may be open at once; more are
+    /// closed as soon as they are accepted and counted in `PSKTLSServer.Statistics.refused`. Default: 256.
+    public var maximumConcurrentConnections: Int = 256
+
+    /// Server only: how many established connections wait for the application to take them from
+    /// `PSKTLSServer.connections`; more are closed. Default: 64.
+    public var maximumPendingConnections: Int = 64
+
+    /// Server only: how many recent handshake failures `PSKTLSServer.handshakeFailures` keeps for a
+    /// consumer that is not reading them; older ones are dropped. Default: 64.
+    public var maximumBufferedFailures: Int = 64
+
+    /// Whether receiving `close_notify` only ends the input (half-closure: `ChannelEvent.inputClosed` is
+    /// fired and writing stays possible) instead of closing the whole connection. Default: true.
+    public var allowRemoteHalfClosure: Bool = true
+
+    /// The defaults.
+    public init() {}
+
+    /// The defaults with the server's DH group set.
+    public init(dhGroup: DHGroup) { self.dhGroup = dhGroup }
+}
+
+/// The side of a TLS connection.
+public enum PSKTLSRole: String, Hashable, Sendable {
+    case client
+    case server
+}
+
+/// What a completed handshake negotiated, checked against `PSKTLSProfile` on both sides.
+public struct PSKTLSNegotiatedParameters: Hashable, Sendable {
+    /// The protocol version, e.g. `TLSv1.2`.
+    public let protocolVersion: String
+    /// The OpenSSL name of the cipher suite, e.g. `DHE-PSK-AES256-GCM-SHA384`.
+    public let cipherSuite: String
+    /// The size in bits of the DH prime used in the key exchange.
+    public let dhGroupBits: Int
+    /// The PSK identity the client sent (on the server, the one the lookup accepted).
+    public let pskIdentity: String
+    /// Client only: whether the server sent a PSK identity hint (a Thali server never does).
+    public let serverSentIdentityHint: Bool
+}
+
+/// Events the handler fires through the pipeline.
+public enum PSKTLSEvent: Sendable {
+    /// The handshake finished and the parameters passed the profile's checks; application data flows.
+    case handshakeCompleted(PSKTLSNegotiatedParameters)
+}

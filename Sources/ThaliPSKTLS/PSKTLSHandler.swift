@@ -1,0 +1,361 @@
+import NIOCore
+
+/// A channel handler that runs TLS 1.2 with `DHE-PSK-AES256-GCM-SHA384` over the bytes of a channel:
+/// ciphertext below it, plaintext above it. It only moves bytes between the channel and OpenSSL (through
+/// a BIO over NIO's buffers); `PSKTLSStateMachine` decides what each event means.
+///
+/// - The handshake starts when the channel becomes active and must finish within
+///   `PSKTLSConfiguration.handshakeTimeout`; then `PSKTLSEvent.handshakeCompleted` is fired and the
+///   optional handshake promise succeeds. Writes made earlier are held (up to a limit) and sent then.
+/// - Every failure is fired as a `PSKTLSError` through `errorCaught` (and fails the handshake promise
+///   while handshaking); any alert OpenSSL produced is sent first, then the channel is closed.
+/// - `close(mode: .all)` sends close_notify, then closes; `close(mode: .output)` sends close_notify and
+///   shuts down the TCP output (half-closure). A received close_notify fires `ChannelEvent.inputClosed`.
+/// - Backpressure: the handler never reads from the network on its own once the handshake is done;
+///   each network read is decrypted and delivered entirely, so nothing is buffered between reads,
+///   and the application's `read()` calls (or their absence) pace the network.
+public final class PSKTLSHandler: ChannelDuplexHandler {
+    public typealias InboundIn = ByteBuffer
+    public typealias InboundOut = ByteBuffer
+    public typealias OutboundIn = ByteBuffer
+    public typealias OutboundOut = ByteBuffer
+
+    private let connection: SSLConnection
+    private let configuration: PSKTLSConfiguration
+    private var stateMachine = PSKTLSStateMachine()
+    private var handshakePromise: EventLoopPromise<PSKTLSNegotiatedParameters>?
+    private var handshakeTimeout: Scheduled<Void>?
+
+    /// The write of our close_notify, once sent: a full close waits for it.
+    private var lastWriteBeforeClose: EventLoopFuture<Void>?
+
+    /// Plaintext written by the application and not yet encrypted.
+    private var pendingWrites = MarkedCircularBuffer<(data: ByteBuffer, promise: EventLoopPromise<Void>?)>(initialCapacity: 8)
+    private var pendingWriteBytes = 0
+    /// The application asked for a read that no plaintext has answered yet.
+    private var applicationReadPending = false
+    /// Plaintext was delivered during the current read burst.
+    private var deliveredInBurst = false
+
+    /// A client handler that authenticates with `identity` and `psk`.
+    ///
+    /// Throws `invalidCredentials` if the identity is empty, longer than
+    /// `PSKTLSProfile.maximumIdentityLength` bytes of UTF-8 or contains NUL, or if the PSK is empty or
+    /// longer than `PSKTLSProfile.maximumPSKLength`.
+    public init(clientContext: PSKTLSContext, identity: String, psk: [UInt8],
+                handshakePromise: EventLoopPromise<PSKTLSNegotiatedParameters>? = nil) throws(PSKTLSError) {
+        guard clientContext.role == .client else {
+            throw PSKTLSError(.invalidConfiguration, role: .client, detail: "a client handler needs a client context")
+        }
+        let credentials = try Self.clientCredentials(identity: identity, psk: psk)
+        connection = try SSLConnection(context: clientContext, credentials: credentials)
+        configuration = clientContext.configuration
+        self.handshakePromise = handshakePromise
+    }
+
+    /// Checks a client's identity and PSK against what OpenSSL can send (see the client initialiser).
+    static func clientCredentials(identity: String, psk: [UInt8]) throws(PSKTLSError) -> SSLConnection.Credentials {
+        let identityBytes = Array(identity.utf8)
+        guard !identityBytes.isEmpty, identityBytes.count <= PSKTLSProfile.maximumIdentityLength,
+              !identityBytes.contains(0), !psk.isEmpty, psk.count <= PSKTLSProfile.maximumPSKLength
+        else {
+            throw PSKTLSError(.invalidCredentials, role: .client,
+                              detail: "identity \(identityBytes.count) bytes, PSK \(psk.count) bytes")
+        }
+        return .client(identity: identityBytes.map { CChar(bitPattern: $0) } + [0], psk: psk)
+    }
+
+    /// A server handler that asks `lookup` for the PSK of the identity each client sends.
+    public init(serverContext: PSKTLSContext, lookup: @escaping PSKLookup,
+                handshakePromise: EventLoopPromise<PSKTLSNegotiatedParameters>? = nil) throws(PSKTLSError) {
+        guard serverContext.role == .server else {
+            throw PSKTLSError(.invalidConfiguration, role: .server, detail: "a server handler needs a server context")
+        }
+        connection = try SSLConnection(context: serverContext, credentials: .server(lookup: lookup))
+        configuration = serverContext.configuration
+        self.handshakePromise = handshakePromise
+    }
+
+    private var role: PSKTLSRole { connection.role }
+
+    // MARK: Lifecycle
+
+    public func handlerAdded(context: ChannelHandlerContext) {
+        if context.channel.isActive { startHandshake(context: context) }
+    }
+
+    public func handlerRemoved(context: ChannelHandlerContext) {
+        handshakeTimeout?.cancel()
+        failPendingWrites(PSKTLSError(.connectionClosed, role: role))
+        handshakePromise?.fail(PSKTLSError(.connectionClosed, role: role, detail: "handler removed"))
+        handshakePromise = nil
+    }
+
+    public func channelActive(context: ChannelHandlerContext) {
+        startHandshake(context: context)
+        context.fireChannelActive()
+    }
+
+    public func channelInactive(context: ChannelHandlerContext) {
+        if let reason = stateMachine.endOfInput(channelInactive: true), stateMachine.failed() {
+            report(PSKTLSError(reason, role: role), context: context)
+        }
+        handshakeTimeout?.cancel()
+        failPendingWrites(PSKTLSError(.connectionClosed, role: role))
+        context.fireChannelInactive()
+    }
+
+    public func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        guard let channelEvent = event as? ChannelEvent, channelEvent == .inputClosed else {
+            return context.fireUserInboundEventTriggered(event)
+        }
+        // The TCP input ended. After the peer's close_notify that is expected (and already announced).
+        if let reason = stateMachine.endOfInput(channelInactive: false) {
+            fail(PSKTLSError(reason, role: role), context: context)
+        }
+    }
+
+    private func startHandshake(context: ChannelHandlerContext) {
+        guard stateMachine.channelActive() else { return }
+        let timeout = configuration.handshakeTimeout
+        handshakeTimeout = context.eventLoop.assumeIsolated().scheduleTask(in: timeout) { [self] in
+            fail(PSKTLSError(.handshakeTimedOut, role: role, detail: "after \(timeout)"), context: context)
+        }
+        continueHandshake(context: context)
+    }
+
+    // MARK: Inbound
+
+    public func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        let ciphertext = unwrapInboundIn(data)
+        switch stateMachine.state {
+        case .handshaking:
+            connection.receive(ciphertext)
+            continueHandshake(context: context)
+        case .active, .outputClosed:
+            connection.receive(ciphertext)
+            deliverPlaintext(context: context)
+        case .idle, .inputClosed, .closed:
+            break  // nothing may follow close_notify or a failure; drop it
+        }
+    }
+
+    public func channelReadComplete(context: ChannelHandlerContext) {
+        let delivered = deliveredInBurst
+        deliveredInBurst = false
+        if delivered { context.fireChannelReadComplete() }
+        // A read that produced no plaintext (half a record) has not answered the application: ask again.
+        if stateMachine.deliversInput && applicationReadPending && !delivered { context.read() }
+    }
+
+    private func continueHandshake(context: ChannelHandlerContext) {
+        let result = connection.handshake()
+        sendPendingCiphertext(context: context, flush: true)
+        switch result {
+        case .wantsInput:
+            context.read()  // the handshake drives its own reads, whatever the application asked
+        case .failed(let error):
+            fail(error, context: context)
+        case .completed(let parameters):
+            stateMachine.handshakeCompleted()
+            handshakeTimeout?.cancel()
+            handshakeTimeout = nil
+            context.fireUserInboundEventTriggered(PSKTLSEvent.handshakeCompleted(parameters))
+            handshakePromise?.succeed(parameters)
+            handshakePromise = nil
+            encryptPendingWrites(context: context)
+            // Application data may have arrived in the same read as the server's Finished.
+            deliverPlaintext(context: context)
+        }
+    }
+
+    /// Decrypts everything buffered and fires it in chunks of at most `plaintextReadChunkSize`. Buffers
+    /// are sized to the ciphertext at hand (plaintext is never longer), so small messages do not each
+    /// hold a full chunk of memory while they wait for the application.
+    private func deliverPlaintext(context: ChannelHandlerContext) {
+        let chunkSize = configuration.plaintextReadChunkSize
+        var plaintext = ByteBuffer()
+        func fire() {
+            guard plaintext.readableBytes > 0 else { return }
+            applicationReadPending = false
+            deliveredInBurst = true
+            context.fireChannelRead(wrapInboundOut(plaintext))
+            plaintext = ByteBuffer()
+        }
+        while stateMachine.deliversInput {
+            if plaintext.readableBytes >= chunkSize { fire() }
+            let room = min(chunkSize - plaintext.readableBytes, connection.bufferedInput)
+            let result: SSLConnection.ReadResult = room > 0 ? connection.read(into: &plaintext, maximum: room) : .wantsInput
+            switch result {
+            case .read:
+                continue
+            case .wantsInput:
+                fire()
+                sendPendingCiphertext(context: context, flush: true)  // e.g. an alert OpenSSL queued
+                return
+            case .closeNotify:
+                fire()
+                closeNotifyReceived(context: context)
+                return
+            case .failed(let error):
+                fire()
+                fail(error, context: context)
+                return
+            }
+        }
+    }
+
+    private func closeNotifyReceived(context: ChannelHandlerContext) {
+        switch stateMachine.closeNotifyReceived(allowHalfClosure: configuration.allowRemoteHalfClosure) {
+        case .fireInputClosed:
+            context.fireUserInboundEventTriggered(ChannelEvent.inputClosed)
+        case .replyAndClose:
+            connection.sendCloseNotify()
+            sendThenClose(context: context, mode: .all, promise: nil)
+        case .close:
+            context.close(promise: nil)
+        case .ignore:
+            break
+        }
+    }
+
+    // MARK: Outbound
+
+    public func read(context: ChannelHandlerContext) {
+        applicationReadPending = true
+        context.read()
+    }
+
+    public func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
+        let plaintext = unwrapOutboundIn(data)
+        if stateMachine.holdsOutput {
+            guard pendingWriteBytes + plaintext.readableBytes <= configuration.maximumBufferedPlaintextBeforeHandshake else {
+                promise?.fail(PSKTLSError(.writeBufferLimitExceeded, role: role,
+                                          detail: "limit \(configuration.maximumBufferedPlaintextBeforeHandshake) bytes"))
+                return
+            }
+        } else if !stateMachine.acceptsOutput {
+            promise?.fail(PSKTLSError(.connectionClosed, role: role))
+            return
+        }
+        pendingWriteBytes += plaintext.readableBytes
+        pendingWrites.append((plaintext, promise))
+    }
+
+    public func flush(context: ChannelHandlerContext) {
+        pendingWrites.mark()
+        if stateMachine.acceptsOutput { encryptPendingWrites(context: context) }
+    }
+
+    /// Encrypts the flushed writes and writes the ciphertext of each with that write's promise. OpenSSL
+    /// writes the records straight into the buffer that goes to the channel.
+    private func encryptPendingWrites(context: ChannelHandlerContext) {
+        var wroteAny = false
+        while pendingWrites.hasMark, let write = pendingWrites.popFirst() {
+            let (plaintext, promise) = (write.data, write.promise)
+            pendingWriteBytes -= plaintext.readableBytes
+            // Records add 29 bytes per 16 KiB (header, explicit nonce, tag).
+            connection.reserveOutput(plaintext.readableBytes + plaintext.readableBytes / 512 + 64)
+            let failure = plaintext.withUnsafeReadableBytes { connection.write($0) }
+            if let failure {
+                promise?.fail(failure)
+                fail(failure, context: context)
+                return
+            }
+            context.write(wrapOutboundOut(connection.takeOutput()), promise: promise)
+            wroteAny = true
+        }
+        if wroteAny { context.flush() }
+    }
+
+    public func close(context: ChannelHandlerContext, mode: CloseMode, promise: EventLoopPromise<Void>?) {
+        switch stateMachine.closeRequested(mode: mode) {
+        case .passOn:
+            context.close(mode: mode, promise: promise)
+        case .closeAfterCloseNotify:
+            if let lastWriteBeforeClose {
+                close(context: context, after: lastWriteBeforeClose, mode: mode, promise: promise)
+            } else {
+                context.close(mode: mode, promise: promise)
+            }
+        case .refuse:
+            promise?.fail(ChannelError.operationUnsupported)
+        case .closeImmediately:
+            handshakeTimeout?.cancel()
+            let error = PSKTLSError(.connectionClosed, role: role, detail: "closed during the handshake")
+            handshakePromise?.fail(error)
+            handshakePromise = nil
+            failPendingWrites(error)
+            context.close(mode: .all, promise: promise)
+        case .sendCloseNotifyThenClose:
+            encryptPendingWrites(context: context)
+            failPendingWrites(PSKTLSError(.connectionClosed, role: role, detail: "closed before flush"))
+            connection.sendCloseNotify()
+            sendThenClose(context: context, mode: .all, promise: promise)
+        case .sendCloseNotifyThenCloseOutput:
+            encryptPendingWrites(context: context)
+            failPendingWrites(PSKTLSError(.connectionClosed, role: role, detail: "output closed before flush"))
+            connection.sendCloseNotify()
+            sendThenClose(context: context, mode: .output, promise: promise)
+        }
+    }
+
+    // MARK: Helpers
+
+    /// Writes whatever OpenSSL queued for the network (handshake messages, alerts, close_notify).
+    private func sendPendingCiphertext(context: ChannelHandlerContext, flush: Bool) {
+        guard connection.pendingOutput > 0 else { return }
+        context.write(wrapOutboundOut(connection.takeOutput()), promise: nil)
+        if flush { context.flush() }
+    }
+
+    /// Sends the queued ciphertext (an alert or close_notify) and closes once it is on the wire (after
+    /// all earlier writes), because closing a channel discards what it has not written yet. If the peer
+    /// does not read for `closeTimeout`, the channel is closed anyway.
+    private func sendThenClose(context: ChannelHandlerContext, mode: CloseMode, promise: EventLoopPromise<Void>?) {
+        let written = context.writeAndFlush(wrapOutboundOut(connection.takeOutput()))
+        lastWriteBeforeClose = written
+        close(context: context, after: written, mode: mode, promise: promise)
+    }
+
+    private func close(context: ChannelHandlerContext, after written: EventLoopFuture<Void>, mode: CloseMode,
+                       promise: EventLoopPromise<Void>?) {
+        var closed = false
+        let deadline = context.eventLoop.assumeIsolated().scheduleTask(in: configuration.closeTimeout) {
+            guard !closed else { return }
+            closed = true
+            context.close(mode: .all, promise: promise)
+        }
+        written.assumeIsolated().whenComplete { _ in
+            deadline.cancel()
+            guard !closed else { return }
+            closed = true
+            context.close(mode: mode, promise: promise)
+        }
+    }
+
+    /// Ends the connection with `error`: sends any alert, reports the error once, closes.
+    private func fail(_ error: PSKTLSError, context: ChannelHandlerContext) {
+        guard stateMachine.failed() else { return }
+        report(error, context: context)
+        failPendingWrites(error)
+        sendThenClose(context: context, mode: .all, promise: nil)
+    }
+
+    /// Fails the handshake promise (if still pending) and fires the error.
+    private func report(_ error: PSKTLSError, context: ChannelHandlerContext) {
+        handshakeTimeout?.cancel()
+        handshakeTimeout = nil
+        handshakePromise?.fail(error)
+        handshakePromise = nil
+        context.fireErrorCaught(error)
+    }
+
+    private func failPendingWrites(_ error: PSKTLSError) {
+        while let write = pendingWrites.popFirst() { write.promise?.fail(error) }
+        pendingWriteBytes = 0
+    }
+}
+
+@available(*, unavailable)
+extension PSKTLSHandler: Sendable {}

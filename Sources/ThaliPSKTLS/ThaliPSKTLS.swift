@@ -1,1 +1,0 @@
-// ThaliPSKTLS: see spec/ and the module's types. (Module under construction.)
