@@ -155,7 +155,7 @@ let package = Package(
         .testTarget(
             name: "ThaliNodeCoreTests",
             dependencies: [
-                "ThaliNodeCore", "ThaliBeacons", "TCPMultiplexer", "ThaliTestSupport",
+                "ThaliNodeCore", "ThaliBeacons", "TCPMultiplexer", "ThaliPSKTLS", "ThaliTestSupport",
                 .product(name: "NIOEmbedded", package: "swift-nio"),
             ]),
     ],
