@@ -12,6 +12,10 @@ extension ItemKind: DatabaseValueConvertible {}
 /// Every change that must be atomic with a file operation (committing a received file, removing a
 /// delivered one) happens in one transaction, so a process killed at any moment leaves either the old or
 /// the new state, and a rerun converges to exactly one copy of every item.
+///
+/// Its methods block (SQLite with full durability, file copies): call them from a command-line tool, a
+/// blocking pool or a dedicated thread, never from an event loop. The delivery sessions do so on a
+/// `NIOThreadPool`. Several processes may open the same data directory (SQLite serialises their writes).
 public final class NodeStore: Sendable {
     /// The data directory.
     public let home: NodeHome
