@@ -37,6 +37,13 @@ public final class ChildProcess: @unchecked Sendable {
             guard let self, !data.isEmpty else { return }
             self.lock.withLock { self.collected.append(data) }
         }
+        // A blocked signal mask survives exec, and the threads tests run on block SIGTERM among
+        // others: spawn with nothing blocked so the child can be stopped like any process.
+        var unblocked = sigset_t()
+        var previous = sigset_t()
+        sigemptyset(&unblocked)
+        pthread_sigmask(SIG_SETMASK, &unblocked, &previous)
+        defer { pthread_sigmask(SIG_SETMASK, &previous, nil) }
         try process.run()
     }
 
