@@ -40,8 +40,16 @@ struct SpawnedCommand {
             argv.forEach { free($0) }
             envp.forEach { free($0) }
         }
+        // The test runner's threads block signals, and a blocked mask survives exec: start with an empty one.
+        var attributes = posix_spawnattr_t()
+        posix_spawnattr_init(&attributes)
+        defer { posix_spawnattr_destroy(&attributes) }
+        var emptyMask = sigset_t()
+        sigemptyset(&emptyMask)
+        posix_spawnattr_setsigmask(&attributes, &emptyMask)
+        posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGMASK))
         var pid: pid_t = 0
-        let spawned = posix_spawn(&pid, executable, &actions, nil, argv, envp)
+        let spawned = posix_spawn(&pid, executable, &actions, &attributes, argv, envp)
         close(writeEnd)
         guard spawned == 0 else { throw Failure(description: "posix_spawn \(executable): errno \(spawned)") }
 
