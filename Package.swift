@@ -20,6 +20,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-crypto.git", from: "3.12.3"),
         .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
         .package(url: "https://github.com/apple/swift-log.git", from: "1.16.2"),
+        .package(url: "https://github.com/groue/GRDB.swift.git", from: "7.10.0"),
     ],
     targets: [
         // MARK: C libraries (module map + pkg-config; static inline shims only where the C API uses macros)
@@ -87,11 +88,24 @@ let package = Package(
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
             ]),
+        /// The node's data and delivery core: data directory, configuration, SQLite store (GRDB), and the
+        /// store-and-forward delivery protocol that runs over any authenticated byte stream.
+        .target(
+            name: "ThaliNodeCore",
+            dependencies: [
+                "ThaliBeacons",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "GRDB", package: "GRDB.swift"),
+            ]),
         .executableTarget(
             name: "thali-node",
             dependencies: [
                 "ThaliBeacons", "ThaliPSKTLS", "ThaliSSDP", "TCPMultiplexer", "ThaliBLEBinding",
-                "ThaliConformance",
+                "ThaliConformance", "ThaliNodeCore",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -141,6 +155,12 @@ let package = Package(
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
+            ]),
+        .testTarget(
+            name: "ThaliNodeCoreTests",
+            dependencies: [
+                "ThaliNodeCore", "ThaliBeacons", "TCPMultiplexer", "ThaliPSKTLS", "ThaliTestSupport",
+                .product(name: "NIOEmbedded", package: "swift-nio"),
             ]),
     ],
     swiftLanguageModes: [.v6]

@@ -45,3 +45,11 @@ if [[ "${1:-}" == "--test" ]] && ! command -v gnutls-serv >/dev/null; then
     apt-get update -qq
     apt-get install -y -qq gnutls-bin >/dev/null
 fi
+
+# thali-node's store (GRDB) links the system SQLite: its headers come from libsqlite3-dev.
+if ! dpkg-query -W -f='${Status}' libsqlite3-dev 2>/dev/null | grep -q "install ok installed"; then
+    echo "bootstrap: installing libsqlite3-dev"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq libsqlite3-dev >/dev/null
+fi

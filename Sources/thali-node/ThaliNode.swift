@@ -6,7 +6,7 @@ struct ThaliNode: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "thali-node",
         abstract: "A Thali peer: private discovery of contacts and authenticated delivery over local networks.",
-        subcommands: [Demo.self, Conformance.self, Bench.self, Discover.self]
+        subcommands: [Demo.self, Conformance.self, Bench.self, Discover.self, Identity.self, Contacts.self, Send.self, Outbox.self, Inbox.self, Config.self]
     )
 }
 
@@ -22,6 +22,6 @@ struct Conformance: AsyncParsableCommand {
 struct Bench: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Measure the speed of the suite's layers.",
-        subcommands: [BenchBeacons.self, BenchSSDP.self, BenchMux.self, BenchTLS.self, BenchBLE.self]
+        subcommands: [BenchBeacons.self, BenchSSDP.self, BenchMux.self, BenchTLS.self, BenchBLE.self, BenchDelivery.self]
     )
 }

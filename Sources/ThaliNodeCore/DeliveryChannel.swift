@@ -1,0 +1,53 @@
+import NIOCore
+
+/// Puts the delivery protocol on a byte-stream channel (a TCP connection, or a multiplexer stream inside
+/// PSK-TLS): an idle timeout, the frame decoder and encoder, and an async wrapper for the session drivers.
+public enum DeliveryChannel {
+    /// The async channel a ``DeliverySender`` or ``DeliveryReceiver`` runs on.
+    public typealias AsyncFrames = NIOAsyncChannel<DeliveryFrame, DeliveryFrame>
+
+    /// Adds the delivery handlers to `channel` and wraps it. Call it on the channel's event loop (e.g. in a
+    /// bootstrap's channel initializer).
+    public static func configureSynchronously(_ channel: any Channel, limits: DeliveryLimits) throws -> AsyncFrames {
+        channel.eventLoop.preconditionInEventLoop()
+        try channel.pipeline.syncOperations.addHandlers([
+            IdleStateHandler(allTimeout: limits.idleTimeout),
+            IdleTimeoutHandler(timeout: limits.idleTimeout),
+            ByteToMessageHandler(DeliveryFrameDecoder(limits: limits)),
+            MessageToByteHandler(DeliveryFrameEncoder()),
+        ])
+        return try AsyncFrames(wrappingChannelSynchronously: channel)
+    }
+
+    /// Adds the delivery handlers to `channel` (from any thread) and wraps it.
+    public static func configure(_ channel: any Channel, limits: DeliveryLimits) -> EventLoopFuture<AsyncFrames> {
+        channel.eventLoop.submit { try configureSynchronously(channel, limits: limits) }
+    }
+}
+
+/// Nothing moved in either direction for ``DeliveryLimits/idleTimeout``; the session was closed.
+public struct DeliveryIdleTimeout: Error, Hashable, CustomStringConvertible {
+    /// The timeout that passed.
+    public let timeout: TimeAmount
+    public var description: String { "nothing sent or received for \(timeout.nanoseconds / 1_000_000) ms" }
+}
+
+/// Turns an idle event (nothing read and nothing written for the timeout) into a ``DeliveryIdleTimeout``
+/// error and closes the channel. Both directions count: a sender streaming a large file reads nothing for
+/// a long time, and a stalled peer stops both.
+final class IdleTimeoutHandler: ChannelInboundHandler, Sendable {
+    typealias InboundIn = ByteBuffer
+    typealias InboundOut = ByteBuffer
+    let timeout: TimeAmount
+
+    init(timeout: TimeAmount) { self.timeout = timeout }
+
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if let idle = event as? IdleStateHandler.IdleStateEvent, idle == .all {
+            context.fireErrorCaught(DeliveryIdleTimeout(timeout: timeout))
+            context.close(promise: nil)
+            return
+        }
+        context.fireUserInboundEventTriggered(event)
+    }
+}

@@ -1,0 +1,183 @@
+import Foundation
+import NIOCore
+
+/// The kind of a delivered item: a short UTF-8 text or a file with a name. The raw value is the name
+/// used in the store and in JSON output; ``wireCode`` is its byte on the wire.
+public enum ItemKind: String, Sendable, Hashable, Codable, CaseIterable {
+    /// A UTF-8 text, at most ``DeliveryLimits/maxTextBytes``.
+    case text
+    /// A file, at most ``DeliveryLimits/maxItemBytes``, with a file name.
+    case file
+
+    /// The kind's byte in an offer frame.
+    public var wireCode: UInt8 { self == .text ? 0 : 1 }
+
+    /// The kind with wire byte `code`, if any.
+    public init?(wireCode code: UInt8) {
+        switch code {
+        case 0: self = .text
+        case 1: self = .file
+        default: return nil
+        }
+    }
+}
+
+/// What a sender announces about one item before any content moves.
+public struct ItemOffer: Sendable, Hashable {
+    /// The item's idempotent id, chosen when it was queued; the receiver stores each id once per sender.
+    public var id: UUID
+    /// Text or file.
+    public var kind: ItemKind
+    /// The content length in bytes.
+    public var size: UInt64
+    /// SHA-256 of the whole content (32 bytes); the receiver verifies it before committing.
+    public var sha256: [UInt8]
+    /// When the item was queued, in milliseconds since the epoch.
+    public var createdMilliseconds: UInt64
+    /// When the item expires, in milliseconds since the epoch.
+    public var expiresMilliseconds: UInt64
+    /// The file name (empty for text).
+    public var name: String
+
+    /// Creates an offer.
+    public init(id: UUID, kind: ItemKind, size: UInt64, sha256: [UInt8], createdMilliseconds: UInt64,
+                expiresMilliseconds: UInt64, name: String) {
+        self.id = id
+        self.kind = kind
+        self.size = size
+        self.sha256 = sha256
+        self.createdMilliseconds = createdMilliseconds
+        self.expiresMilliseconds = expiresMilliseconds
+        self.name = name
+    }
+
+    /// The encoded size of an offer without its name: id 16, kind 1, size 8, sha256 32, created 8,
+    /// expires 8, name length 2.
+    public static let fixedBytes = 16 + 1 + 8 + 32 + 8 + 8 + 2
+}
+
+/// Why a receiver declines an item without transferring it. The sender marks the item refused and does
+/// not offer it again.
+public enum ItemRefusal: UInt8, Sendable, Hashable, CaseIterable {
+    /// Larger than the receiver's ``DeliveryLimits/maxItemBytes`` (or `maxTextBytes` for text).
+    case tooLarge = 1
+    /// The file name is not a safe single path component (empty, `.`, `..`, contains `/` or NUL), or a
+    /// text item carries a name.
+    case invalidName = 2
+    /// Already expired by the receiver's clock.
+    case expired = 3
+}
+
+/// Why a receiver discarded a completely transferred item. The sender keeps the item and tries again in a
+/// later session, from the start.
+public enum TransferFailure: UInt8, Sendable, Hashable, CaseIterable {
+    /// The content's SHA-256 differs from the offer's.
+    case digestMismatch = 1
+    /// A text item is not valid UTF-8.
+    case invalidText = 2
+}
+
+/// The receiver's answer to an offer.
+public enum ItemAnswer: Sendable, Hashable {
+    /// The receiver has nothing of this item: send it all.
+    case nothing
+    /// The receiver holds the first `offset` bytes, whose SHA-256 is `prefixSHA256`. The sender resumes at
+    /// `offset` if its own prefix has that digest, else restarts at 0.
+    case partial(offset: UInt64, prefixSHA256: [UInt8])
+    /// The item is already in the receiver's inbox: the sender may forget it.
+    case complete
+    /// The receiver will not take the item.
+    case refused(ItemRefusal)
+}
+
+/// One frame of the delivery protocol (version 1).
+///
+/// Every frame is `type (1 byte) ‖ payload length (4 bytes, big endian) ‖ payload`. The payload length
+/// is bounded by ``DeliveryLimits/maxFramePayloadBytes``. Ids are the 16 raw bytes of a UUID, integers
+/// are unsigned big endian. See `spec/delivery.md`.
+public enum DeliveryFrame: Sendable, Hashable {
+    /// Sender → receiver, first frame: the protocol version (``DeliveryFrame/protocolVersion``).
+    case hello(version: UInt8)
+    /// Sender → receiver: an item's metadata.
+    case offer(ItemOffer)
+    /// Receiver → sender: what the receiver already has of item `id`.
+    case answer(id: UUID, ItemAnswer)
+    /// Sender → receiver: content of item `id` follows, starting at byte `offset`.
+    case start(id: UUID, offset: UInt64)
+    /// Sender → receiver: the next content bytes of the item being streamed (at least 1 byte).
+    case data(ByteBuffer)
+    /// Sender → receiver: all content of item `id` has been sent.
+    case end(id: UUID)
+    /// Receiver → sender: item `id` is committed to the inbox; the sender removes it.
+    case ack(id: UUID)
+    /// Receiver → sender: item `id` arrived damaged and was discarded.
+    case reject(id: UUID, TransferFailure)
+    /// Sender → receiver: no more items in this session.
+    case done
+
+    /// The protocol version this implementation speaks.
+    public static let protocolVersion: UInt8 = 1
+
+    /// The size of a frame header: type and payload length.
+    public static let headerBytes = 5
+
+    /// The frame type codes on the wire.
+    enum FrameType: UInt8 {
+        case hello = 1, offer, answer, start, data, end, ack, reject, done
+    }
+
+    /// A short name for errors and logs (no payload).
+    public var name: String {
+        switch self {
+        case .hello: "hello"
+        case .offer: "offer"
+        case .answer: "answer"
+        case .start: "start"
+        case .data: "data"
+        case .end: "end"
+        case .ack: "ack"
+        case .reject: "reject"
+        case .done: "done"
+        }
+    }
+}
+
+/// A violation of the delivery protocol by the peer (or a limit it exceeded). The session ends; nothing
+/// already committed is affected and a partial file stays for a later resume.
+public enum DeliveryProtocolError: Error, Hashable, CustomStringConvertible {
+    /// A frame header announced a payload larger than ``DeliveryLimits/maxFramePayloadBytes``.
+    case frameTooLarge(length: Int, limit: Int)
+    /// A frame type this version does not know.
+    case unknownFrameType(UInt8)
+    /// A frame's payload does not have the layout its type requires.
+    case malformedFrame(type: String, reason: String)
+    /// An offer's name is longer than ``DeliveryLimits/maxNameBytes``.
+    case nameTooLong(length: Int, limit: Int)
+    /// The peer speaks another protocol version.
+    case unsupportedVersion(UInt8)
+    /// A frame that the protocol does not allow in the current state.
+    case unexpectedFrame(frame: String, state: String)
+    /// A frame about another item than the one in progress.
+    case itemMismatch(expected: UUID, received: UUID)
+    /// The sender sent more (or, at its end, fewer) bytes than the offer's size.
+    case sizeMismatch(expected: UInt64, received: UInt64)
+    /// A resume offset that the receiver did not propose.
+    case invalidOffset(UInt64)
+    /// The byte stream ended before the session was finished.
+    case connectionClosed(state: String)
+
+    public var description: String {
+        switch self {
+        case .frameTooLarge(let length, let limit): "frame payload of \(length) bytes exceeds the limit of \(limit)"
+        case .unknownFrameType(let type): "unknown frame type \(type)"
+        case .malformedFrame(let type, let reason): "malformed \(type) frame: \(reason)"
+        case .nameTooLong(let length, let limit): "file name of \(length) bytes exceeds the limit of \(limit)"
+        case .unsupportedVersion(let version): "unsupported delivery protocol version \(version)"
+        case .unexpectedFrame(let frame, let state): "unexpected \(frame) frame while \(state)"
+        case .itemMismatch(let expected, let received): "frame for item \(received) while transferring \(expected)"
+        case .sizeMismatch(let expected, let received): "item of \(expected) bytes but \(received) bytes sent"
+        case .invalidOffset(let offset): "resume offset \(offset) was not proposed"
+        case .connectionClosed(let state): "connection closed while \(state)"
+        }
+    }
+}

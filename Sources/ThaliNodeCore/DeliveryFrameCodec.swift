@@ -1,0 +1,218 @@
+import Foundation
+import NIOCore
+
+extension DeliveryFrame {
+    /// Appends this frame's wire form (header and payload) to `buffer`.
+    public func encode(into buffer: inout ByteBuffer) {
+        let headerIndex = buffer.writerIndex
+        buffer.writeInteger(frameType.rawValue)
+        buffer.writeInteger(UInt32(0))  // patched below, once the payload length is known
+        let payloadStart = buffer.writerIndex
+        switch self {
+        case .hello(let version):
+            buffer.writeInteger(version)
+        case .offer(let offer):
+            buffer.writeUUID(offer.id)
+            buffer.writeInteger(offer.kind.wireCode)
+            buffer.writeInteger(offer.size)
+            buffer.writeBytes(offer.sha256)
+            buffer.writeInteger(offer.createdMilliseconds)
+            buffer.writeInteger(offer.expiresMilliseconds)
+            let name = Array(offer.name.utf8)
+            buffer.writeInteger(UInt16(truncatingIfNeeded: name.count))
+            buffer.writeBytes(name)
+        case .answer(let id, let answer):
+            buffer.writeUUID(id)
+            switch answer {
+            case .nothing:
+                buffer.writeInteger(UInt8(0))
+            case .partial(let offset, let digest):
+                buffer.writeInteger(UInt8(1))
+                buffer.writeInteger(offset)
+                buffer.writeBytes(digest)
+            case .complete:
+                buffer.writeInteger(UInt8(2))
+            case .refused(let reason):
+                buffer.writeInteger(UInt8(3))
+                buffer.writeInteger(reason.rawValue)
+            }
+        case .start(let id, let offset):
+            buffer.writeUUID(id)
+            buffer.writeInteger(offset)
+        case .data(var bytes):
+            buffer.writeBuffer(&bytes)
+        case .end(let id), .ack(let id):
+            buffer.writeUUID(id)
+        case .reject(let id, let failure):
+            buffer.writeUUID(id)
+            buffer.writeInteger(failure.rawValue)
+        case .done:
+            break
+        }
+        buffer.setInteger(UInt32(buffer.writerIndex - payloadStart), at: headerIndex + 1)
+    }
+
+    /// Reads one frame from the front of `buffer`. Returns `nil` (consuming nothing) when the frame is not
+    /// complete yet; throws ``DeliveryProtocolError`` for a frame that can never be valid. A payload length
+    /// above the limit is rejected from the header alone, so at most one bounded frame is ever buffered.
+    public static func decode(from buffer: inout ByteBuffer, limits: DeliveryLimits) throws -> DeliveryFrame? {
+        guard let typeByte = buffer.getInteger(at: buffer.readerIndex, as: UInt8.self),
+              let length32 = buffer.getInteger(at: buffer.readerIndex + 1, as: UInt32.self)
+        else { return nil }
+        guard let type = FrameType(rawValue: typeByte) else { throw DeliveryProtocolError.unknownFrameType(typeByte) }
+        let length = Int(length32)
+        guard length <= limits.maxFramePayloadBytes else {
+            throw DeliveryProtocolError.frameTooLarge(length: length, limit: limits.maxFramePayloadBytes)
+        }
+        guard buffer.readableBytes >= headerBytes + length else { return nil }
+        buffer.moveReaderIndex(forwardBy: headerBytes)
+        guard var payload = buffer.readSlice(length: length) else { return nil }
+        let frame = try parsePayload(type: type, &payload, limits: limits)
+        guard payload.readableBytes == 0 else {
+            throw DeliveryProtocolError.malformedFrame(type: frame.name, reason: "\(payload.readableBytes) trailing bytes")
+        }
+        return frame
+    }
+
+    private static func parsePayload(type: FrameType, _ payload: inout ByteBuffer, limits: DeliveryLimits) throws -> DeliveryFrame {
+        var reader = PayloadReader(buffer: payload, type: type)
+        defer { payload = reader.buffer }
+        switch type {
+        case .hello:
+            return .hello(version: try reader.integer())
+        case .offer:
+            let id = try reader.uuid()
+            let kindByte: UInt8 = try reader.integer()
+            guard let kind = ItemKind(wireCode: kindByte) else { throw reader.malformed("unknown item kind \(kindByte)") }
+            let size: UInt64 = try reader.integer()
+            let digest = try reader.bytes(32)
+            let created: UInt64 = try reader.integer()
+            let expires: UInt64 = try reader.integer()
+            let nameLength = Int(try reader.integer() as UInt16)
+            guard nameLength <= limits.maxNameBytes else {
+                throw DeliveryProtocolError.nameTooLong(length: nameLength, limit: limits.maxNameBytes)
+            }
+            let nameBytes = try reader.bytes(nameLength)
+            guard let name = String(validating: nameBytes, as: UTF8.self) else { throw reader.malformed("name is not UTF-8") }
+            return .offer(ItemOffer(id: id, kind: kind, size: size, sha256: digest, createdMilliseconds: created,
+                                    expiresMilliseconds: expires, name: name))
+        case .answer:
+            let id = try reader.uuid()
+            let code: UInt8 = try reader.integer()
+            switch code {
+            case 0: return .answer(id: id, .nothing)
+            case 1:
+                let offset: UInt64 = try reader.integer()
+                return .answer(id: id, .partial(offset: offset, prefixSHA256: try reader.bytes(32)))
+            case 2: return .answer(id: id, .complete)
+            case 3:
+                let reasonByte: UInt8 = try reader.integer()
+                guard let reason = ItemRefusal(rawValue: reasonByte) else { throw reader.malformed("unknown refusal \(reasonByte)") }
+                return .answer(id: id, .refused(reason))
+            default:
+                throw reader.malformed("unknown answer code \(code)")
+            }
+        case .start:
+            let id = try reader.uuid()
+            return .start(id: id, offset: try reader.integer())
+        case .data:
+            guard reader.buffer.readableBytes > 0 else { throw reader.malformed("empty data") }
+            let bytes = reader.buffer
+            reader.buffer.moveReaderIndex(to: reader.buffer.writerIndex)
+            return .data(bytes)
+        case .end:
+            return .end(id: try reader.uuid())
+        case .ack:
+            return .ack(id: try reader.uuid())
+        case .reject:
+            let id = try reader.uuid()
+            let failureByte: UInt8 = try reader.integer()
+            guard let failure = TransferFailure(rawValue: failureByte) else { throw reader.malformed("unknown failure \(failureByte)") }
+            return .reject(id: id, failure)
+        case .done:
+            return .done
+        }
+    }
+
+    var frameType: FrameType {
+        switch self {
+        case .hello: .hello
+        case .offer: .offer
+        case .answer: .answer
+        case .start: .start
+        case .data: .data
+        case .end: .end
+        case .ack: .ack
+        case .reject: .reject
+        case .done: .done
+        }
+    }
+}
+
+/// Reads fields from one frame's payload, turning a short payload into a typed error.
+private struct PayloadReader {
+    var buffer: ByteBuffer
+    let type: DeliveryFrame.FrameType
+
+    func malformed(_ reason: String) -> DeliveryProtocolError {
+        .malformedFrame(type: "\(type)", reason: reason)
+    }
+
+    mutating func integer<T: FixedWidthInteger>() throws -> T {
+        guard let value = buffer.readInteger(as: T.self) else { throw malformed("truncated") }
+        return value
+    }
+
+    mutating func bytes(_ count: Int) throws -> [UInt8] {
+        guard let bytes = buffer.readBytes(length: count) else { throw malformed("truncated") }
+        return bytes
+    }
+
+    mutating func uuid() throws -> UUID {
+        let b = try bytes(16)
+        return UUID(uuid: (b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7],
+                           b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]))
+    }
+}
+
+extension ByteBuffer {
+    mutating func writeUUID(_ id: UUID) {
+        withUnsafeBytes(of: id.uuid) { _ = writeBytes($0) }
+    }
+}
+
+/// Splits a byte stream into ``DeliveryFrame``s, enforcing ``DeliveryLimits``. Only moves bytes: the
+/// protocol logic is in ``DeliverySenderStateMachine`` and ``DeliveryReceiverStateMachine``.
+public struct DeliveryFrameDecoder: ByteToMessageDecoder {
+    public typealias InboundOut = DeliveryFrame
+
+    /// The limits applied to every frame.
+    public let limits: DeliveryLimits
+
+    /// Creates a decoder with `limits`.
+    public init(limits: DeliveryLimits) { self.limits = limits }
+
+    public mutating func decode(context: ChannelHandlerContext, buffer: inout ByteBuffer) throws -> DecodingState {
+        guard let frame = try DeliveryFrame.decode(from: &buffer, limits: limits) else { return .needMoreData }
+        context.fireChannelRead(wrapInboundOut(frame))
+        return .continue
+    }
+
+    public mutating func decodeLast(context: ChannelHandlerContext, buffer: inout ByteBuffer, seenEOF: Bool) throws -> DecodingState {
+        // A truncated last frame is dropped: the session notices the missing frames and fails cleanly.
+        while try decode(context: context, buffer: &buffer) == .continue {}
+        return .needMoreData
+    }
+}
+
+/// Serialises ``DeliveryFrame``s onto the byte stream.
+public struct DeliveryFrameEncoder: MessageToByteEncoder {
+    public typealias OutboundIn = DeliveryFrame
+
+    /// Creates an encoder.
+    public init() {}
+
+    public func encode(data: DeliveryFrame, out: inout ByteBuffer) throws {
+        data.encode(into: &out)
+    }
+}

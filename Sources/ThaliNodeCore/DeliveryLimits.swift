@@ -1,0 +1,62 @@
+import NIOCore
+
+/// The bounds the delivery protocol enforces on its peer. Every buffer the protocol keeps is bounded by one
+/// of these values; a peer that exceeds one gets a typed error (or a refusal of the item), never a crash
+/// or an unbounded allocation.
+public struct DeliveryLimits: Sendable, Hashable {
+    /// The largest frame payload accepted or sent, in bytes (the 5-byte frame header comes on top).
+    /// The decoder rejects a larger length as soon as it reads the header, before buffering the payload.
+    /// Default 64 KiB: large enough for efficient data chunks, small enough to bound each read. Values
+    /// below ``minimumFramePayloadBytes`` are raised to it (an offer must fit in one frame).
+    public var maxFramePayloadBytes: Int
+
+    /// The size of the data chunks the sender streams; must be at most `maxFramePayloadBytes`.
+    /// Default 32 KiB.
+    public var chunkBytes: Int
+
+    /// The longest file name (UTF-8 bytes) accepted in an offer. Default 255 (a common file-system limit).
+    public var maxNameBytes: Int
+
+    /// The largest item (file) the receiver accepts and the sender queues, in bytes. Larger offers are
+    /// refused with ``ItemRefusal/tooLarge``. Default 1 GiB.
+    public var maxItemBytes: UInt64
+
+    /// The largest text item, in UTF-8 bytes. Default 64 KiB.
+    public var maxTextBytes: UInt64
+
+    /// How long a delivery session may go without reading or writing anything before it is closed, so a
+    /// silent or stalled peer cannot hold a session (and its partial file) open forever. Default 60 s.
+    public var idleTimeout: TimeAmount
+
+    /// How long a partial file (an interrupted transfer) is kept for resuming. A receiving session first
+    /// deletes its contact's partial files untouched for longer, so transfers a sender abandoned (the
+    /// item expired or was removed) do not hold disk space forever. Default 7 days.
+    public var partialRetention: TimeAmount
+
+    /// Creates limits; every argument defaults to the documented value.
+    public init(
+        maxFramePayloadBytes: Int = 64 * 1024,
+        chunkBytes: Int = 32 * 1024,
+        maxNameBytes: Int = 255,
+        maxItemBytes: UInt64 = 1 << 30,
+        maxTextBytes: UInt64 = 64 * 1024,
+        idleTimeout: TimeAmount = .seconds(60),
+        partialRetention: TimeAmount = .hours(24 * 7)
+    ) {
+        let maxNameBytes = min(max(maxNameBytes, 1), Int(UInt16.max))
+        let frame = max(maxFramePayloadBytes, DeliveryLimits.minimumFramePayloadBytes, ItemOffer.fixedBytes + maxNameBytes)
+        self.maxFramePayloadBytes = frame
+        self.chunkBytes = min(max(chunkBytes, 1), frame)
+        self.maxNameBytes = maxNameBytes
+        self.maxItemBytes = maxItemBytes
+        self.maxTextBytes = maxTextBytes
+        self.idleTimeout = idleTimeout
+        self.partialRetention = partialRetention
+    }
+
+    /// The smallest accepted `maxFramePayloadBytes`: room for an offer with a 255-byte name.
+    public static let minimumFramePayloadBytes = 1024
+
+    /// The default limits.
+    public static let `default` = DeliveryLimits()
+}

@@ -1,0 +1,205 @@
+import Foundation
+import NIOCore
+
+/// The receiving side of a delivery session as a pure state machine: it consumes frames and the results
+/// of the I/O it asked for, and returns the next action. It performs no I/O itself.
+///
+/// Per item: offer → (look up inbox and partial file) → answer → start → data… → end → (verify digest) →
+/// (commit to the inbox) → ack. Each step is only accepted in the state that expects it.
+public struct DeliveryReceiverStateMachine: Sendable {
+    /// The states of the receiving side.
+    public enum State: Sendable, Hashable {
+        /// Waiting for the sender's `hello`.
+        case awaitingHello
+        /// Waiting for an offer or `done`.
+        case idle
+        /// Looking up what is already stored of an offered item.
+        case lookingUp(ItemOffer)
+        /// Answered; waiting for `start`. `available` is the partial length that was proposed (0 if none).
+        case awaitingStart(ItemOffer, available: UInt64)
+        /// Receiving content; `received` counts bytes from the start of the item (resumed prefix included).
+        case receiving(ItemOffer, received: UInt64)
+        /// All bytes arrived; waiting for the content's digest.
+        case verifying(ItemOffer)
+        /// Digest matched; committing to the inbox.
+        case committing(ItemOffer)
+        /// The sender said `done`.
+        case finished
+        /// A protocol error ended the session.
+        case failed
+    }
+
+    /// What the driver must do next.
+    public enum Action: Sendable, Hashable {
+        /// Nothing; read the next frame.
+        case none
+        /// Send this frame, then read the next.
+        case send(DeliveryFrame)
+        /// Find what is stored of this item (inbox entry, partial file) and call ``lookUpCompleted(_:)``.
+        case lookUp(ItemOffer)
+        /// Open the partial file of this item keeping exactly its first `offset` bytes (0: start afresh).
+        case preparePartial(ItemOffer, offset: UInt64)
+        /// Append these bytes to the partial file.
+        case append(ByteBuffer)
+        /// Make the partial file durable, compute its SHA-256 and call ``contentVerified(digest:)``.
+        case verify(ItemOffer)
+        /// Commit the partial file to the inbox in one transaction, then call ``committed()``.
+        case commit(ItemOffer)
+        /// Delete the partial file and send this frame.
+        case discardPartial(ItemOffer, then: DeliveryFrame)
+        /// The session is over; close the stream.
+        case finish
+    }
+
+    /// The result of looking up an offered item.
+    public enum LookUpResult: Sendable, Hashable {
+        /// Nothing stored.
+        case nothing
+        /// A partial file of `length` bytes whose SHA-256 is `prefixSHA256`.
+        case partial(length: UInt64, prefixSHA256: [UInt8])
+        /// Already in the inbox.
+        case complete
+    }
+
+    /// The current state.
+    public private(set) var state: State = .awaitingHello
+    /// The limits offers are checked against.
+    public let limits: DeliveryLimits
+    /// The receiver's clock (milliseconds since the epoch), to refuse expired offers.
+    private let now: @Sendable () -> UInt64
+
+    /// Creates a receiver in the `awaitingHello` state.
+    public init(limits: DeliveryLimits, now: @escaping @Sendable () -> UInt64 = { DeliveryClock.nowMilliseconds }) {
+        self.limits = limits
+        self.now = now
+    }
+
+    /// Feeds one frame from the sender.
+    public mutating func receive(_ frame: DeliveryFrame) throws -> Action {
+        switch (state, frame) {
+        case (.awaitingHello, .hello(let version)):
+            guard version == DeliveryFrame.protocolVersion else { return try fail(.unsupportedVersion(version)) }
+            state = .idle
+            return .none
+        case (.idle, .offer(let offer)):
+            if let refusal = refusal(of: offer) { return .send(.answer(id: offer.id, .refused(refusal))) }
+            state = .lookingUp(offer)
+            return .lookUp(offer)
+        case (.idle, .done):
+            state = .finished
+            return .finish
+        case (.awaitingStart(let offer, let available), .start(let id, let offset)):
+            guard id == offer.id else { return try fail(.itemMismatch(expected: offer.id, received: id)) }
+            guard offset == 0 || offset == available else { return try fail(.invalidOffset(offset)) }
+            state = .receiving(offer, received: offset)
+            return .preparePartial(offer, offset: offset)
+        case (.receiving(let offer, let received), .data(let bytes)):
+            let total = received + UInt64(bytes.readableBytes)
+            guard total <= offer.size else { return try fail(.sizeMismatch(expected: offer.size, received: total)) }
+            state = .receiving(offer, received: total)
+            return .append(bytes)
+        case (.receiving(let offer, let received), .end(let id)):
+            guard id == offer.id else { return try fail(.itemMismatch(expected: offer.id, received: id)) }
+            guard received == offer.size else { return try fail(.sizeMismatch(expected: offer.size, received: received)) }
+            state = .verifying(offer)
+            return .verify(offer)
+        default:
+            return try fail(.unexpectedFrame(frame: frame.name, state: stateName))
+        }
+    }
+
+    /// Reports what ``Action/lookUp(_:)`` found.
+    public mutating func lookUpCompleted(_ result: LookUpResult) throws -> Action {
+        guard case .lookingUp(let offer) = state else { return try fail(.unexpectedFrame(frame: "look-up result", state: stateName)) }
+        switch result {
+        case .complete:
+            state = .idle
+            return .send(.answer(id: offer.id, .complete))
+        case .partial(let length, let digest) where length > 0 && length <= offer.size:
+            state = .awaitingStart(offer, available: length)
+            return .send(.answer(id: offer.id, .partial(offset: length, prefixSHA256: digest)))
+        case .nothing, .partial:
+            state = .awaitingStart(offer, available: 0)
+            return .send(.answer(id: offer.id, .nothing))
+        }
+    }
+
+    /// Reports the digest computed by ``Action/verify(_:)``.
+    public mutating func contentVerified(digest: [UInt8]) throws -> Action {
+        guard case .verifying(let offer) = state else { return try fail(.unexpectedFrame(frame: "digest", state: stateName)) }
+        guard digest == offer.sha256 else {
+            state = .idle
+            return .discardPartial(offer, then: .reject(id: offer.id, .digestMismatch))
+        }
+        state = .committing(offer)
+        return .commit(offer)
+    }
+
+    /// Reports that a text item's content was not UTF-8 (found while committing).
+    public mutating func commitRefusedInvalidText() throws -> Action {
+        guard case .committing(let offer) = state else { return try fail(.unexpectedFrame(frame: "commit", state: stateName)) }
+        state = .idle
+        return .discardPartial(offer, then: .reject(id: offer.id, .invalidText))
+    }
+
+    /// Reports that ``Action/commit(_:)`` stored the item.
+    public mutating func committed() throws -> Action {
+        guard case .committing(let offer) = state else { return try fail(.unexpectedFrame(frame: "commit", state: stateName)) }
+        state = .idle
+        return .send(.ack(id: offer.id))
+    }
+
+    /// Reports the end of the byte stream; an error unless the session had finished.
+    public mutating func streamEnded() throws {
+        if state != .finished { _ = try fail(.connectionClosed(state: stateName)) }
+    }
+
+    private func refusal(of offer: ItemOffer) -> ItemRefusal? {
+        switch offer.kind {
+        case .text:
+            if !offer.name.isEmpty { return .invalidName }
+            if offer.size > limits.maxTextBytes { return .tooLarge }
+        case .file:
+            if !FileNames.isSafe(offer.name) { return .invalidName }
+            if offer.size > limits.maxItemBytes { return .tooLarge }
+        }
+        if offer.expiresMilliseconds <= now() { return .expired }
+        return nil
+    }
+
+    private mutating func fail(_ error: DeliveryProtocolError) throws -> Action {
+        state = .failed
+        throw error
+    }
+
+    /// The state's name, for errors.
+    public var stateName: String {
+        switch state {
+        case .awaitingHello: "awaiting hello"
+        case .idle: "awaiting an offer"
+        case .lookingUp: "looking up an item"
+        case .awaitingStart: "awaiting start"
+        case .receiving: "receiving"
+        case .verifying: "verifying"
+        case .committing: "committing"
+        case .finished: "finished"
+        case .failed: "failed"
+        }
+    }
+}
+
+/// The wall clock in the units the protocol uses.
+public enum DeliveryClock {
+    /// Milliseconds since the epoch, now.
+    public static var nowMilliseconds: UInt64 { UInt64(max(0, Date().timeIntervalSince1970 * 1000)) }
+}
+
+/// Rules for file names that arrive from the network.
+public enum FileNames {
+    /// Whether `name` is a single, harmless path component: not empty, not `.` or `..`, no `/` or NUL,
+    /// no control characters.
+    public static func isSafe(_ name: String) -> Bool {
+        guard !name.isEmpty, name != ".", name != ".." else { return false }
+        return !name.unicodeScalars.contains { $0 == "/" || $0 == "\\" || $0.value < 0x20 || $0.value == 0x7F }
+    }
+}

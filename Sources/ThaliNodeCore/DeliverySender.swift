@@ -1,0 +1,248 @@
+import Crypto
+import Foundation
+import Logging
+import NIOCore
+import NIOPosix
+
+/// Delivers the pending items for one contact over one delivery stream: the session driver of
+/// ``DeliverySenderStateMachine``, doing the store and file I/O it asks for.
+///
+/// The peer is the contact that the layer below (beacons + PSK-TLS) authenticated; only that contact's
+/// items are offered. An item is removed from the outbox only after the receiver acknowledges it (or
+/// reports it already stored); anything else leaves it pending for the next session.
+public struct DeliverySender: Sendable {
+    /// What one session achieved.
+    public struct Summary: Sendable, Hashable {
+        /// Items the receiver acknowledged in this session.
+        public var delivered: [UUID] = []
+        /// Items the receiver already had (acknowledged in an earlier session whose ack was lost).
+        public var alreadyStored: [UUID] = []
+        /// Items the receiver refused.
+        public var refused: [UUID] = []
+        /// Items whose content the receiver discarded; still pending.
+        public var discarded: [UUID] = []
+        /// Content bytes sent (resumed prefixes not counted).
+        public var bytesSent: UInt64 = 0
+    }
+
+    /// The store whose outbox is delivered.
+    public let store: NodeStore
+    /// The authenticated peer: the contact the items are for.
+    public let peer: Contact
+    /// Bounds for frames and chunks.
+    public let limits: DeliveryLimits
+    private let now: @Sendable () -> Date
+    private let events: DeliveryEventHandler?
+    private let logger: Logger
+    private let blockingPool: NIOThreadPool
+
+    /// Creates a sender of `store`'s items for `authenticatedPeer`, the contact whose identity the
+    /// transport below proved (never a name taken from the stream itself). Database and file work runs on
+    /// `blockingPool`, never on the event loop or the concurrency pool.
+    public init(store: NodeStore, authenticatedPeer: Contact, limits: DeliveryLimits? = nil,
+                now: @escaping @Sendable () -> Date = { Date() }, events: DeliveryEventHandler? = nil,
+                logger: Logger = Logger(label: "thali.delivery.sender"), blockingPool: NIOThreadPool = .singleton) {
+        self.blockingPool = blockingPool
+        self.store = store
+        self.peer = authenticatedPeer
+        self.limits = limits ?? store.limits
+        self.now = now
+        self.events = events
+        var logger = logger
+        logger[metadataKey: "peer"] = "\(authenticatedPeer.name)"
+        self.logger = logger
+    }
+
+    /// Runs one session on `channel` (configured by ``DeliveryChannel``) and closes it. Throws on a
+    /// protocol violation, a lost connection or a timeout; what was acknowledged before stays delivered.
+    ///
+    /// One session per direction and contact runs at a time: a second one throws
+    /// ``NodeError/sessionInProgress(contact:role:)`` and closes its channel.
+    public func run(on channel: DeliveryChannel.AsyncFrames) async throws -> Summary {
+        guard peer.id != nil else { throw NodeError.unknownContact(peer.name) }
+        do {
+            try store.claimSession(.sending, with: peer)
+        } catch {
+            try? await channel.channel.close()
+            throw error
+        }
+        defer { store.releaseSession(.sending, with: peer) }
+        let store = self.store, peer = self.peer, now = self.now
+        return try await channel.executeThenClose { inbound, outbound in
+            var frames = inbound.makeAsyncIterator()
+            var machine = DeliverySenderStateMachine()
+            var summary = Summary()
+            var handled = Set<UUID>()
+            try await outbound.write(machine.start())
+            _ = try await blocking { try store.sweepExpired(now: now()) }
+            // Items are fetched a batch at a time; an empty batch is refetched once, so items queued during
+            // the session go out too. `handled` keeps an item from being offered twice in one session.
+            var batch: [OutboxItem] = []
+            while true {
+                if batch.isEmpty {
+                    batch = try await blocking { [handled] in
+                        try store.pendingItems(for: peer, now: now()).filter { !handled.contains($0.id) }
+                    }
+                    if batch.isEmpty { break }
+                }
+                let item = batch.removeFirst()
+                handled.insert(item.id)
+                // Expired while waiting in this batch: the next sweep drops it; never offer it.
+                guard item.expiresAtMs > now().millisecondsSinceEpoch else { continue }
+                guard let content = ItemContent(item) else {
+                    logger.error("content of queued item is missing", metadata: ["item": "\(item.id)"])
+                    try await blocking { try store.recordProblem(item.id, "the node's copy of the file is missing or changed size") }
+                    continue
+                }
+                events?(.offered(item.offer))
+                try await outbound.write(machine.offer(item.offer))
+                var action = try machine.receive(try await next(&frames, &machine))
+                while true {
+                    switch action {
+                    case .verifyPrefix(_, let offset, let digest):
+                        let matches = try await blocking { try content.prefixDigest(length: offset) } == digest
+                        if !matches { logger.info("receiver's partial copy differs; restarting", metadata: ["item": "\(item.id)"]) }
+                        action = try machine.prefixVerified(matches: matches)
+                        continue
+                    case .stream(let offer, let offset):
+                        if offset != UInt64(max(0, item.acknowledgedBytes)) {
+                            try await blocking { try store.recordAcknowledgedBytes(offer.id, offset) }
+                        }
+                        events?(.transferStarted(id: offer.id, offset: offset, total: offer.size))
+                        try await outbound.write(.start(id: offer.id, offset: offset))
+                        let reader = try await blocking { try content.reader(from: offset) }
+                        defer { reader.close() }
+                        var position = offset
+                        while position < offer.size {
+                            let count = Int(min(UInt64(limits.chunkBytes), offer.size - position))
+                            let chunk = try await blocking { try reader.read(count) }
+                            position += UInt64(chunk.count)
+                            summary.bytesSent += UInt64(chunk.count)
+                            try await outbound.write(.data(ByteBuffer(bytes: chunk)))
+                            events?(.progress(id: offer.id, bytes: position, total: offer.size))
+                        }
+                        try await outbound.write(machine.contentSent())
+                        action = try machine.receive(try await next(&frames, &machine))
+                        continue
+                    case .delivered(let offer, let alreadyStored):
+                        try await blocking { try store.markDelivered(offer.id) }
+                        if alreadyStored { summary.alreadyStored.append(offer.id) } else { summary.delivered.append(offer.id) }
+                        logger.info("delivered", metadata: ["item": "\(offer.id)", "alreadyStored": "\(alreadyStored)"])
+                        events?(.delivered(id: offer.id, alreadyStored: alreadyStored))
+                    case .refused(let offer, let reason):
+                        try await blocking { try store.markRefused(offer.id, reason: "refused by the receiver: \(reason)") }
+                        summary.refused.append(offer.id)
+                        logger.warning("refused by the receiver", metadata: ["item": "\(offer.id)", "reason": "\(reason)"])
+                        events?(.refused(id: offer.id, reason))
+                    case .rejected(let offer, let failure):
+                        try await blocking { try store.recordProblem(offer.id, "discarded by the receiver: \(failure)") }
+                        summary.discarded.append(offer.id)
+                        logger.warning("discarded by the receiver", metadata: ["item": "\(offer.id)", "reason": "\(failure)"])
+                        events?(.discarded(id: offer.id, failure))
+                    }
+                    break
+                }
+            }
+            try await outbound.write(machine.finish())
+            // The receiver closes after `done`; waiting for that lets `done` arrive before our close. How the
+            // stream ends (a clean EOF, or a reset as some multiplexers close) no longer matters: every item
+            // was settled by its own acknowledgement.
+            let after: DeliveryFrame?
+            do { after = try await frames.next() } catch { after = nil }
+            if let after { throw DeliveryProtocolError.unexpectedFrame(frame: after.name, state: machine.stateName) }
+            return summary
+        }
+    }
+
+    /// Runs blocking database or file work on the blocking pool.
+    private func blocking<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
+        try await blockingPool.runIfActive(body)
+    }
+
+    private func next(_ frames: inout NIOAsyncChannelInboundStream<DeliveryFrame>.AsyncIterator,
+                      _ machine: inout DeliverySenderStateMachine) async throws -> DeliveryFrame {
+        guard let frame = try await frames.next() else {
+            try machine.streamEnded()
+            throw DeliveryProtocolError.connectionClosed(state: machine.stateName)
+        }
+        return frame
+    }
+}
+
+/// The content of an outbox item: the text's bytes or the node's copy of the file.
+private enum ItemContent: Sendable {
+    case bytes([UInt8])
+    case file(path: String, size: UInt64)
+
+    init?(_ item: OutboxItem) {
+        switch item.kind {
+        case .text:
+            guard let text = item.text else { return nil }
+            self = .bytes(Array(text.utf8))
+        case .file:
+            guard let path = item.filePath, FileContent.size(of: path) == UInt64(item.size) else { return nil }
+            self = .file(path: path, size: UInt64(item.size))
+        }
+    }
+
+    func prefixDigest(length: UInt64) throws -> [UInt8] {
+        switch self {
+        case .bytes(let bytes):
+            return Array(SHA256.hash(data: bytes.prefix(Int(min(length, UInt64(bytes.count))))))
+        case .file(let path, _):
+            return Array(try FileContent.hashPrefix(of: path, length: length).0.finalize())
+        }
+    }
+
+    /// A reader positioned at `offset`.
+    func reader(from offset: UInt64) throws -> ContentReader {
+        switch self {
+        case .bytes(let bytes):
+            return ContentReader(bytes: bytes, offset: Int(min(offset, UInt64(bytes.count))))
+        case .file(let path, _):
+            guard let handle = FileHandle(forReadingAtPath: path) else {
+                throw NodeError.unreadableFile(path: path, reason: "cannot open")
+            }
+            try handle.seek(toOffset: offset)
+            return ContentReader(handle: handle, path: path)
+        }
+    }
+}
+
+/// Reads an item's content sequentially. Used by one session at a time (each call awaited before the
+/// next), hence unchecked.
+private final class ContentReader: @unchecked Sendable {
+    private let handle: FileHandle?
+    private let path: String
+    private let bytes: [UInt8]
+    private var offset: Int
+
+    init(bytes: [UInt8], offset: Int) {
+        self.handle = nil
+        self.path = ""
+        self.bytes = bytes
+        self.offset = offset
+    }
+
+    init(handle: FileHandle, path: String) {
+        self.handle = handle
+        self.path = path
+        self.bytes = []
+        self.offset = 0
+    }
+
+    /// The next `count` bytes; throws if the content ends early.
+    func read(_ count: Int) throws -> [UInt8] {
+        if let handle {
+            guard let block = try handle.read(upToCount: count), block.count == count else {
+                throw NodeError.unreadableFile(path: path, reason: "shorter than its recorded size")
+            }
+            return Array(block)
+        }
+        let end = min(offset + count, bytes.count)
+        defer { offset = end }
+        return Array(bytes[offset..<end])
+    }
+
+    func close() { try? handle?.close() }
+}

@@ -1,0 +1,69 @@
+import Crypto
+import Foundation
+
+/// File operations of the delivery with hashing on the way; all reads are in bounded chunks.
+enum FileContent {
+    /// The read size for copying and hashing.
+    static let blockBytes = 64 * 1024
+
+    /// Copies `source` to `destination` (through a temporary name, so a half copy is never taken for a
+    /// whole one) and returns the size and SHA-256; refuses files above `limit` bytes.
+    static func copy(from source: String, to destination: String, limit: UInt64) throws -> (UInt64, [UInt8]) {
+        guard let input = FileHandle(forReadingAtPath: source) else {
+            let reason = FileManager.default.fileExists(atPath: source) ? "permission denied" : "no such file"
+            throw NodeError.unreadableFile(path: source, reason: reason)
+        }
+        defer { try? input.close() }
+        var isDirectory: ObjCBool = false
+        if FileManager.default.fileExists(atPath: source, isDirectory: &isDirectory), isDirectory.boolValue {
+            throw NodeError.unreadableFile(path: source, reason: "is a directory")
+        }
+        let temporary = destination + ".copying"
+        guard FileManager.default.createFile(atPath: temporary, contents: nil),
+              let output = FileHandle(forWritingAtPath: temporary) else {
+            throw NodeError.dataDirectoryUnusable(path: temporary, reason: "cannot create file")
+        }
+        var hasher = SHA256()
+        var size: UInt64 = 0
+        do {
+            defer { try? output.close() }
+            while let block = try input.read(upToCount: blockBytes), !block.isEmpty {
+                size += UInt64(block.count)
+                guard size <= limit else { throw NodeError.itemTooLarge(size: size, limit: limit) }
+                hasher.update(data: block)
+                try output.write(contentsOf: block)
+            }
+            try output.synchronize()
+        } catch {
+            try? FileManager.default.removeItem(atPath: temporary)
+            if error is NodeError { throw error }
+            throw NodeError.unreadableFile(path: source, reason: "\(error)")
+        }
+        if FileManager.default.fileExists(atPath: destination) { try FileManager.default.removeItem(atPath: destination) }
+        try FileManager.default.moveItem(atPath: temporary, toPath: destination)
+        return (size, Array(hasher.finalize()))
+    }
+
+    /// The SHA-256 state after the first `length` bytes of `path` (fewer if the file is shorter), and how
+    /// many bytes were hashed.
+    static func hashPrefix(of path: String, length: UInt64) throws -> (SHA256, UInt64) {
+        var hasher = SHA256()
+        guard let handle = FileHandle(forReadingAtPath: path) else { return (hasher, 0) }
+        defer { try? handle.close() }
+        var remaining = length
+        var hashed: UInt64 = 0
+        while remaining > 0, let block = try handle.read(upToCount: Int(min(UInt64(blockBytes), remaining))), !block.isEmpty {
+            hasher.update(data: block)
+            remaining -= UInt64(block.count)
+            hashed += UInt64(block.count)
+        }
+        return (hasher, hashed)
+    }
+
+    /// The size of the file at `path`, or nil if there is none.
+    static func size(of path: String) -> UInt64? {
+        guard let attributes = try? FileManager.default.attributesOfItem(atPath: path),
+              let size = attributes[.size] as? NSNumber else { return nil }
+        return size.uint64Value
+    }
+}

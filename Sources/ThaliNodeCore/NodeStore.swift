@@ -1,0 +1,408 @@
+import Crypto
+import Foundation
+import GRDB
+import NIOConcurrencyHelpers
+import ThaliBeacons
+
+extension ItemKind: DatabaseValueConvertible {}
+
+/// The node's durable state: contacts, the outbox, the inbox. A real SQLite file (`node.sqlite`, WAL
+/// mode) under the data directory, with schema migrations; files live beside it (see ``NodeHome``).
+///
+/// Every change that must be atomic with a file operation (committing a received file, removing a
+/// delivered one) happens in one transaction, so a process killed at any moment leaves either the old or
+/// the new state, and a rerun converges to exactly one copy of every item.
+///
+/// Its methods block (SQLite with full durability, file copies): call them from a command-line tool, a
+/// blocking pool or a dedicated thread, never from an event loop. The delivery sessions do so on a
+/// `NIOThreadPool`. Several processes may open the same data directory (SQLite serialises their writes).
+public final class NodeStore: Sendable {
+    /// The data directory.
+    public let home: NodeHome
+    /// The limits queued items are checked against.
+    public let limits: DeliveryLimits
+    private let pool: DatabasePool
+    private let sessions = NIOLockedValueBox<Set<SessionKey>>([])
+
+    /// Opens (creating if needed) the store in `home`, migrating its schema to the current version.
+    public init(home: NodeHome, limits: DeliveryLimits = .default) throws {
+        self.home = home
+        self.limits = limits
+        try home.create()
+        do {
+            var configuration = Configuration()
+            configuration.foreignKeysEnabled = true
+            configuration.busyMode = .timeout(10)
+            pool = try DatabasePool(path: home.databasePath, configuration: configuration)
+            try NodeStore.migrator.migrate(pool)
+        } catch {
+            throw NodeError.storeUnavailable(path: home.databasePath, reason: "\(error)")
+        }
+    }
+
+    /// The schema, one registered migration per version. Never edit a shipped migration; add one.
+    static var migrator: DatabaseMigrator {
+        var migrator = DatabaseMigrator()
+        migrator.registerMigration("v1") { db in
+            try db.create(table: "contact") { t in
+                t.autoIncrementedPrimaryKey("id")
+                t.column("name", .text).notNull().unique()
+                t.column("publicKey", .text).notNull().unique()
+                t.column("addedAtMs", .integer).notNull()
+            }
+            try db.create(table: "outboxItem") { t in
+                t.primaryKey("id", .blob)
+                t.column("contactID", .integer).notNull().indexed()
+                    .references("contact", onDelete: .cascade)
+                t.column("kind", .text).notNull()
+                t.column("text", .text)
+                t.column("filePath", .text)
+                t.column("fileName", .text)
+                t.column("size", .integer).notNull()
+                t.column("sha256", .blob).notNull()
+                t.column("createdAtMs", .integer).notNull()
+                t.column("expiresAtMs", .integer).notNull().indexed()
+                t.column("state", .text).notNull().defaults(to: OutboxState.pending.rawValue)
+                t.column("acknowledgedBytes", .integer).notNull().defaults(to: 0)
+                t.column("lastError", .text)
+            }
+            try db.create(table: "inboxItem") { t in
+                t.autoIncrementedPrimaryKey("rowID")
+                t.column("itemID", .blob).notNull()
+                t.column("fromContact", .text).notNull()
+                t.column("fromPublicKey", .text).notNull()
+                t.column("kind", .text).notNull()
+                t.column("text", .text)
+                t.column("filePath", .text)
+                t.column("fileName", .text)
+                t.column("size", .integer).notNull()
+                t.column("sha256", .blob).notNull()
+                t.column("createdAtMs", .integer).notNull()
+                t.column("receivedAtMs", .integer).notNull()
+                t.uniqueKey(["fromPublicKey", "itemID"])
+            }
+        }
+        return migrator
+    }
+
+    /// The migrations applied to the database, in order.
+    public func appliedMigrations() throws -> [String] {
+        try pool.read { db in try NodeStore.migrator.appliedMigrations(db) }
+    }
+
+    /// The SQLite journal mode (`wal`).
+    public func journalMode() throws -> String {
+        try pool.read { db in try String.fetchOne(db, sql: "PRAGMA journal_mode") ?? "" }
+    }
+
+    // MARK: Sessions
+
+    /// The direction of a delivery session.
+    public enum SessionRole: String, Sendable, Hashable {
+        /// This node delivers its outbox to the contact.
+        case sending
+        /// This node receives into its inbox from the contact.
+        case receiving
+    }
+
+    struct SessionKey: Hashable {
+        let contactID: Int64
+        let role: SessionRole
+    }
+
+    /// Claims the one session of `role` with `contact` this store may run at a time (two receivers of the
+    /// same item would share its partial file); throws ``NodeError/sessionInProgress(contact:role:)`` if
+    /// it is taken. Sessions call this themselves.
+    func claimSession(_ role: SessionRole, with contact: Contact) throws {
+        let key = SessionKey(contactID: contact.id ?? 0, role: role)
+        let claimed = sessions.withLockedValue { $0.insert(key).inserted }
+        if !claimed { throw NodeError.sessionInProgress(contact: contact.name, role: role.rawValue) }
+    }
+
+    /// Releases a claim made by ``claimSession(_:with:)``.
+    func releaseSession(_ role: SessionRole, with contact: Contact) {
+        let key = SessionKey(contactID: contact.id ?? 0, role: role)
+        _ = sessions.withLockedValue { $0.remove(key) }
+    }
+
+    // MARK: Contacts
+
+    /// Adds a contact. `publicKey` is validated and normalised by ``ContactKey/normalize(_:)``; it may not
+    /// be `ownKey` (this node's identity), nor the key of another contact.
+    @discardableResult
+    public func addContact(name: String, publicKey: String, ownKey: PublicKey? = nil, now: Date = Date()) throws -> Contact {
+        try ContactNames.validate(name)
+        let key = try ContactKey.normalize(publicKey)
+        if let ownKey, ownKey.hexString(compressed: true) == key {
+            throw NodeError.invalidPublicKey(publicKey, reason: "this is the node's own key")
+        }
+        return try pool.write { db in
+            if try Contact.filter(Column("name") == name).fetchOne(db) != nil { throw NodeError.contactExists(name) }
+            if let holder = try Contact.filter(Column("publicKey") == key).fetchOne(db) {
+                throw NodeError.invalidPublicKey(publicKey, reason: "already the key of contact \"\(holder.name)\"")
+            }
+            var contact = Contact(name: name, publicKey: key, addedAtMs: now.milliseconds)
+            try contact.insert(db)
+            return contact
+        }
+    }
+
+    /// All contacts, by name.
+    public func contacts() throws -> [Contact] {
+        try pool.read { db in try Contact.order(Column("name")).fetchAll(db) }
+    }
+
+    /// The contact named `name`; throws ``NodeError/unknownContact(_:)`` if there is none.
+    public func contact(named name: String) throws -> Contact {
+        guard let contact = try pool.read({ db in try Contact.filter(Column("name") == name).fetchOne(db) }) else {
+            throw NodeError.unknownContact(name)
+        }
+        return contact
+    }
+
+    /// The contact whose public key is `publicKey` (normalised first), if any. The layer that authenticates
+    /// a peer uses this to name the contact a session runs with.
+    public func contact(publicKey: String) throws -> Contact? {
+        let key = try ContactKey.normalize(publicKey)
+        return try pool.read { db in try Contact.filter(Column("publicKey") == key).fetchOne(db) }
+    }
+
+    /// The contact whose identity key is `key` (as authenticated by a beacon match and PSK-TLS), if any:
+    /// the `authenticatedPeer` of a delivery session.
+    public func contact(for key: PublicKey) throws -> Contact? {
+        let canonical = key.hexString(compressed: true)
+        return try pool.read { db in try Contact.filter(Column("publicKey") == canonical).fetchOne(db) }
+    }
+
+    /// Removes the contact named `name`, the items queued for it (their file copies too) and its partial
+    /// files. The inbox keeps what it received from the contact.
+    public func removeContact(named name: String) throws {
+        let (id, files) = try pool.write { db -> (Int64, [String]) in
+            guard let contact = try Contact.filter(Column("name") == name).fetchOne(db), let id = contact.id else {
+                throw NodeError.unknownContact(name)
+            }
+            let files = try OutboxItem.filter(Column("contactID") == id).fetchAll(db).compactMap(\.filePath)
+            _ = try Contact.deleteOne(db, key: id)
+            return (id, files)
+        }
+        for file in files { try? FileManager.default.removeItem(atPath: file) }
+        let partials = (try? FileManager.default.contentsOfDirectory(atPath: home.partialDirectory)) ?? []
+        for partial in partials where partial.hasPrefix("\(id)-") {
+            try? FileManager.default.removeItem(atPath: home.partialDirectory + "/" + partial)
+        }
+    }
+
+    // MARK: Outbox
+
+    /// Queues a text for `contactName`. Idempotent: queuing the same `id` again returns the stored item.
+    @discardableResult
+    public func enqueueText(_ text: String, to contactName: String, expiresAt: Date, id: UUID = UUID(),
+                            now: Date = Date()) throws -> OutboxItem {
+        let bytes = Array(text.utf8)
+        guard UInt64(bytes.count) <= limits.maxTextBytes else {
+            throw NodeError.itemTooLarge(size: UInt64(bytes.count), limit: limits.maxTextBytes)
+        }
+        guard expiresAt > now else { throw NodeError.invalidExpiry("\(expiresAt)") }
+        let contact = try contact(named: contactName)
+        let item = OutboxItem(id: id, contactID: contact.id ?? 0, kind: .text, text: text, filePath: nil, fileName: nil,
+                              size: Int64(bytes.count), sha256: Data(SHA256.hash(data: bytes)),
+                              createdAtMs: now.milliseconds, expiresAtMs: expiresAt.milliseconds, state: .pending,
+                              acknowledgedBytes: 0, lastError: nil)
+        return try insertIdempotently(item)
+    }
+
+    /// Queues the file at `path` for `contactName`: the node copies it under `outbox/` (hashing it on the
+    /// way), so the delivered content is what was queued. Idempotent on `id`.
+    @discardableResult
+    public func enqueueFile(at path: String, to contactName: String, expiresAt: Date, id: UUID = UUID(),
+                            now: Date = Date()) throws -> OutboxItem {
+        let name = URL(fileURLWithPath: path).lastPathComponent
+        guard FileNames.isSafe(name), name.utf8.count <= limits.maxNameBytes else { throw NodeError.invalidFileName(name) }
+        guard expiresAt > now else { throw NodeError.invalidExpiry("\(expiresAt)") }
+        let contact = try contact(named: contactName)
+        if let existing = try outboxItem(id: id) { return existing }
+        let copy = home.outboxDirectory + "/" + id.uuidString
+        let (size, digest) = try FileContent.copy(from: path, to: copy, limit: limits.maxItemBytes)
+        let item = OutboxItem(id: id, contactID: contact.id ?? 0, kind: .file, text: nil, filePath: copy, fileName: name,
+                              size: Int64(size), sha256: Data(digest), createdAtMs: now.milliseconds,
+                              expiresAtMs: expiresAt.milliseconds, state: .pending, acknowledgedBytes: 0, lastError: nil)
+        do {
+            return try insertIdempotently(item)
+        } catch {
+            try? FileManager.default.removeItem(atPath: copy)
+            throw error
+        }
+    }
+
+    private func insertIdempotently(_ item: OutboxItem) throws -> OutboxItem {
+        try pool.write { db in
+            try item.insert(db, onConflict: .ignore)
+            return try OutboxItem.fetchOne(db, key: item.id) ?? item
+        }
+    }
+
+    /// The outbox item `id`, if it is still queued.
+    public func outboxItem(id: UUID) throws -> OutboxItem? {
+        try pool.read { db in try OutboxItem.fetchOne(db, key: id) }
+    }
+
+    /// Every queued item (pending and refused), oldest first.
+    public func outbox() throws -> [OutboxItem] {
+        try pool.read { db in try OutboxItem.order(Column("createdAtMs"), Column("id")).fetchAll(db) }
+    }
+
+    /// The contacts that have pending, unexpired items at `now`: the ones to advertise beacons for.
+    public func contactsWithPendingItems(now: Date = Date()) throws -> [Contact] {
+        try pool.read { db in
+            try Contact.filter(sql: """
+                id IN (SELECT contactID FROM outboxItem WHERE state = ? AND expiresAtMs > ?)
+                """, arguments: [OutboxState.pending.rawValue, now.milliseconds])
+                .order(Column("name")).fetchAll(db)
+        }
+    }
+
+    /// The pending, unexpired items for `contact` at `now`, oldest first: what a session offers it.
+    public func pendingItems(for contact: Contact, now: Date = Date()) throws -> [OutboxItem] {
+        try pool.read { db in
+            try OutboxItem
+                .filter(Column("contactID") == contact.id && Column("state") == OutboxState.pending.rawValue
+                        && Column("expiresAtMs") > now.milliseconds)
+                .order(Column("createdAtMs"), Column("id")).fetchAll(db)
+        }
+    }
+
+    /// Drops every item expired at `now` (delivered or not, refused too) with its file copy; returns them.
+    @discardableResult
+    public func sweepExpired(now: Date = Date()) throws -> [OutboxItem] {
+        let expired = try pool.write { db in
+            let items = try OutboxItem.filter(Column("expiresAtMs") <= now.milliseconds).fetchAll(db)
+            _ = try OutboxItem.filter(Column("expiresAtMs") <= now.milliseconds).deleteAll(db)
+            return items
+        }
+        for file in expired.compactMap(\.filePath) { try? FileManager.default.removeItem(atPath: file) }
+        return expired
+    }
+
+    /// Removes a delivered item (the receiver acknowledged it or already had it) and its file copy.
+    public func markDelivered(_ id: UUID) throws {
+        let file = try pool.write { db -> String? in
+            let item = try OutboxItem.fetchOne(db, key: id)
+            _ = try OutboxItem.deleteOne(db, key: id)
+            return item?.filePath
+        }
+        if let file { try? FileManager.default.removeItem(atPath: file) }
+    }
+
+    /// Marks an item refused by its receiver: kept for the user to see, never offered again.
+    public func markRefused(_ id: UUID, reason: String) throws {
+        try pool.write { db in
+            try db.execute(sql: "UPDATE outboxItem SET state = ?, lastError = ? WHERE id = ?",
+                           arguments: [OutboxState.refused.rawValue, reason, id])
+        }
+    }
+
+    /// Records a delivery problem of a still pending item.
+    public func recordProblem(_ id: UUID, _ problem: String) throws {
+        try pool.write { db in
+            try db.execute(sql: "UPDATE outboxItem SET lastError = ? WHERE id = ?", arguments: [problem, id])
+        }
+    }
+
+    /// Records how many bytes of item `id` the receiver holds durably.
+    public func recordAcknowledgedBytes(_ id: UUID, _ bytes: UInt64) throws {
+        try pool.write { db in
+            try db.execute(sql: "UPDATE outboxItem SET acknowledgedBytes = ? WHERE id = ?",
+                           arguments: [Int64(clamping: bytes), id])
+        }
+    }
+
+    // MARK: Inbox
+
+    /// Everything received, oldest first.
+    public func inbox() throws -> [InboxItem] {
+        try pool.read { db in try InboxItem.order(Column("receivedAtMs"), Column("rowID")).fetchAll(db) }
+    }
+
+    /// Whether item `id` from `contact` is in the inbox.
+    public func inboxContains(_ id: UUID, from contact: Contact) throws -> Bool {
+        try pool.read { db in
+            try InboxItem.filter(Column("fromPublicKey") == contact.publicKey && Column("itemID") == id).fetchCount(db) > 0
+        }
+    }
+
+    /// The partial file that holds item `id` from `contact` while it is being received.
+    public func partialPath(for id: UUID, from contact: Contact) -> String {
+        "\(home.partialDirectory)/\(contact.id ?? 0)-\(id.uuidString).part"
+    }
+
+    /// Deletes the partial files from `contact` last modified before `cutoff`; returns how many.
+    @discardableResult
+    public func sweepStalePartials(from contact: Contact, before cutoff: Date) -> Int {
+        let prefix = "\(contact.id ?? 0)-"
+        let names = (try? FileManager.default.contentsOfDirectory(atPath: home.partialDirectory)) ?? []
+        var removed = 0
+        for name in names where name.hasPrefix(prefix) {
+            let path = home.partialDirectory + "/" + name
+            guard let modified = (try? FileManager.default.attributesOfItem(atPath: path))?[.modificationDate] as? Date,
+                  modified < cutoff else { continue }
+            if (try? FileManager.default.removeItem(atPath: path)) != nil { removed += 1 }
+        }
+        return removed
+    }
+
+    /// The outcome of ``commitReceived(_:from:now:)``.
+    public enum CommitResult: Sendable, Hashable {
+        /// Stored now.
+        case stored(InboxItem)
+        /// It was already in the inbox (the partial file is discarded).
+        case alreadyStored
+        /// A text item whose content is not UTF-8; nothing stored, the partial file is kept for the caller.
+        case invalidText
+    }
+
+    /// Commits a fully received and verified item from its partial file: a text goes into the row, a file
+    /// moves to `inbox/<id>/<name>`; the row is inserted in the same transaction (idempotent per sender).
+    public func commitReceived(_ offer: ItemOffer, from contact: Contact, now: Date = Date()) throws -> CommitResult {
+        let partial = partialPath(for: offer.id, from: contact)
+        var text: String?
+        if offer.kind == .text {
+            let data = try Data(contentsOf: URL(fileURLWithPath: partial))
+            guard let decoded = String(validating: data, as: UTF8.self) else { return .invalidText }
+            text = decoded
+        }
+        let directory = "\(home.inboxDirectory)/\(offer.id.uuidString)"
+        let destination = "\(directory)/\(offer.name)"
+        let result = try pool.write { db -> CommitResult in
+            if try InboxItem.filter(Column("fromPublicKey") == contact.publicKey && Column("itemID") == offer.id).fetchCount(db) > 0 {
+                return .alreadyStored
+            }
+            var item = InboxItem(itemID: offer.id, fromContact: contact.name, fromPublicKey: contact.publicKey,
+                                 kind: offer.kind, text: text, filePath: offer.kind == .file ? destination : nil,
+                                 fileName: offer.kind == .file ? offer.name : nil, size: Int64(clamping: offer.size),
+                                 sha256: Data(offer.sha256), createdAtMs: Int64(clamping: offer.createdMilliseconds),
+                                 receivedAtMs: now.milliseconds)
+            if offer.kind == .file {
+                // Inside the transaction: if the move fails nothing is inserted; if the process dies after the
+                // move but before the commit, the rerun receives the item again and replaces the file.
+                try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+                if FileManager.default.fileExists(atPath: destination) { try FileManager.default.removeItem(atPath: destination) }
+                try FileManager.default.moveItem(atPath: partial, toPath: destination)
+            }
+            try item.insert(db)
+            return .stored(item)
+        }
+        if result == .alreadyStored || offer.kind == .text { try? FileManager.default.removeItem(atPath: partial) }
+        return result
+    }
+}
+
+extension Date {
+    /// Milliseconds since the epoch.
+    var milliseconds: Int64 { Int64((timeIntervalSince1970 * 1000).rounded(.down)) }
+
+    /// Milliseconds since the epoch (the unit of the store's timestamps).
+    public var millisecondsSinceEpoch: Int64 { milliseconds }
+
+    /// The date `milliseconds` after the epoch.
+    init(milliseconds: Int64) { self.init(timeIntervalSince1970: Double(milliseconds) / 1000) }
+}

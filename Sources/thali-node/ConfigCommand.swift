@@ -1,0 +1,40 @@
+import ArgumentParser
+import Foundation
+import ThaliNodeCore
+
+/// `thali-node config show|init`: the configuration file of the data directory.
+struct Config: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Show or create the configuration file (config.json in the data directory).",
+        subcommands: [Show.self, Init.self]
+    )
+
+    struct Show: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Print the effective configuration as JSON.")
+        @OptionGroup var options: NodeOptions
+
+        func run() throws {
+            let configuration = try NodeConfiguration.load(home: options.nodeHome)
+            let data = try JSONSerialization.data(withJSONObject: configuration.jsonObject, options: [.prettyPrinted, .sortedKeys])
+            print(String(decoding: data, as: UTF8.self))
+        }
+    }
+
+    struct Init: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Write config.json with every key at its default.")
+        @OptionGroup var options: NodeOptions
+        @Flag(help: "Replace an existing file.") var force = false
+
+        func run() throws {
+            let home = options.nodeHome
+            try home.create()
+            if FileManager.default.fileExists(atPath: home.configurationPath) && !force {
+                throw ValidationError("\(home.configurationPath) exists; use --force to replace it")
+            }
+            let data = try JSONSerialization.data(withJSONObject: NodeConfiguration().jsonObject,
+                                                  options: [.prettyPrinted, .sortedKeys])
+            try data.write(to: URL(fileURLWithPath: home.configurationPath))
+            print("wrote \(home.configurationPath)")
+        }
+    }
+}

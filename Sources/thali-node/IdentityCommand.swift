@@ -1,0 +1,61 @@
+import ArgumentParser
+import Foundation
+import ThaliBeacons
+import ThaliNodeCore
+
+/// `thali-node identity create|show`: the node's own secp256k1 key, which contacts add with
+/// `contacts add NAME PUBLIC-KEY`.
+struct Identity: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Create or show this node's identity (its secp256k1 key pair).",
+        subcommands: [Create.self, Show.self]
+    )
+
+    struct Description: Encodable {
+        let publicKey: String
+        let publicKeyUncompressed: String
+        let publicKeyBase64: String
+        let keyFile: String
+
+        init(_ key: PrivateKey, path: String) {
+            publicKey = key.publicKey.hexString(compressed: true)
+            publicKeyUncompressed = key.publicKey.hexString(compressed: false)
+            publicKeyBase64 = key.publicKey.base64String(compressed: true)
+            keyFile = path
+        }
+
+        func print(json: Bool) throws {
+            if json { return try printJSON(self) }
+            Swift.print("public key: \(publicKey)")
+            Swift.print("  (base64:  \(publicKeyBase64))")
+            Swift.print("key file:   \(keyFile)")
+            Swift.print("Give the public key to your contacts: thali-node contacts add NAME \(publicKey)")
+        }
+    }
+
+    struct Create: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Create a new identity in the data directory.")
+        @OptionGroup var options: NodeOptions
+        @Flag(help: "Replace an existing identity (contacts must then add the new public key).") var force = false
+        @Flag(help: "Print JSON for scripts.") var json = false
+
+        func run() throws {
+            let home = options.nodeHome
+            _ = try NodeConfiguration.load(home: home)
+            let key = try NodeIdentity.create(in: home, replace: force)
+            try Description(key, path: home.identityPath).print(json: json)
+        }
+    }
+
+    struct Show: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Show this node's public key.")
+        @OptionGroup var options: NodeOptions
+        @Flag(help: "Print JSON for scripts.") var json = false
+
+        func run() throws {
+            let home = options.nodeHome
+            _ = try NodeConfiguration.load(home: home)
+            try Description(try NodeIdentity.load(from: home), path: home.identityPath).print(json: json)
+        }
+    }
+}

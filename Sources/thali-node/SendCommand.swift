@@ -1,0 +1,88 @@
+import ArgumentParser
+import Foundation
+import ThaliNodeCore
+
+/// `thali-node send CONTACT TEXT | --file PATH`: queue an item for store-and-forward delivery.
+struct Send: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Queue a text or a file for a contact; it is delivered when the contact is reachable.")
+
+    @OptionGroup var options: NodeOptions
+    @Argument(help: "The contact's name.") var contact: String
+    @Argument(help: "The text to send (or use --file).") var text: String?
+    @Option(help: ArgumentHelp("A file to send instead of a text.", valueName: "path")) var file: String?
+    @Option(help: ArgumentHelp(
+        "Drop the item if not delivered within this time: a number with s, m, h or d (default: the configuration's defaultItemExpirySeconds).",
+        valueName: "duration"))
+    var expiresIn: DurationArgument?
+    @Flag(help: "Print the queued item as JSON.") var json = false
+
+    func validate() throws {
+        if (text == nil) == (file == nil) { throw ValidationError("give either a TEXT or --file PATH") }
+    }
+
+    struct Queued: Encodable {
+        let id: String
+        let contact: String
+        let kind: String
+        let size: Int64
+        let sha256: String
+        let expires: String
+    }
+
+    func run() throws {
+        let (store, configuration) = try options.openStore()
+        // Only a node with an identity can ever deliver what it queues: say so now, not never.
+        _ = try NodeIdentity.load(from: options.nodeHome)
+        let now = Date()
+        let expiry = now.addingTimeInterval(Double(expiresIn?.seconds ?? configuration.defaultItemExpirySeconds))
+        let item: OutboxItem
+        if let file {
+            item = try store.enqueueFile(at: file, to: contact, expiresAt: expiry, now: now)
+        } else {
+            item = try store.enqueueText(text ?? "", to: contact, expiresAt: expiry, now: now)
+        }
+        let queued = Queued(id: item.id.uuidString, contact: contact, kind: item.kind.rawValue, size: item.size,
+                            sha256: hex(item.sha256), expires: formatMilliseconds(item.expiresAtMs))
+        if json { return try printJSON(queued) }
+        print("queued \(queued.kind) \(queued.id) for \(contact) (\(queued.size) bytes, expires \(queued.expires))")
+    }
+}
+
+/// `thali-node outbox`: what is waiting for delivery.
+struct Outbox: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "List queued items not yet delivered.")
+    @OptionGroup var options: NodeOptions
+    @Flag(help: "Print JSON for scripts.") var json = false
+
+    struct Entry: Encodable {
+        let id: String
+        let contact: String
+        let kind: String
+        let text: String?
+        let fileName: String?
+        let size: Int64
+        let acknowledgedBytes: Int64
+        let state: String
+        let created: String
+        let expires: String
+        let problem: String?
+    }
+
+    func run() throws {
+        let (store, _) = try options.openStore()
+        let names = Dictionary(uniqueKeysWithValues: try store.contacts().compactMap { c in c.id.map { ($0, c.name) } })
+        let entries = try store.outbox().map {
+            Entry(id: $0.id.uuidString, contact: names[$0.contactID] ?? "?", kind: $0.kind.rawValue, text: $0.text,
+                  fileName: $0.fileName, size: $0.size, acknowledgedBytes: $0.acknowledgedBytes, state: $0.state.rawValue,
+                  created: formatMilliseconds($0.createdAtMs), expires: formatMilliseconds($0.expiresAtMs), problem: $0.lastError)
+        }
+        if json { return try printJSON(entries) }
+        if entries.isEmpty { print("outbox is empty") }
+        for entry in entries {
+            let what = entry.text.map { "\"\($0)\"" } ?? "\(entry.fileName ?? "?") (\(entry.size) bytes)"
+            print("\(entry.created)  to \(entry.contact)  \(entry.state)  \(what)  expires \(entry.expires)"
+                  + (entry.problem.map { "  [\($0)]" } ?? ""))
+        }
+    }
+}

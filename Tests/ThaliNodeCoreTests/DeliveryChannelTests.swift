@@ -1,0 +1,108 @@
+import Foundation
+import NIOCore
+import NIOEmbedded
+import NIOPosix
+import Testing
+@testable import ThaliNodeCore
+
+@Suite("Delivery channel")
+struct DeliveryChannelTests {
+    @Test("an idle event closes the channel with a typed error; other events pass through")
+    func idleTimeoutHandler() throws {
+        // IdleStateHandler measures with the real clock, so the EmbeddedChannel test drives the event itself;
+        // the real timer is exercised over TCP below.
+        let channel = EmbeddedChannel(handler: IdleTimeoutHandler(timeout: .seconds(5)))
+        try channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 1)).wait()
+        channel.pipeline.fireUserInboundEventTriggered(IdleStateHandler.IdleStateEvent.read)
+        #expect(channel.isActive)
+        channel.pipeline.fireUserInboundEventTriggered(IdleStateHandler.IdleStateEvent.all)
+        #expect(!channel.isActive)
+        #expect(throws: DeliveryIdleTimeout(timeout: .seconds(5))) { try channel.throwIfErrorCaught() }
+    }
+
+    @Test("a receiver whose peer connects and then stays silent gives up with DeliveryIdleTimeout")
+    func silentPeerOverTCP() async throws {
+        let pair = try NodePair(limits: DeliveryLimits())
+        let limits = DeliveryLimits(idleTimeout: .milliseconds(300))
+        let group = MultiThreadedEventLoopGroup.singleton
+        let server = try await ServerBootstrap(group: group).bind(host: "127.0.0.1", port: 0) { child in
+            child.eventLoop.makeCompletedFuture { try DeliveryChannel.configureSynchronously(child, limits: limits) }
+        }
+        let port = try #require(server.channel.localAddress?.port)
+        let silent = try await ClientBootstrap(group: group).connect(host: "127.0.0.1", port: port).get()
+        let receiver = DeliveryReceiver(store: pair.bob, authenticatedPeer: pair.aliceAtBob, limits: limits, logger: quietLogger)
+        await #expect(throws: DeliveryIdleTimeout(timeout: .milliseconds(300))) {
+            try await server.executeThenClose { connections in
+                for try await connection in connections { _ = try await receiver.run(on: connection); return }
+            }
+        }
+        try? await silent.close()  // the server side closed it already
+    }
+
+    @Test("a peer sending garbage ends the session with a typed protocol error, nothing stored")
+    func garbageOverTCP() async throws {
+        let pair = try NodePair(limits: DeliveryLimits())
+        let limits = DeliveryLimits(idleTimeout: .seconds(10))
+        let group = MultiThreadedEventLoopGroup.singleton
+        let server = try await ServerBootstrap(group: group).bind(host: "127.0.0.1", port: 0) { child in
+            child.eventLoop.makeCompletedFuture { try DeliveryChannel.configureSynchronously(child, limits: limits) }
+        }
+        let port = try #require(server.channel.localAddress?.port)
+        let client = try await ClientBootstrap(group: group).connect(host: "127.0.0.1", port: port).get()
+        // A valid hello, then a frame header announcing 4 GiB.
+        try await client.writeAndFlush(ByteBuffer(bytes: [1, 0, 0, 0, 1, 1, 5, 0xFF, 0xFF, 0xFF, 0xFF])).get()
+        let receiver = DeliveryReceiver(store: pair.bob, authenticatedPeer: pair.aliceAtBob, limits: limits, logger: quietLogger)
+        await #expect(throws: DeliveryProtocolError.frameTooLarge(length: Int(UInt32.max), limit: limits.maxFramePayloadBytes)) {
+            try await server.executeThenClose { connections in
+                for try await connection in connections { _ = try await receiver.run(on: connection); return }
+            }
+        }
+        try? await client.close()
+        #expect(try pair.bob.inbox().isEmpty)
+    }
+}
+
+@Suite("Delivery sessions per contact")
+struct DeliverySessionClaimTests {
+    @Test("a second receiving session with the same contact is refused while the first runs, allowed after")
+    func oneSessionPerContact() async throws {
+        let pair = try NodePair(limits: DeliveryLimits())
+        let limits = DeliveryLimits(idleTimeout: .seconds(120))
+        let group = MultiThreadedEventLoopGroup.singleton
+        let server = try await ServerBootstrap(group: group).bind(host: "127.0.0.1", port: 0) { child in
+            child.eventLoop.makeCompletedFuture { try DeliveryChannel.configureSynchronously(child, limits: limits) }
+        }
+        let port = try #require(server.channel.localAddress?.port)
+        let first = try await ClientBootstrap(group: group).connect(host: "127.0.0.1", port: port).get()
+        let second = try await ClientBootstrap(group: group).connect(host: "127.0.0.1", port: port).get()
+        let receiver = DeliveryReceiver(store: pair.bob, authenticatedPeer: pair.aliceAtBob, limits: limits, logger: quietLogger)
+        try await server.executeThenClose { connections in
+            var iterator = connections.makeAsyncIterator()
+            let one = try #require(try await iterator.next())
+            let two = try #require(try await iterator.next())
+            // The first session waits for its silent peer until that peer closes.
+            async let firstSession: (any Error)? = { do { _ = try await receiver.run(on: one); return nil } catch { return error } }()
+            // Wait until the running session holds the claim (polling: no fixed sleep).
+            let deadline = ContinuousClock.now + .seconds(30)
+            while ContinuousClock.now < deadline {
+                do {
+                    try pair.bob.claimSession(.receiving, with: pair.aliceAtBob)
+                    pair.bob.releaseSession(.receiving, with: pair.aliceAtBob)
+                    try await Task.sleep(for: .milliseconds(5))
+                } catch {
+                    break
+                }
+            }
+            await #expect(throws: NodeError.sessionInProgress(contact: "alice", role: "receiving")) {
+                _ = try await receiver.run(on: two)
+            }
+            try? await first.close()
+            let firstError = await firstSession
+            #expect(firstError as? DeliveryProtocolError == .connectionClosed(state: "awaiting hello"))
+        }
+        // Released when the first session ended.
+        #expect(throws: Never.self) { try pair.bob.claimSession(.receiving, with: pair.aliceAtBob) }
+        pair.bob.releaseSession(.receiving, with: pair.aliceAtBob)
+        try? await second.close()
+    }
+}

@@ -1,0 +1,194 @@
+import Foundation
+import NIOCore
+import NIOEmbedded
+import Testing
+@testable import ThaliNodeCore
+
+@Suite("Delivery frame codec")
+struct DeliveryFrameCodecTests {
+    static let limits = DeliveryLimits()
+    static let id = UUID(uuidString: "0F1E2D3C-4B5A-6978-8796-A5B4C3D2E1F0")!
+
+    /// One frame of every type, with payloads that exercise every field.
+    static let everyFrame: [DeliveryFrame] = [
+        .hello(version: 1),
+        .offer(ItemOffer(id: id, kind: .file, size: 1 << 33, sha256: Array(repeating: 0xAB, count: 32),
+                         createdMilliseconds: 1_700_000_000_000, expiresMilliseconds: 1_800_000_000_000,
+                         name: "photo – été.jpg")),
+        .offer(ItemOffer(id: id, kind: .text, size: 5, sha256: Array(0..<32), createdMilliseconds: 1,
+                         expiresMilliseconds: 2, name: "")),
+        .answer(id: id, .nothing),
+        .answer(id: id, .partial(offset: 12345, prefixSHA256: Array(100..<132))),
+        .answer(id: id, .complete),
+        .answer(id: id, .refused(.tooLarge)),
+        .start(id: id, offset: 77),
+        .data(ByteBuffer(bytes: [1, 2, 3, 4, 5, 0, 255])),
+        .end(id: id),
+        .ack(id: id),
+        .reject(id: id, .digestMismatch),
+        .done,
+    ]
+
+    static func encoded(_ frames: [DeliveryFrame]) -> ByteBuffer {
+        var buffer = ByteBuffer()
+        for frame in frames { frame.encode(into: &buffer) }
+        return buffer
+    }
+
+    @Test("every frame type survives encode and decode")
+    func roundTrip() throws {
+        var buffer = Self.encoded(Self.everyFrame)
+        var decoded: [DeliveryFrame] = []
+        while let frame = try DeliveryFrame.decode(from: &buffer, limits: Self.limits) { decoded.append(frame) }
+        #expect(decoded == Self.everyFrame)
+        #expect(buffer.readableBytes == 0)
+    }
+
+    @Test("the wire layout is type, big-endian length, payload")
+    func wireLayout() {
+        var buffer = ByteBuffer()
+        DeliveryFrame.start(id: Self.id, offset: 0x0102).encode(into: &buffer)
+        let bytes = Array(buffer.readableBytesView)
+        #expect(bytes.prefix(5) == [4, 0, 0, 0, 24])
+        #expect(Array(bytes[5..<21]) == withUnsafeBytes(of: Self.id.uuid) { Array($0) })
+        #expect(Array(bytes[21...]) == [0, 0, 0, 0, 0, 0, 1, 2])
+    }
+
+    @Test("a stream split at every byte position decodes to the same frames through the channel handler")
+    func splitAtEveryPosition() throws {
+        let whole = Array(Self.encoded(Self.everyFrame).readableBytesView)
+        for split in 0...whole.count {
+            let channel = EmbeddedChannel(handler: ByteToMessageHandler(DeliveryFrameDecoder(limits: Self.limits)))
+            try channel.writeInbound(ByteBuffer(bytes: whole[..<split]))
+            try channel.writeInbound(ByteBuffer(bytes: whole[split...]))
+            var frames: [DeliveryFrame] = []
+            while let frame = try channel.readInbound(as: DeliveryFrame.self) { frames.append(frame) }
+            #expect(frames == Self.everyFrame, "split at \(split)")
+            #expect(try channel.finish().isClean)
+        }
+    }
+
+    @Test("byte-at-a-time input decodes the same frames")
+    func byteAtATime() throws {
+        let whole = Array(Self.encoded(Self.everyFrame).readableBytesView)
+        let channel = EmbeddedChannel(handler: ByteToMessageHandler(DeliveryFrameDecoder(limits: Self.limits)))
+        for byte in whole { try channel.writeInbound(ByteBuffer(bytes: [byte])) }
+        var frames: [DeliveryFrame] = []
+        while let frame = try channel.readInbound(as: DeliveryFrame.self) { frames.append(frame) }
+        #expect(frames == Self.everyFrame)
+        _ = try channel.finish()
+    }
+
+    @Test("the encoder handler writes the documented bytes")
+    func encoderHandler() throws {
+        let channel = EmbeddedChannel(handler: MessageToByteHandler(DeliveryFrameEncoder()))
+        try channel.writeOutbound(DeliveryFrame.ack(id: Self.id))
+        let written = try #require(try channel.readOutbound(as: ByteBuffer.self))
+        #expect(written == Self.encoded([.ack(id: Self.id)]))
+        _ = try channel.finish()
+    }
+
+    @Test("an oversized length is rejected from the header alone, before any payload is buffered")
+    func frameTooLargeFromHeader() throws {
+        let channel = EmbeddedChannel(handler: ByteToMessageHandler(DeliveryFrameDecoder(limits: Self.limits)))
+        var header = ByteBuffer()
+        header.writeInteger(UInt8(5))
+        header.writeInteger(UInt32(Self.limits.maxFramePayloadBytes + 1))
+        #expect(throws: DeliveryProtocolError.frameTooLarge(length: Self.limits.maxFramePayloadBytes + 1,
+                                                              limit: Self.limits.maxFramePayloadBytes)) {
+            try channel.writeInbound(header)
+        }
+        _ = try? channel.finish()
+    }
+
+    @Test("a frame of exactly the maximum payload is accepted")
+    func frameAtLimit() throws {
+        var buffer = ByteBuffer()
+        DeliveryFrame.data(ByteBuffer(repeating: 7, count: Self.limits.maxFramePayloadBytes)).encode(into: &buffer)
+        let frame = try #require(try DeliveryFrame.decode(from: &buffer, limits: Self.limits))
+        guard case .data(let bytes) = frame else { Issue.record("not data: \(frame)"); return }
+        #expect(bytes.readableBytes == Self.limits.maxFramePayloadBytes)
+    }
+
+    static func frame(type: UInt8, payload: [UInt8]) -> ByteBuffer {
+        var buffer = ByteBuffer()
+        buffer.writeInteger(type)
+        buffer.writeInteger(UInt32(payload.count))
+        buffer.writeBytes(payload)
+        return buffer
+    }
+
+    static let idBytes = withUnsafeBytes(of: id.uuid) { Array($0) }
+
+    static func offerPayload(kind: UInt8 = 1, nameLength: UInt16, name: [UInt8]) -> [UInt8] {
+        var payload = idBytes + [kind] + Array(repeating: 0, count: 8) + Array(repeating: 1, count: 32)
+        payload += Array(repeating: 0, count: 16)
+        payload += [UInt8(nameLength >> 8), UInt8(nameLength & 0xFF)] + name
+        return payload
+    }
+
+    /// Malformed inputs and the exact typed error each must produce.
+    static let malformed: [(String, ByteBuffer, DeliveryProtocolError)] = [
+        ("unknown type", frame(type: 0, payload: []), .unknownFrameType(0)),
+        ("unknown type 200", frame(type: 200, payload: [1, 2]), .unknownFrameType(200)),
+        ("hello without version", frame(type: 1, payload: []), .malformedFrame(type: "hello", reason: "truncated")),
+        ("hello with trailing byte", frame(type: 1, payload: [1, 0]), .malformedFrame(type: "hello", reason: "1 trailing bytes")),
+        ("short id", frame(type: 7, payload: Array(idBytes.prefix(15))), .malformedFrame(type: "ack", reason: "truncated")),
+        ("unknown answer code", frame(type: 3, payload: idBytes + [9]), .malformedFrame(type: "answer", reason: "unknown answer code 9")),
+        ("partial answer without digest", frame(type: 3, payload: idBytes + [1] + Array(repeating: 0, count: 8)),
+         .malformedFrame(type: "answer", reason: "truncated")),
+        ("unknown refusal", frame(type: 3, payload: idBytes + [3, 0]), .malformedFrame(type: "answer", reason: "unknown refusal 0")),
+        ("unknown failure", frame(type: 8, payload: idBytes + [77]), .malformedFrame(type: "reject", reason: "unknown failure 77")),
+        ("empty data", frame(type: 5, payload: []), .malformedFrame(type: "data", reason: "empty data")),
+        ("done with payload", frame(type: 9, payload: [0]), .malformedFrame(type: "done", reason: "1 trailing bytes")),
+        ("unknown item kind", frame(type: 2, payload: offerPayload(kind: 9, nameLength: 0, name: [])),
+         .malformedFrame(type: "offer", reason: "unknown item kind 9")),
+        ("name longer than the limit", frame(type: 2, payload: offerPayload(nameLength: 256, name: Array(repeating: 65, count: 256))),
+         .nameTooLong(length: 256, limit: 255)),
+        ("name length beyond the payload", frame(type: 2, payload: offerPayload(nameLength: 10, name: [65, 66])),
+         .malformedFrame(type: "offer", reason: "truncated")),
+        ("name not UTF-8", frame(type: 2, payload: offerPayload(nameLength: 2, name: [0xC3, 0x28])),
+         .malformedFrame(type: "offer", reason: "name is not UTF-8")),
+    ]
+
+    @Test("malformed frames give typed errors", arguments: 0..<malformed.count)
+    func malformedFrames(index: Int) {
+        let (label, input, expected) = Self.malformed[index]
+        var buffer = input
+        #expect(throws: expected, "\(label)") { try DeliveryFrame.decode(from: &buffer, limits: Self.limits) }
+    }
+
+    @Test("an incomplete frame consumes nothing and waits for more")
+    func incompleteFrame() throws {
+        let whole = Self.encoded([.ack(id: Self.id)])
+        for length in 0..<whole.readableBytes {
+            var partial = whole.getSlice(at: 0, length: length)!
+            #expect(try DeliveryFrame.decode(from: &partial, limits: Self.limits) == nil)
+            #expect(partial.readableBytes == length)
+        }
+    }
+
+    @Test("random garbage never crashes the decoder and never buffers more than one bounded frame")
+    func randomGarbage() throws {
+        let limits = DeliveryLimits(maxFramePayloadBytes: 2048)
+        var generator = SystemRandomNumberGenerator()
+        for _ in 0..<2000 {
+            let count = Int.random(in: 0...64, using: &generator)
+            var buffer = ByteBuffer(bytes: (0..<count).map { _ in UInt8.random(in: 0...255, using: &generator) })
+            // Either some frames, nil (waiting for at most one bounded frame), or a typed error.
+            do {
+                while let _ = try DeliveryFrame.decode(from: &buffer, limits: limits) {}
+                #expect(buffer.readableBytes <= DeliveryFrame.headerBytes + limits.maxFramePayloadBytes)
+            } catch is DeliveryProtocolError {
+            }
+        }
+    }
+
+    @Test("limits below the minimum are raised so an offer always fits")
+    func limitsClamp() {
+        let limits = DeliveryLimits(maxFramePayloadBytes: 10, chunkBytes: 100_000, maxNameBytes: 0)
+        #expect(limits.maxFramePayloadBytes == DeliveryLimits.minimumFramePayloadBytes)
+        #expect(limits.chunkBytes == limits.maxFramePayloadBytes)
+        #expect(limits.maxNameBytes == 1)
+    }
+}

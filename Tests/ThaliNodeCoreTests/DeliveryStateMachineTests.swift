@@ -1,0 +1,214 @@
+import Foundation
+import NIOCore
+import Testing
+@testable import ThaliNodeCore
+
+@Suite("Delivery state machines")
+struct DeliveryStateMachineTests {
+    static let now: UInt64 = 1_750_000_000_000
+    static func offer(kind: ItemKind = .file, size: UInt64 = 10, name: String = "a.bin",
+                      expires: UInt64 = now + 60_000) -> ItemOffer {
+        ItemOffer(id: UUID(), kind: kind, size: size, sha256: Array(repeating: 1, count: 32),
+                  createdMilliseconds: now, expiresMilliseconds: expires, name: name)
+    }
+
+    static func receiver(_ limits: DeliveryLimits = DeliveryLimits()) throws -> DeliveryReceiverStateMachine {
+        var machine = DeliveryReceiverStateMachine(limits: limits, now: { now })
+        #expect(try machine.receive(.hello(version: 1)) == .none)
+        return machine
+    }
+
+    @Test("receiver: a full transfer goes offer → look-up → answer → start → data → verify → commit → ack")
+    func receiverHappyPath() throws {
+        var machine = try Self.receiver()
+        let offer = Self.offer(size: 4)
+        #expect(try machine.receive(.offer(offer)) == .lookUp(offer))
+        #expect(try machine.lookUpCompleted(.nothing) == .send(.answer(id: offer.id, .nothing)))
+        #expect(try machine.receive(.start(id: offer.id, offset: 0)) == .preparePartial(offer, offset: 0))
+        let chunk = ByteBuffer(bytes: [1, 2, 3, 4])
+        #expect(try machine.receive(.data(chunk)) == .append(chunk))
+        #expect(try machine.receive(.end(id: offer.id)) == .verify(offer))
+        #expect(try machine.contentVerified(digest: offer.sha256) == .commit(offer))
+        #expect(try machine.committed() == .send(.ack(id: offer.id)))
+        #expect(try machine.receive(.done) == .finish)
+        try machine.streamEnded()
+    }
+
+    @Test("receiver: a partial file is proposed and may be resumed at exactly that offset, or restarted at 0")
+    func receiverResume() throws {
+        var machine = try Self.receiver()
+        let offer = Self.offer(size: 10)
+        _ = try machine.receive(.offer(offer))
+        let digest = Array(repeating: UInt8(9), count: 32)
+        #expect(try machine.lookUpCompleted(.partial(length: 6, prefixSHA256: digest))
+                == .send(.answer(id: offer.id, .partial(offset: 6, prefixSHA256: digest))))
+        #expect(throws: DeliveryProtocolError.invalidOffset(5)) { try machine.receive(.start(id: offer.id, offset: 5)) }
+
+        var again = try Self.receiver()
+        _ = try again.receive(.offer(offer))
+        _ = try again.lookUpCompleted(.partial(length: 6, prefixSHA256: digest))
+        #expect(try again.receive(.start(id: offer.id, offset: 0)) == .preparePartial(offer, offset: 0))
+    }
+
+    @Test("receiver: a partial longer than the item is not proposed")
+    func receiverOversizedPartial() throws {
+        var machine = try Self.receiver()
+        let offer = Self.offer(size: 4)
+        _ = try machine.receive(.offer(offer))
+        #expect(try machine.lookUpCompleted(.partial(length: 9, prefixSHA256: [])) == .send(.answer(id: offer.id, .nothing)))
+    }
+
+    @Test("receiver: an item already in the inbox is answered complete without a transfer")
+    func receiverComplete() throws {
+        var machine = try Self.receiver()
+        let offer = Self.offer()
+        _ = try machine.receive(.offer(offer))
+        #expect(try machine.lookUpCompleted(.complete) == .send(.answer(id: offer.id, .complete)))
+        #expect(machine.state == .idle)
+    }
+
+    @Test("receiver: refusals for size, names, kind and expiry")
+    func receiverRefusals() throws {
+        let limits = DeliveryLimits(maxItemBytes: 100, maxTextBytes: 10)
+        let cases: [(ItemOffer, ItemRefusal)] = [
+            (Self.offer(size: 101), .tooLarge),
+            (Self.offer(kind: .text, size: 11, name: ""), .tooLarge),
+            (Self.offer(kind: .text, size: 1, name: "x"), .invalidName),
+            (Self.offer(name: ""), .invalidName),
+            (Self.offer(name: ".."), .invalidName),
+            (Self.offer(name: "a/b"), .invalidName),
+            (Self.offer(name: "a\u{0}b"), .invalidName),
+            (Self.offer(expires: Self.now), .expired),
+        ]
+        for (offer, reason) in cases {
+            var machine = try Self.receiver(limits)
+            #expect(try machine.receive(.offer(offer)) == .send(.answer(id: offer.id, .refused(reason))))
+            #expect(machine.state == .idle)
+        }
+    }
+
+    @Test("receiver: a digest mismatch discards the partial and rejects the item")
+    func receiverDigestMismatch() throws {
+        var machine = try Self.receiver()
+        let offer = Self.offer(size: 1)
+        _ = try machine.receive(.offer(offer))
+        _ = try machine.lookUpCompleted(.nothing)
+        _ = try machine.receive(.start(id: offer.id, offset: 0))
+        _ = try machine.receive(.data(ByteBuffer(bytes: [0])))
+        _ = try machine.receive(.end(id: offer.id))
+        #expect(try machine.contentVerified(digest: Array(repeating: 2, count: 32))
+                == .discardPartial(offer, then: .reject(id: offer.id, .digestMismatch)))
+        #expect(machine.state == .idle)
+    }
+
+    @Test("receiver: protocol violations are typed errors and end in the failed state")
+    func receiverViolations() throws {
+        var noHello = DeliveryReceiverStateMachine(limits: DeliveryLimits(), now: { Self.now })
+        #expect(throws: DeliveryProtocolError.unexpectedFrame(frame: "done", state: "awaiting hello")) { try noHello.receive(.done) }
+        #expect(noHello.state == .failed)
+
+        var version = DeliveryReceiverStateMachine(limits: DeliveryLimits(), now: { Self.now })
+        #expect(throws: DeliveryProtocolError.unsupportedVersion(2)) { try version.receive(.hello(version: 2)) }
+
+        let offer = Self.offer(size: 3)
+        var tooMuch = try Self.receiver()
+        _ = try tooMuch.receive(.offer(offer))
+        _ = try tooMuch.lookUpCompleted(.nothing)
+        _ = try tooMuch.receive(.start(id: offer.id, offset: 0))
+        #expect(throws: DeliveryProtocolError.sizeMismatch(expected: 3, received: 4)) {
+            try tooMuch.receive(.data(ByteBuffer(bytes: [1, 2, 3, 4])))
+        }
+
+        var short = try Self.receiver()
+        _ = try short.receive(.offer(offer))
+        _ = try short.lookUpCompleted(.nothing)
+        _ = try short.receive(.start(id: offer.id, offset: 0))
+        _ = try short.receive(.data(ByteBuffer(bytes: [1])))
+        #expect(throws: DeliveryProtocolError.sizeMismatch(expected: 3, received: 1)) { try short.receive(.end(id: offer.id)) }
+
+        var other = try Self.receiver()
+        _ = try other.receive(.offer(offer))
+        _ = try other.lookUpCompleted(.nothing)
+        let stranger = UUID()
+        #expect(throws: DeliveryProtocolError.itemMismatch(expected: offer.id, received: stranger)) {
+            try other.receive(.start(id: stranger, offset: 0))
+        }
+
+        var dataFirst = try Self.receiver()
+        #expect(throws: DeliveryProtocolError.unexpectedFrame(frame: "data", state: "awaiting an offer")) {
+            try dataFirst.receive(.data(ByteBuffer(bytes: [1])))
+        }
+
+        var closed = try Self.receiver()
+        _ = try closed.receive(.offer(offer))
+        #expect(throws: DeliveryProtocolError.connectionClosed(state: "looking up an item")) { try closed.streamEnded() }
+    }
+
+    @Test("sender: answers lead to delivery, refusal, streaming or a prefix check")
+    func senderAnswers() throws {
+        let offer = Self.offer(size: 10)
+        func offered() throws -> DeliverySenderStateMachine {
+            var machine = DeliverySenderStateMachine()
+            #expect(try machine.start() == .hello(version: 1))
+            #expect(try machine.offer(offer) == .offer(offer))
+            return machine
+        }
+        var complete = try offered()
+        #expect(try complete.receive(.answer(id: offer.id, .complete)) == .delivered(offer, alreadyStored: true))
+        #expect(try complete.finish() == .done)
+
+        var refused = try offered()
+        #expect(try refused.receive(.answer(id: offer.id, .refused(.expired))) == .refused(offer, .expired))
+
+        var fresh = try offered()
+        #expect(try fresh.receive(.answer(id: offer.id, .nothing)) == .stream(offer, offset: 0))
+        #expect(try fresh.contentSent() == .end(id: offer.id))
+        #expect(try fresh.receive(.ack(id: offer.id)) == .delivered(offer, alreadyStored: false))
+
+        let digest = Array(repeating: UInt8(3), count: 32)
+        var resumed = try offered()
+        #expect(try resumed.receive(.answer(id: offer.id, .partial(offset: 4, prefixSHA256: digest)))
+                == .verifyPrefix(offer, offset: 4, digest: digest))
+        #expect(try resumed.prefixVerified(matches: true) == .stream(offer, offset: 4))
+
+        var restarted = try offered()
+        _ = try restarted.receive(.answer(id: offer.id, .partial(offset: 4, prefixSHA256: digest)))
+        #expect(try restarted.prefixVerified(matches: false) == .stream(offer, offset: 0))
+
+        var beyond = try offered()
+        #expect(try beyond.receive(.answer(id: offer.id, .partial(offset: 11, prefixSHA256: digest))) == .stream(offer, offset: 0))
+
+        var rejected = try offered()
+        _ = try rejected.receive(.answer(id: offer.id, .nothing))
+        _ = try rejected.contentSent()
+        #expect(try rejected.receive(.reject(id: offer.id, .digestMismatch)) == .rejected(offer, .digestMismatch))
+        #expect(rejected.state == .ready)
+    }
+
+    @Test("sender: violations are typed errors")
+    func senderViolations() throws {
+        let offer = Self.offer()
+        var machine = DeliverySenderStateMachine()
+        #expect(throws: DeliveryProtocolError.unexpectedFrame(frame: "offer", state: "starting")) { try machine.offer(offer) }
+
+        var wrongItem = DeliverySenderStateMachine()
+        _ = try wrongItem.start()
+        _ = try wrongItem.offer(offer)
+        let stranger = UUID()
+        #expect(throws: DeliveryProtocolError.itemMismatch(expected: offer.id, received: stranger)) {
+            try wrongItem.receive(.answer(id: stranger, .complete))
+        }
+
+        var earlyAck = DeliverySenderStateMachine()
+        _ = try earlyAck.start()
+        _ = try earlyAck.offer(offer)
+        #expect(throws: DeliveryProtocolError.unexpectedFrame(frame: "ack", state: "awaiting an answer")) {
+            try earlyAck.receive(.ack(id: offer.id))
+        }
+        #expect(earlyAck.state == .failed)
+
+        var closed = DeliverySenderStateMachine()
+        _ = try closed.start()
+        #expect(throws: DeliveryProtocolError.connectionClosed(state: "ready to offer")) { try closed.streamEnded() }
+    }
+}

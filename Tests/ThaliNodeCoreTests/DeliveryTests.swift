@@ -1,0 +1,247 @@
+import Crypto
+import Foundation
+import NIOCore
+import Testing
+@testable import ThaliNodeCore
+
+/// Deliveries between two stores in two data directories over real TCP connections on 127.0.0.1.
+@Suite("Delivery over loopback TCP")
+struct DeliveryTests {
+    static let limits = DeliveryLimits(chunkBytes: 4096, idleTimeout: .seconds(30))
+
+    /// Queues two texts and a file from Alice to Bob; returns the file's content.
+    @discardableResult
+    static func queueItems(_ pair: NodePair, fileBytes: Int = 40_000) throws -> [UInt8] {
+        let expiry = Date().addingTimeInterval(3600)
+        try pair.alice.enqueueText("hello bob", to: "bob", expiresAt: expiry)
+        try pair.alice.enqueueText("second message ✉️", to: "bob", expiresAt: expiry)
+        let content = randomBytes(fileBytes)
+        let source = pair.aliceHome.home.path + "/report.pdf"
+        try Data(content).write(to: URL(fileURLWithPath: source))
+        try pair.alice.enqueueFile(at: source, to: "bob", expiresAt: expiry)
+        return content
+    }
+
+    /// Checks Bob received every item exactly once with intact content, and nothing is left behind.
+    /// `context` names the case in failure messages.
+    static func expectDeliveredExactlyOnce(_ pair: NodePair, file content: [UInt8], context: String = "",
+                                           sourceLocation: SourceLocation = #_sourceLocation) throws {
+        let inbox = try pair.bob.inbox()
+        #expect(inbox.count == 3, "\(context) inbox: \(inbox.map { $0.text ?? $0.fileName ?? "?" })", sourceLocation: sourceLocation)
+        #expect(Set(inbox.map(\.itemID)).count == inbox.count, "\(context) duplicate ids", sourceLocation: sourceLocation)
+        #expect(inbox.compactMap(\.text).sorted() == ["hello bob", "second message ✉️"], "\(context)", sourceLocation: sourceLocation)
+        #expect(inbox.allSatisfy { $0.fromContact == "alice" }, "\(context)", sourceLocation: sourceLocation)
+        let file = try #require(inbox.first { $0.kind == .file }, "\(context)", sourceLocation: sourceLocation)
+        #expect(file.fileName == "report.pdf", "\(context)", sourceLocation: sourceLocation)
+        let path = try #require(file.filePath, sourceLocation: sourceLocation)
+        #expect(try Data(contentsOf: URL(fileURLWithPath: path)) == Data(content), "\(context) file content", sourceLocation: sourceLocation)
+        #expect(try pair.alice.outbox().isEmpty, "\(context) outbox leftovers", sourceLocation: sourceLocation)
+        #expect(try FileManager.default.contentsOfDirectory(atPath: pair.bobHome.home.partialDirectory).isEmpty,
+                "\(context) partial leftovers", sourceLocation: sourceLocation)
+        #expect(try FileManager.default.contentsOfDirectory(atPath: pair.aliceHome.home.outboxDirectory).isEmpty,
+                "\(context) outbox file leftovers", sourceLocation: sourceLocation)
+    }
+
+    @Test("texts and a file arrive intact, with progress, and leave the outbox")
+    func deliverTextsAndFile() async throws {
+        let pair = try NodePair(limits: Self.limits)
+        let content = try Self.queueItems(pair, fileBytes: 300_000)
+        let senderLog = EventLog()
+        let receiverLog = EventLog()
+        let (stream, streamHandler, continuation) = DeliveryEvents.makeStream()
+        let outcome = try await deliverOverTCP(pair, limits: Self.limits, senderEvents: senderLog.handler,
+                                               receiverEvents: { event in receiverLog.handler(event); streamHandler(event) })
+        continuation.finish()
+        var streamed: [DeliveryEvent] = []
+        for await event in stream { streamed.append(event) }
+        #expect(streamed == receiverLog.events)
+        let sent = try outcome.sender.get()
+        let received = try outcome.receiver.get()
+        #expect(sent.delivered.count == 3)
+        #expect(sent.bytesSent == UInt64(300_000 + "hello bob".utf8.count + "second message ✉️".utf8.count))
+        #expect(received.received.count == 3)
+        try Self.expectDeliveredExactlyOnce(pair, file: content)
+
+        // Progress for the file: monotonic, ending at its size, on both sides.
+        for log in [senderLog, receiverLog] {
+            let progress = log.events.compactMap { event -> UInt64? in
+                if case .progress(_, let bytes, 300_000) = event { return bytes }
+                return nil
+            }
+            #expect(progress.count == (300_000 + 4095) / 4096)
+            #expect(progress == progress.sorted())
+            #expect(progress.last == 300_000)
+        }
+        #expect(senderLog.events.filter { if case .delivered(_, false) = $0 { true } else { false } }.count == 3)
+
+        // A second session finds nothing to do.
+        let again = try await deliverOverTCP(pair, limits: Self.limits)
+        #expect(try again.sender.get() == DeliverySender.Summary())
+        #expect(try pair.bob.inbox().count == 3)
+    }
+
+    @Test("items go only to the contact they are for")
+    func onlyToTheirContact() async throws {
+        let pair = try NodePair(limits: Self.limits)
+        try pair.alice.addContact(name: "carol", publicKey: randomPublicKey())
+        let expiry = Date().addingTimeInterval(3600)
+        try pair.alice.enqueueText("for carol only", to: "carol", expiresAt: expiry)
+        try pair.alice.enqueueText("for bob", to: "bob", expiresAt: expiry)
+        let outcome = try await deliverOverTCP(pair, limits: Self.limits)
+        #expect(try outcome.sender.get().delivered.count == 1)
+        #expect(try pair.bob.inbox().compactMap(\.text) == ["for bob"])
+        #expect(try pair.alice.outbox().compactMap(\.text) == ["for carol only"])
+    }
+
+    @Test("expired items are dropped and never delivered")
+    func expiredItemsDropped() async throws {
+        let pair = try NodePair(limits: Self.limits)
+        let now = Date()
+        try pair.alice.enqueueText("short-lived", to: "bob", expiresAt: now.addingTimeInterval(60), now: now)
+        try pair.alice.enqueueText("long-lived", to: "bob", expiresAt: now.addingTimeInterval(7200), now: now)
+        let later = now.addingTimeInterval(120)
+        let outcome = try await deliverOverTCP(pair, limits: Self.limits, now: { later })
+        #expect(try outcome.sender.get().delivered.count == 1)
+        #expect(try pair.bob.inbox().compactMap(\.text) == ["long-lived"])
+        #expect(try pair.alice.outbox().isEmpty)
+    }
+
+    @Test("the receiver refuses what exceeds its own limits; the sender marks it refused and moves on")
+    func receiverLimitsRefuse() async throws {
+        let pair = try NodePair(limits: Self.limits)
+        try pair.alice.enqueueText(String(repeating: "x", count: 2000), to: "bob", expiresAt: Date().addingTimeInterval(60))
+        try pair.alice.enqueueText("small", to: "bob", expiresAt: Date().addingTimeInterval(60))
+        // Bob's limits are stricter than Alice's (her store queued the 2000-byte text).
+        let outcome = try await deliverOverTCP(pair, limits: DeliveryLimits(chunkBytes: 4096, maxTextBytes: 1000))
+        let sent = try outcome.sender.get()
+        #expect(sent.refused.count == 1)
+        #expect(sent.delivered.count == 1)
+        #expect(try pair.bob.inbox().compactMap(\.text) == ["small"])
+        let left = try pair.alice.outbox()
+        #expect(left.count == 1 && left.first?.state == .refused)
+        // Refused items are not offered again.
+        #expect(try pair.alice.contactsWithPendingItems().isEmpty)
+    }
+
+    @Test("a receiving session deletes its contact's abandoned partial files, keeps recent ones and others'")
+    func abandonedPartialsSwept() async throws {
+        let pair = try NodePair(limits: Self.limits)
+        let stale = pair.bob.partialPath(for: UUID(), from: pair.aliceAtBob)
+        let recent = pair.bob.partialPath(for: UUID(), from: pair.aliceAtBob)
+        let carol = try pair.bob.addContact(name: "carol", publicKey: randomPublicKey())
+        let carols = pair.bob.partialPath(for: UUID(), from: carol)
+        for path in [stale, recent, carols] { try Data("partial".utf8).write(to: URL(fileURLWithPath: path)) }
+        let eightDaysAgo = Date().addingTimeInterval(-8 * 24 * 3600)
+        for path in [stale, carols] {
+            try FileManager.default.setAttributes([.modificationDate: eightDaysAgo], ofItemAtPath: path)
+        }
+        _ = try await deliverOverTCP(pair, limits: Self.limits).receiver.get()
+        #expect(!FileManager.default.fileExists(atPath: stale))
+        #expect(FileManager.default.fileExists(atPath: recent))
+        #expect(FileManager.default.fileExists(atPath: carols))
+    }
+
+    @Test("a partial file with an intact prefix is resumed; a damaged one is restarted")
+    func resumeAndRestart() async throws {
+        for damaged in [false, true] {
+            let pair = try NodePair(limits: Self.limits)
+            let content = try Self.queueItems(pair, fileBytes: 50_000)
+            let file = try #require(try pair.alice.outbox().first { $0.kind == .file })
+            // Bob already holds the first 20,000 bytes (as after an interrupted session).
+            var prefix = Array(content.prefix(20_000))
+            if damaged { prefix[10_000] ^= 0xFF }
+            try Data(prefix).write(to: URL(fileURLWithPath: pair.bob.partialPath(for: file.id, from: pair.aliceAtBob)))
+            let log = EventLog()
+            let outcome = try await deliverOverTCP(pair, limits: Self.limits, senderEvents: log.handler)
+            let sent = try outcome.sender.get()
+            #expect(try outcome.receiver.get().received.count == 3)
+            let starts = log.events.compactMap { event -> UInt64? in
+                if case .transferStarted(file.id, let offset, _) = event { return offset }
+                return nil
+            }
+            #expect(starts == [damaged ? 0 : 20_000])
+            let textBytes = UInt64("hello bob".utf8.count + "second message ✉️".utf8.count)
+            #expect(sent.bytesSent == textBytes + (damaged ? 50_000 : 30_000))
+            try Self.expectDeliveredExactlyOnce(pair, file: content)
+        }
+    }
+
+    @Test("an acknowledgement lost after the commit: the next session is answered complete, nothing is doubled")
+    func lostAcknowledgement() async throws {
+        let pair = try NodePair(limits: Self.limits)
+        let content = try Self.queueItems(pair, fileBytes: 20_000)
+        let first = try #require(try pair.alice.outbox().first)
+        // Bob's first answer is 22 bytes; a cut at 30 lets him commit the first text but not send its ack.
+        let cut = try await deliverOverTCP(pair, limits: Self.limits, cut: (.receiver, 30))
+        #expect(throws: (any Error).self) { try cut.sender.get() }
+        #expect(try pair.bob.inbox().map(\.itemID) == [first.id])
+        #expect(try pair.alice.outboxItem(id: first.id) != nil)
+        let outcome = try await deliverOverTCP(pair, limits: Self.limits)
+        #expect(try outcome.sender.get().alreadyStored == [first.id])
+        #expect(try outcome.receiver.get().duplicates == [first.id])
+        try Self.expectDeliveredExactlyOnce(pair, file: content)
+    }
+
+    @Test("a connection cut in the middle of a file: the next session resumes where the receiver stopped")
+    func cutMidFileResumes() async throws {
+        let pair = try NodePair(limits: Self.limits)
+        let content = try Self.queueItems(pair, fileBytes: 100_000)
+        let file = try #require(try pair.alice.outbox().first { $0.kind == .file })
+        _ = try await deliverOverTCP(pair, limits: Self.limits, cut: (.sender, 60_000))
+        let partial = FileContent.size(of: pair.bob.partialPath(for: file.id, from: pair.aliceAtBob)) ?? 0
+        #expect(partial > 40_000 && partial < 60_000)
+        #expect(try pair.alice.outboxItem(id: file.id) != nil)
+        let log = EventLog()
+        let outcome = try await deliverOverTCP(pair, limits: Self.limits, senderEvents: log.handler)
+        #expect(try outcome.sender.get().bytesSent == 100_000 - partial)
+        #expect(log.events.contains(.transferStarted(id: file.id, offset: partial, total: 100_000)))
+        #expect(try pair.alice.outboxItem(id: file.id) == nil)
+        try Self.expectDeliveredExactlyOnce(pair, file: content)
+    }
+
+    /// Interrupts the first session after `k` bytes written by one side, then reconnects until done.
+    static func interruptThenComplete(side: Side, k: Int) async throws {
+        let context = "cut \(side) after \(k) bytes:"
+        let pair = try NodePair(limits: limits)
+        let content = try queueItems(pair, fileBytes: 20_000)
+        _ = try await deliverOverTCP(pair, limits: limits, cut: (side, k))
+        // Reconnect: one clean session must finish everything.
+        let outcome = try await deliverOverTCP(pair, limits: limits)
+        #expect(throws: Never.self, "\(context) sender") { try outcome.sender.get() }
+        #expect(throws: Never.self, "\(context) receiver") { try outcome.receiver.get() }
+        try expectDeliveredExactlyOnce(pair, file: content, context: context)
+    }
+
+    /// Runs `interruptThenComplete` for every `k`, at most `width` at a time: enough to overlap the fsyncs
+    /// of the commits, few enough that no session waits on the blocking pool until its idle timeout.
+    static func interruptAtEvery(_ cuts: [Int], side: Side, width: Int = 4) async throws {
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            var pending = cuts[...]
+            for _ in 0..<width {
+                guard let k = pending.popFirst() else { break }
+                group.addTask { try await interruptThenComplete(side: side, k: k) }
+            }
+            while try await group.next() != nil {
+                guard let k = pending.popFirst() else { continue }
+                group.addTask { try await interruptThenComplete(side: side, k: k) }
+            }
+        }
+    }
+
+    /// The sender writes 20,476 bytes (hello 6, offers 80+80+90, starts 3×29, text data 14+26, file data
+    /// 20,000+5×5, ends 3×21, done 5): cut at every byte through the texts' frames and the end of the file,
+    /// every 701 bytes through the file's content, and a little past the end (no cut at all).
+    static let senderCuts: [Int] = Array(0...400) + Array(stride(from: 401, to: 20_380, by: 701)) + Array(20_380...20_480)
+
+    @Test("sender side cut after each of ~530 byte counts, then reconnect: exactly one copy of each item")
+    func senderInterrupted() async throws {
+        try await Self.interruptAtEvery(Self.senderCuts, side: .sender)
+    }
+
+    /// The receiver writes answers (22 bytes, 62 for a partial) and acks (21 bytes): ~130 bytes in all; cut
+    /// at every position, including after a commit but before its ack is out.
+    @Test("receiver side cut after each of 0...140 bytes, then reconnect: exactly one copy of each item")
+    func receiverInterrupted() async throws {
+        try await Self.interruptAtEvery(Array(0...140), side: .receiver)
+    }
+}
