@@ -140,9 +140,3 @@ private func format(_ value: Double) -> String {
     let scaled = (value * 100).rounded() / 100
     return "\(scaled)"
 }
-
-extension Duration {
-    fileprivate var seconds: Double {
-        Double(components.seconds) + Double(components.attoseconds) / 1e18
-    }
-}
