@@ -119,6 +119,12 @@ public final class NodeStore: Sendable {
         if !claimed { throw NodeError.sessionInProgress(contact: contact.name, role: role.rawValue) }
     }
 
+    /// Whether a session in `role` with `contact` currently holds its claim (observes without claiming).
+    func hasSession(_ role: SessionRole, with contact: Contact) -> Bool {
+        let key = SessionKey(contactID: contact.id ?? 0, role: role)
+        return sessions.withLockedValue { $0.contains(key) }
+    }
+
     /// Releases a claim made by ``claimSession(_:with:)``.
     func releaseSession(_ role: SessionRole, with contact: Contact) {
         let key = SessionKey(contactID: contact.id ?? 0, role: role)

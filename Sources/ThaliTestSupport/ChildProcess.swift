@@ -1,8 +1,16 @@
 import Foundation
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// An independent peer process started by a test (`openssl s_server`, `gssdp-discover`, a Go program,
 /// a Python mock). Its standard output and error are collected; it is killed and reaped when the test
 /// calls `terminate()` or drops the last reference, so no test leaves a process behind.
+///
+/// Started with `posix_spawn`, not Foundation's `Process`: on Linux with Swift 6.3.1, `Process.run()`
+/// crashes intermittently when the test process has many descriptors open (it over-reads `struct
+/// dirent` while scanning /proc/self/fd), and every test target shares one process. The child starts
+/// with an empty signal mask: the test runner's threads block SIGTERM, and a blocked mask survives exec.
 public final class ChildProcess: @unchecked Sendable {
     /// Raised when a child does not produce what a test waits for in time.
     public struct Timeout: Error, CustomStringConvertible {
@@ -11,61 +19,128 @@ public final class ChildProcess: @unchecked Sendable {
         public var description: String { "timed out waiting for \(waitingFor); output so far:\n\(output)" }
     }
 
-    private let process = Process()
-    private let stdinPipe = Pipe()
-    private let outputPipe = Pipe()
-    private let lock = NSLock()
-    private var collected = Data()
-
-    /// Starts `executable` (a path, or a name looked up in `PATH`) with `arguments`.
-    public init(_ executable: String, _ arguments: [String], environment: [String: String]? = nil,
-                currentDirectory: String? = nil) throws {
-        guard let path = ChildProcess.which(executable) else {
-            throw CocoaError(.fileNoSuchFile, userInfo: [NSFilePathErrorKey: executable])
-        }
-        process.executableURL = URL(fileURLWithPath: path)
-        process.arguments = arguments
-        if let environment {
-            process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
-        }
-        if let currentDirectory { process.currentDirectoryURL = URL(fileURLWithPath: currentDirectory) }
-        process.standardInput = stdinPipe
-        process.standardOutput = outputPipe
-        process.standardError = outputPipe
-        outputPipe.fileHandleForReading.readabilityHandler = { [weak self] handle in
-            let data = handle.availableData
-            guard let self, !data.isEmpty else { return }
-            self.lock.withLock { self.collected.append(data) }
-        }
-        // A blocked signal mask survives exec, and the threads tests run on block SIGTERM among
-        // others: spawn with nothing blocked so the child can be stopped like any process.
-        var unblocked = sigset_t()
-        var previous = sigset_t()
-        sigemptyset(&unblocked)
-        pthread_sigmask(SIG_SETMASK, &unblocked, &previous)
-        defer { pthread_sigmask(SIG_SETMASK, &previous, nil) }
-        try process.run()
+    /// Raised when a child cannot be started.
+    public struct SpawnFailure: Error, CustomStringConvertible {
+        public let description: String
     }
 
-    deinit { terminate() }
+    /// The child's process id.
+    public let pid: pid_t
+    private let inputFD: Int32
+    private let lock = NSLock()
+    private var collected = Data()
+    private var exitStatus: Int32?
+    private var inputClosed = false
+    private var outputEnded = false
+
+    /// Starts `executable` (a path, or a name looked up in `PATH`) with `arguments`; `environment` is
+    /// added to this process's environment.
+    public init(_ executable: String, _ arguments: [String], environment: [String: String]? = nil) throws {
+        guard let path = ChildProcess.which(executable) else {
+            throw SpawnFailure(description: "\(executable): not found in PATH")
+        }
+        var inputPipe: [Int32] = [0, 0]
+        var outputPipe: [Int32] = [0, 0]
+        guard pipe(&inputPipe) == 0 else { throw SpawnFailure(description: "pipe: errno \(errno)") }
+        guard pipe(&outputPipe) == 0 else {
+            close(inputPipe[0]); close(inputPipe[1])
+            throw SpawnFailure(description: "pipe: errno \(errno)")
+        }
+
+        var actions = posix_spawn_file_actions_t()
+        posix_spawn_file_actions_init(&actions)
+        defer { posix_spawn_file_actions_destroy(&actions) }
+        posix_spawn_file_actions_adddup2(&actions, inputPipe[0], 0)
+        posix_spawn_file_actions_adddup2(&actions, outputPipe[1], 1)
+        posix_spawn_file_actions_adddup2(&actions, outputPipe[1], 2)
+        for fd in inputPipe + outputPipe { posix_spawn_file_actions_addclose(&actions, fd) }
+
+        var attributes = posix_spawnattr_t()
+        posix_spawnattr_init(&attributes)
+        defer { posix_spawnattr_destroy(&attributes) }
+        var emptyMask = sigset_t()
+        sigemptyset(&emptyMask)
+        posix_spawnattr_setsigmask(&attributes, &emptyMask)
+        // SIGPIPE is ignored in the test process (NIO) and ignored dispositions survive exec too.
+        var defaults = sigset_t()
+        sigemptyset(&defaults)
+        sigaddset(&defaults, SIGPIPE)
+        posix_spawnattr_setsigdefault(&attributes, &defaults)
+        posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF))
+
+        let merged = ProcessInfo.processInfo.environment.merging(environment ?? [:]) { $1 }
+        let argv = ([path] + arguments).map { strdup($0) } + [nil]
+        let envp = merged.map { strdup("\($0.key)=\($0.value)") } + [nil]
+        defer {
+            argv.forEach { free($0) }
+            envp.forEach { free($0) }
+        }
+        var pid: pid_t = 0
+        let spawned = posix_spawn(&pid, path, &actions, &attributes, argv, envp)
+        close(inputPipe[0])
+        close(outputPipe[1])
+        guard spawned == 0 else {
+            close(inputPipe[1]); close(outputPipe[0])
+            throw SpawnFailure(description: "posix_spawn \(path): \(String(cString: strerror(spawned)))")
+        }
+        self.pid = pid
+        self.inputFD = inputPipe[1]
+
+        let outputFD = outputPipe[0]
+        let reader = Thread { [weak self] in
+            var buffer = [UInt8](repeating: 0, count: 16_384)
+            while true {
+                let count = read(outputFD, &buffer, buffer.count)
+                if count < 0 && errno == EINTR { continue }
+                guard count > 0, let self else { break }
+                self.lock.withLock { self.collected.append(contentsOf: buffer[0..<count]) }
+            }
+            close(outputFD)
+            if let self { self.lock.withLock { self.outputEnded = true } }
+        }
+        reader.name = "ChildProcess \(pid) output"
+        reader.start()
+    }
+
+    deinit {
+        terminate()
+        closeInput()
+    }
 
     /// Everything the child wrote to stdout and stderr so far.
     public var output: String { lock.withLock { String(decoding: collected, as: UTF8.self) } }
 
-    /// The child's process id.
-    public var pid: Int32 { process.processIdentifier }
-
-    /// Whether the child is still running.
-    public var isRunning: Bool { process.isRunning }
+    /// Whether the child is still running (reaps it if it has exited).
+    public var isRunning: Bool { reap(blocking: false) == nil }
 
     /// Writes to the child's standard input.
     public func write(_ text: String) { write(Data(text.utf8)) }
 
-    /// Writes bytes to the child's standard input.
-    public func write(_ data: Data) { try? stdinPipe.fileHandleForWriting.write(contentsOf: data) }
+    /// Writes bytes to the child's standard input (ignored once the input is closed or the child gone).
+    public func write(_ data: Data) {
+        lock.withLock {
+            guard !inputClosed else { return }
+            data.withUnsafeBytes { bytes in
+                guard let base = bytes.baseAddress else { return }
+                var offset = 0
+                while offset < bytes.count {
+                    let written = Glibc.write(inputFD, base + offset, bytes.count - offset)
+                    if written < 0 && errno == EINTR { continue }
+                    guard written > 0 else { return }
+                    offset += written
+                }
+            }
+        }
+    }
 
     /// Closes the child's standard input (some tools, like `openssl s_server`, end on that).
-    public func closeInput() { try? stdinPipe.fileHandleForWriting.close() }
+    public func closeInput() {
+        lock.withLock {
+            guard !inputClosed else { return }
+            inputClosed = true
+            close(inputFD)
+        }
+    }
 
     /// Waits until the output contains `text`.
     public func waitForOutput(containing text: String, timeout: Duration = .seconds(10)) async throws {
@@ -76,32 +151,61 @@ public final class ChildProcess: @unchecked Sendable {
         }
     }
 
-    /// Waits for the child to exit by itself and returns its exit status.
+    /// Waits for the child to exit by itself and returns its exit status (128 + signal if killed).
     @discardableResult
     public func waitForExit(timeout: Duration = .seconds(10)) async throws -> Int32 {
         let deadline = ContinuousClock.now + timeout
-        while process.isRunning {
+        while true {
+            if let status = reap(blocking: false) { return status }
             guard ContinuousClock.now < deadline else { throw Timeout(waitingFor: "exit", output: output) }
             try await Task.sleep(for: .milliseconds(20))
         }
-        return process.terminationStatus
+    }
+
+    /// Blocks until the child exits and its output has been read to the end; on timeout kills it and
+    /// throws. For synchronous callers (command-line tools run to completion).
+    @discardableResult
+    public func waitUntilExit(timeout: Duration = .seconds(30)) throws -> Int32 {
+        let deadline = ContinuousClock.now + timeout
+        while true {
+            if let status = reap(blocking: false), lock.withLock({ outputEnded }) { return status }
+            guard ContinuousClock.now < deadline else {
+                terminate(signal: SIGKILL)
+                throw Timeout(waitingFor: "exit", output: output)
+            }
+            usleep(5_000)
+        }
     }
 
     /// Sends `signal` (SIGTERM by default), then SIGKILL if the child has not gone after a grace period,
     /// and reaps it.
     public func terminate(signal: Int32 = SIGTERM, grace: Duration = .seconds(2)) {
-        guard process.isRunning else { return finish() }
-        kill(process.processIdentifier, signal)
+        guard reap(blocking: false) == nil else { return }
+        kill(pid, signal)
         let deadline = ContinuousClock.now + grace
-        while process.isRunning && ContinuousClock.now < deadline { usleep(10_000) }
-        if process.isRunning { kill(process.processIdentifier, SIGKILL) }
-        process.waitUntilExit()
-        finish()
+        while reap(blocking: false) == nil {
+            guard ContinuousClock.now < deadline else {
+                kill(pid, SIGKILL)
+                _ = reap(blocking: true)
+                return
+            }
+            usleep(10_000)
+        }
     }
 
-    private func finish() {
-        outputPipe.fileHandleForReading.readabilityHandler = nil
-        try? stdinPipe.fileHandleForWriting.close()
+    /// The exit status once the child has exited, reaping it; nil while it runs.
+    private func reap(blocking: Bool) -> Int32? {
+        lock.withLock {
+            if let exitStatus { return exitStatus }
+            var status: Int32 = 0
+            var result: pid_t
+            repeat { result = waitpid(pid, &status, blocking ? 0 : WNOHANG) } while result < 0 && errno == EINTR
+            guard result == pid else { return nil }
+            // WIFEXITED/WEXITSTATUS are macros: the exit code is in bits 8-15 when the low 7 bits are 0.
+            let decoded = (status & 0x7F) == 0 ? (status >> 8) & 0xFF : 128 + (status & 0x7F)
+            exitStatus = decoded
+            return decoded
+        }
     }
 
     /// The full path of `name`, looked up in `PATH` unless it already contains a slash.

@@ -20,10 +20,12 @@ struct CommandLineTests {
 
     func thaliNode(_ arguments: [String], environment: [String: String] = [:]) async throws -> Run {
         let executable = Self.executable
-        let result = try await Task.detached {
-            try SpawnedCommand.run(executable, arguments, environment: environment)
+        return try await Task.detached { () throws -> Run in
+            let child = try ChildProcess(executable, arguments, environment: environment)
+            child.closeInput()
+            let status = try child.waitUntilExit(timeout: .seconds(30))
+            return Run(status: status, output: child.output)
         }.value
-        return Run(status: result.status, output: result.output)
     }
 
     @Test("contacts, send, outbox and inbox work on a fresh data directory given by --home")

@@ -82,17 +82,13 @@ struct DeliverySessionClaimTests {
             let two = try #require(try await iterator.next())
             // The first session waits for its silent peer until that peer closes.
             async let firstSession: (any Error)? = { do { _ = try await receiver.run(on: one); return nil } catch { return error } }()
-            // Wait until the running session holds the claim (polling: no fixed sleep).
+            // Wait until the running session holds the claim (polling without claiming: a probe that
+            // claimed could itself make the first session's claim fail).
             let deadline = ContinuousClock.now + .seconds(30)
-            while ContinuousClock.now < deadline {
-                do {
-                    try pair.bob.claimSession(.receiving, with: pair.aliceAtBob)
-                    pair.bob.releaseSession(.receiving, with: pair.aliceAtBob)
-                    try await Task.sleep(for: .milliseconds(5))
-                } catch {
-                    break
-                }
+            while !pair.bob.hasSession(.receiving, with: pair.aliceAtBob) && ContinuousClock.now < deadline {
+                try await Task.sleep(for: .milliseconds(5))
             }
+            #expect(pair.bob.hasSession(.receiving, with: pair.aliceAtBob))
             await #expect(throws: NodeError.sessionInProgress(contact: "alice", role: "receiving")) {
                 _ = try await receiver.run(on: two)
             }
