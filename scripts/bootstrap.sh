@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # Installs what the suite needs on Debian, idempotently. Usage: scripts/bootstrap.sh [--test]
-#   (no flag)  build dependencies: the C libraries the system-library targets link against.
-#   --test     also the independent peers the tests run: gssdp-discover, Go + hashicorp/yamux, dbus,
-#              openssl, and a Python venv (.venv-test) with python-dbusmock and async-upnp-client.
+#   (no flag)  build dependencies: the C libraries the system-library targets link against, and the
+#              system SQLite headers GRDB builds against.
+#   --test     also the independent peers the tests run: openssl and GnuTLS (PSK-TLS interop),
+#              gssdp-discover (SSDP), Go + hashicorp/yamux (multiplexer interop), dbus (BlueZ mock bus),
+#              curl, iproute2 (network namespaces), and a Python venv (.venv-test) with python-dbusmock
+#              and async-upnp-client.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(pkg-config libssl-dev libsecp256k1-dev libbluetooth-dev libdbus-1-dev openssl)
+packages=(pkg-config libssl-dev libsecp256k1-dev libbluetooth-dev libdbus-1-dev libsqlite3-dev openssl)
 if [[ "${1:-}" == "--test" ]]; then
-    packages+=(gupnp-tools golang-go golang-github-hashicorp-yamux-dev dbus python3 python3-venv python3-dbus iproute2)
+    packages+=(gnutls-bin gupnp-tools golang-go golang-github-hashicorp-yamux-dev dbus curl iproute2
+               python3 python3-venv python3-dbus)
 fi
 
 missing=()
@@ -30,26 +34,4 @@ if [[ "${1:-}" == "--test" ]]; then
         /usr/bin/python3 -m venv --system-site-packages "$venv"
         "$venv/bin/pip" install -q python-dbusmock async-upnp-client
     fi
-fi
-
-# ThaliSSDP tests: curl is the independent HTTP client of /NotificationBeacons.
-if [[ "${1:-}" == "--test" ]] && ! command -v curl >/dev/null; then
-    echo "bootstrap: installing curl"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq curl >/dev/null
-fi
-
-# ThaliPSKTLS tests: GnuTLS's gnutls-serv is a second, independent TLS stack for DHE-PSK interop.
-if [[ "${1:-}" == "--test" ]] && ! command -v gnutls-serv >/dev/null; then
-    echo "bootstrap: installing gnutls-bin"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq gnutls-bin >/dev/null
-fi
-
-# thali-node's store (GRDB) links the system SQLite: its headers come from libsqlite3-dev.
-if ! dpkg-query -W -f='${Status}' libsqlite3-dev 2>/dev/null | grep -q "install ok installed"; then
-    echo "bootstrap: installing libsqlite3-dev"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq libsqlite3-dev >/dev/null
 fi
