@@ -74,11 +74,13 @@ struct DeliverySessionClaimTests {
         }
         let port = try #require(server.channel.localAddress?.port)
         let first = try await ClientBootstrap(group: group).connect(host: "127.0.0.1", port: port).get()
-        let second = try await ClientBootstrap(group: group).connect(host: "127.0.0.1", port: port).get()
         let receiver = DeliveryReceiver(store: pair.bob, authenticatedPeer: pair.aliceAtBob, limits: limits, logger: quietLogger)
         try await server.executeThenClose { connections in
             var iterator = connections.makeAsyncIterator()
+            // Accept the first connection before making the second, so `one` is `first`'s server side.
             let one = try #require(try await iterator.next())
+            let second = try await ClientBootstrap(group: group).connect(host: "127.0.0.1", port: port).get()
+            defer { second.close(promise: nil) }
             let two = try #require(try await iterator.next())
             // The first session waits for its silent peer until that peer closes.
             async let firstSession: (any Error)? = { do { _ = try await receiver.run(on: one); return nil } catch { return error } }()
@@ -99,6 +101,5 @@ struct DeliverySessionClaimTests {
         // Released when the first session ended.
         #expect(throws: Never.self) { try pair.bob.claimSession(.receiving, with: pair.aliceAtBob) }
         pair.bob.releaseSession(.receiving, with: pair.aliceAtBob)
-        try? await second.close()
     }
 }
