@@ -29,7 +29,7 @@ public final class ChildProcess: @unchecked Sendable {
     private let inputFD: Int32
     private let lock = NSLock()
     private var collected = Data()
-    private var exitStatus: Int32?
+    private var reapedStatus: Int32?
     private var inputClosed = false
     private var outputEnded = false
 
@@ -178,32 +178,46 @@ public final class ChildProcess: @unchecked Sendable {
     }
 
     /// Sends `signal` (SIGTERM by default), then SIGKILL if the child has not gone after a grace period,
-    /// and reaps it.
-    public func terminate(signal: Int32 = SIGTERM, grace: Duration = .seconds(2)) {
-        guard reap(blocking: false) == nil else { return }
+    /// reaps it and returns its exit status (128 + signal if a signal ended it).
+    @discardableResult
+    public func terminate(signal: Int32 = SIGTERM, grace: Duration = .seconds(2)) -> Int32 {
+        if let status = reap(blocking: false) { return status }
         kill(pid, signal)
         let deadline = ContinuousClock.now + grace
-        while reap(blocking: false) == nil {
+        while true {
+            if let status = reap(blocking: false) { return status }
             guard ContinuousClock.now < deadline else {
                 kill(pid, SIGKILL)
-                _ = reap(blocking: true)
-                return
+                return reap(blocking: true) ?? 128 + SIGKILL
             }
             usleep(10_000)
         }
     }
 
+    /// The exit status once the child has exited (reaping it); nil while it runs.
+    public var exitStatus: Int32? { reap(blocking: false) }
+
+    /// Runs a command to completion with no input and returns its exit status and output
+    /// (stdout and stderr together); kills it and throws ``Timeout`` after `timeout`.
+    public static func run(_ executable: String, _ arguments: [String], environment: [String: String]? = nil,
+                           timeout: Duration = .seconds(30)) throws -> (status: Int32, output: String) {
+        let child = try ChildProcess(executable, arguments, environment: environment)
+        child.closeInput()
+        let status = try child.waitUntilExit(timeout: timeout)
+        return (status, child.output)
+    }
+
     /// The exit status once the child has exited, reaping it; nil while it runs.
     private func reap(blocking: Bool) -> Int32? {
         lock.withLock {
-            if let exitStatus { return exitStatus }
+            if let reapedStatus { return reapedStatus }
             var status: Int32 = 0
             var result: pid_t
             repeat { result = waitpid(pid, &status, blocking ? 0 : WNOHANG) } while result < 0 && errno == EINTR
             guard result == pid else { return nil }
             // WIFEXITED/WEXITSTATUS are macros: the exit code is in bits 8-15 when the low 7 bits are 0.
             let decoded = (status & 0x7F) == 0 ? (status >> 8) & 0xFF : 128 + (status & 0x7F)
-            exitStatus = decoded
+            reapedStatus = decoded
             return decoded
         }
     }

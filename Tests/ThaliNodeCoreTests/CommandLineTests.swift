@@ -20,12 +20,8 @@ struct CommandLineTests {
 
     func thaliNode(_ arguments: [String], environment: [String: String] = [:]) async throws -> Run {
         let executable = Self.executable
-        return try await Task.detached { () throws -> Run in
-            let child = try ChildProcess(executable, arguments, environment: environment)
-            child.closeInput()
-            let status = try child.waitUntilExit(timeout: .seconds(30))
-            return Run(status: status, output: child.output)
-        }.value
+        let result = try await Task.detached { try ChildProcess.run(executable, arguments, environment: environment) }.value
+        return Run(status: result.status, output: result.output)
     }
 
     @Test("contacts, send, outbox and inbox work on a fresh data directory given by --home")
