@@ -93,7 +93,7 @@ let package = Package(
         .target(
             name: "ThaliNodeCore",
             dependencies: [
-                "ThaliBeacons",
+                "ThaliBeacons", "ThaliSSDP", "ThaliPSKTLS", "TCPMultiplexer",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
@@ -159,7 +159,7 @@ let package = Package(
         .testTarget(
             name: "ThaliNodeCoreTests",
             dependencies: [
-                "ThaliNodeCore", "ThaliBeacons", "TCPMultiplexer", "ThaliPSKTLS", "ThaliTestSupport",
+                "ThaliNodeCore", "ThaliBeacons", "TCPMultiplexer", "ThaliPSKTLS", "ThaliSSDP", "ThaliTestSupport",
                 .product(name: "NIOEmbedded", package: "swift-nio"),
             ]),
     ],
