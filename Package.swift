@@ -107,6 +107,7 @@ let package = Package(
                 "ThaliBeacons", "ThaliPSKTLS", "ThaliSSDP", "TCPMultiplexer", "ThaliBLEBinding",
                 "ThaliConformance", "ThaliNodeCore",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
