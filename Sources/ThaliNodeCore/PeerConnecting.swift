@@ -56,10 +56,20 @@ extension ThaliPeer {
                     if finishLink(contact, state: "gave-up") { break } else { continue }
                 }
                 setLinkState(contact, "backoff")
-                try? await Task.sleep(for: delay)
+                await backoff(delay, for: contact)
             }
         }
         _ = finishLink(contact, state: "idle", force: true)
+    }
+
+    /// Waits `delay`, or less if a newer match for `contact` arrives (the contact restarted, or moved).
+    private func backoff(_ delay: Duration, for contact: Contact) async {
+        let clock = ContinuousClock()
+        let end = clock.now + delay
+        while clock.now < end, !Task.isCancelled {
+            if state.withLockedValue({ $0.links[contact.publicKey]?.pending != nil }) { return }
+            try? await Task.sleep(for: min(.milliseconds(100), end - clock.now))
+        }
     }
 
     /// Marks the link not running unless a new match arrived meanwhile (then the caller goes on).
