@@ -89,7 +89,8 @@ struct SecureConnectionHookTests {
         var clients: [Channel] = []
         for _ in 0..<3 {
             let client = try await ClientBootstrap(group: group).connect(host: "127.0.0.1", port: port).get()
-            try await client.writeAndFlush(client.allocator.buffer(bytes: Self.clientHelloStart)).get()
+            // The refused one may be closed before its bytes leave.
+            try? await client.writeAndFlush(client.allocator.buffer(bytes: Self.clientHelloStart)).get()
             clients.append(client)
         }
         try await Task.sleep(for: .milliseconds(200))
