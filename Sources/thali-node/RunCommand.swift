@@ -74,7 +74,12 @@ struct Run: AsyncParsableCommand {
         var configuration = PeerConfiguration(interfaceAddress: interfaceAddress)
         configuration.ssdpGroup = ssdpGroup ?? nodeConfiguration.ssdpMulticastAddress
         configuration.ssdpPort = ssdpPort ?? nodeConfiguration.ssdpPort
-        configuration.port = port ?? nodeConfiguration.deliveryPort
+        // One port serves beacons and PSK-TLS: the configuration may name it by either key, not two ports.
+        let (delivery, beacon) = (nodeConfiguration.deliveryPort, nodeConfiguration.beaconPort)
+        if port == nil, delivery != 0, beacon != 0, delivery != beacon {
+            throw ValidationError("\(home.configurationPath): deliveryPort \(delivery) and beaconPort \(beacon) differ, but the peer serves beacons and PSK-TLS on one port")
+        }
+        configuration.port = port ?? (delivery != 0 ? delivery : beacon)
         configuration.maxAge = maxAge
         configuration.beaconValidity = nodeConfiguration.beaconValidity
         configuration.beaconProfile = nodeConfiguration.beaconProfile
