@@ -11,6 +11,7 @@ extension ThaliPeer {
     func acceptSecureConnection(_ channel: Channel) -> EventLoopFuture<Void> {
         let table = self.table
         let serverContext = self.serverContext
+        register(channel)
         return channel.eventLoop.makeCompletedFuture { () -> EventLoopFuture<PSKTLSNegotiatedParameters> in
             let handshake = channel.eventLoop.makePromise(of: PSKTLSNegotiatedParameters.self)
             try channel.pipeline.syncOperations.addHandler(

@@ -104,6 +104,7 @@ extension ThaliPeer {
             handshake.fail(error)
             throw error
         }
+        register(session.channel)
         do {
             _ = try await handshake.futureResult.get()
         } catch {

@@ -53,6 +53,7 @@ public final class ThaliPeer: Sendable {
         var sessionsInFlight = 0
         var stopped = false
         var tasks: [UUID: Task<Void, Never>] = [:]
+        var channels: [ObjectIdentifier: Channel] = [:]
     }
 
     /// The node's store.
@@ -146,6 +147,11 @@ public final class ThaliPeer: Sendable {
             return Array(state.tasks.values)
         }
         await discovery?.stop()
+        let channels = state.withLockedValue { state -> [Channel] in
+            defer { state.channels.removeAll() }
+            return Array(state.channels.values)
+        }
+        for channel in channels { channel.close(promise: nil) }
         for task in tasks { task.cancel() }
         for task in tasks { await task.value }
         emit(.stopped)
@@ -168,6 +174,20 @@ public final class ThaliPeer: Sendable {
             _ = self?.state.withLockedValue { $0.tasks.removeValue(forKey: id) }
         }
         return task
+    }
+
+    /// Keeps `channel` (a PSK-TLS connection, either role) until it closes, so that `stop()` can close it.
+    func register(_ channel: Channel) {
+        let id = ObjectIdentifier(channel)
+        let open = state.withLockedValue { state -> Bool in
+            guard !state.stopped else { return false }
+            state.channels[id] = channel
+            return true
+        }
+        guard open else { return channel.close(promise: nil) }
+        channel.closeFuture.whenComplete { [weak self] _ in
+            _ = self?.state.withLockedValue { $0.channels.removeValue(forKey: id) }
+        }
     }
 
     /// Runs `body` as a supervised task.
