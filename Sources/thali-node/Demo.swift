@@ -166,7 +166,7 @@ struct Demo: AsyncParsableCommand {
             case "connection_failed":
                 print("\(stamp)  \(who) connection with \(contact) failed (\(event.fields["reason"] ?? "?")), retrying")
             case "timeout":
-                failure = "not everything was delivered within \(Int(timeout)) s"
+                failure = "not everything was delivered within \(timeout) s"
             case "exited":
                 failure = "\(event.person)'s peer exited early; see \(root)/\(event.person.lowercased())/run.log"
             default:
