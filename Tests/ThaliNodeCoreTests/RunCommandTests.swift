@@ -49,6 +49,23 @@ struct RunCommandTests {
         #expect(try alice.store.outbox().isEmpty && bob.store.outbox().isEmpty)
     }
 
+    @Test("the demo (README's first command) runs three peers, verifies every inbox and cleans up")
+    func demo() async throws {
+        func demoDirectories() throws -> Set<String> {
+            Set(try FileManager.default.contentsOfDirectory(atPath: FileManager.default.temporaryDirectory.path)
+                .filter { $0.hasPrefix("thali-demo-") })
+        }
+        let before = try demoDirectories()
+        let executable = thaliNodeExecutable
+        let result = try await Task.detached {
+            try SpawnedCommand.run(executable, ["demo", "--pace", "0", "--timeout", "45"], timeout: 60)
+        }.value
+        #expect(result.status == 0, "\(result.output)")
+        #expect(result.output.contains("6 of 6 items verified in the right inbox, exactly once, content intact"), "\(result.output)")
+        #expect(result.output.contains("Every item reached its contact, and only its contact."))
+        #expect(try demoDirectories().subtracting(before).isEmpty, "the demo left its data directories behind")
+    }
+
     func expectOneLineError(_ arguments: [String], containing text: String, sourceLocation: SourceLocation = #_sourceLocation) async throws {
         let executable = thaliNodeExecutable
         let result = try await Task.detached { try SpawnedCommand.run(executable, arguments, timeout: 20) }.value
