@@ -93,7 +93,7 @@ let package = Package(
         .target(
             name: "ThaliNodeCore",
             dependencies: [
-                "ThaliBeacons",
+                "ThaliBeacons", "ThaliSSDP", "ThaliPSKTLS", "TCPMultiplexer",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
@@ -107,6 +107,7 @@ let package = Package(
                 "ThaliBeacons", "ThaliPSKTLS", "ThaliSSDP", "TCPMultiplexer", "ThaliBLEBinding",
                 "ThaliConformance", "ThaliNodeCore",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -159,7 +160,7 @@ let package = Package(
         .testTarget(
             name: "ThaliNodeCoreTests",
             dependencies: [
-                "ThaliNodeCore", "ThaliBeacons", "TCPMultiplexer", "ThaliPSKTLS", "ThaliTestSupport",
+                "ThaliNodeCore", "ThaliBeacons", "TCPMultiplexer", "ThaliPSKTLS", "ThaliSSDP", "ThaliTestSupport",
                 .product(name: "NIOEmbedded", package: "swift-nio"),
             ]),
     ],

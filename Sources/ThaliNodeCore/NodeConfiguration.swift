@@ -10,9 +10,11 @@ public struct NodeConfiguration: Sendable, Hashable {
     /// `interface`: the network interface to announce on and listen on (e.g. `"eth0"`, `"lo"`); `null`
     /// picks the first interface that is up and has an IPv4 address. Default `null`.
     public var interface: String?
-    /// `deliveryPort`: TCP port for incoming PSK-TLS connections; 0 picks a free port. Default 0.
+    /// `deliveryPort`: the peer's one TCP port, serving `/NotificationBeacons` and PSK-TLS; 0 picks a free
+    /// port. Default 0.
     public var deliveryPort: Int
-    /// `beaconPort`: TCP port of the `/NotificationBeacons` HTTP endpoint; 0 picks a free port. Default 0.
+    /// `beaconPort`: the same port by its other name, used when `deliveryPort` is 0 (`run` refuses two
+    /// different ports). Default 0.
     public var beaconPort: Int
     /// `ssdpMulticastAddress`: IPv4 multicast group for SSDP. Default `"239.255.255.250"`.
     public var ssdpMulticastAddress: String

@@ -42,6 +42,8 @@ public struct BeaconHTTPServerCounters: Hashable, Sendable {
     public var overloadShutdowns = 0
     /// Connections cut by `connectionTimeout`.
     public var timedOut = 0
+    /// Connections handed to the secure-connection initializer (first byte 0x16).
+    public var secureConnections = 0
     /// All zero.
     public init() {}
 }
@@ -68,16 +70,29 @@ public final class BeaconHTTPServer: Sendable {
     private let state: NIOLockedValueBox<State>
     private let boundPort = NIOLockedValueBox<Int>(0)
     private let overloadHandler: @Sendable (TimeAmount) -> Void
+    private let secureConnectionInitializer: SecureConnectionInitializer?
     private let logger: Logger
 
+    /// Sets up a connection whose first byte is a TLS handshake record (0x16) — see
+    /// `secureConnectionInitializer` of ``init(host:limits:group:logger:onOverload:secureConnectionInitializer:)``.
+    public typealias SecureConnectionInitializer = @Sendable (Channel) -> EventLoopFuture<Void>
+
     /// A server on `host` (port chosen at `start`). `onOverload` is told when the port closes, and for how long.
+    ///
+    /// `secureConnectionInitializer` (default none) lets the same port carry the app's TLS: a connection
+    /// whose first byte is 0x16 (a TLS handshake record; no HTTP request starts with it) is handed to it
+    /// instead of the HTTP handlers, with that byte and whatever followed re-delivered after it returns.
+    /// Such a connection passed the same admission limits (per source, global, concurrent) as any request,
+    /// and is exempt only from `connectionTimeout` (the app's protocol bounds its own time).
     public init(host: String, limits: BeaconHTTPServerLimits = .init(), group: EventLoopGroup,
                 logger: Logger = Logger(label: "thali.ssdp.http-server"),
-                onOverload: @escaping @Sendable (TimeAmount) -> Void = { _ in }) {
+                onOverload: @escaping @Sendable (TimeAmount) -> Void = { _ in },
+                secureConnectionInitializer: SecureConnectionInitializer? = nil) {
         self.host = host
         self.limits = limits
         self.group = group
         self.logger = logger
+        self.secureConnectionInitializer = secureConnectionInitializer
         self.overloadHandler = onOverload
         self.state = NIOLockedValueBox(State(
             perSource: KeyedRateWindows(limit: limits.maxRequestsPerSource, length: limits.sourceWindow,
@@ -158,7 +173,7 @@ public final class BeaconHTTPServer: Sendable {
             channel.close(promise: nil)
         }
         channel.closeFuture.whenComplete { _ in timeout.cancel() }
-        return channel.eventLoop.makeCompletedFuture { [state] in
+        let configureHTTP: @Sendable (Channel) throws -> Void = { [state] channel in
             let sync = channel.pipeline.syncOperations
             try sync.configureHTTPServerPipeline(withPipeliningAssistance: false, withErrorHandling: true)
             try sync.addHandler(BeaconRequestHandler(beacons: {
@@ -167,6 +182,16 @@ public final class BeaconHTTPServer: Sendable {
                     return state.beacons
                 }
             }))
+        }
+        guard let secure = secureConnectionInitializer else {
+            return channel.eventLoop.makeCompletedFuture { try configureHTTP(channel) }
+        }
+        return channel.eventLoop.makeCompletedFuture { [state] in
+            try channel.pipeline.syncOperations.addHandler(ConnectionKindSniffer(http: configureHTTP) { channel in
+                timeout.cancel()
+                state.withLockedValue { $0.counters.secureConnections += 1 }
+                return secure(channel)
+            })
         }
     }
 

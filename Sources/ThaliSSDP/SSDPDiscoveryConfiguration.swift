@@ -45,6 +45,10 @@ public struct SSDPDiscoveryConfiguration: Sendable {
     public var serverLimits = BeaconHTTPServerLimits()
     /// Beacon client bounds and retries.
     public var client = BeaconHTTPClientConfiguration()
+    /// Optional (default none): lets the beacon server's port carry the app's TLS too — connections whose
+    /// first byte is a TLS handshake record go to this initializer instead of HTTP, after the same
+    /// admission limits. See ``BeaconHTTPServer/init(host:limits:group:logger:onOverload:secureConnectionInitializer:)``.
+    public var secureConnectionInitializer: BeaconHTTPServer.SecureConnectionInitializer?
 
     /// A configuration pinned to `interfaceAddress`, defaults elsewhere.
     public init(interfaceAddress: String) {

@@ -90,9 +90,9 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
         // The server reports overloads back here; a weak link, so the server does not keep us alive.
         let overloadTarget = NIOLockedValueBox(WeakService())
         self.server = BeaconHTTPServer(host: configuration.interfaceAddress, limits: configuration.serverLimits,
-                                       group: group, logger: logger) { period in
+                                       group: group, logger: logger, onOverload: { period in
             overloadTarget.withLockedValue { $0.service }?.httpOverloaded(for: period)
-        }
+        }, secureConnectionInitializer: configuration.secureConnectionInitializer)
         overloadTarget.withLockedValue { $0.service = self }
     }
 

@@ -1,76 +1,273 @@
 import ArgumentParser
+import Crypto
 import Foundation
 import ThaliBeacons
+import ThaliNodeCore
 
-/// `thali-node demo`: the README's first command. Three people (Alice, Bob, Carol) and a stranger
-/// (Mallory) exchange notification beacons: Alice advertises for Bob and Carol; each receiver learns
-/// whether a beacon is for it and from whom, and derives the same PSK identity and secret as Alice's
-/// TLS server would accept. Nothing here reveals Alice's identity to Mallory.
+/// `thali-node demo`: the README's first command. Three peers (Alice, Bob, Carol) run as real
+/// `thali-node run` processes on this machine — multicast on loopback with the interface pinned, no root —
+/// with identities, mutual contacts, and messages and a file queued among them. The demo shows the
+/// discovery, the beacon matches, the PSK-TLS sessions and the deliveries live, ends by itself when every
+/// item arrived, stops the peers cleanly, checks that each inbox holds exactly what was meant for it, and
+/// prints how long each step took.
 struct Demo: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Run a self-contained demonstration of private discovery with notification beacons.")
+        abstract: "Run three peers on this machine that find each other and deliver messages and a file privately.")
 
-    @Option(help: "Beacon wire profile: spec or cordova.")
-    var profile: String = "spec"
+    @Option(help: "Give up (exit non-zero) if not everything is delivered within this many seconds.")
+    var timeout: Double = 60
+    @Option(help: "Size of the file Alice sends Carol, in bytes.")
+    var fileSize: Int = 256 * 1024
+    @Option(help: "Pace Alice's sending at this many bytes per second so the file's progress can be watched (0: full speed).")
+    var pace: Int = 256 * 1024
+    @Flag(help: "Keep the peers' data directories (their paths are printed).")
+    var keep = false
+
+    func validate() throws {
+        guard timeout > 0, (1...(64 << 20)).contains(fileSize), pace >= 0 else {
+            throw ValidationError("--timeout must be positive, --file-size 1 byte to 64 MiB, --pace not negative")
+        }
+    }
+
+    struct Person {
+        let name: String
+        let home: NodeHome
+        let key: PrivateKey
+        let store: NodeStore
+    }
+
+    struct Expected {
+        let id: UUID
+        let from: String
+        let to: String
+        let what: String
+        let sha256: Data
+    }
 
     func run() async throws {
-        guard let profile = BeaconProfile(rawValue: profile) else {
-            throw ValidationError("unknown profile '\(profile)' (spec or cordova)")
+        let executable = try Self.ownExecutable()
+        let root = FileManager.default.temporaryDirectory.appendingPathComponent("thali-demo-\(getpid())-\(UInt32.random(in: 0...UInt32.max))").path
+        try FileManager.default.createDirectory(atPath: root, withIntermediateDirectories: true)
+        defer {
+            if keep { print("\nData directories kept under \(root)") } else { try? FileManager.default.removeItem(atPath: root) }
         }
-        var steps: [(String, Duration)] = []
         let clock = ContinuousClock()
-        func step<T, E: Error>(_ name: String, _ body: () throws(E) -> T) throws(E) -> T {
-            let start = clock.now
-            let value = try body()
-            steps.append((name, clock.now - start))
-            return value
-        }
+        let setupStart = clock.now
 
-        print("Thali beacon demo (profile \(profile.rawValue))\n")
-        let names = ["Alice", "Bob", "Carol", "Mallory"]
-        let keys = step("create 4 identities") { names.map { _ in PrivateKey() } }
-        for (name, key) in zip(names, keys) {
-            print("  \(name.padding(toLength: 8, withPad: " ", startingAt: 0)) public key \(key.publicKey.hexString(compressed: true))")
+        // Three people, each with an identity and the other two as contacts.
+        let people = try ["Alice", "Bob", "Carol"].map { name -> Person in
+            let home = NodeHome(path: root + "/" + name.lowercased())
+            try home.create()
+            let key = try NodeIdentity.create(in: home)
+            return Person(name: name, home: home, key: key, store: try NodeStore(home: home))
         }
-        let (alice, bob, carol, mallory) = (keys[0], keys[1], keys[2], keys[3])
-
-        let generator = BeaconGenerator(identity: alice, profile: profile)
-        let announcement = try step("Alice: generate beacons for Bob and Carol") { () throws(BeaconGenerationError) in
-            try generator.makeAnnouncement(for: [bob.publicKey, carol.publicKey], validity: .seconds(600))
+        for person in people {
+            for other in people where other.name != person.name {
+                try person.store.addContact(name: other.name.lowercased(), publicKey: other.key.publicKey.hexString(compressed: true))
+            }
         }
-        let table = AdvertisedPSKTable()
-        table.register(announcement)
-        print("\nAlice advertises \(announcement.stream.count) bytes: \(announcement.beacons.count) beacons, expiring at \(announcement.expiration) ms")
+        let (alice, bob, carol) = (people[0], people[1], people[2])
+        let expiry = Date().addingTimeInterval(3600)
+        var expected: [Expected] = []
+        func text(_ text: String, from: Person, to: Person) throws {
+            let item = try from.store.enqueueText(text, to: to.name.lowercased(), expiresAt: expiry)
+            expected.append(Expected(id: item.id, from: from.name, to: to.name, what: "text \"\(text)\"", sha256: item.sha256))
+        }
+        try text("Hi Bob, lunch at noon?", from: alice, to: bob)
+        try text("Carol, the slides are ready.", from: alice, to: carol)
+        try text("Alice: yes, noon works.", from: bob, to: alice)
+        try text("Thanks Alice!", from: carol, to: alice)
+        try text("Bob, see you at the meeting.", from: carol, to: bob)
+        let filePath = root + "/holiday-photo.jpg"
+        var bytes = [UInt8](repeating: 0, count: fileSize)
+        for index in bytes.indices { bytes[index] = UInt8(truncatingIfNeeded: index &* 2654435761 >> 13) }
+        try Data(bytes).write(to: URL(fileURLWithPath: filePath))
+        let file = try alice.store.enqueueFile(at: filePath, to: "carol", expiresAt: expiry)
+        expected.append(Expected(id: file.id, from: "Alice", to: "Carol", what: "file holiday-photo.jpg (\(fileSize) bytes)",
+                                 sha256: file.sha256))
+        let setupTime = clock.now - setupStart
 
-        var delivered = 0
-        for (name, key, knowsAlice) in [("Bob", bob, true), ("Carol", carol, true), ("Mallory", mallory, false)] {
-            let receiver = BeaconReceiver(identity: key, profile: profile)
-            try receiver.addressBook.add(knowsAlice ? alice.publicKey : carol.publicKey)
-            do throws(BeaconRejection) {
-                let match = try step("\(name): parse the announcement") { () throws(BeaconRejection) in
-                    try receiver.receive(announcement.stream)
+        print("Thali demo: three peers on 127.0.0.1 find each other with SSDP and private beacons, then deliver over PSK-TLS\n")
+        for person in people {
+            print("  \(pad(person.name, 6)) \(person.key.publicKey.hexString(compressed: true))")
+        }
+        print("\nQueued:")
+        for item in expected { print("  \(pad(item.from, 6)) → \(pad(item.to, 6)) \(item.what)") }
+        print("")
+
+        // The three peers: real processes, multicast pinned to loopback on a random port.
+        let ssdpPort = Int.random(in: 20000...60000)
+        let (events, sink) = AsyncStream.makeStream(of: DemoEvent.self)
+        var peers: [SpawnedPeer] = []
+        defer { for peer in peers { peer.terminate(grace: 2) } }
+        let start = clock.now
+        for person in people {
+            var arguments = ["run", "--home", person.home.path, "--address", "127.0.0.1", "--ssdp-port", String(ssdpPort),
+                             "--max-age", "5", "--json", "--per-source-limit", "1000"]
+            if pace > 0 { arguments += ["--throttle", String(pace)] }
+            let name = person.name
+            peers.append(try SpawnedPeer(name: name, executable: executable, arguments: arguments,
+                                         stderrPath: person.home.path + "/run.log") { line in
+                if let event = DemoEvent(person: name, line: line) { sink.yield(event) }
+            })
+        }
+        let deadline = Task {
+            try? await Task.sleep(for: .seconds(timeout))
+            sink.yield(DemoEvent(person: "", kind: "timeout", fields: [:]))
+        }
+        defer { deadline.cancel() }
+        let running = peers
+        let watchdog = Task {
+            while !Task.isCancelled {
+                try? await Task.sleep(for: .milliseconds(200))
+                if let dead = running.first(where: { $0.hasExited }) {
+                    sink.yield(DemoEvent(person: dead.name, kind: "exited", fields: [:]))
                 }
-                let accepted = table.lookup(identity: match.pskIdentity)
-                let agrees = accepted?.psk == match.psk && accepted?.contact == key.publicKey
-                print("  \(name): beacon \(match.beaconIndex) is for me, from \(match.sender == alice.publicKey ? "Alice" : "?"); "
-                      + "PSK identity \(match.pskIdentity.prefix(24))… (\(match.pskIdentity.count) chars); "
-                      + "Alice's TLS server \(agrees ? "accepts it with the same PSK" : "REFUSES it")")
-                if agrees { delivered += 1 }
-                do throws(BeaconRejection) {
-                    _ = try receiver.receive(announcement.stream)
-                } catch {
-                    print("  \(name): the same announcement again is rejected: \(error.reason.rawValue)")
+            }
+        }
+        defer { watchdog.cancel() }
+
+        var timings: [(String, Duration)] = [("set up 3 identities, contacts, 6 items", setupTime)]
+        var firstSeen: [String: Duration] = [:]
+        var firstMatch: Duration?
+        var received: [UUID: Duration] = [:]
+        var failure: String?
+        let byID = Dictionary(uniqueKeysWithValues: expected.map { ($0.id, $0) })
+        for await event in events {
+            let elapsed = clock.now - start
+            let stamp = String(format: "+%6.2fs", seconds(elapsed))
+            let who = pad(event.person, 6)
+            let contact = event.fields["contact"].map { $0.prefix(1).uppercased() + $0.dropFirst() } ?? "?"
+            switch event.kind {
+            case "started":
+                print("\(stamp)  \(who) listening at \(event.fields["location"] ?? "?")")
+            case "advertising" where event.fields["contacts"] != "":
+                print("\(stamp)  \(who) advertises beacons for \(event.fields["contacts"] ?? "")")
+            case "peer_appeared":
+                if firstSeen[event.person] == nil { firstSeen[event.person] = elapsed }
+                print("\(stamp)  \(who) hears a peer at \(event.fields["location"] ?? "?")")
+            case "matched":
+                if firstMatch == nil { firstMatch = elapsed }
+                print("\(stamp)  \(who) finds a beacon for it from \(contact)")
+            case "connected" where event.fields["role"] == "connecting":
+                print("\(stamp)  \(who) PSK-TLS session with \(contact) authenticated")
+            case "progress" where byID[UUID(uuidString: event.fields["id"] ?? "") ?? UUID()]?.what.hasPrefix("file") == true
+                && event.person == "Carol":
+                let done = Double(event.fields["bytes"] ?? "0") ?? 0, total = Double(event.fields["total"] ?? "1") ?? 1
+                print("\(stamp)  \(who) receiving the file from \(contact): \(Int(done))/\(Int(total)) bytes (\(Int(done * 100 / max(total, 1))) %)")
+            case "received":
+                guard let id = UUID(uuidString: event.fields["id"] ?? ""), let item = byID[id] else {
+                    failure = "\(event.person) received an item nobody queued for it"
+                    break
                 }
-            } catch {
-                print("  \(name): nothing for me (\(error.reason.rawValue)); I learn nothing about who advertised")
+                if item.to != event.person { failure = "\(event.person) received an item meant for \(item.to)" }
+                received[id] = received[id] ?? elapsed
+                print("\(stamp)  \(who) received from \(contact): \(item.what)")
+            case "connection_failed":
+                print("\(stamp)  \(who) connection with \(contact) failed (\(event.fields["reason"] ?? "?")), retrying")
+            case "timeout":
+                failure = "not everything was delivered within \(timeout) s"
+            case "exited":
+                failure = "\(event.person)'s peer exited early; see \(root)/\(event.person.lowercased())/run.log"
+            default:
+                break
+            }
+            if failure != nil || received.count == expected.count { break }
+        }
+        sink.finish()
+
+        // Stop the peers cleanly (SIGTERM: byebye, connections closed, exit 0).
+        let stopStart = clock.now
+        var exitCodes: [String: Int32] = [:]
+        for peer in peers { exitCodes[peer.name] = peer.terminate(grace: 10) }
+        let stopTime = clock.now - stopStart
+        if failure == nil, let bad = exitCodes.first(where: { $0.value != 0 }) {
+            failure = "\(bad.key)'s peer exited with status \(bad.value)"
+        }
+
+        // Each inbox holds exactly what was meant for it, once, intact.
+        var verified = 0
+        for person in people {
+            let inbox = try person.store.inbox()
+            let meant = expected.filter { $0.to == person.name }
+            let senders = Dictionary(uniqueKeysWithValues: people.map { ($0.key.publicKey.hexString(compressed: true), $0.name) })
+            for item in inbox {
+                guard let want = meant.first(where: { $0.id == item.itemID }), senders[item.fromPublicKey] == want.from,
+                      item.sha256 == want.sha256 else {
+                    failure = failure ?? "\(person.name)'s inbox holds an unexpected item \(item.itemID)"
+                    continue
+                }
+                if let path = item.filePath {
+                    let digest = Data(SHA256.hash(data: try Data(contentsOf: URL(fileURLWithPath: path))))
+                    if digest != want.sha256 { failure = failure ?? "\(person.name)'s copy of \(want.what) is damaged" }
+                }
+                verified += 1
+            }
+            if inbox.count != meant.count || Set(inbox.map(\.itemID)).count != inbox.count {
+                failure = failure ?? "\(person.name)'s inbox holds \(inbox.count) items, expected \(meant.count) once each"
             }
         }
 
-        print("\nSummary: \(delivered) of 2 intended receivers matched and agree on their PSK with Alice.")
-        for (name, duration) in steps {
-            let micros = Double(duration.components.attoseconds) / 1e12 + Double(duration.components.seconds) * 1e6
-            print("  \(name.padding(toLength: 44, withPad: " ", startingAt: 0)) \(String(format: "%9.1f", micros)) µs")
+        print("\nSummary")
+        for person in people {
+            let inbox = (try? person.store.inbox()) ?? []
+            print("  \(pad(person.name, 6)) inbox: \(inbox.count) item(s), outbox left: \((try? person.store.outbox().count) ?? -1)")
         }
-        if delivered != 2 { throw ExitCode.failure }
+        print("  \(verified) of \(expected.count) items verified in the right inbox, exactly once, content intact; nobody got another's item"
+              + (verified == expected.count && failure == nil ? "" : " — FAILED"))
+        print("\nTimings (from the peers' start)")
+        for person in people {
+            if let seen = firstSeen[person.name] { timings.append(("\(person.name) discovers a first peer", seen)) }
+        }
+        if let firstMatch { timings.append(("first beacon matched", firstMatch)) }
+        for item in expected {
+            if let at = received[item.id] { timings.append(("\(item.from) → \(item.to): \(item.what)", at)) }
+        }
+        timings.append(("stop the 3 peers cleanly (SIGTERM: byebye, exit 0)", stopTime))
+        for (name, duration) in timings {
+            print("  \(pad(name, 62)) \(String(format: "%8.3f s", seconds(duration)))")
+        }
+        if pace > 0 { print("  (sending is paced at \(pace) bytes/s per stream so the file's progress is visible; --pace 0 for full speed)") }
+        if let failure {
+            print("\nDemo FAILED: \(failure)")
+            throw ExitCode.failure
+        }
+        print("\nEvery item reached its contact, and only its contact.")
     }
+
+    /// This executable's path (the children run the same binary).
+    static func ownExecutable() throws -> String {
+        if let resolved = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe") { return resolved }
+        let argument = CommandLine.arguments[0]
+        if argument.contains("/") { return URL(fileURLWithPath: argument).standardizedFileURL.path }
+        throw ValidationError("cannot find the thali-node executable to start the peers")
+    }
+}
+
+/// One line a demo peer printed, reduced to text fields.
+struct DemoEvent: Sendable {
+    let person: String
+    let kind: String
+    let fields: [String: String]
+
+    init(person: String, kind: String, fields: [String: String]) {
+        self.person = person
+        self.kind = kind
+        self.fields = fields
+    }
+
+    init?(person: String, line: String) {
+        guard let object = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any],
+              let kind = object["event"] as? String else { return nil }
+        var fields: [String: String] = [:]
+        for (key, value) in object {
+            if let list = value as? [Any] { fields[key] = list.map { "\($0)" }.joined(separator: ", ") } else { fields[key] = "\(value)" }
+        }
+        self.init(person: person, kind: kind, fields: fields)
+    }
+}
+
+private func pad(_ text: String, _ width: Int) -> String { text.padding(toLength: max(width, text.count), withPad: " ", startingAt: 0) }
+private func seconds(_ duration: Duration) -> Double {
+    Double(duration.components.seconds) + Double(duration.components.attoseconds) / 1e18
 }

@@ -6,7 +6,7 @@ struct ThaliNode: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "thali-node",
         abstract: "A Thali peer: private discovery of contacts and authenticated delivery over local networks.",
-        subcommands: [Demo.self, Conformance.self, Bench.self, Discover.self, Identity.self, Contacts.self, Send.self, Outbox.self, Inbox.self, Config.self]
+        subcommands: [Demo.self, Conformance.self, Bench.self, Discover.self, Identity.self, Contacts.self, Send.self, Outbox.self, Inbox.self, Config.self, Run.self]
     )
 }
 

@@ -1,0 +1,99 @@
+import Foundation
+import NIOCore
+import TCPMultiplexer
+import ThaliBeacons
+import ThaliPSKTLS
+
+extension ThaliPeer {
+    /// The accepting side, on a connection the beacon port recognised as TLS: PSK-TLS as the server
+    /// (PSKs from the beacons we advertised), a yamux session, and on each stream the peer opens a
+    /// delivery sender for the contact the PSK names (or, in relay mode, a connection to the app port).
+    func acceptSecureConnection(_ channel: Channel) -> EventLoopFuture<Void> {
+        let table = self.table
+        let serverContext = self.serverContext
+        register(channel)
+        return channel.eventLoop.makeCompletedFuture { () -> EventLoopFuture<PSKTLSNegotiatedParameters> in
+            let handshake = channel.eventLoop.makePromise(of: PSKTLSNegotiatedParameters.self)
+            try channel.pipeline.syncOperations.addHandler(
+                PSKTLSHandler(serverContext: serverContext, lookup: { table.lookup(identity: $0)?.psk },
+                              handshakePromise: handshake))
+            return handshake.futureResult
+        }.flatMap { handshake in
+            let contact: EventLoopFuture<Contact> = handshake.flatMapThrowing { [store = self.store] parameters in
+                guard let advertised = table.lookup(identity: parameters.pskIdentity),
+                      let contact = try store.contact(for: advertised.contact) else {
+                    throw NodeError.unknownContact(parameters.pskIdentity)
+                }
+                return contact
+            }
+            contact.whenSuccess { [emit = self.emit] contact in emit(.connected(contact: contact.name, role: .accepting)) }
+            contact.whenFailure { _ in channel.close(promise: nil) }
+            return MultiplexerSession.configure(on: channel, role: .server, inboundStreamInitializer: { [self] stream in
+                contact.flatMap { contact in self.serveStream(stream, for: contact) }
+            }).map { _ in () }
+        }
+    }
+
+    private func serveStream(_ stream: Channel, for contact: Contact) -> EventLoopFuture<Void> {
+        if let appPort = configuration.appPort {
+            return MultiplexerBridge.connectingInitializer(host: "127.0.0.1", port: appPort)(stream)
+        }
+        let limits = configuration.deliveryLimits
+        return stream.eventLoop.makeCompletedFuture {
+            if let rate = configuration.sendThrottleBytesPerSecond {
+                try stream.pipeline.syncOperations.addHandler(ThrottleHandler(bytesPerSecond: rate))
+            }
+            let frames = try DeliveryChannel.configureSynchronously(stream, limits: limits)
+            spawn { [self] in
+                sessionStarted()
+                defer { sessionFinished() }
+                do {
+                    _ = try await DeliverySender(store: store, authenticatedPeer: contact, limits: limits,
+                                                 events: { [emit] in emit(.delivery(contact: contact.name, $0)) },
+                                                 logger: logger).run(on: frames)
+                    emit(.sessionEnded(contact: contact.name, role: .accepting, error: nil))
+                } catch {
+                    emit(.sessionEnded(contact: contact.name, role: .accepting, error: "\(error)"))
+                }
+            }
+        }
+    }
+}
+
+/// Paces outbound bytes to `bytesPerSecond` by delaying each write (a testing and demonstration aid, see
+/// ``PeerConfiguration/sendThrottleBytesPerSecond``). Writes keep their order; close waits for them.
+final class ThrottleHandler: ChannelOutboundHandler {
+    typealias OutboundIn = ByteBuffer
+    typealias OutboundOut = ByteBuffer
+
+    private let bytesPerSecond: Int
+    private var nextSlot = NIODeadline.now()
+
+    init(bytesPerSecond: Int) { self.bytesPerSecond = max(1, bytesPerSecond) }
+
+    func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
+        let bytes = unwrapOutboundIn(data).readableBytes
+        let now = NIODeadline.now()
+        if nextSlot < now { nextSlot = now }
+        let at = nextSlot
+        nextSlot = nextSlot + .nanoseconds(Int64(bytes) * 1_000_000_000 / Int64(bytesPerSecond))
+        guard at > now else { return context.writeAndFlush(data, promise: promise) }
+        let bound = NIOLoopBound(context, eventLoop: context.eventLoop)
+        context.eventLoop.assumeIsolated().scheduleTask(deadline: at) {
+            bound.value.writeAndFlush(data, promise: promise)
+        }
+    }
+
+    func flush(context: ChannelHandlerContext) {
+        context.flush()
+    }
+
+    func close(context: ChannelHandlerContext, mode: CloseMode, promise: EventLoopPromise<Void>?) {
+        let now = NIODeadline.now()
+        guard nextSlot > now else { return context.close(mode: mode, promise: promise) }
+        let bound = NIOLoopBound(context, eventLoop: context.eventLoop)
+        context.eventLoop.assumeIsolated().scheduleTask(deadline: nextSlot) {
+            bound.value.close(mode: mode, promise: promise)
+        }
+    }
+}

@@ -1,0 +1,71 @@
+import NIOCore
+import ThaliBeacons
+import ThaliPSKTLS
+import ThaliSSDP
+
+/// How a ``ThaliPeer`` runs: where it listens, how it announces, how it retries. Defaults follow
+/// `spec/node.md`.
+public struct PeerConfiguration: Sendable {
+    /// How a connecting peer retries a failed connection or delivery while the matched beacon is valid.
+    public struct RetryPolicy: Sendable, Hashable {
+        /// Attempts per match, the first included; then the peer waits for a new announcement.
+        public var maxAttempts: Int = 6
+        /// Delay before the first retry; doubled each time up to `maxDelay`, each with ±50 % jitter.
+        public var initialDelay: Duration = .milliseconds(250)
+        /// Longest delay between attempts.
+        public var maxDelay: Duration = .seconds(5)
+        /// The defaults above.
+        public init() {}
+
+        /// The delay before attempt `attempt + 1` (attempt ≥ 1), jittered so peers do not retry in step.
+        func delay(after attempt: Int) -> Duration {
+            var base = initialDelay
+            for _ in 1..<max(1, attempt) where base < maxDelay { base *= 2 }
+            base = min(base, maxDelay)
+            return base * Double.random(in: 0.5...1.5)
+        }
+    }
+
+    /// IPv4 address of the interface the peer is pinned to (SSDP, the single TCP port, LOCATION).
+    public var interfaceAddress: String
+    /// SSDP multicast group.
+    public var ssdpGroup: String = "239.255.255.250"
+    /// SSDP multicast port.
+    public var ssdpPort: Int = 1900
+    /// The one TCP port serving `GET /NotificationBeacons` and PSK-TLS; 0 picks a free one.
+    public var port: Int = 0
+    /// SSDP `CACHE-CONTROL: max-age` announced, in seconds.
+    public var maxAge: Int = 60
+    /// SSDP alive interval in the foreground.
+    public var aliveInterval: TimeAmount = .milliseconds(500)
+    /// How long announced beacons stay valid; re-announced when a quarter of it is left.
+    public var beaconValidity: Duration = .seconds(3600)
+    /// The beacon wire profile.
+    public var beaconProfile: BeaconProfile = .spec
+    /// Relay mode: authenticated streams go to this local TCP port instead of the built-in delivery.
+    public var appPort: Int?
+    /// How often the store is read for outbox changes (`send` runs in another process).
+    public var outboxPollInterval: Duration = .seconds(1)
+    /// Retries of a matched peer.
+    public var retry = RetryPolicy()
+    /// Delivery bounds (chunk size, idle timeout, ...).
+    public var deliveryLimits: DeliveryLimits = .default
+    /// TLS settings of both roles. The spec's minimum DH group keeps handshakes cheap on small machines.
+    public var tls = PSKTLSConfiguration(dhGroup: .ffdhe2048)
+    /// Admission limits of the single port. Per source: the node's own pattern is one fetch and one TLS
+    /// connection per matched announcement plus at most `retry.maxAttempts - 1` retries, so the default
+    /// allows 30 connections per 10 s from one address (the beacon server's own default is 10).
+    public var serverLimits: BeaconHTTPServerLimits = {
+        var limits = BeaconHTTPServerLimits()
+        limits.maxRequestsPerSource = 30
+        return limits
+    }()
+    /// Testing and demonstration aid: caps the bytes per second a delivery sender writes on each
+    /// stream (nil: no cap), so that a transfer takes long enough to be watched or interrupted.
+    public var sendThrottleBytesPerSecond: Int?
+
+    /// A configuration pinned to `interfaceAddress`, defaults elsewhere.
+    public init(interfaceAddress: String) {
+        self.interfaceAddress = interfaceAddress
+    }
+}

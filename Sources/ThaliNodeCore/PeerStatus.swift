@@ -1,0 +1,29 @@
+/// A snapshot of a running ``ThaliPeer`` for the status view and `--json`.
+public struct PeerStatus: Sendable, Hashable, Codable {
+    /// What this peer knows of one contact.
+    public struct ContactState: Sendable, Hashable, Codable {
+        /// The contact's name.
+        public var name: String
+        /// `idle`, `matched`, `connecting`, `connected`, `backoff` or `gave-up`.
+        public var state: String
+        /// Where the contact was last found.
+        public var location: String?
+        /// Relay mode: the local port whose connections reach this contact's app.
+        public var relayPort: Int?
+    }
+
+    /// Our SSDP LOCATION.
+    public var location: String
+    /// Contacts we advertise beacons for.
+    public var advertisingFor: [String]
+    /// Peers heard on the network (their locations), whoever they are.
+    public var peersSeen: [String]
+    /// Contacts we matched or connected to, with their state.
+    public var contacts: [ContactState]
+    /// Delivery sessions running (both directions).
+    public var sessionsInFlight: Int
+    /// Items in the inbox.
+    public var inboxCount: Int
+    /// Items waiting in the outbox.
+    public var outboxCount: Int
+}

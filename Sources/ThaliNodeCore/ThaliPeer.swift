@@ -1,0 +1,322 @@
+import Foundation
+import Logging
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOPosix
+import TCPMultiplexer
+import ThaliBeacons
+import ThaliPSKTLS
+import ThaliSSDP
+
+/// The Thali peer: keeps a node on the network. While it holds items for contacts it advertises beacons
+/// for them over SSDP; it fetches other peers' beacons and, when one names it from a contact, connects to
+/// that peer with the beacon's PSK over TLS and receives over the multiplexer. The peer that advertised
+/// accepts on the same port that serves its beacons, names the contact from the PSK, and sends. In relay
+/// mode (``PeerConfiguration/appPort``) the authenticated streams go to a local app instead.
+///
+/// `start()` then `stop()`; ``status()`` at any time. Items reach only the contact the TLS layer
+/// authenticated: each session is bound to the contact its PSK belongs to.
+public final class ThaliPeer: Sendable {
+    /// Errors of `start`.
+    public enum StartError: Error, CustomStringConvertible {
+        /// The node's key cannot serve as a beacon identity, or TLS cannot be set up.
+        case setup(String)
+
+        public var description: String {
+            switch self {
+            case .setup(let reason): "cannot start the peer: \(reason)"
+            }
+        }
+    }
+
+    struct Link: Sendable {
+        var contact: Contact
+        var state = "matched"
+        var location: String
+        var running = false
+        var pending: (match: BeaconMatch, location: BeaconLocation)?
+        var relayPort: Int?
+    }
+
+    struct Advertised: Sendable {
+        var contacts: Set<String>
+        var items: Set<UUID>
+        var expiration: UInt64
+    }
+
+    struct State: Sendable {
+        var advertised: Advertised?
+        var advertisingFor: [String] = []
+        var addressBookKeys: Set<String> = []
+        var peersSeen: Set<String> = []
+        var links: [String: Link] = [:]
+        var sessionsInFlight = 0
+        var stopped = false
+        var tasks: [UUID: Task<Void, Never>] = [:]
+        var channels: [ObjectIdentifier: Channel] = [:]
+    }
+
+    /// The node's store.
+    public let store: NodeStore
+    /// The configuration in force.
+    public let configuration: PeerConfiguration
+    let identity: PrivateKey
+    let logger: Logger
+    let emit: PeerEventHandler
+    let group: MultiThreadedEventLoopGroup
+    let generator: BeaconGenerator
+    let receiver: BeaconReceiver
+    let table = AdvertisedPSKTable()
+    let clientContext: PSKTLSContext
+    let serverContext: PSKTLSContext
+    let state = NIOLockedValueBox(State())
+    let discoveryBox = NIOLockedValueBox<SSDPDiscoveryService?>(nil)
+
+    /// A peer for the node whose store and identity are given; `events` receives everything it does.
+    public init(store: NodeStore, identity: PrivateKey, configuration: PeerConfiguration,
+                group: MultiThreadedEventLoopGroup = .singleton,
+                logger: Logger = Logger(label: "thali.node.peer"), events: @escaping PeerEventHandler = { _ in }) throws {
+        self.store = store
+        self.identity = identity
+        self.configuration = configuration
+        self.group = group
+        self.logger = logger
+        self.emit = events
+        generator = BeaconGenerator(identity: identity, profile: configuration.beaconProfile)
+        receiver = BeaconReceiver(identity: identity, profile: configuration.beaconProfile)
+        do {
+            clientContext = try PSKTLSContext(role: .client, configuration: configuration.tls)
+            serverContext = try PSKTLSContext(role: .server, configuration: configuration.tls)
+        } catch {
+            throw StartError.setup("\(error)")
+        }
+    }
+
+    var discovery: SSDPDiscoveryService? { discoveryBox.withLockedValue { $0 } }
+
+    /// Starts discovery and the single port, then keeps announcing what the outbox holds. Throws
+    /// ``NodeError/portInUse(host:port:)`` when the port is taken, ``NodeError/noUsableInterface(name:)``
+    /// when no interface carries the configured address.
+    public func start() async throws {
+        try refreshAddressBook()
+        var ssdp = SSDPDiscoveryConfiguration(interfaceAddress: configuration.interfaceAddress)
+        ssdp.groupAddress = configuration.ssdpGroup
+        ssdp.port = configuration.ssdpPort
+        ssdp.httpPort = configuration.port
+        ssdp.maxAge = configuration.maxAge
+        ssdp.foregroundAliveInterval = configuration.aliveInterval
+        ssdp.serverLimits = configuration.serverLimits
+        ssdp.secureConnectionInitializer = { [weak self] channel in
+            guard let self else { return channel.close() }
+            return self.acceptSecureConnection(channel)
+        }
+        let service = SSDPDiscoveryService(configuration: ssdp, group: group, logger: logger) { [weak self] peer, bytes in
+            self?.beaconsFetched(from: peer, bytes)
+        }
+        do {
+            try await service.start(advertising: nil)
+        } catch SSDPDiscoveryService.StartError.noInterface {
+            throw NodeError.noUsableInterface(name: configuration.interfaceAddress)
+        } catch {
+            throw NodeError.mapBindError(error, host: configuration.interfaceAddress, port: configuration.port)
+        }
+        discoveryBox.withLockedValue { $0 = service }
+        emit(.started(location: (await service.location()).description))
+        track(Task { [weak self] in
+            for await event in service.events { self?.discoveryEvent(event) }
+        })
+        try await refreshAdvertisement()
+        track(Task { [weak self] in
+            while let self, !self.isStopped {
+                try? await Task.sleep(for: self.configuration.outboxPollInterval)
+                do {
+                    try self.refreshAddressBook()
+                    try await self.refreshAdvertisement()
+                } catch {
+                    self.logger.error("reading the store failed", metadata: ["error": "\(error)"])
+                }
+            }
+        })
+    }
+
+    /// Stops: byebye (no more announcements), every connection closed, every task ended.
+    public func stop() async {
+        let tasks = state.withLockedValue { state -> [Task<Void, Never>] in
+            state.stopped = true
+            defer { state.tasks.removeAll() }
+            return Array(state.tasks.values)
+        }
+        await discovery?.stop()
+        let channels = state.withLockedValue { state -> [Channel] in
+            defer { state.channels.removeAll() }
+            return Array(state.channels.values)
+        }
+        for channel in channels { channel.close(promise: nil) }
+        for task in tasks { task.cancel() }
+        for task in tasks { await task.value }
+        emit(.stopped)
+    }
+
+    var isStopped: Bool { state.withLockedValue { $0.stopped } }
+
+    /// Runs `task`'s work under the peer's supervision: cancelled and awaited by `stop()`.
+    @discardableResult
+    func track(_ task: Task<Void, Never>) -> Task<Void, Never> {
+        let id = UUID()
+        let keep = state.withLockedValue { state -> Bool in
+            guard !state.stopped else { return false }
+            state.tasks[id] = task
+            return true
+        }
+        if !keep { task.cancel() }
+        Task { [weak self] in
+            await task.value
+            _ = self?.state.withLockedValue { $0.tasks.removeValue(forKey: id) }
+        }
+        return task
+    }
+
+    /// Keeps `channel` (a PSK-TLS connection, either role) until it closes, so that `stop()` can close it.
+    func register(_ channel: Channel) {
+        let id = ObjectIdentifier(channel)
+        let open = state.withLockedValue { state -> Bool in
+            guard !state.stopped else { return false }
+            state.channels[id] = channel
+            return true
+        }
+        guard open else { return channel.close(promise: nil) }
+        channel.closeFuture.whenComplete { [weak self] _ in
+            _ = self?.state.withLockedValue { $0.channels.removeValue(forKey: id) }
+        }
+    }
+
+    /// Runs `body` as a supervised task.
+    func spawn(_ body: @escaping @Sendable () async -> Void) {
+        track(Task { await body() })
+    }
+
+    /// A snapshot for the status view.
+    public func status() async -> PeerStatus {
+        let location = await discovery?.location().description ?? ""
+        let inbox = (try? store.inbox().count) ?? 0
+        let outbox = (try? store.outbox().count) ?? 0
+        return state.withLockedValue { state in
+            PeerStatus(location: location, advertisingFor: state.advertisingFor,
+                       peersSeen: state.peersSeen.sorted(),
+                       contacts: state.links.values.map {
+                           PeerStatus.ContactState(name: $0.contact.name, state: $0.state, location: $0.location,
+                                                   relayPort: $0.relayPort)
+                       }.sorted { $0.name < $1.name },
+                       sessionsInFlight: state.sessionsInFlight, inboxCount: inbox, outboxCount: outbox)
+        }
+    }
+
+    // MARK: Discovery
+
+    private func discoveryEvent(_ event: SSDPDiscoveryEvent) {
+        switch event {
+        case .appeared(let peer):
+            let location = peer.location.description
+            let fresh = state.withLockedValue { $0.peersSeen.insert(location).inserted }
+            if fresh { emit(.peerAppeared(location: location)) }
+        case .left(let peer, let reason):
+            let location = peer.location.description
+            let known = state.withLockedValue { $0.peersSeen.remove(location) != nil }
+            if known { emit(.peerLeft(location: location, reason: reason.rawValue)) }
+        case .changed, .beaconsFetched, .beaconFetchFailed, .limitTriggered:
+            break
+        }
+    }
+
+    /// Keeps the beacon receiver's address book equal to the contacts (another process may add some).
+    func refreshAddressBook() throws {
+        let contacts = try store.contacts()
+        let keys = Set(contacts.map(\.publicKey))
+        let known = state.withLockedValue { $0.addressBookKeys }
+        guard keys != known else { return }
+        for contact in contacts where !known.contains(contact.publicKey) {
+            try receiver.addressBook.add(try contact.identityKey())
+        }
+        for gone in known.subtracting(keys) {
+            if let key = try? ContactKey.parse(gone) { _ = receiver.addressBook.remove(key) }
+        }
+        state.withLockedValue { $0.addressBookKeys = keys }
+    }
+
+    /// A fetched beacon stream: a match from a known contact starts (or re-targets) the link to it; anything
+    /// else — not for us, from a stranger, a replay — is ignored without a word.
+    private func beaconsFetched(from peer: SSDPPeer, _ bytes: [UInt8]) {
+        let match: BeaconMatch
+        do throws(BeaconRejection) {
+            match = try receiver.receive(bytes)
+        } catch {
+            logger.debug("beacons not for us", metadata: ["location": "\(peer.location)", "reason": "\(error.reason.rawValue)"])
+            return
+        }
+        guard let contact = try? store.contact(for: match.sender) else { return }
+        emit(.beaconMatched(contact: contact.name, location: peer.location.description))
+        let start = state.withLockedValue { state -> Bool in
+            guard !state.stopped else { return false }
+            var link = state.links[contact.publicKey] ?? Link(contact: contact, location: peer.location.description)
+            link.contact = contact
+            link.location = peer.location.description
+            link.pending = (match, peer.location)
+            defer { state.links[contact.publicKey] = link }
+            if link.running { return false }
+            link.running = true
+            return true
+        }
+        if start { spawn { [self] in await runLink(contact) } }
+    }
+
+    // MARK: Advertising
+
+    /// Announces beacons for the contacts the outbox holds items for (in relay mode: every contact) when
+    /// that set changes, when a new item arrives, or when a quarter of the announcement's validity is left.
+    func refreshAdvertisement() async throws {
+        _ = try store.sweepExpired()
+        let contacts = configuration.appPort == nil ? try store.contactsWithPendingItems() : try store.contacts()
+        var items = Set<UUID>()
+        if configuration.appPort == nil {
+            for contact in contacts { items.formUnion(try store.pendingItems(for: contact).map(\.id)) }
+        }
+        let keys = Set(contacts.map(\.publicKey))
+        let now = UInt64(Date().timeIntervalSince1970 * 1000)
+        let validityMs = UInt64(configuration.beaconValidity.components.seconds * 1000)
+        let needed = state.withLockedValue { state -> Bool in
+            guard let advertised = state.advertised else { return !keys.isEmpty }
+            if advertised.contacts != keys || !items.isSubset(of: advertised.items) { return true }
+            return !keys.isEmpty && advertised.expiration < now + validityMs / 4
+        }
+        guard needed, let discovery else { return }
+        if contacts.isEmpty {
+            state.withLockedValue {
+                $0.advertised = nil
+                $0.advertisingFor = []
+            }
+            await discovery.advertise(nil)
+            emit(.advertising(contacts: []))
+            return
+        }
+        let announcement = try generator.makeAnnouncement(for: try contacts.map { try $0.identityKey() },
+                                                          validity: configuration.beaconValidity)
+        table.register(announcement)
+        let names = contacts.map(\.name).sorted()
+        state.withLockedValue {
+            $0.advertised = Advertised(contacts: keys, items: items, expiration: announcement.expiration)
+            $0.advertisingFor = names
+        }
+        await discovery.advertise(announcement.stream)
+        emit(.advertising(contacts: names))
+    }
+
+    func setLinkState(_ contact: Contact, _ text: String, relayPort: Int?? = nil) {
+        state.withLockedValue { state in
+            state.links[contact.publicKey]?.state = text
+            if let relayPort { state.links[contact.publicKey]?.relayPort = relayPort }
+        }
+    }
+
+    func sessionStarted() { state.withLockedValue { $0.sessionsInFlight += 1 } }
+    func sessionFinished() { state.withLockedValue { $0.sessionsInFlight -= 1 } }
+}

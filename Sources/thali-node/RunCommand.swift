@@ -1,0 +1,241 @@
+import ArgumentParser
+import Foundation
+import Logging
+import NIOCore
+import Synchronization
+import ThaliBeacons
+import ThaliNodeCore
+
+/// `thali-node run`: keeps the peer on the network — advertises for contacts it holds items for, finds
+/// contacts that hold items for it, delivers and receives — until SIGINT/SIGTERM or `--duration`.
+struct Run: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Keep the peer on the network: discover contacts, deliver the outbox, receive into the inbox.",
+        discussion: """
+            Human-readable lines by default; --json prints one JSON object per line (event: started, \
+            advertising, peer_appeared, peer_left, matched, connecting, connected, connection_failed, \
+            offered, transfer_started, progress, delivered, refused, discarded, received, duplicate, \
+            session_ended, relay_listening, status, stopped). Logs go to standard error at the \
+            configuration's logLevel. SIGINT and SIGTERM stop cleanly (byebye) and exit 0.
+            """)
+
+    @OptionGroup var options: NodeOptions
+    @Option(help: ArgumentHelp("Network interface to use (default: the configuration's, else the first up with IPv4).", valueName: "name"))
+    var interface: String?
+    @Option(help: ArgumentHelp("IPv4 address of the interface to pin to instead (127.0.0.1 for loopback).", valueName: "ip"))
+    var address: String?
+    @Option(help: "SSDP multicast port (default: the configuration's ssdpPort).") var ssdpPort: Int?
+    @Option(help: "SSDP multicast group (default: the configuration's ssdpMulticastAddress).") var ssdpGroup: String?
+    @Option(help: "The one TCP port for beacons and PSK-TLS (default: the configuration's deliveryPort; 0: any).")
+    var port: Int?
+    @Option(help: "SSDP max-age announced, in seconds.") var maxAge: Int = 60
+    @Option(help: ArgumentHelp("Relay mode: forward authenticated streams to this local TCP port.", valueName: "port"))
+    var appPort: Int?
+    @Flag(help: "Print one JSON object per line instead of readable lines.") var json = false
+    @Option(help: ArgumentHelp("Print a compact status every this many seconds (0: never).", valueName: "seconds"))
+    var statusInterval: Double = 0
+    @Option(help: ArgumentHelp("Stop after this many seconds.", valueName: "seconds")) var duration: Double?
+    @Option(help: ArgumentHelp("Connections accepted per source address per 10 s (all peers on one host share 127.0.0.1).", valueName: "n"))
+    var perSourceLimit: Int?
+    @Option(help: ArgumentHelp("Testing aid: cap each delivery stream this peer sends on to this many bytes per second.", valueName: "bytes"))
+    var throttle: Int?
+
+    func validate() throws {
+        if interface != nil && address != nil { throw ValidationError("give --interface or --address, not both") }
+        for (name, value, range) in [("--ssdp-port", ssdpPort, 1...65535), ("--port", port, 0...65535),
+                                     ("--app-port", appPort, 1...65535)] {
+            if let value, !range.contains(value) { throw ValidationError("\(name) must be in \(range)") }
+        }
+        if maxAge < 1 { throw ValidationError("--max-age must be at least 1") }
+        if let perSourceLimit, perSourceLimit < 1 { throw ValidationError("--per-source-limit must be at least 1") }
+        if let throttle, throttle < 1 { throw ValidationError("--throttle must be at least 1") }
+        if let duration, duration <= 0 { throw ValidationError("--duration must be positive") }
+        if statusInterval < 0 { throw ValidationError("--status-interval must not be negative") }
+    }
+
+    func run() async throws {
+        let home = options.nodeHome
+        let (store, nodeConfiguration) = try options.openStore()
+        let identity = try NodeIdentity.load(from: home)
+        let level = nodeConfiguration.logLevel
+        LoggingSystem.bootstrap { label in
+            var handler = StreamLogHandler.standardError(label: label)
+            handler.logLevel = level
+            return handler
+        }
+        let interfaceAddress: String
+        if let address {
+            let addresses = try System.enumerateDevices().compactMap { $0.address?.ipAddress }
+            guard addresses.contains(address) else { throw NodeError.noUsableInterface(name: address) }
+            interfaceAddress = address
+        } else {
+            interfaceAddress = try NodeInterface.select(configured: interface ?? nodeConfiguration.interface).ipv4Address
+        }
+        var configuration = PeerConfiguration(interfaceAddress: interfaceAddress)
+        configuration.ssdpGroup = ssdpGroup ?? nodeConfiguration.ssdpMulticastAddress
+        configuration.ssdpPort = ssdpPort ?? nodeConfiguration.ssdpPort
+        // One port serves beacons and PSK-TLS: the configuration may name it by either key, not two ports.
+        let (delivery, beacon) = (nodeConfiguration.deliveryPort, nodeConfiguration.beaconPort)
+        if port == nil, delivery != 0, beacon != 0, delivery != beacon {
+            throw ValidationError("\(home.configurationPath): deliveryPort \(delivery) and beaconPort \(beacon) differ, but the peer serves beacons and PSK-TLS on one port")
+        }
+        configuration.port = port ?? (delivery != 0 ? delivery : beacon)
+        configuration.maxAge = maxAge
+        configuration.beaconValidity = nodeConfiguration.beaconValidity
+        configuration.beaconProfile = nodeConfiguration.beaconProfile
+        configuration.deliveryLimits = nodeConfiguration.limits
+        configuration.appPort = appPort
+        configuration.sendThrottleBytesPerSecond = throttle
+        if let perSourceLimit { configuration.serverLimits.maxRequestsPerSource = perSourceLimit }
+
+        let output = RunOutput(json: json)
+        let peer = try ThaliPeer(store: store, identity: identity, configuration: configuration,
+                                 logger: Logger(label: "thali.node"), events: { output.report($0) })
+        try await peer.start()
+
+        let stop = AsyncStream<String>.makeStream()
+        let signals = [SIGTERM, SIGINT].map { number -> DispatchSourceSignal in
+            signal(number, SIG_IGN)
+            let source = DispatchSource.makeSignalSource(signal: number)
+            source.setEventHandler { stop.continuation.yield(number == SIGTERM ? "SIGTERM" : "SIGINT") }
+            source.resume()
+            return source
+        }
+        defer { signals.forEach { $0.cancel() } }
+        if let duration {
+            Task {
+                try? await Task.sleep(for: .seconds(duration))
+                stop.continuation.yield("duration")
+            }
+        }
+        let statusTask: Task<Void, Never>? = statusInterval > 0 ? Task { [statusInterval] in
+            while !Task.isCancelled {
+                try? await Task.sleep(for: .seconds(statusInterval))
+                if Task.isCancelled { break }
+                output.status(await peer.status())
+            }
+        } : nil
+        var reasons = stop.stream.makeAsyncIterator()
+        let reason = await reasons.next() ?? "end"
+        statusTask?.cancel()
+        output.status(await peer.status())
+        await peer.stop()
+        output.line(["event": "stopped", "reason": reason], text: "stopped (\(reason))")
+    }
+}
+
+/// Prints the peer's events: readable lines, or one JSON object per line; flushed, from any thread.
+/// Progress is printed at most every 250 ms per item (and always at its end).
+final class RunOutput: Sendable {
+    private let json: Bool
+    private let start = Date()
+    private let lastProgress = Mutex<[UUID: Date]>([:])
+
+    init(json: Bool) { self.json = json }
+
+    func line(_ object: [String: Any], text: String) {
+        let elapsed = Date().timeIntervalSince(start)
+        if json {
+            var object = object
+            object["t"] = (elapsed * 1000).rounded() / 1000
+            guard let data = try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys, .withoutEscapingSlashes])
+            else { return }
+            FileHandle.standardOutput.write(data + Data("\n".utf8))
+        } else {
+            FileHandle.standardOutput.write(Data((String(format: "%8.3fs  ", elapsed) + text + "\n").utf8))
+        }
+    }
+
+    func status(_ status: PeerStatus) {
+        let contacts = status.contacts.map { contact -> [String: Any] in
+            var entry: [String: Any] = ["name": contact.name, "state": contact.state]
+            if let location = contact.location { entry["location"] = location }
+            if let port = contact.relayPort { entry["relay_port"] = port }
+            return entry
+        }
+        let summary = status.contacts.map { "\($0.name) \($0.state)" + ($0.relayPort.map { " (relay port \($0))" } ?? "") }
+        line(["event": "status", "location": status.location, "advertising_for": status.advertisingFor,
+              "peers_seen": status.peersSeen, "contacts": contacts, "sessions_in_flight": status.sessionsInFlight,
+              "inbox": status.inboxCount, "outbox": status.outboxCount],
+             text: "status: \(status.peersSeen.count) peer(s) seen; advertising for [\(status.advertisingFor.joined(separator: ", "))]; "
+                + "contacts [\(summary.joined(separator: ", "))]; \(status.sessionsInFlight) session(s) in flight; "
+                + "inbox \(status.inboxCount), outbox \(status.outboxCount)")
+    }
+
+    func report(_ event: PeerEvent) {
+        switch event {
+        case .started(let location):
+            line(["event": "started", "location": location], text: "listening at \(location) (beacons and PSK-TLS)")
+        case .advertising(let contacts):
+            line(["event": "advertising", "contacts": contacts],
+                 text: contacts.isEmpty ? "nothing to announce" : "advertising beacons for \(contacts.joined(separator: ", "))")
+        case .peerAppeared(let location):
+            line(["event": "peer_appeared", "location": location], text: "peer appeared at \(location)")
+        case .peerLeft(let location, let reason):
+            line(["event": "peer_left", "location": location, "reason": reason], text: "peer at \(location) left (\(reason))")
+        case .beaconMatched(let contact, let location):
+            line(["event": "matched", "contact": contact, "location": location],
+                 text: "beacon from \(contact) matched at \(location)")
+        case .connecting(let contact, let location, let attempt):
+            line(["event": "connecting", "contact": contact, "location": location, "attempt": attempt],
+                 text: "connecting to \(contact) at \(location) (attempt \(attempt))")
+        case .connected(let contact, let role):
+            line(["event": "connected", "contact": contact, "role": role.rawValue],
+                 text: "PSK-TLS session with \(contact) up (\(role == .connecting ? "we connected" : "they connected"))")
+        case .connectionFailed(let contact, let reason, let retryIn):
+            var object: [String: Any] = ["event": "connection_failed", "contact": contact, "reason": reason]
+            if let retryIn { object["retry_in_ms"] = Int(retryIn.components.seconds * 1000 + retryIn.components.attoseconds / 1_000_000_000_000_000) }
+            line(object, text: "connection with \(contact) failed: \(reason)" + (retryIn.map { "; retrying in \($0)" } ?? "; giving up until the next announcement"))
+        case .delivery(let contact, let delivery):
+            report(delivery, contact: contact)
+        case .sessionEnded(let contact, let role, let error):
+            var object: [String: Any] = ["event": "session_ended", "contact": contact, "role": role.rawValue]
+            if let error { object["error"] = error }
+            line(object, text: "session with \(contact) ended" + (error.map { ": \($0)" } ?? ""))
+        case .relayListening(let contact, let port):
+            line(["event": "relay_listening", "contact": contact, "port": port],
+                 text: "relay: connections to 127.0.0.1:\(port) reach \(contact)'s app")
+        case .stopped:
+            break
+        }
+    }
+
+    private func report(_ event: DeliveryEvent, contact: String) {
+        switch event {
+        case .offered(let offer):
+            line(["event": "offered", "contact": contact, "id": offer.id.uuidString, "kind": offer.kind.rawValue,
+                  "size": offer.size], text: "offering \(offer.kind == .text ? "a text" : "file \(offer.name)") (\(offer.size) bytes) to \(contact)")
+        case .transferStarted(let id, let offset, let total):
+            line(["event": "transfer_started", "contact": contact, "id": id.uuidString, "offset": offset, "total": total],
+                 text: "transfer of \(id.uuidString.prefix(8)) with \(contact) starts at \(offset)/\(total)")
+        case .progress(let id, let bytes, let total):
+            let now = Date()
+            let due = lastProgress.withLock { last -> Bool in
+                if bytes < total, let previous = last[id], now.timeIntervalSince(previous) < 0.25 { return false }
+                last[id] = now
+                return true
+            }
+            guard due else { return }
+            line(["event": "progress", "contact": contact, "id": id.uuidString, "bytes": bytes, "total": total],
+                 text: "  \(id.uuidString.prefix(8)) with \(contact): \(bytes)/\(total) bytes (\(total == 0 ? 100 : bytes * 100 / total) %)")
+        case .delivered(let id, let alreadyStored):
+            line(["event": "delivered", "contact": contact, "id": id.uuidString, "already_stored": alreadyStored],
+                 text: "delivered \(id.uuidString.prefix(8)) to \(contact)" + (alreadyStored ? " (it had it already)" : ""))
+        case .refused(let id, let refusal):
+            line(["event": "refused", "contact": contact, "id": id.uuidString, "reason": "\(refusal)"],
+                 text: "\(contact) refused \(id.uuidString.prefix(8)): \(refusal)")
+        case .discarded(let id, let failure):
+            line(["event": "discarded", "contact": contact, "id": id.uuidString, "reason": "\(failure)"],
+                 text: "\(id.uuidString.prefix(8)) with \(contact) arrived damaged (\(failure)); it will be sent again")
+        case .received(let item):
+            var object: [String: Any] = ["event": "received", "contact": contact, "id": item.itemID.uuidString,
+                                         "kind": item.kind.rawValue, "size": item.size]
+            if let text = item.text { object["text"] = text }
+            if let name = item.fileName { object["file_name"] = name }
+            line(object, text: "received from \(contact): " + (item.text.map { "\"\($0)\"" } ?? "\(item.fileName ?? "file") (\(item.size) bytes)"))
+        case .duplicate(let id):
+            line(["event": "duplicate", "contact": contact, "id": id.uuidString],
+                 text: "\(contact) offered \(id.uuidString.prefix(8)) again; already in the inbox")
+        }
+    }
+}
