@@ -58,7 +58,7 @@ struct RunCommandTests {
         let before = try demoDirectories()
         let executable = thaliNodeExecutable
         let result = try await Task.detached {
-            try SpawnedCommand.run(executable, ["demo", "--pace", "0", "--timeout", "45"], timeout: 60)
+            try ChildProcess.run(executable, ["demo", "--pace", "0", "--timeout", "45"], timeout: .seconds(60))
         }.value
         #expect(result.status == 0, "\(result.output)")
         #expect(result.output.contains("6 of 6 items verified in the right inbox, exactly once, content intact"), "\(result.output)")
@@ -68,7 +68,7 @@ struct RunCommandTests {
 
     func expectOneLineError(_ arguments: [String], containing text: String, sourceLocation: SourceLocation = #_sourceLocation) async throws {
         let executable = thaliNodeExecutable
-        let result = try await Task.detached { try SpawnedCommand.run(executable, arguments, timeout: 20) }.value
+        let result = try await Task.detached { try ChildProcess.run(executable, arguments, timeout: .seconds(20)) }.value
         #expect(result.status != 0, "\(result.output)", sourceLocation: sourceLocation)
         let lines = result.output.split(separator: "\n")
         #expect(lines.count == 1, "\(result.output)", sourceLocation: sourceLocation)

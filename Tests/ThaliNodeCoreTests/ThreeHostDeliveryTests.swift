@@ -49,9 +49,9 @@ private final class ThreeHosts: @unchecked Sendable {
 
     @discardableResult
     static func ip(_ arguments: [String]) throws -> String {
-        let result = try SpawnedCommand.run(ipTool ?? "ip", arguments, timeout: 10)
+        let result = try ChildProcess.run(ipTool ?? "ip", arguments, timeout: .seconds(10))
         guard result.status == 0 else {
-            throw SpawnedCommand.Failure(description: "ip \(arguments.joined(separator: " ")): \(result.output)")
+            throw IPCommandFailure(description: "ip \(arguments.joined(separator: " ")): \(result.output)")
         }
         return result.output
     }
@@ -150,4 +150,9 @@ struct ThreeHostDeliveryTests {
             #expect(try Data(contentsOf: URL(fileURLWithPath: try #require(item.filePath))) == content)
         }
     }
+}
+
+/// `ip` exited non-zero while building or tearing down the test network.
+struct IPCommandFailure: Error, CustomStringConvertible {
+    let description: String
 }
