@@ -130,11 +130,16 @@ struct ThreeHostDeliveryTests {
         // Everything else arrives too; then a clean stop.
         let clock = ContinuousClock()
         let end = clock.now + .seconds(20)
-        while clock.now < end {
+        var settled = false
+        while clock.now < end && !settled {
             let done = try ["alice", "bob", "carol"].allSatisfy { Set(try people.inbox(of: $0).map(\.id)) == expected[$0] }
             let empty = try people.people.allSatisfy { try $0.store.outbox().isEmpty }
-            if done && empty { break }
-            try await Task.sleep(for: .milliseconds(100))
+            settled = done && empty
+            if !settled { try await Task.sleep(for: .milliseconds(100)) }
+        }
+        if !settled {
+            let logs = [alicePeer, bobPeer, carolPeer].map { "--- \($0.label)\n\($0.output.suffix(6000))" }
+            Issue.record("deliveries did not finish in 20 s; the peers' events:\n\(logs.joined(separator: "\n"))")
         }
         for peer in [alicePeer, bobPeer, carolPeer] { #expect(peer.kill(signal: SIGTERM) == 0, "\(peer.label): \(peer.output)") }
 
