@@ -141,24 +141,21 @@ import ThaliTestSupport
         #expect(spki == key.publicKey.subjectPublicKeyInfo)
 
         let theirs = directory + "/theirs.pem"
-        _ = try runOpenSSL(["ecparam", "-name", "secp256k1", "-genkey", "-noout", "-out", theirs])
+        _ = try runOpenSSL(["ecparam", "-name", "secp256k1", "-genkey", "-noout", "-out", theirs], output: false)
         chmod(theirs, 0o600)
         let loaded = try IdentityKeyFile.load(from: theirs)
         let theirSPKI = try runOpenSSL(["ec", "-in", theirs, "-pubout", "-outform", "DER"])
         #expect(loaded.publicKey.subjectPublicKeyInfo == theirSPKI)
     }
 
-    private func runOpenSSL(_ arguments: [String]) throws -> [UInt8] {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/usr/bin/openssl")
-        process.arguments = arguments
-        let output = Pipe()
-        process.standardOutput = output
-        process.standardError = FileHandle.nullDevice
-        try process.run()
-        let data = output.fileHandleForReading.readDataToEndOfFile()
-        process.waitUntilExit()
-        #expect(process.terminationStatus == 0, "openssl \(arguments)")
-        return [UInt8](data)
+    /// Runs `openssl` with `arguments`; when `output` is true, openssl writes to a temporary file (its
+    /// DER output is binary, and stderr carries its progress lines) whose bytes are returned.
+    private func runOpenSSL(_ arguments: [String], output: Bool = true) throws -> [UInt8] {
+        let outputPath = FileManager.default.temporaryDirectory
+            .appendingPathComponent("thali-openssl-\(getpid())-\(UUID().uuidString.prefix(8))").path
+        defer { try? FileManager.default.removeItem(atPath: outputPath) }
+        let result = try ChildProcess.run("/usr/bin/openssl", arguments + (output ? ["-out", outputPath] : []))
+        #expect(result.status == 0, "openssl \(arguments): \(result.output)")
+        return output ? [UInt8](try Data(contentsOf: URL(fileURLWithPath: outputPath))) : []
     }
 }

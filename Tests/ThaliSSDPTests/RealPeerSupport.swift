@@ -15,21 +15,11 @@ var canUseNetworkNamespaces: Bool { geteuid() == 0 && ChildProcess.which("ip") !
 /// Runs a command to completion; throws with its output if it fails.
 @discardableResult
 func runCommand(_ executable: String, _ arguments: [String]) throws -> String {
-    let process = Process()
-    guard let path = ChildProcess.which(executable) else { throw CommandFailure(command: executable, output: "not found") }
-    process.executableURL = URL(fileURLWithPath: path)
-    process.arguments = arguments
-    let pipe = Pipe()
-    process.standardOutput = pipe
-    process.standardError = pipe
-    try process.run()
-    let data = pipe.fileHandleForReading.readDataToEndOfFile()
-    process.waitUntilExit()
-    let output = String(decoding: data, as: UTF8.self)
-    guard process.terminationStatus == 0 else {
-        throw CommandFailure(command: ([executable] + arguments).joined(separator: " "), output: output)
+    let result = try ChildProcess.run(executable, arguments)
+    guard result.status == 0 else {
+        throw CommandFailure(command: ([executable] + arguments).joined(separator: " "), output: result.output)
     }
-    return output
+    return result.output
 }
 
 struct CommandFailure: Error, CustomStringConvertible {
