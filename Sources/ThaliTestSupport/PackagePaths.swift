@@ -1,3 +1,5 @@
+import Foundation
+
 /// Locates files of this package from a test's `#filePath`, so tests read `spec/vectors` and
 /// `Tests/*/Reference` in place instead of bundling copies.
 public enum PackagePaths {
@@ -7,5 +9,16 @@ public enum PackagePaths {
         while let last = components.last, last != "Tests" { components.removeLast() }
         components.removeLast()
         return components.joined(separator: "/")
+    }
+}
+
+extension PackagePaths {
+    /// The `thali-node` executable built beside the test bundle (`swift build --build-tests` builds
+    /// both), else the one in `.build/debug`; nil if neither exists. `filePath` is a test file's path.
+    public static func thaliNode(from filePath: String = #filePath) -> String? {
+        let beside = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent()
+            .appendingPathComponent("thali-node").path
+        return [beside, root(from: filePath) + "/.build/debug/thali-node"]
+            .first { FileManager.default.isExecutableFile(atPath: $0) }
     }
 }

@@ -15,4 +15,7 @@ public enum TestEnvironment {
     public static func available(_ condition: @autoclosure () -> Bool) -> Bool {
         peersRequired || condition()
     }
+
+    /// Whether this process may create network namespaces for multi-host tests (root, and `ip` present).
+    public static var canUseNetworkNamespaces: Bool { geteuid() == 0 && ChildProcess.which("ip") != nil }
 }

@@ -8,12 +8,7 @@ import ThaliTestSupport
 @testable import ThaliConformance
 
 /// The `thali-node` built beside the test bundle (`swift build --build-tests` builds both).
-private func thaliNode() -> String? {
-    let beside = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent()
-        .appendingPathComponent("thali-node").path
-    return [beside, PackagePaths.root() + "/.build/debug/thali-node"]
-        .first { FileManager.default.isExecutableFile(atPath: $0) }
-}
+private func thaliNode() -> String? { PackagePaths.thaliNode() }
 
 /// `thali-node conformance probe` as a user runs it: a separate process, its output and exit status.
 @Suite("thali-node conformance probe", .serialized, .enabled(if: TestEnvironment.available(thaliNode() != nil)))

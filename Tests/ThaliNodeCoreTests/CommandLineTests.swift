@@ -7,11 +7,7 @@ import ThaliTestSupport
 @Suite("thali-node command line")
 struct CommandLineTests {
     /// The `thali-node` built beside this test bundle.
-    static var executable: String {
-        let beside = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().appendingPathComponent("thali-node").path
-        if FileManager.default.isExecutableFile(atPath: beside) { return beside }
-        return PackagePaths.root() + "/.build/debug/thali-node"
-    }
+    static var executable: String { PackagePaths.thaliNode() ?? PackagePaths.root() + "/.build/debug/thali-node" }
 
     struct Run {
         let status: Int32

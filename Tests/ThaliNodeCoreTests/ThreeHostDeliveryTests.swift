@@ -6,8 +6,6 @@ import ThaliTestSupport
 /// `ip` for the namespace tests, if present.
 private let ipTool: String? = ["/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"].first { FileManager.default.isExecutableFile(atPath: $0) }
 
-/// Whether this process may create network namespaces (root, and `ip` present).
-private var canUseNetworkNamespaces: Bool { geteuid() == 0 && ipTool != nil }
 
 /// Three hosts: network namespaces whose `eth0`s are veth ends on a bridge in a fourth namespace.
 /// Addresses exist only inside them; deinit deletes all four (and with them every link).
@@ -67,7 +65,7 @@ private final class ThreeHosts: @unchecked Sendable {
 /// end with exactly one copy of every item.
 @Suite("Delivery across three hosts", .serialized)
 struct ThreeHostDeliveryTests {
-    @Test(.enabled(if: TestEnvironment.available(canUseNetworkNamespaces)), .timeLimit(.minutes(2)))
+    @Test(.enabled(if: TestEnvironment.available(TestEnvironment.canUseNetworkNamespaces)), .timeLimit(.minutes(2)))
     func threeHostsDeliverAndSurviveSIGKILL() async throws {
         let hosts = try ThreeHosts(prefix: "tnode\(getpid())")
         let people = try TestPeople(["alice", "bob", "carol"], label: "3h")

@@ -1,16 +1,11 @@
 import Foundation
 import ThaliTestSupport
 
-/// The `thali-node` built beside the test bundle (`swift build --build-tests` builds both).
-func thaliNodePath() -> String? {
-    let beside = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent()
-        .appendingPathComponent("thali-node").path
-    let candidates = [beside, PackagePaths.root() + "/.build/debug/thali-node"]
-    return candidates.first { FileManager.default.isExecutableFile(atPath: $0) }
-}
+/// The `thali-node` built beside the test bundle.
+func thaliNodePath() -> String? { PackagePaths.thaliNode() }
 
 /// Whether this process may create network namespaces (root, and `ip` present).
-var canUseNetworkNamespaces: Bool { geteuid() == 0 && ChildProcess.which("ip") != nil }
+var canUseNetworkNamespaces: Bool { TestEnvironment.canUseNetworkNamespaces }
 
 /// Runs a command to completion; throws with its output if it fails.
 @discardableResult
