@@ -59,14 +59,15 @@ public struct DeliveryReceiver: Sendable {
     /// One session per direction and contact runs at a time: a second one throws
     /// ``NodeError/sessionInProgress(contact:role:)`` and closes its channel.
     public func run(on channel: DeliveryChannel.AsyncFrames) async throws -> Summary {
-        guard peer.id != nil else { throw NodeError.unknownContact(peer.name) }
-        do {
-            try store.claimSession(.receiving, with: peer)
-        } catch {
-            try? await channel.channel.close()
-            throw error
+        try await store.withSessionClaim(
+            NodeStore.SessionRole.receiving, with: peer, onRefusal: { try? await channel.channel.close() }
+        ) {
+            try await runClaimed(on: channel)
         }
-        defer { store.releaseSession(.receiving, with: peer) }
+    }
+
+    /// The session itself, once ``run(on:)`` holds the claim.
+    private func runClaimed(on channel: DeliveryChannel.AsyncFrames) async throws -> Summary {
         let clock = now, store = self.store, peer = self.peer
         let cutoff = now().addingTimeInterval(-Double(limits.partialRetention.nanoseconds) / 1e9)
         let stale = try await blocking { store.sweepStalePartials(from: peer, before: cutoff) }

@@ -59,14 +59,15 @@ public struct DeliverySender: Sendable {
     /// One session per direction and contact runs at a time: a second one throws
     /// ``NodeError/sessionInProgress(contact:role:)`` and closes its channel.
     public func run(on channel: DeliveryChannel.AsyncFrames) async throws -> Summary {
-        guard peer.id != nil else { throw NodeError.unknownContact(peer.name) }
-        do {
-            try store.claimSession(.sending, with: peer)
-        } catch {
-            try? await channel.channel.close()
-            throw error
+        try await store.withSessionClaim(
+            NodeStore.SessionRole.sending, with: peer, onRefusal: { try? await channel.channel.close() }
+        ) {
+            try await runClaimed(on: channel)
         }
-        defer { store.releaseSession(.sending, with: peer) }
+    }
+
+    /// The session itself, once ``run(on:)`` holds the claim.
+    private func runClaimed(on channel: DeliveryChannel.AsyncFrames) async throws -> Summary {
         let store = self.store, peer = self.peer, now = self.now
         return try await channel.executeThenClose { inbound, outbound in
             var frames = inbound.makeAsyncIterator()

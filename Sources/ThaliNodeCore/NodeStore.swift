@@ -119,6 +119,22 @@ public final class NodeStore: Sendable {
         if !claimed { throw NodeError.sessionInProgress(contact: contact.name, role: role.rawValue) }
     }
 
+    /// Runs `body` holding the claim of the one session in `role` with `contact`, released when `body`
+    /// ends. If another session holds it, runs `onRefusal` (the caller closes its connection) and throws
+    /// ``NodeError/sessionInProgress(contact:role:)`` without running `body`.
+    func withSessionClaim<T>(_ role: SessionRole, with contact: Contact, onRefusal: () async -> Void,
+                             _ body: () async throws -> T) async throws -> T {
+        guard contact.id != nil else { throw NodeError.unknownContact(contact.name) }
+        do {
+            try claimSession(role, with: contact)
+        } catch {
+            await onRefusal()
+            throw error
+        }
+        defer { releaseSession(role, with: contact) }
+        return try await body()
+    }
+
     /// Whether a session in `role` with `contact` currently holds its claim (observes without claiming).
     func hasSession(_ role: SessionRole, with contact: Contact) -> Bool {
         let key = SessionKey(contactID: contact.id ?? 0, role: role)
