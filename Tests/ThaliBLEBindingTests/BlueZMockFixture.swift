@@ -29,18 +29,14 @@ final class BlueZMock: @unchecked Sendable {
     /// Starts the bus and, if `startBlueZ`, the mock bluetoothd.
     init(startBlueZ: Bool = true) async throws {
         let root = PackagePaths.root()
-        guard let python = ChildProcess.testVenvPython(packageRoot: root) else {
-            throw Unavailable(description: "no test venv: run scripts/bootstrap.sh --test")
-        }
-        self.python = python
+        self.python = try #require(ChildProcess.testVenvPython(packageRoot: root), "no test venv: run scripts/bootstrap.sh --test")
         directory = NSTemporaryDirectory() + "thali-ble-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         daemon = try ChildProcess("dbus-daemon", ["--session", "--nofork", "--print-address",
                                                   "--address=unix:path=\(directory)/bus"])
         try await daemon.waitForOutput(containing: "unix:path=")
-        guard let line = daemon.output.split(separator: "\n").first(where: { $0.hasPrefix("unix:path=") }) else {
-            throw Unavailable(description: "dbus-daemon printed no address: \(daemon.output)")
-        }
+        let line = try #require(daemon.output.split(separator: "\n").first(where: { $0.hasPrefix("unix:path=") }),
+                                "dbus-daemon printed no address: \(daemon.output)")
         busAddress = String(line)
         control = try DBusClient(address: busAddress, defaultTimeout: .seconds(5))
         if startBlueZ { try await startMock() }

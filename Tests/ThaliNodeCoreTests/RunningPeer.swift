@@ -5,10 +5,6 @@ import ThaliTestSupport
 /// A long-running `thali-node run` (or any command) started as a ``ChildProcess``, whose standard output
 /// is read as JSON lines. Killed and reaped on `kill` and on deinit.
 final class RunningPeer: Sendable {
-    struct Timeout: Error, CustomStringConvertible {
-        let description: String
-    }
-
     let label: String
     private let child: ChildProcess
 
@@ -44,7 +40,8 @@ final class RunningPeer: Sendable {
             if hasExited { break }
             try await Task.sleep(for: .milliseconds(50))
         }
-        throw Timeout(description: "\(label): no \(what) within \(timeout); output:\n\(output)")
+        let found = events.first(where: predicate)
+        return try #require(found, "\(label): no \(what) within \(timeout); output:\n\(output)")
     }
 
     /// Whether the process has exited (reaps it).

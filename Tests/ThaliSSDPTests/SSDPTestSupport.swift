@@ -28,34 +28,37 @@ final class EventLog: @unchecked Sendable {
     func wait(timeout: Duration = .seconds(5), _ what: String = "event",
               _ predicate: (SSDPDiscoveryEvent) -> Bool) async throws -> SSDPDiscoveryEvent {
         let deadline = ContinuousClock.now + timeout
-        while true {
+        while ContinuousClock.now < deadline {
             if let event = events.first(where: predicate) { return event }
-            guard ContinuousClock.now < deadline else { throw WaitTimeout(what: what, seen: events) }
             try await Task.sleep(for: .milliseconds(20))
         }
+        let found = events.first(where: predicate)
+        return try #require(found, "timed out waiting for \(what); events: \(events)")
     }
 }
 
-struct WaitTimeout: Error, CustomStringConvertible {
-    let what: String
-    let seen: [SSDPDiscoveryEvent]
-    var description: String { "timed out waiting for \(what); events: \(seen)" }
+/// The host a test asked for is not an IPv4 address.
+struct NotIPv4: Error, CustomStringConvertible {
+    let address: String
+    var description: String { "\(address) is not an IPv4 address" }
 }
 
 /// Polls `condition` until true or `timeout`.
 func eventually(timeout: Duration = .seconds(5), _ what: String, _ condition: () async -> Bool) async throws {
     let deadline = ContinuousClock.now + timeout
-    while !(await condition()) {
-        guard ContinuousClock.now < deadline else { throw WaitTimeout(what: what, seen: []) }
+    while ContinuousClock.now < deadline {
+        if await condition() { return }
         try await Task.sleep(for: .milliseconds(20))
     }
+    let held = await condition()
+    try #require(held, "timed out waiting for \(what)")
 }
 
 /// A free UDP port for a test's multicast group, so concurrent runs never hear each other.
 func freeUDPPort() throws -> Int {
     let channel = try DatagramBootstrap(group: MultiThreadedEventLoopGroup.singleton).bind(host: "127.0.0.1", port: 0).wait()
     defer { try? channel.close().wait() }
-    return channel.localAddress?.port ?? 0
+    return try #require(channel.localAddress?.port, "the bound UDP socket has no port")
 }
 
 /// A loopback configuration on a fresh port with short timers.
@@ -86,7 +89,7 @@ final class RawSSDPSocket: @unchecked Sendable {
             }
             .bind(host: host, port: 0).get()
         let interface = try SocketAddress(ipAddress: host, port: 0)
-        guard case .v4(let v4) = interface else { throw WaitTimeout(what: "IPv4", seen: []) }
+        guard case .v4(let v4) = interface else { throw NotIPv4(address: host) }
         try await (channel as! SocketOptionProvider).setIPMulticastIF(v4.address.sin_addr).get()
         group = try SocketAddress(ipAddress: "239.255.255.250", port: groupPort)
     }
