@@ -93,7 +93,7 @@ struct ReferenceTranscript {
         }
 
         try play(1)
-        let first = try #require(accepted.named("0"))
+        let first = try accepted.stream(named: "0")
         try play(2)
         #expect(first.recorder.receivedString == "hello")
         try play(3) { try first.channel.writeAndFlush(ByteBuffer(string: "world")).wait() }
@@ -101,7 +101,7 @@ struct ReferenceTranscript {
         try first.channel.closeFuture.wait()
         try play(5)
         try play(6)
-        let zero = try #require(accepted.named("0")), one = try #require(accepted.named("1"))
+        let zero = try accepted.stream(named: "0"), one = try accepted.stream(named: "1")
         #expect(zero.channel !== first.channel)
         try play(7) {
             try one.channel.triggerUserOutboundEvent(MultiplexerStreamReset(message: "boom")).wait()
@@ -109,7 +109,7 @@ struct ReferenceTranscript {
         try play(8)
         #expect(zero.recorder.errors.compactMap { $0 as? MultiplexerError } == [.streamReset(message: nil)])
         try play(9)
-        let named = try #require(accepted.named("named"))
+        let named = try accepted.stream(named: "named")
         try play(10)
         #expect(named.recorder.received == Array(repeating: 0x61, count: 300))
         try play(11)

@@ -1,6 +1,7 @@
 import Foundation
 import NIOCore
 import NIOEmbedded
+import Testing
 @testable import TCPMultiplexer
 
 /// Records what a stream channel's pipeline sees. Used from one event loop at a time.
@@ -53,8 +54,10 @@ final class AcceptedStreams: @unchecked Sendable {
     var all: [(channel: Channel, recorder: StreamRecorder)] { lock.withLock { _streams } }
     var count: Int { lock.withLock { _streams.count } }
 
-    func named(_ name: String) -> (channel: Channel, recorder: StreamRecorder)? {
-        all.last { ($0.channel as? MultiplexerStreamChannel)?.name == name }
+    /// The last accepted stream the peer opened with `name`; the test fails if there is none.
+    func stream(named name: String) throws -> (channel: Channel, recorder: StreamRecorder) {
+        let match = all.last { ($0.channel as? MultiplexerStreamChannel)?.name == name }
+        return try #require(match, "no accepted stream named \(name); accepted: \(count)")
     }
 
     var initializer: MultiplexerHandler.StreamInitializer {

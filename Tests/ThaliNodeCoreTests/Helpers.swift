@@ -1,4 +1,5 @@
 import Foundation
+import Testing
 import Logging
 import NIOCore
 import NIOPosix
@@ -109,7 +110,7 @@ func deliverOverTCP(_ pair: NodePair, limits: DeliveryLimits, cut: (Side, Int)? 
                 return try DeliveryChannel.configureSynchronously(child, limits: limits)
             }
         }
-    guard let port = server.channel.localAddress?.port else { throw ChannelError.unknownLocalAddress }
+    let port = try #require(server.channel.localAddress?.port, "the delivery listener has no port")
     let receiver = DeliveryReceiver(store: pair.bob, authenticatedPeer: pair.aliceAtBob, limits: limits, now: now,
                                     events: receiverEvents, logger: quietLogger)
     let sender = DeliverySender(store: pair.alice, authenticatedPeer: pair.bobAtAlice, limits: limits, now: now,

@@ -17,7 +17,7 @@ struct PeerPrivacyTests {
         for name in ["alice", "bob", "mallory"] {
             var configuration = PeerConfiguration(interfaceAddress: "127.0.0.1")
             configuration.ssdpPort = ssdpPort
-            let person = people[name]
+            let person = try people[name]
             peers.append(try ThaliPeer(store: person.store, identity: person.key, configuration: configuration,
                                        logger: quietLogger, events: { event in events.withLockedValue { $0.append((name, event)) } }))
         }

@@ -33,7 +33,7 @@ struct PeerRelayTests {
             var configuration = PeerConfiguration(interfaceAddress: "127.0.0.1")
             configuration.ssdpPort = ssdpPort
             configuration.appPort = appPort
-            let person = people[name]
+            let person = try people[name]
             peers.append(try ThaliPeer(store: person.store, identity: person.key, configuration: configuration,
                                        logger: quietLogger, events: { event in events.withLockedValue { $0.append((name, event)) } }))
         }

@@ -1,4 +1,5 @@
 import Foundation
+import Testing
 import ThaliBeacons
 @testable import ThaliNodeCore
 
@@ -29,7 +30,13 @@ final class TestPeople: @unchecked Sendable {
         }
     }
 
-    subscript(_ name: String) -> Person { people.first { $0.name == name }! }
+    /// The person called `name`; the test fails if there is none.
+    subscript(_ name: String) -> Person {
+        get throws {
+            let person = people.first { $0.name == name }
+            return try #require(person, "no test person named \(name)")
+        }
+    }
 
     /// What each inbox holds, as (sender name, item id) pairs, in arrival order.
     func inbox(of name: String) throws -> [(from: String, id: UUID)] {

@@ -18,7 +18,7 @@ struct RunCommandTests {
     @Test("two processes on loopback deliver each other's texts and a file, then stop cleanly on SIGTERM")
     func twoProcessesOnLoopback() async throws {
         let people = try TestPeople(["alice", "bob"], label: "run2")
-        let (alice, bob) = (people["alice"], people["bob"])
+        let (alice, bob) = (try people["alice"], try people["bob"])
         let expiry = Date().addingTimeInterval(600)
         let toBob = try alice.store.enqueueText("hello bob", to: "bob", expiresAt: expiry)
         let path = alice.home.path + "/notes.bin"
@@ -86,7 +86,7 @@ struct RunCommandTests {
     @Test("run with an unreadable configuration names the file and the problem")
     func unreadableConfiguration() async throws {
         let people = try TestPeople(["carol"], label: "run-config")
-        let home = people["carol"].home
+        let home = try people["carol"].home
         try Data("{ \"ssdpPort\": ".utf8).write(to: URL(fileURLWithPath: home.configurationPath))
         try await expectOneLineError(["run", "--home", home.path, "--address", "127.0.0.1"], containing: home.configurationPath)
         try Data("{ \"ssdpPrt\": 1900 }".utf8).write(to: URL(fileURLWithPath: home.configurationPath))
@@ -98,7 +98,7 @@ struct RunCommandTests {
         let people = try TestPeople(["dave"], label: "run-port")
         let holder = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton).bind(host: "127.0.0.1", port: 0).get()
         let port = try #require(holder.localAddress?.port)
-        try await expectOneLineError(["run", "--home", people["dave"].home.path, "--address", "127.0.0.1",
+        try await expectOneLineError(["run", "--home", try people["dave"].home.path, "--address", "127.0.0.1",
                                       "--ssdp-port", String(randomSSDPPort()), "--port", String(port)],
                                      containing: "port \(port) on 127.0.0.1 is in use by another process")
         try await holder.close()
@@ -107,7 +107,7 @@ struct RunCommandTests {
     @Test("run on a missing interface or an address no interface has says so")
     func noUsableInterface() async throws {
         let people = try TestPeople(["erin"], label: "run-if")
-        let home = people["erin"].home.path
+        let home = try people["erin"].home.path
         try await expectOneLineError(["run", "--home", home, "--interface", "nosuch0"],
                                      containing: "network interface \"nosuch0\" is missing, down or has no IPv4 address")
         try await expectOneLineError(["run", "--home", home, "--address", "192.0.2.77"],

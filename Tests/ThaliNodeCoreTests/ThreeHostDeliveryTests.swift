@@ -69,7 +69,7 @@ struct ThreeHostDeliveryTests {
     func threeHostsDeliverAndSurviveSIGKILL() async throws {
         let hosts = try ThreeHosts(prefix: "tnode\(getpid())")
         let people = try TestPeople(["alice", "bob", "carol"], label: "3h")
-        let (alice, bob, carol) = (people["alice"], people["bob"], people["carol"])
+        let (alice, bob, carol) = (try people["alice"], try people["bob"], try people["carol"])
         let expiry = Date().addingTimeInterval(600)
         func file(_ name: String, of person: TestPeople.Person, size: Int) throws -> (String, Data) {
             let path = person.home.path + "/" + name

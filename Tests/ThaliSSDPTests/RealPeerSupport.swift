@@ -1,4 +1,5 @@
 import Foundation
+import Testing
 import ThaliTestSupport
 
 /// The `thali-node` built beside the test bundle.
@@ -60,11 +61,10 @@ func discoverLines(_ child: ChildProcess) -> [[String: Any]] {
 func waitForLine(_ child: ChildProcess, timeout: Duration = .seconds(5), _ what: String,
                  _ predicate: ([String: Any]) -> Bool) async throws -> [String: Any] {
     let deadline = ContinuousClock.now + timeout
-    while true {
+    while ContinuousClock.now < deadline {
         if let line = discoverLines(child).first(where: predicate) { return line }
-        guard ContinuousClock.now < deadline else {
-            throw CommandFailure(command: "waiting for \(what)", output: child.output)
-        }
         try await Task.sleep(for: .milliseconds(20))
     }
+    let found = discoverLines(child).first(where: predicate)
+    return try #require(found, "timed out waiting for \(what); output:\n\(child.output)")
 }
