@@ -13,6 +13,7 @@ let package = Package(
         .library(name: "TCPMultiplexer", targets: ["TCPMultiplexer"]),
         .library(name: "ThaliBLEBinding", targets: ["ThaliBLEBinding"]),
         .library(name: "ThaliConformance", targets: ["ThaliConformance"]),
+        .library(name: "ThaliNodeCore", targets: ["ThaliNodeCore"]),
         .executable(name: "thali-node", targets: ["thali-node"]),
     ],
     dependencies: [
@@ -21,6 +22,9 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
         .package(url: "https://github.com/apple/swift-log.git", from: "1.16.2"),
         .package(url: "https://github.com/groue/GRDB.swift.git", from: "7.10.0"),
+        .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
+        // Documentation only (`swift package generate-documentation`); adds nothing to the products.
+        .package(url: "https://github.com/swiftlang/swift-docc-plugin.git", from: "1.5.0"),
     ],
     targets: [
         // MARK: C libraries (module map + pkg-config; static inline shims only where the C API uses macros)
@@ -100,6 +104,7 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "GRDB", package: "GRDB.swift"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ]),
         .executableTarget(
             name: "thali-node",
@@ -111,7 +116,37 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "UnixSignals", package: "swift-service-lifecycle"),
             ]),
+
+        // MARK: Examples (built and run by the tests so they cannot rot; each uses one module as an app would)
+        .executableTarget(name: "beacon-round-trip", dependencies: ["ThaliBeacons"], path: "Examples/BeaconRoundTrip"),
+        .executableTarget(
+            name: "psk-tls-echo",
+            dependencies: [
+                "ThaliPSKTLS",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+            ],
+            path: "Examples/PSKTLSEcho"),
+        .executableTarget(
+            name: "yamux-bridge",
+            dependencies: [
+                "TCPMultiplexer",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+            ],
+            path: "Examples/YamuxBridge"),
+        .executableTarget(
+            name: "embedded-peer",
+            dependencies: [
+                "ThaliNodeCore",
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "UnixSignals", package: "swift-service-lifecycle"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            path: "Examples/EmbeddedPeer"),
 
         // MARK: Tests (mirror Sources/<Module>)
         /// Helpers shared by the test targets: child processes of independent peers, package paths.
@@ -162,7 +197,11 @@ let package = Package(
             dependencies: [
                 "ThaliNodeCore", "ThaliBeacons", "TCPMultiplexer", "ThaliPSKTLS", "ThaliSSDP", "ThaliTestSupport",
                 .product(name: "NIOEmbedded", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ]),
+        /// Runs the examples (`Examples/`) as an app author would and checks what they print.
+        .testTarget(name: "ExamplesTests", dependencies: ["ThaliTestSupport"]),
     ],
     swiftLanguageModes: [.v6]
 )

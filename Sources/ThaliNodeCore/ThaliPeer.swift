@@ -14,8 +14,11 @@ import ThaliSSDP
 /// accepts on the same port that serves its beacons, names the contact from the PSK, and sends. In relay
 /// mode (``PeerConfiguration/appPort``) the authenticated streams go to a local app instead.
 ///
-/// `start()` then `stop()`; ``status()`` at any time. Items reach only the contact the TLS layer
-/// authenticated: each session is bound to the contact its PSK belongs to.
+/// `start()` then `stop()`, or ``run()`` under a swift-service-lifecycle `ServiceGroup`; ``status()`` at
+/// any time; ``events(bufferingNewest:)`` to follow what it does. Items reach only the contact the TLS
+/// layer authenticated: each session is bound to the contact its PSK belongs to.
+///
+/// See <doc:RunAPeerInYourApp> for an app embedding a peer.
 public final class ThaliPeer: Sendable {
     /// Errors of `start`.
     public enum StartError: Error, CustomStringConvertible {
@@ -63,6 +66,7 @@ public final class ThaliPeer: Sendable {
     let identity: PrivateKey
     let logger: Logger
     let emit: PeerEventHandler
+    let broadcaster = PeerEventBroadcaster()
     let group: MultiThreadedEventLoopGroup
     let generator: BeaconGenerator
     let receiver: BeaconReceiver
@@ -72,7 +76,9 @@ public final class ThaliPeer: Sendable {
     let state = NIOLockedValueBox(State())
     let discoveryBox = NIOLockedValueBox<SSDPDiscoveryService?>(nil)
 
-    /// A peer for the node whose store and identity are given; `events` receives everything it does.
+    /// A peer for the node whose store and identity are given; `events` receives everything it does,
+    /// synchronously on the peer's tasks and event loops (keep it short; or use
+    /// ``events(bufferingNewest:)``). Throws ``StartError/setup(_:)`` when TLS cannot be set up.
     public init(store: NodeStore, identity: PrivateKey, configuration: PeerConfiguration,
                 group: MultiThreadedEventLoopGroup = .singleton,
                 logger: Logger = Logger(label: "thali.node.peer"), events: @escaping PeerEventHandler = { _ in }) throws {
@@ -81,7 +87,11 @@ public final class ThaliPeer: Sendable {
         self.configuration = configuration
         self.group = group
         self.logger = logger
-        self.emit = events
+        let broadcaster = self.broadcaster
+        self.emit = { event in
+            events(event)
+            broadcaster.yield(event)
+        }
         generator = BeaconGenerator(identity: identity, profile: configuration.beaconProfile)
         receiver = BeaconReceiver(identity: identity, profile: configuration.beaconProfile)
         do {

@@ -16,9 +16,15 @@ extension PackagePaths {
     /// The `thali-node` executable built beside the test bundle (`swift build --build-tests` builds
     /// both), else the one in `.build/debug`; nil if neither exists. `filePath` is a test file's path.
     public static func thaliNode(from filePath: String = #filePath) -> String? {
+        builtExecutable("thali-node", from: filePath)
+    }
+
+    /// The executable product `name` of this package (`thali-node`, an example), built beside the test
+    /// bundle, else in `.build/debug`; nil if neither exists. `filePath` is a test file's path.
+    public static func builtExecutable(_ name: String, from filePath: String = #filePath) -> String? {
         let beside = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent()
-            .appendingPathComponent("thali-node").path
-        return [beside, root(from: filePath) + "/.build/debug/thali-node"]
+            .appendingPathComponent(name).path
+        return [beside, root(from: filePath) + "/.build/debug/" + name]
             .first { FileManager.default.isExecutableFile(atPath: $0) }
     }
 }

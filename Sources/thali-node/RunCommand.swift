@@ -2,6 +2,8 @@ import ArgumentParser
 import Foundation
 import Logging
 import NIOCore
+import ServiceLifecycle
+import UnixSignals
 import Synchronization
 import ThaliBeacons
 import ThaliNodeCore
@@ -91,36 +93,81 @@ struct Run: AsyncParsableCommand {
         let output = RunOutput(json: json)
         let peer = try ThaliPeer(store: store, identity: identity, configuration: configuration,
                                  logger: Logger(label: "thali.node"), events: { output.report($0) })
-        try await peer.start()
-
-        let stop = AsyncStream<String>.makeStream()
-        let signals = [SIGTERM, SIGINT].map { number -> DispatchSourceSignal in
-            signal(number, SIG_IGN)
-            let source = DispatchSource.makeSignalSource(signal: number)
-            source.setEventHandler { stop.continuation.yield(number == SIGTERM ? "SIGTERM" : "SIGINT") }
-            source.resume()
-            return source
+        // The peer runs as a swift-service-lifecycle service: SIGTERM and SIGINT shut the group down
+        // gracefully (byebye, connections closed); `--duration` does the same from a timer.
+        let reason = StopReason()
+        // Services shut down in reverse order: the signal's name is recorded last, once it surely arrived.
+        var services: [ServiceGroupConfiguration.ServiceConfiguration] = [
+            .init(service: SignalNamer(reason: reason), successTerminationBehavior: .ignore),
+            .init(service: peer),
+        ]
+        if statusInterval > 0 {
+            services.append(.init(service: StatusTicker(peer: peer, output: output, interval: statusInterval),
+                                  successTerminationBehavior: .ignore))
         }
-        defer { signals.forEach { $0.cancel() } }
         if let duration {
-            Task {
-                try? await Task.sleep(for: .seconds(duration))
-                stop.continuation.yield("duration")
-            }
+            services.append(.init(service: DurationLimit(seconds: duration, reason: reason),
+                                  successTerminationBehavior: .gracefullyShutdownGroup))
         }
-        let statusTask: Task<Void, Never>? = statusInterval > 0 ? Task { [statusInterval] in
-            while !Task.isCancelled {
-                try? await Task.sleep(for: .seconds(statusInterval))
-                if Task.isCancelled { break }
+        var group = ServiceGroupConfiguration(services: services, logger: Logger(label: "thali.node.lifecycle"))
+        group.gracefulShutdownSignals = [.sigterm, .sigint]
+        try await ServiceGroup(configuration: group).run()
+        output.status(await peer.status())
+        let stopReason = reason.value ?? "end"
+        output.line(["event": "stopped", "reason": stopReason], text: "stopped (\(stopReason))")
+    }
+}
+
+/// Why `run` stopped: the signal's name, or `duration`; the first one set wins.
+final class StopReason: Sendable {
+    private let reason = Mutex<String?>(nil)
+    var value: String? { reason.withLock { $0 } }
+    func set(_ value: String) { reason.withLock { if $0 == nil { $0 = value } } }
+}
+
+/// Names the signal that stops the peer (the `ServiceGroup` itself handles it: graceful shutdown).
+struct SignalNamer: Service {
+    let reason: StopReason
+
+    func run() async throws {
+        let signals = await UnixSignalsSequence(trapping: .sigterm, .sigint)
+        // Keeps listening until its own turn to shut down: a service that ends early during a graceful
+        // shutdown is an error to the group.
+        for await signal in signals.cancelOnGracefulShutdown() {
+            reason.set(signal == .sigterm ? "SIGTERM" : "SIGINT")
+        }
+    }
+}
+
+/// `--status-interval`: prints the peer's status periodically until shutdown.
+struct StatusTicker: Service {
+    let peer: ThaliPeer
+    let output: RunOutput
+    let interval: Double
+
+    func run() async throws {
+        // Ends quietly on shutdown: the final status is printed once the peer stopped.
+        try? await cancelWhenGracefulShutdown { [peer, output, interval] in
+            while true {
+                try await Task.sleep(for: .seconds(interval))
                 output.status(await peer.status())
             }
-        } : nil
-        var reasons = stop.stream.makeAsyncIterator()
-        let reason = await reasons.next() ?? "end"
-        statusTask?.cancel()
-        output.status(await peer.status())
-        await peer.stop()
-        output.line(["event": "stopped", "reason": reason], text: "stopped (\(reason))")
+        }
+    }
+}
+
+/// `--duration`: returns after the given time, which shuts the group down gracefully.
+struct DurationLimit: Service {
+    let seconds: Double
+    let reason: StopReason
+
+    func run() async throws {
+        // Returns early on graceful shutdown (a signal came first): then the signal names the reason.
+        let elapsed = (try? await cancelWhenGracefulShutdown { [seconds] in
+            try await Task.sleep(for: .seconds(seconds))
+            return true
+        }) ?? false
+        if elapsed { reason.set("duration") }
     }
 }
 

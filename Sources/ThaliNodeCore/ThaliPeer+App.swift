@@ -1,0 +1,98 @@
+import Foundation
+import NIOPosix
+import ServiceLifecycle
+
+/// The peer as an app holds it: a swift-service-lifecycle `Service`, a stream of events, and async
+/// methods to queue items and read the inbox. They run the store's blocking work on a thread pool, so an
+/// app may call them from any task.
+extension ThaliPeer: Service {
+    /// Starts the peer, keeps it running until graceful shutdown (`ServiceGroup`'s signals, or
+    /// `triggerGracefulShutdown()`) or cancellation, then stops it: byebye, connections closed, tasks ended.
+    /// Throws what ``start()`` throws; a peer that failed to start is stopped before the error returns.
+    public func run() async throws {
+        do {
+            try await start()
+        } catch {
+            await stop()
+            throw error
+        }
+        // Returns on graceful shutdown; throws CancellationError when the task is cancelled. Both end the peer.
+        try? await gracefulShutdown()
+        await stop()
+    }
+}
+
+extension ThaliPeer {
+    /// This node's public key as its contacts add it (compressed SEC1, lowercase hex).
+    public var publicKey: String { identity.publicKey.hexString(compressed: true) }
+
+    /// The default number of unread events an ``events(bufferingNewest:)`` stream keeps.
+    public static let defaultEventBuffer = 1024
+
+    /// A stream of everything the peer does from now on (``PeerEvent``); it ends after
+    /// ``PeerEvent/stopped``. Subscribe before ``start()`` to see ``PeerEvent/started(location:)``. A
+    /// subscriber that reads too slowly loses its oldest unread events beyond `limit`, never slows the peer.
+    /// Several subscribers may follow one peer.
+    public func events(bufferingNewest limit: Int = ThaliPeer.defaultEventBuffer) -> AsyncStream<PeerEvent> {
+        broadcaster.subscribe(bufferingNewest: limit)
+    }
+
+    /// Adds a contact (validated as ``NodeStore/addContact(name:publicKey:ownKey:now:)`` does) and
+    /// teaches the running peer its key at once.
+    @discardableResult
+    public func addContact(name: String, publicKey: String) async throws -> Contact {
+        let contact = try await blocking { [store, identity] in
+            try store.addContact(name: name, publicKey: publicKey, ownKey: identity.publicKey)
+        }
+        try await blocking { [self] in try refreshAddressBook() }
+        return contact
+    }
+
+    /// Queues `text` for the contact named `contact`, to be dropped if not delivered within `expiresIn`,
+    /// and announces it at once when the peer runs.
+    @discardableResult
+    public func send(text: String, to contact: String, expiresIn: Duration = .seconds(86_400)) async throws -> OutboxItem {
+        let item = try await blocking { [store] in
+            try store.enqueueText(text, to: contact, expiresAt: Date().addingTimeInterval(expiresIn.timeInterval))
+        }
+        try await announceIfRunning()
+        return item
+    }
+
+    /// Queues a copy of the file at `path` for the contact named `contact` (see
+    /// ``NodeStore/enqueueFile(at:to:expiresAt:id:now:)``) and announces it at once when the peer runs.
+    @discardableResult
+    public func send(fileAt path: String, to contact: String, expiresIn: Duration = .seconds(86_400)) async throws -> OutboxItem {
+        let item = try await blocking { [store] in
+            try store.enqueueFile(at: path, to: contact, expiresAt: Date().addingTimeInterval(expiresIn.timeInterval))
+        }
+        try await announceIfRunning()
+        return item
+    }
+
+    /// What the node received, oldest first.
+    public func inbox() async throws -> [InboxItem] {
+        try await blocking { [store] in try store.inbox() }
+    }
+
+    /// What waits for delivery, oldest first.
+    public func outbox() async throws -> [OutboxItem] {
+        try await blocking { [store] in try store.outbox() }
+    }
+
+    private func announceIfRunning() async throws {
+        guard discovery != nil, !isStopped else { return }
+        try await refreshAdvertisement()
+    }
+
+    private func blocking<Result: Sendable>(_ body: @escaping @Sendable () throws -> Result) async throws -> Result {
+        try await NIOThreadPool.singleton.runIfActive(body)
+    }
+}
+
+extension Duration {
+    /// Seconds as a `TimeInterval`.
+    var timeInterval: TimeInterval {
+        Double(components.seconds) + Double(components.attoseconds) / 1e18
+    }
+}

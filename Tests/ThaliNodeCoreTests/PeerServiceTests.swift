@@ -1,0 +1,102 @@
+import Foundation
+import Logging
+import NIOPosix
+import ServiceLifecycle
+import Testing
+import ThaliBeacons
+@testable import ThaliNodeCore
+
+/// The peer as an app embeds it: a swift-service-lifecycle `Service`, an `AsyncSequence` of events,
+/// async methods to queue items and read the inbox. Real peers on loopback, real SQLite stores.
+@Suite("ThaliPeer as an embedded service", .serialized)
+struct PeerServiceTests {
+    private func peer(_ person: TestPeople.Person, ssdpPort: Int, port: Int = 0) throws -> ThaliPeer {
+        var configuration = PeerConfiguration(interfaceAddress: "127.0.0.1")
+        configuration.ssdpPort = ssdpPort
+        configuration.port = port
+        return try ThaliPeer(store: person.store, identity: person.key, configuration: configuration, logger: quietLogger)
+    }
+
+    @Test("two peers under a ServiceGroup deliver a queued text; the event stream sees it and ends with stopped")
+    func deliveryUnderServiceGroup() async throws {
+        let people = try TestPeople(["alice", "bob"], label: "service")
+        let ssdpPort = randomSSDPPort()
+        let alice = try peer(people["alice"], ssdpPort: ssdpPort)
+        let bob = try peer(people["bob"], ssdpPort: ssdpPort)
+        let bobsEvents = bob.events()
+        let alicesEvents = alice.events()
+        let group = ServiceGroup(configuration: ServiceGroupConfiguration(
+            services: [.init(service: alice), .init(service: bob)], logger: quietLogger))
+        let running = Task { try await group.run() }
+
+        let item = try await alice.send(text: "through the service", to: "bob")
+        #expect(try await alice.outbox().map(\.id) == [item.id])
+        var receivedID: UUID?
+        var sawStarted = false
+        for await event in bobsEvents {
+            if case .started = event { sawStarted = true }
+            if case .delivery(let contact, .received(let received)) = event {
+                #expect(contact == "alice")
+                receivedID = received.itemID
+                break
+            }
+        }
+        #expect(sawStarted, "a subscription made before start sees started")
+        #expect(receivedID == item.id)
+        #expect(try await bob.inbox().map(\.text) == ["through the service"])
+
+        await group.triggerGracefulShutdown()
+        try await running.value
+        // Alice's stream ends after stopped (it is finite), and stopped is its last element.
+        var aliceLog: [PeerEvent] = []
+        for await event in alicesEvents { aliceLog.append(event) }
+        #expect(aliceLog.last == .stopped)
+        #expect(aliceLog.contains { if case .delivery(_, .delivered(item.id, _)) = $0 { true } else { false } })
+        // A subscription after the stop ends at once.
+        var late = alice.events().makeAsyncIterator()
+        #expect(await late.next() == nil)
+    }
+
+    @Test("run() stops the peer and rethrows when it cannot start (port in use)")
+    func runRethrowsStartFailures() async throws {
+        let people = try TestPeople(["alice"], label: "service-port")
+        let taken = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+            .bind(host: "127.0.0.1", port: 0).get()
+        defer { taken.close(promise: nil) }
+        let port = try #require(taken.localAddress?.port)
+        let alice = try peer(people["alice"], ssdpPort: randomSSDPPort(), port: port)
+        let events = alice.events()
+        await #expect(throws: NodeError.portInUse(host: "127.0.0.1", port: port)) { try await alice.run() }
+        var log: [PeerEvent] = []
+        for await event in events { log.append(event) }
+        #expect(log == [.stopped], "a failed start ends with stopped and nothing else")
+    }
+
+    @Test("a subscriber that never reads keeps only its newest events and never slows the peer")
+    func slowSubscriberLosesOldestEvents() async throws {
+        let people = try TestPeople(["alice", "bob"], label: "service-slow")
+        let alice = try peer(people["alice"], ssdpPort: randomSSDPPort())
+        let unread = alice.events(bufferingNewest: 2)
+        let complete = alice.events()
+        try await alice.start()
+        _ = try await alice.send(text: "one", to: "bob")
+        _ = try await alice.addContact(name: "carol", publicKey: PrivateKey().publicKey.hexString(compressed: true))
+        _ = try await alice.send(text: "two", to: "carol")
+        await alice.stop()
+        var everything: [PeerEvent] = []
+        for await event in complete { everything.append(event) }
+        var newest: [PeerEvent] = []
+        for await event in unread { newest.append(event) }
+        #expect(everything.count > 2, "started, advertising twice, stopped: \(everything)")
+        #expect(newest == Array(everything.suffix(2)))
+    }
+
+    @Test("send and addContact through the peer validate as the store does")
+    func appMethodsValidate() async throws {
+        let people = try TestPeople(["alice"], label: "service-validate")
+        let alice = try peer(people["alice"], ssdpPort: randomSSDPPort())
+        await #expect(throws: NodeError.unknownContact("nobody")) { try await alice.send(text: "x", to: "nobody") }
+        await #expect(throws: NodeError.self) { try await alice.addContact(name: "self", publicKey: alice.publicKey) }
+        #expect(try await alice.outbox().isEmpty)
+    }
+}
