@@ -37,7 +37,7 @@ public struct MultiplexerConfiguration: Sendable {
 
     /// The largest frame payload accepted from the peer and the largest one sent. For yamux data frames
     /// the receive window bounds a frame anyway; this caps `thali-multiplex` frames, whose length comes
-    /// from the peer. Default 1 MiB (``ThaliMultiplexFrame/defaultMaxPayloadLength``).
+    /// from the peer. Default 1 MiB (``ThaliMultiplexFrameDecoder/defaultMaxPayloadLength``).
     public var maxFrameSize: Int = 1 << 20
 
     /// The payload size of the data frames this end sends: big frames mean fewer headers and syscalls,

@@ -6,7 +6,7 @@ public enum MultiplexerError: Error, Hashable, Sendable, CustomStringConvertible
     case unknownFrameType(UInt8)
     /// `thali-multiplex` header with a flag value above 6.
     case unknownFlag(UInt64)
-    /// A varint longer than ``ThaliMultiplexFrame/maxVarintLength`` bytes or overflowing 64 bits.
+    /// A varint longer than ``ThaliMultiplexHeader/maxVarintLength`` bytes or overflowing 64 bits.
     case varintTooLong
     /// A frame whose payload length passes the configured maximum.
     case frameTooLarge(length: UInt64, limit: Int)

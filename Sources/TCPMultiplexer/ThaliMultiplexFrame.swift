@@ -31,7 +31,16 @@ public struct ThaliMultiplexHeader: Hashable, Sendable {
         }
 
         /// The frame kinds, independent of side.
-        public enum Kind: Sendable { case open, message, close, reset }
+        public enum Kind: Sendable {
+            /// Opens a stream (its payload is the stream's name).
+            case open
+            /// Carries stream data.
+            case message
+            /// Half-closes the sender's direction.
+            case close
+            /// Aborts the stream in both directions.
+            case reset
+        }
 
         /// The frame kind, independent of side.
         public var kind: Kind {

@@ -77,7 +77,9 @@ public enum AdvertisingData {
 
     /// Parses a payload into its AD structures, strictly: every length must fit, a zero length octet ends
     /// the significant part and must be followed only by zeros, Flags must hold one octet and appear once.
-    /// - Parameter maximumLength: the longest payload accepted (31 for legacy advertising).
+    /// - Parameters:
+    ///   - bytes: the AdvData payload as received.
+    ///   - maximumLength: the longest payload accepted (31 for legacy advertising).
     public static func parse(_ bytes: some Collection<UInt8>, maximumLength: Int = legacyMaximumLength)
         throws(AdvertisingDataError) -> [ADStructure]
     {

@@ -207,6 +207,7 @@ public struct DeliveryFrameDecoder: ByteToMessageDecoder {
 
 /// Serialises ``DeliveryFrame``s onto the byte stream.
 public struct DeliveryFrameEncoder: MessageToByteEncoder {
+    /// The frames to encode.
     public typealias OutboundIn = DeliveryFrame
 
     /// Creates an encoder.

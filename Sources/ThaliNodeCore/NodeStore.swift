@@ -418,6 +418,7 @@ public final class NodeStore: Sendable {
     }
 }
 
+/// The store's time unit.
 extension Date {
     /// Milliseconds since the epoch.
     var milliseconds: Int64 { Int64((timeIntervalSince1970 * 1000).rounded(.down)) }

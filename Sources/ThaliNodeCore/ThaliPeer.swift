@@ -18,7 +18,7 @@ import ThaliSSDP
 /// any time; ``events(bufferingNewest:)`` to follow what it does. Items reach only the contact the TLS
 /// layer authenticated: each session is bound to the contact its PSK belongs to.
 ///
-/// See <doc:RunAPeerInYourApp> for an app embedding a peer.
+/// See <doc:RunningAPeerInYourApp> for an app embedding a peer.
 public final class ThaliPeer: Sendable {
     /// Errors of `start`.
     public enum StartError: Error, CustomStringConvertible {

@@ -5,8 +5,11 @@ import NIOCore
 /// TLS 1.2 has no negotiation of finite-field groups in OpenSSL 3.0, so the server picks one and the
 /// client accepts any group of at least 2048 bits. Nothing smaller exists here on purpose.
 public enum DHGroup: String, CaseIterable, Hashable, Sendable {
+    /// RFC 7919 ffdhe2048: the spec's minimum, the cheapest handshake.
     case ffdhe2048
+    /// RFC 7919 ffdhe3072: about 128-bit security, the module's default.
     case ffdhe3072
+    /// RFC 7919 ffdhe4096: the largest group offered.
     case ffdhe4096
 
     /// The size of the group's prime in bits.
@@ -88,7 +91,9 @@ public struct PSKTLSConfiguration: Sendable {
 
 /// The side of a TLS connection.
 public enum PSKTLSRole: String, Hashable, Sendable {
+    /// The side that connects and presents a PSK identity.
     case client
+    /// The side that accepts and looks the PSK up by the identity.
     case server
 }
 

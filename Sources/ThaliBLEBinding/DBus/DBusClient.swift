@@ -55,8 +55,10 @@ public final class DBusClient: Sendable {
     public var defaultTimeout: Duration { loop.defaultTimeout }
 
     /// Connects to the bus at `address` (for example `unix:path=/tmp/bus`) and registers on it.
-    /// - Parameter defaultTimeout: the longest any call waits for its reply (also bounds the
-    ///   registration itself).
+    /// - Parameters:
+    ///   - address: the D-Bus address of the bus.
+    ///   - defaultTimeout: the longest any call waits for its reply (also bounds the
+    ///     registration itself).
     public init(address: String, defaultTimeout: Duration = .seconds(5)) throws(DBusClientError) {
         loop = try DBusConnectionLoop(address: address, defaultTimeout: defaultTimeout)
     }
