@@ -7,5 +7,7 @@ export THALI_TEST_VENV="$PWD/.venv-test"
 # Every peer is installed now: a test that cannot find one fails instead of skipping.
 export THALI_REQUIRE_PEERS=1
 swift build --build-tests
+# DocC for every library module: no warnings, every public symbol documented.
+scripts/docs.sh
 # Serially: on 2 cores, bulk-transfer suites would starve the timing-bound discovery tests.
 swift test --skip-build --no-parallel "$@"
