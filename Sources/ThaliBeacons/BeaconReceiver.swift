@@ -1,7 +1,7 @@
 /// Reads announcements and finds the beacon addressed to us, if any.
 ///
 /// Checks, in order: length (`malformed`), ephemeral key (`invalid-key`), expiration (`expired`,
-/// `too-far-in-future`), replay of the ephemeral key (`replayed`), then one ECDH (Sey) and a scan of
+/// `too-far-in-future`), replay of the ephemeral key from the same origin (`replayed`), then one ECDH (Sey) and a scan of
 /// the beacons (`no-match` if none is ours from a known contact). Every check before the ECDH is
 /// cheap, and a stream carries at most `BeaconLimits.maximumBeaconsPerAnnouncement` beacons, so the
 /// cost of any input is bounded. Thread-safe.
@@ -58,15 +58,22 @@ public final class BeaconReceiver: Sendable {
         }
     }
 
-    /// Parses `stream` at the receiver's clock's current time.
-    public func receive(_ stream: [UInt8]) throws(BeaconRejection) -> BeaconMatch {
-        try receive(stream, now: clock.now())
+    /// Parses `stream`, fetched from `origin`, at the receiver's clock's current time.
+    ///
+    /// `origin` is where the stream came from (the SSDP `LOCATION` it was fetched at, a Bluetooth
+    /// address): the replay cache is keyed by origin and ephemeral key, because nothing before the TLS
+    /// handshake authenticates a location. Anyone can re-serve a peer's announcement; keyed by key alone,
+    /// a copy fetched first would make the genuine announcement `replayed`. Keyed by origin, a copy only
+    /// burns its own origin's entry, and the genuine announcement still matches where it really is.
+    /// Callers with a single source may leave it empty.
+    public func receive(_ stream: [UInt8], from origin: String = "") throws(BeaconRejection) -> BeaconMatch {
+        try receive(stream, from: origin, now: clock.now())
     }
 
-    /// Parses `stream` as if the time were `now` (milliseconds since the epoch).
-    public func receive(_ stream: [UInt8], now: UInt64) throws(BeaconRejection) -> BeaconMatch {
+    /// Parses `stream`, fetched from `origin`, as if the time were `now` (milliseconds since the epoch).
+    public func receive(_ stream: [UInt8], from origin: String = "", now: UInt64) throws(BeaconRejection) -> BeaconMatch {
         do throws(BeaconRejection) {
-            let match = try scan(stream, now: now)
+            let match = try scan(stream, origin: origin, now: now)
             state.withLock { $0.statistics.matches += 1 }
             return match
         } catch {
@@ -75,7 +82,7 @@ public final class BeaconReceiver: Sendable {
         }
     }
 
-    private func scan(_ stream: [UInt8], now: UInt64) throws(BeaconRejection) -> BeaconMatch {
+    private func scan(_ stream: [UInt8], origin: String, now: UInt64) throws(BeaconRejection) -> BeaconMatch {
         let preambleLength = profile.preambleLength
         let beaconBytes = stream.count - preambleLength
         guard beaconBytes >= BeaconWire.beaconLength, beaconBytes % BeaconWire.beaconLength == 0 else {
@@ -100,9 +107,10 @@ public final class BeaconReceiver: Sendable {
             throw BeaconRejection(.tooFarInFuture, "expires at \(expiration) ms, more than 24 h after now (\(now) ms)")
         }
 
-        let fresh = state.withLock { $0.replayCache.insert(ephemeralKey.uncompressed, expiration: expiration, now: now) }
+        let replayKey = ReplayCache.Key(origin: origin, ephemeralKey: ephemeralKey.uncompressed)
+        let fresh = state.withLock { $0.replayCache.insert(replayKey, expiration: expiration, now: now) }
         guard fresh else {
-            throw BeaconRejection(.replayed, "ephemeral key seen before in an announcement that has not expired")
+            throw BeaconRejection(.replayed, "ephemeral key seen before from this origin in an announcement that has not expired")
         }
 
         let flagKey = profile.flagKey(sey: identity.sharedSecret(with: ephemeralKey), expiration: expirationBytes)

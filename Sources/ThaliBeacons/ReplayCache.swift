@@ -1,9 +1,15 @@
-/// The ephemeral keys a receiver has accepted for scanning, each kept until its announcement
-/// expires. Bounded: when full, expired entries are dropped first, then the one expiring soonest
+/// The (origin, ephemeral key) pairs a receiver has accepted for scanning, each kept until its
+/// announcement expires. Bounded: when full, expired entries are dropped first, then the one expiring soonest
 /// (the presence spec allows purging for space). Not thread-safe; the receiver locks it.
 struct ReplayCache {
+    /// What one entry remembers: an ephemeral key, seen from one origin.
+    struct Key: Hashable {
+        var origin: String
+        var ephemeralKey: [UInt8]
+    }
+
     let capacity: Int
-    private var expirations: [[UInt8]: UInt64] = [:]
+    private var expirations: [Key: UInt64] = [:]
     /// Entries dropped while still unexpired because the cache was full.
     private(set) var evictions = 0
 
@@ -12,7 +18,7 @@ struct ReplayCache {
     var count: Int { expirations.count }
 
     /// Records `key`; returns `false` if it was already recorded and has not expired at `now`.
-    mutating func insert(_ key: [UInt8], expiration: UInt64, now: UInt64) -> Bool {
+    mutating func insert(_ key: Key, expiration: UInt64, now: UInt64) -> Bool {
         if let known = expirations[key], known >= now { return false }
         guard capacity > 0 else { return true }
         if expirations.count >= capacity {

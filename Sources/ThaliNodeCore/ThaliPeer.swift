@@ -258,7 +258,8 @@ public final class ThaliPeer: Sendable {
     private func beaconsFetched(from peer: SSDPPeer, _ bytes: [UInt8]) {
         let match: BeaconMatch
         do throws(BeaconRejection) {
-            match = try receiver.receive(bytes)
+            // Keyed by origin: a copy re-served from elsewhere cannot make the genuine announcement a replay.
+            match = try receiver.receive(bytes, from: peer.location.description)
         } catch {
             logger.debug("beacons not for us", metadata: ["location": "\(peer.location)", "reason": "\(error.reason.rawValue)"])
             return

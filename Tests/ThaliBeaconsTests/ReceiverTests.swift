@@ -108,6 +108,28 @@ func reason(_ body: () throws(BeaconRejection) -> BeaconMatch) -> BeaconRejectio
         #expect(reason { () throws(BeaconRejection) in try receiver.receive(announcement.stream) } == .expired)
     }
 
+    @Test("a copy re-served from another origin first cannot make the genuine announcement a replay")
+    func replayIsKeyedByOrigin() throws {
+        let clock = TestClock(start)
+        let me = PrivateKey()
+        let alice = PrivateKey()
+        let receiver = BeaconReceiver(identity: me, clock: clock.beaconClock)
+        try receiver.addressBook.add(alice.publicKey)
+        let announcement = try BeaconGenerator(identity: alice, clock: clock.beaconClock)
+            .makeAnnouncement(for: [me.publicKey], validity: .seconds(10))
+        let attacker = "http://192.0.2.66:4000/NotificationBeacons"
+        let genuine = "http://192.0.2.10:5000/NotificationBeacons"
+        // The attacker fetched Alice's announcement and serves it from its own address, and is heard first.
+        let copied = try receiver.receive(announcement.stream, from: attacker)
+        #expect(copied.sender == alice.publicKey)
+        #expect(reason { () throws(BeaconRejection) in try receiver.receive(announcement.stream, from: attacker) } == .replayed)
+        // Alice's own location still matches: the copy burned only the attacker's entry.
+        let match = try receiver.receive(announcement.stream, from: genuine)
+        #expect(match.pskIdentity == copied.pskIdentity)
+        #expect(reason { () throws(BeaconRejection) in try receiver.receive(announcement.stream, from: genuine) } == .replayed)
+        #expect(receiver.statistics.replayCacheCount == 2)
+    }
+
     @Test func replayCacheIsBoundedAndDropsExpiredFirst() throws {
         let clock = TestClock(start)
         let me = PrivateKey()
