@@ -60,6 +60,9 @@ public struct PeerConfiguration: Sendable {
         limits.maxRequestsPerSource = 30
         return limits
     }()
+    /// SSDP discovery's limits (flood threshold, peer cap, cooldowns); a limit that fires is reported as
+    /// ``PeerEvent/limitTriggered(kind:effect:)`` and counted in ``PeerStatus/limitsTriggered``.
+    public var discoveryLimits = SSDPDiscoveryLimits()
     /// Testing and demonstration aid: caps the bytes per second a delivery sender writes on each
     /// stream (nil: no cap), so that a transfer takes long enough to be watched or interrupted.
     public var sendThrottleBytesPerSecond: Int?

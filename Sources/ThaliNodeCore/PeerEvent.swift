@@ -30,6 +30,10 @@ public enum PeerEvent: Sendable, Hashable {
     case delivery(contact: String, DeliveryEvent)
     /// A delivery session ended (`error` nil: it completed).
     case sessionEnded(contact: String, role: Role, error: String?)
+    /// A DoS limit fired (`kind`: `announcementFlood`, `peerCap`, `unicastFailure`, `httpOverload`) and
+    /// this peer switched something off for a while; `effect` says what, for how long, and that it is the
+    /// last resort of that limit.
+    case limitTriggered(kind: String, effect: String)
     /// Relay mode: connections to this local port reach the contact's app.
     case relayListening(contact: String, port: Int)
     /// The peer stopped.

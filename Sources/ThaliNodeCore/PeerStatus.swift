@@ -26,4 +26,6 @@ public struct PeerStatus: Sendable, Hashable, Codable {
     public var inboxCount: Int
     /// Items waiting in the outbox.
     public var outboxCount: Int
+    /// How often each DoS limit fired since the peer started, by kind (see ``PeerEvent/limitTriggered(kind:effect:)``).
+    public var limitsTriggered: [String: Int] = [:]
 }

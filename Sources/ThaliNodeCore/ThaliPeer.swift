@@ -54,6 +54,7 @@ public final class ThaliPeer: Sendable {
         var peersSeen: Set<String> = []
         var links: [String: Link] = [:]
         var sessionsInFlight = 0
+        var limitsTriggered: [String: Int] = [:]
         var stopped = false
         var tasks: [UUID: Task<Void, Never>] = [:]
         var channels: [ObjectIdentifier: Channel] = [:]
@@ -116,6 +117,7 @@ public final class ThaliPeer: Sendable {
         ssdp.maxAge = configuration.maxAge
         ssdp.foregroundAliveInterval = configuration.aliveInterval
         ssdp.serverLimits = configuration.serverLimits
+        ssdp.limits = configuration.discoveryLimits
         ssdp.secureConnectionInitializer = { [weak self] channel in
             guard let self else { return channel.close() }
             return self.acceptSecureConnection(channel)
@@ -217,7 +219,8 @@ public final class ThaliPeer: Sendable {
                            PeerStatus.ContactState(name: $0.contact.name, state: $0.state, location: $0.location,
                                                    relayPort: $0.relayPort)
                        }.sorted { $0.name < $1.name },
-                       sessionsInFlight: state.sessionsInFlight, inboxCount: inbox, outboxCount: outbox)
+                       sessionsInFlight: state.sessionsInFlight, inboxCount: inbox, outboxCount: outbox,
+                       limitsTriggered: state.limitsTriggered)
         }
     }
 
@@ -233,8 +236,27 @@ public final class ThaliPeer: Sendable {
             let location = peer.location.description
             let known = state.withLockedValue { $0.peersSeen.remove(location) != nil }
             if known { emit(.peerLeft(location: location, reason: reason.rawValue)) }
-        case .changed, .beaconsFetched, .beaconFetchFailed, .limitTriggered:
+        case .limitTriggered(let kind):
+            state.withLockedValue { $0.limitsTriggered[kind.rawValue, default: 0] += 1 }
+            emit(.limitTriggered(kind: kind.rawValue, effect: effect(of: kind)))
+        case .changed, .beaconsFetched, .beaconFetchFailed:
             break
+        }
+    }
+
+    /// What a fired limit switched off, in words for the event; each is that limit's last resort.
+    private func effect(of kind: SSDPDiscoveryEvent.LimitKind) -> String {
+        let limits = configuration.discoveryLimits
+        func seconds(_ amount: TimeAmount) -> String { "\(amount.nanoseconds / 1_000_000_000) s" }
+        switch kind {
+        case .announcementFlood:
+            return "SSDP discovery off for \(seconds(limits.discoveryCooldown)) (last resort: more than \(limits.maxDatagramsPerWindow) datagrams per \(seconds(limits.floodWindow)))"
+        case .peerCap:
+            return "SSDP discovery off for \(seconds(limits.discoveryCooldown)) (last resort: more than \(limits.maxTrackedPeers) peers tracked)"
+        case .unicastFailure:
+            return "announcing paused for \(seconds(limits.unicastFailurePause)) (last resort: \(limits.unicastFailureThreshold) unicast failures)"
+        case .httpOverload:
+            return "beacon and PSK-TLS port closed and announcing paused for \(seconds(configuration.serverLimits.overloadClosePeriod)) (last resort: the port's global connection budget ran out)"
         }
     }
 

@@ -203,10 +203,12 @@ final class RunOutput: Sendable {
         let summary = status.contacts.map { "\($0.name) \($0.state)" + ($0.relayPort.map { " (relay port \($0))" } ?? "") }
         line(["event": "status", "location": status.location, "advertising_for": status.advertisingFor,
               "peers_seen": status.peersSeen, "contacts": contacts, "sessions_in_flight": status.sessionsInFlight,
-              "inbox": status.inboxCount, "outbox": status.outboxCount],
+              "inbox": status.inboxCount, "outbox": status.outboxCount, "limits_triggered": status.limitsTriggered],
              text: "status: \(status.peersSeen.count) peer(s) seen; advertising for [\(status.advertisingFor.joined(separator: ", "))]; "
                 + "contacts [\(summary.joined(separator: ", "))]; \(status.sessionsInFlight) session(s) in flight; "
-                + "inbox \(status.inboxCount), outbox \(status.outboxCount)")
+                + "inbox \(status.inboxCount), outbox \(status.outboxCount)"
+                + (status.limitsTriggered.isEmpty ? "" : "; limits fired: "
+                    + status.limitsTriggered.sorted { $0.key < $1.key }.map { "\($0.key) ×\($0.value)" }.joined(separator: ", ")))
     }
 
     func report(_ event: PeerEvent) {
@@ -239,6 +241,8 @@ final class RunOutput: Sendable {
             var object: [String: Any] = ["event": "session_ended", "contact": contact, "role": role.rawValue]
             if let error { object["error"] = error }
             line(object, text: "session with \(contact) ended" + (error.map { ": \($0)" } ?? ""))
+        case .limitTriggered(let kind, let effect):
+            line(["event": "limit_triggered", "kind": kind, "effect": effect], text: "limit \(kind) fired: \(effect)")
         case .relayListening(let contact, let port):
             line(["event": "relay_listening", "contact": contact, "port": port],
                  text: "relay: connections to 127.0.0.1:\(port) reach \(contact)'s app")
