@@ -47,7 +47,10 @@ extension ThaliPeer {
                 setLinkState(contact, "idle")
             } catch {
                 let nowMs = UInt64(Date().timeIntervalSince1970 * 1000)
+                // unknown_psk_identity: the peer at that location no longer holds (or never held) this
+                // beacon's PSK; retrying cannot help (spec/psk-tls.md), only a new announcement can.
                 let canRetry = attempt < configuration.retry.maxAttempts && target.match.expiration > nowMs
+                    && !Self.isUnknownIdentity(error)
                 let delay = canRetry ? configuration.retry.delay(after: attempt) : nil
                 emit(.connectionFailed(contact: contact.name, reason: "\(error)", retryIn: delay))
                 guard let delay else {
@@ -60,6 +63,11 @@ extension ThaliPeer {
             }
         }
         _ = finishLink(contact, state: "idle", force: true)
+    }
+
+    /// Whether `error` is the server's `unknown_psk_identity` alert.
+    static func isUnknownIdentity(_ error: any Error) -> Bool {
+        (error as? PSKTLSError)?.reason == .alertReceived(.unknownPSKIdentity)
     }
 
     /// Waits `delay`, or less if a newer match for `contact` arrives (the contact restarted, or moved).

@@ -1,4 +1,9 @@
 import Foundation
+import NIOCore
+import NIOPosix
+import ThaliBeacons
+import ThaliPSKTLS
+import ThaliSSDP
 import Testing
 import ThaliTestSupport
 @testable import ThaliNodeCore
@@ -53,5 +58,59 @@ struct PeerLimitTests {
         #expect(event.effect.contains("SSDP discovery off for 5 s"))
         #expect(event.effect.contains("last resort"))
         #expect(status.limitsTriggered == ["announcementFlood": 1])
+    }
+}
+
+/// Attacks on the connecting side (issue 12).
+@Suite("Peer retries under attack", .serialized)
+struct PeerRetryAttackTests {
+    @Test("a copy of a contact's announcement served where no one holds its PSK ends after one unknown_psk_identity, not six")
+    func unknownIdentityStopsRetrying() async throws {
+        let people = try TestPeople(["alice", "bob"], label: "unknown-identity")
+        let ssdpPort = randomSSDPPort()
+        // The attacker re-serves a copy of Alice's announcement for Bob from its own port, which speaks
+        // PSK-TLS but holds no PSK: every handshake ends in unknown_psk_identity.
+        let copied = try BeaconGenerator(identity: people["alice"].key)
+            .makeAnnouncement(for: [people["bob"].key.publicKey], validity: .seconds(600))
+        let serverContext = try PSKTLSContext(role: .server, configuration: PSKTLSConfiguration(dhGroup: .ffdhe2048))
+        var ssdp = SSDPDiscoveryConfiguration(interfaceAddress: "127.0.0.1")
+        ssdp.port = ssdpPort
+        ssdp.secureConnectionInitializer = { channel in
+            channel.eventLoop.makeCompletedFuture {
+                try channel.pipeline.syncOperations.addHandler(PSKTLSHandler(serverContext: serverContext, lookup: { _ in nil }))
+            }
+        }
+        let attacker = SSDPDiscoveryService(configuration: ssdp, group: MultiThreadedEventLoopGroup.singleton, logger: quietLogger) { _, _ in }
+        try await attacker.start(advertising: copied.stream)
+        let attackerLocation = await attacker.location().description
+
+        var configuration = PeerConfiguration(interfaceAddress: "127.0.0.1")
+        configuration.ssdpPort = ssdpPort
+        configuration.retry.initialDelay = .milliseconds(50)
+        configuration.retry.maxDelay = .milliseconds(100)
+        let bob = try ThaliPeer(store: people["bob"].store, identity: people["bob"].key,
+                                configuration: configuration, logger: quietLogger)
+        let events = bob.events()
+        try await bob.start()
+        var attempts = 0
+        var failure: (reason: String, retryIn: Duration?)?
+        for await event in events {
+            if case .connecting("alice", attackerLocation, _) = event { attempts += 1 }
+            if case .connectionFailed("alice", let reason, let retryIn) = event {
+                failure = (reason, retryIn)
+                break
+            }
+        }
+        // Time for retries that must not happen (the policy would allow five more within ~0.5 s).
+        try await Task.sleep(for: .seconds(1))
+        await bob.stop()
+        await attacker.stop()
+        var rest: [PeerEvent] = []
+        for await event in events { rest.append(event) }
+        let failed = try #require(failure)
+        #expect(failed.reason.contains("unknown_psk_identity"))
+        #expect(failed.retryIn == nil, "no retry after unknown_psk_identity")
+        #expect(attempts == 1)
+        #expect(!rest.contains { if case .connecting = $0 { true } else { false } })
     }
 }
