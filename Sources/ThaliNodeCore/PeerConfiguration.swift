@@ -63,6 +63,13 @@ public struct PeerConfiguration: Sendable {
     /// SSDP discovery's limits (flood threshold, peer cap, cooldowns); a limit that fires is reported as
     /// ``PeerEvent/limitTriggered(kind:effect:)`` and counted in ``PeerStatus/limitsTriggered``.
     public var discoveryLimits = SSDPDiscoveryLimits()
+    /// The most contacts advertised at once; more wait for a later round (logged). The PSK table holds
+    /// twice as many identities, so the previous announcements stay valid during a re-announcement.
+    public var maxAdvertisedContacts = 4096
+    /// With more contacts than one announcement holds (64 beacons), the announcements are served in
+    /// turn, each for this long: a contact in the last of `n` announcements hears its beacon within
+    /// `(n - 1)` intervals plus one SSDP round.
+    public var announcementRotationInterval: Duration = .seconds(5)
     /// Testing and demonstration aid: caps the bytes per second a delivery sender writes on each
     /// stream (nil: no cap), so that a transfer takes long enough to be watched or interrupted.
     public var sendThrottleBytesPerSecond: Int?

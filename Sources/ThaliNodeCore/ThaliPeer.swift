@@ -45,6 +45,10 @@ public final class ThaliPeer: Sendable {
         var contacts: Set<String>
         var items: Set<UUID>
         var expiration: UInt64
+        /// The announcement streams served in turn (one unless there are more contacts than one
+        /// announcement holds), and the one being served.
+        var streams: [[UInt8]]
+        var serving = 0
     }
 
     struct State: Sendable {
@@ -71,7 +75,7 @@ public final class ThaliPeer: Sendable {
     let group: MultiThreadedEventLoopGroup
     let generator: BeaconGenerator
     let receiver: BeaconReceiver
-    let table = AdvertisedPSKTable()
+    let table: AdvertisedPSKTable
     let clientContext: PSKTLSContext
     let serverContext: PSKTLSContext
     let state = NIOLockedValueBox(State())
@@ -94,6 +98,8 @@ public final class ThaliPeer: Sendable {
             broadcaster.yield(event)
         }
         generator = BeaconGenerator(identity: identity, profile: configuration.beaconProfile)
+        // Room for two rounds of every advertised contact's PSKs: the current and the previous announcements.
+        table = AdvertisedPSKTable(capacity: max(BeaconLimits().pskTableCapacity, 2 * configuration.maxAdvertisedContacts))
         receiver = BeaconReceiver(identity: identity, profile: configuration.beaconProfile)
         do {
             clientContext = try PSKTLSContext(role: .client, configuration: configuration.tls)
@@ -138,6 +144,13 @@ public final class ThaliPeer: Sendable {
             for await event in service.events { self?.discoveryEvent(event) }
         })
         try await refreshAdvertisement()
+        track(Task { [weak self] in
+            // More contacts than one announcement holds: serve the announcements in turn.
+            while let self, !self.isStopped {
+                try? await Task.sleep(for: self.configuration.announcementRotationInterval)
+                await self.rotateAnnouncement()
+            }
+        })
         track(Task { [weak self] in
             while let self, !self.isStopped {
                 try? await Task.sleep(for: self.configuration.outboxPollInterval)
@@ -331,16 +344,44 @@ public final class ThaliPeer: Sendable {
             emit(.advertising(contacts: []))
             return
         }
-        let announcement = try generator.makeAnnouncement(for: try contacts.map { try $0.identityKey() },
-                                                          validity: configuration.beaconValidity)
-        table.register(announcement)
-        let names = contacts.map(\.name).sorted()
+        // One announcement holds at most `maximumBeaconsPerAnnouncement` beacons (64): more contacts are
+        // split over several announcements, served in turn (``rotateAnnouncement()``).
+        var advertisedContacts = contacts
+        if advertisedContacts.count > configuration.maxAdvertisedContacts {
+            logger.error("more contacts to advertise than the limit; the rest wait for a later round",
+                         metadata: ["contacts": "\(contacts.count)", "limit": "\(configuration.maxAdvertisedContacts)"])
+            advertisedContacts = Array(advertisedContacts.prefix(configuration.maxAdvertisedContacts))
+        }
+        let perAnnouncement = max(1, generator.limits.maximumBeaconsPerAnnouncement)
+        var announcements: [BeaconAnnouncement] = []
+        for start in stride(from: 0, to: advertisedContacts.count, by: perAnnouncement) {
+            let chunk = advertisedContacts[start..<min(start + perAnnouncement, advertisedContacts.count)]
+            let announcement = try generator.makeAnnouncement(for: try chunk.map { try $0.identityKey() },
+                                                              validity: configuration.beaconValidity)
+            table.register(announcement)
+            announcements.append(announcement)
+        }
+        let names = advertisedContacts.map(\.name).sorted()
+        let expiration = announcements.map(\.expiration).min() ?? 0
         state.withLockedValue {
-            $0.advertised = Advertised(contacts: keys, items: items, expiration: announcement.expiration)
+            $0.advertised = Advertised(contacts: keys, items: items, expiration: expiration,
+                                       streams: announcements.map(\.stream))
             $0.advertisingFor = names
         }
-        await discovery.advertise(announcement.stream)
+        await discovery.advertise(announcements.first?.stream)
         emit(.advertising(contacts: names))
+    }
+
+    /// Serves the next announcement when the contacts span several (each new USN makes listeners fetch it).
+    func rotateAnnouncement() async {
+        let next = state.withLockedValue { state -> [UInt8]? in
+            guard var advertised = state.advertised, advertised.streams.count > 1 else { return nil }
+            advertised.serving = (advertised.serving + 1) % advertised.streams.count
+            state.advertised = advertised
+            return advertised.streams[advertised.serving]
+        }
+        guard let next, let discovery else { return }
+        await discovery.advertise(next)
     }
 
     func setLinkState(_ contact: Contact, _ text: String, relayPort: Int?? = nil) {

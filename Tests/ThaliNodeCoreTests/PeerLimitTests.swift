@@ -10,7 +10,7 @@ import ThaliTestSupport
 
 /// DoS limits that fire inside discovery reach the node's events and status (issue 12): an operator sees
 /// that discovery went dark, why, for how long, and that it was the last resort.
-@Suite("Peer limits surfaced", .serialized)
+@Suite("Peer limits surfaced", .serialized, .timeLimit(.minutes(1)))
 struct PeerLimitTests {
     @Test("an SSDP datagram flood from another process is a limit_triggered event and counted in status")
     func datagramFloodIsReported() async throws {
@@ -62,7 +62,7 @@ struct PeerLimitTests {
 }
 
 /// Attacks on the connecting side (issue 12).
-@Suite("Peer retries under attack", .serialized)
+@Suite("Peer retries under attack", .serialized, .timeLimit(.minutes(1)))
 struct PeerRetryAttackTests {
     @Test("a copy of a contact's announcement served where no one holds its PSK ends after one unknown_psk_identity, not six")
     func unknownIdentityStopsRetrying() async throws {
@@ -112,5 +112,49 @@ struct PeerRetryAttackTests {
         #expect(failed.retryIn == nil, "no retry after unknown_psk_identity")
         #expect(attempts == 1)
         #expect(!rest.contains { if case .connecting = $0 { true } else { false } })
+    }
+}
+
+/// More contacts than one announcement holds (issue 12).
+@Suite("Peer with many contacts", .serialized, .timeLimit(.minutes(1)))
+struct PeerManyContactsTests {
+    @Test("130 contacts with items are advertised in three announcements served in turn; the last one's contact receives")
+    func moreThanSixtyFourContacts() async throws {
+        let people = try TestPeople(["alice", "bob"], label: "many-contacts")
+        let aliceStore = try people["alice"].store
+        let expiry = Date().addingTimeInterval(600)
+        for index in 0..<129 {
+            let name = String(format: "stranger-%03d", index)
+            try aliceStore.addContact(name: name, publicKey: PrivateKey().publicKey.hexString(compressed: true))
+            _ = try aliceStore.enqueueText("for \(name)", to: name, expiresAt: expiry)
+        }
+        // Queued last: Bob's beacon is in the last announcement.
+        let item = try aliceStore.enqueueText("for bob", to: "bob", expiresAt: expiry)
+        let ssdpPort = randomSSDPPort()
+        var configuration = PeerConfiguration(interfaceAddress: "127.0.0.1")
+        configuration.ssdpPort = ssdpPort
+        configuration.announcementRotationInterval = .milliseconds(300)
+        let alice = try ThaliPeer(store: aliceStore, identity: people["alice"].key, configuration: configuration,
+                                  logger: quietLogger)
+        let bob = try ThaliPeer(store: people["bob"].store, identity: people["bob"].key, configuration: configuration,
+                                logger: quietLogger)
+        let bobsEvents = bob.events()
+        try await alice.start()
+        let streams = alice.state.withLockedValue { $0.advertised?.streams ?? [] }
+        #expect(streams.count == 3)
+        #expect(streams.allSatisfy { ($0.count - BeaconProfile.spec.preambleLength) / 48 <= 64 })
+        #expect(await alice.status().advertisingFor.count == 130)
+        try await bob.start()
+        var received: UUID?
+        for await event in bobsEvents {
+            if case .delivery("alice", .received(let inbox)) = event {
+                received = inbox.itemID
+                break
+            }
+        }
+        await bob.stop()
+        await alice.stop()
+        #expect(received == item.id)
+        #expect(try people.inbox(of: "bob").map(\.id) == [item.id])
     }
 }

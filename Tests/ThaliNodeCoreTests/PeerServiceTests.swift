@@ -8,7 +8,7 @@ import ThaliBeacons
 
 /// The peer as an app embeds it: a swift-service-lifecycle `Service`, an `AsyncSequence` of events,
 /// async methods to queue items and read the inbox. Real peers on loopback, real SQLite stores.
-@Suite("ThaliPeer as an embedded service", .serialized)
+@Suite("ThaliPeer as an embedded service", .serialized, .timeLimit(.minutes(1)))
 struct PeerServiceTests {
     private func peer(_ person: TestPeople.Person, ssdpPort: Int, port: Int = 0) throws -> ThaliPeer {
         var configuration = PeerConfiguration(interfaceAddress: "127.0.0.1")
