@@ -7,6 +7,7 @@ let package = Package(
     name: "thali-swift",
     platforms: [.macOS(.v14)],
     products: [
+        .library(name: "ThaliAdmission", targets: ["ThaliAdmission"]),
         .library(name: "ThaliBeacons", targets: ["ThaliBeacons"]),
         .library(name: "ThaliPSKTLS", targets: ["ThaliPSKTLS"]),
         .library(name: "ThaliSSDP", targets: ["ThaliSSDP"]),
@@ -42,6 +43,13 @@ let package = Package(
             providers: [.apt(["libbluetooth-dev"])]),
 
         // MARK: Library modules
+        /// Admission of incoming connections (per source before global), shared by every listener.
+        .target(
+            name: "ThaliAdmission",
+            dependencies: [
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+            ]),
         .target(
             name: "ThaliBeacons",
             dependencies: [
@@ -152,6 +160,13 @@ let package = Package(
         /// Helpers shared by the test targets: child processes of independent peers, package paths.
         .target(name: "ThaliTestSupport", path: "Sources/ThaliTestSupport"),
         .testTarget(name: "ThaliBeaconsTests", dependencies: ["ThaliBeacons", "ThaliTestSupport"]),
+        .testTarget(
+            name: "ThaliAdmissionTests",
+            dependencies: [
+                "ThaliAdmission",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+            ]),
         .testTarget(
             name: "ThaliPSKTLSTests",
             dependencies: [

@@ -1,0 +1,90 @@
+import NIOConcurrencyHelpers
+import NIOCore
+
+/// An ``AdmissionGate`` shared by the event loops of one listener: it locks the gate, reads the clock,
+/// and hands out an ``AdmissionTicket`` for every admitted connection, which gives the connection's slots
+/// back exactly once. When a connection exceeds the global rate it tells `onOverload` how long the
+/// listener must stay closed (the last resort).
+public final class AdmissionController<Source: Hashable & Sendable>: Sendable {
+    /// The limits in force.
+    public let limits: AdmissionLimits
+    private let gate: NIOLockedValueBox<AdmissionGate<Source>>
+    private let onOverload: @Sendable (TimeAmount) -> Void
+
+    /// A controller enforcing `limits`; `onOverload` is called (outside the lock) when the global rate
+    /// is exceeded, with the period the owner should close its port for.
+    public init(limits: AdmissionLimits = AdmissionLimits(), onOverload: @escaping @Sendable (TimeAmount) -> Void = { _ in }) {
+        self.limits = limits
+        self.gate = NIOLockedValueBox(AdmissionGate(limits: limits))
+        self.onOverload = onOverload
+    }
+
+    /// What the gate has done so far.
+    public var counters: AdmissionCounters { gate.withLockedValue { $0.counters } }
+    /// Connections open now.
+    public var openConnections: Int { gate.withLockedValue { $0.open } }
+    /// Unauthenticated connections open now.
+    public var unauthenticatedConnections: Int { gate.withLockedValue { $0.unauthenticated } }
+    /// Sources remembered now.
+    public var trackedSources: Int { gate.withLockedValue { $0.trackedSources } }
+
+    /// Whether the port is closed for an overload now.
+    public func isClosedForOverload(now: NIODeadline = .now()) -> Bool {
+        gate.withLockedValue { $0.isClosedForOverload(now: now) }
+    }
+
+    /// Decides about a connection from `source`: a ticket when admitted (release it when the connection
+    /// closes, e.g. with ``AdmissionTicket/release(when:)``), else why it must be closed at once.
+    public func admit(_ source: Source, now: NIODeadline = .now()) -> Result<AdmissionTicket<Source>, AdmissionRefusal> {
+        let decision = gate.withLockedValue { $0.admit(source, now: now) }
+        switch decision {
+        case .admitted:
+            return .success(AdmissionTicket(source: source, gate: gate))
+        case .refused(let reason):
+            if reason == .overloaded { onOverload(limits.overloadClosePeriod) }
+            return .failure(reason)
+        }
+    }
+}
+
+/// One admitted connection's claim on its gate: an open slot, and an unauthenticated slot until
+/// ``authenticated()``. ``release()`` gives both back; it and ``authenticated()`` take effect once.
+public final class AdmissionTicket<Source: Hashable & Sendable>: Sendable {
+    private enum State { case unauthenticated, authenticated, released }
+
+    /// The source the connection came from.
+    public let source: Source
+    private let gate: NIOLockedValueBox<AdmissionGate<Source>>
+    private let state = NIOLockedValueBox(State.unauthenticated)
+
+    fileprivate init(source: Source, gate: NIOLockedValueBox<AdmissionGate<Source>>) {
+        self.source = source
+        self.gate = gate
+    }
+
+    /// The connection authenticated (a PSK-TLS handshake succeeded): it no longer holds an
+    /// unauthenticated slot.
+    public func authenticated() {
+        let changed = state.withLockedValue { state -> Bool in
+            guard state == .unauthenticated else { return false }
+            state = .authenticated
+            return true
+        }
+        if changed { gate.withLockedValue { $0.authenticated(source) } }
+    }
+
+    /// The connection closed: its slots are free again.
+    public func release() {
+        let previous = state.withLockedValue { state -> State in
+            defer { state = .released }
+            return state
+        }
+        guard previous != .released else { return }
+        gate.withLockedValue { $0.closed(source, authenticated: previous == .authenticated) }
+    }
+
+    /// Releases the ticket when `closeFuture` completes (pass a channel's `closeFuture`).
+    public func release(when closeFuture: EventLoopFuture<Void>) {
+        closeFuture.whenComplete { [self] _ in release() }
+    }
+}
