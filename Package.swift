@@ -69,6 +69,7 @@ let package = Package(
         .target(
             name: "ThaliSSDP",
             dependencies: [
+                "ThaliAdmission",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -105,7 +106,7 @@ let package = Package(
         .target(
             name: "ThaliNodeCore",
             dependencies: [
-                "ThaliBeacons", "ThaliSSDP", "ThaliPSKTLS", "TCPMultiplexer",
+                "ThaliAdmission", "ThaliBeacons", "ThaliSSDP", "ThaliPSKTLS", "TCPMultiplexer",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),

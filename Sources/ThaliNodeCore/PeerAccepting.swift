@@ -8,7 +8,9 @@ extension ThaliPeer {
     /// The accepting side, on a connection the beacon port recognised as TLS: PSK-TLS as the server
     /// (PSKs from the beacons we advertised), a yamux session, and on each stream the peer opens a
     /// delivery sender for the contact the PSK names (or, in relay mode, a connection to the app port).
-    func acceptSecureConnection(_ channel: Channel) -> EventLoopFuture<Void> {
+    /// `onAuthenticated` runs when the handshake succeeded (the admission gate frees the connection's
+    /// unauthenticated slot).
+    func acceptSecureConnection(_ channel: Channel, onAuthenticated: @escaping @Sendable () -> Void) -> EventLoopFuture<Void> {
         let table = self.table
         let serverContext = self.serverContext
         register(channel)
@@ -26,6 +28,7 @@ extension ThaliPeer {
                 }
                 return contact
             }
+            handshake.whenSuccess { _ in onAuthenticated() }
             contact.whenSuccess { [emit = self.emit] contact in emit(.connected(contact: contact.name, role: .accepting)) }
             contact.whenFailure { _ in channel.close(promise: nil) }
             return MultiplexerSession.configure(on: channel, role: .server, inboundStreamInitializer: { [self] stream in

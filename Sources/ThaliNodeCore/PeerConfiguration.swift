@@ -1,4 +1,5 @@
 import NIOCore
+import ThaliAdmission
 import ThaliBeacons
 import ThaliPSKTLS
 import ThaliSSDP
@@ -52,14 +53,16 @@ public struct PeerConfiguration: Sendable {
     public var deliveryLimits: DeliveryLimits = .default
     /// TLS settings of both roles. The spec's minimum DH group keeps handshakes cheap on small machines.
     public var tls = PSKTLSConfiguration(dhGroup: .ffdhe2048)
-    /// Admission limits of the single port. Per source: the node's own pattern is one fetch and one TLS
-    /// connection per matched announcement plus at most `retry.maxAttempts - 1` retries, so the default
-    /// allows 30 connections per 10 s from one address (the beacon server's own default is 10).
-    public var serverLimits: BeaconHTTPServerLimits = {
-        var limits = BeaconHTTPServerLimits()
-        limits.maxRequestsPerSource = 30
-        return limits
-    }()
+    /// Admission limits of the single port (beacon fetches and PSK-TLS alike), per source before global.
+    /// Per source: the node's own pattern is one fetch and one TLS connection per matched announcement
+    /// plus at most `retry.maxAttempts - 1` retries, so 30 connections per 10 s from one address (then
+    /// refused for 60 s), 4 unauthenticated at once (a TLS connection is unauthenticated until its
+    /// handshake succeeds; a beacon fetch never is), 16 open. Globally 32 unauthenticated, 128 open, and
+    /// 200 per second, whose excess closes the port for 30 s as the last resort. See spec/node.md.
+    public var admission = AdmissionLimits()
+    /// How long a connection to the single port may take to send its first byte, and a beacon request to
+    /// be answered; PSK-TLS then runs under its own handshake timeout (``PSKTLSConfiguration``).
+    public var firstByteTimeout: TimeAmount = .seconds(2)
     /// SSDP discovery's limits (flood threshold, peer cap, cooldowns); a limit that fires is reported as
     /// ``PeerEvent/limitTriggered(kind:effect:)`` and counted in ``PeerStatus/limitsTriggered``.
     public var discoveryLimits = SSDPDiscoveryLimits()

@@ -28,4 +28,6 @@ public struct PeerStatus: Sendable, Hashable, Codable {
     public var outboxCount: Int
     /// How often each DoS limit fired since the peer started, by kind (see ``PeerEvent/limitTriggered(kind:effect:)``).
     public var limitsTriggered: [String: Int] = [:]
+    /// The single port's admission and traffic counts.
+    public var port = PeerPortCounters()
 }

@@ -4,6 +4,7 @@ import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
 import TCPMultiplexer
+import ThaliAdmission
 import ThaliBeacons
 import ThaliPSKTLS
 import ThaliSSDP
@@ -62,6 +63,9 @@ public final class ThaliPeer: Sendable {
         var stopped = false
         var tasks: [UUID: Task<Void, Never>] = [:]
         var channels: [ObjectIdentifier: Channel] = [:]
+        /// The single port's listening socket (nil while closed for an overload) and its number.
+        var listener: Channel?
+        var boundPort: Int?
     }
 
     /// The node's store.
@@ -79,6 +83,9 @@ public final class ThaliPeer: Sendable {
     let clientContext: PSKTLSContext
     let serverContext: PSKTLSContext
     let state = NIOLockedValueBox(State())
+    /// The single port's admission gate: per source, then global.
+    let admission: AdmissionController<String>
+    let portCounters = NIOLockedValueBox(PeerPortCounters())
     let discoveryBox = NIOLockedValueBox<SSDPDiscoveryService?>(nil)
 
     /// A peer for the node whose store and identity are given; `events` receives everything it does,
@@ -101,13 +108,22 @@ public final class ThaliPeer: Sendable {
         // Room for two rounds of every advertised contact's PSKs: the current and the previous announcements.
         table = AdvertisedPSKTable(capacity: max(BeaconLimits().pskTableCapacity, 2 * configuration.maxAdvertisedContacts))
         receiver = BeaconReceiver(identity: identity, profile: configuration.beaconProfile)
+        if let problem = configuration.admission.problem { throw StartError.setup("admission limits: \(problem)") }
+        // The gate reports an overload back here; a weak link, so the gate does not keep the peer alive.
+        let overloadTarget = NIOLockedValueBox(WeakPeer())
+        admission = AdmissionController(limits: configuration.admission) { period in
+            overloadTarget.withLockedValue { $0.peer }?.portOverloaded(for: period)
+        }
         do {
             clientContext = try PSKTLSContext(role: .client, configuration: configuration.tls)
             serverContext = try PSKTLSContext(role: .server, configuration: configuration.tls)
         } catch {
             throw StartError.setup("\(error)")
         }
+        overloadTarget.withLockedValue { $0.peer = self }
     }
+
+    private struct WeakPeer: Sendable { weak var peer: ThaliPeer? }
 
     var discovery: SSDPDiscoveryService? { discoveryBox.withLockedValue { $0 } }
 
@@ -116,27 +132,35 @@ public final class ThaliPeer: Sendable {
     /// when no interface carries the configured address.
     public func start() async throws {
         try refreshAddressBook()
+        guard try System.enumerateDevices().contains(where: { $0.address?.ipAddress == configuration.interfaceAddress }) else {
+            throw NodeError.noUsableInterface(name: configuration.interfaceAddress)
+        }
+        // The node owns its one port (beacons and PSK-TLS behind one admission gate); discovery only
+        // announces it.
+        let port: Int
+        do {
+            port = try await bindPort()
+        } catch {
+            throw NodeError.mapBindError(error, host: configuration.interfaceAddress, port: configuration.port)
+        }
         var ssdp = SSDPDiscoveryConfiguration(interfaceAddress: configuration.interfaceAddress)
         ssdp.groupAddress = configuration.ssdpGroup
         ssdp.port = configuration.ssdpPort
-        ssdp.httpPort = configuration.port
+        ssdp.beaconServer = .external(port: port)
         ssdp.maxAge = configuration.maxAge
         ssdp.foregroundAliveInterval = configuration.aliveInterval
-        ssdp.serverLimits = configuration.serverLimits
         ssdp.limits = configuration.discoveryLimits
-        ssdp.secureConnectionInitializer = { [weak self] channel in
-            guard let self else { return channel.close() }
-            return self.acceptSecureConnection(channel)
-        }
         let service = SSDPDiscoveryService(configuration: ssdp, group: group, logger: logger) { [weak self] peer, bytes in
             self?.beaconsFetched(from: peer, bytes)
         }
         do {
             try await service.start(advertising: nil)
         } catch SSDPDiscoveryService.StartError.noInterface {
+            await closePort()
             throw NodeError.noUsableInterface(name: configuration.interfaceAddress)
         } catch {
-            throw NodeError.mapBindError(error, host: configuration.interfaceAddress, port: configuration.port)
+            await closePort()
+            throw error
         }
         discoveryBox.withLockedValue { $0 = service }
         emit(.started(location: (await service.location()).description))
@@ -172,6 +196,7 @@ public final class ThaliPeer: Sendable {
             return Array(state.tasks.values)
         }
         await discovery?.stop()
+        await closePort()
         let channels = state.withLockedValue { state -> [Channel] in
             defer { state.channels.removeAll() }
             return Array(state.channels.values)
@@ -223,6 +248,8 @@ public final class ThaliPeer: Sendable {
     /// A snapshot for the status view.
     public func status() async -> PeerStatus {
         let location = await discovery?.location().description ?? ""
+        var port = portCounters.withLockedValue { $0 }
+        port.admission = admission.counters
         let inbox = (try? store.inbox().count) ?? 0
         let outbox = (try? store.outbox().count) ?? 0
         return state.withLockedValue { state in
@@ -233,7 +260,7 @@ public final class ThaliPeer: Sendable {
                                                    relayPort: $0.relayPort)
                        }.sorted { $0.name < $1.name },
                        sessionsInFlight: state.sessionsInFlight, inboxCount: inbox, outboxCount: outbox,
-                       limitsTriggered: state.limitsTriggered)
+                       limitsTriggered: state.limitsTriggered, port: port)
         }
     }
 
@@ -269,7 +296,7 @@ public final class ThaliPeer: Sendable {
         case .unicastFailure:
             return "announcing paused for \(seconds(limits.unicastFailurePause)) (last resort: \(limits.unicastFailureThreshold) unicast failures)"
         case .httpOverload:
-            return "beacon and PSK-TLS port closed and announcing paused for \(seconds(configuration.serverLimits.overloadClosePeriod)) (last resort: the port's global connection budget ran out)"
+            return "beacon and PSK-TLS port closed and announcing paused for \(seconds(configuration.admission.overloadClosePeriod)) (last resort: more than \(configuration.admission.maxConnectionsGlobal) connections per \(seconds(configuration.admission.globalWindow)) from sources each within its own bounds)"
         }
     }
 

@@ -3,6 +3,7 @@ import NIOConcurrencyHelpers
 import NIOCore
 import NIOHTTP1
 import NIOPosix
+import ThaliAdmission
 
 /// Bounds of the `/NotificationBeacons` server (the seed: "if the load of requests on the server becomes
 /// excessive the server will either filter out excessive requesters or ... not offer the server port for
@@ -28,6 +29,26 @@ public struct BeaconHTTPServerLimits: Sendable {
 
     /// The defaults above.
     public init() {}
+
+    /// These bounds as the suite's one admission mechanism (ThaliAdmission): per source first (rate; a
+    /// source over it is refused until its window ends), then for everyone (concurrent connections; the
+    /// global rate, whose excess closes the port). A beacon fetch never authenticates, so concurrent
+    /// connections bound both the open and the unauthenticated slots.
+    public var admission: AdmissionLimits {
+        var admission = AdmissionLimits()
+        admission.maxConnectionsPerSource = maxRequestsPerSource
+        admission.sourceWindow = sourceWindow
+        admission.sourceRefusalPeriod = .zero
+        admission.maxTrackedSources = max(maxTrackedSources, maxConcurrentConnections)
+        admission.maxOpenPerSource = maxConcurrentConnections
+        admission.maxUnauthenticatedPerSource = maxConcurrentConnections
+        admission.maxOpenGlobal = maxConcurrentConnections
+        admission.maxUnauthenticatedGlobal = maxConcurrentConnections
+        admission.maxConnectionsGlobal = maxRequestsGlobal
+        admission.globalWindow = globalWindow
+        admission.overloadClosePeriod = overloadClosePeriod
+        return admission
+    }
 }
 
 /// What the beacon server has counted; read with `BeaconHTTPServer.counters`.
@@ -42,8 +63,6 @@ public struct BeaconHTTPServerCounters: Hashable, Sendable {
     public var overloadShutdowns = 0
     /// Connections cut by `connectionTimeout`.
     public var timedOut = 0
-    /// Connections handed to the secure-connection initializer (first byte 0x16).
-    public var secureConnections = 0
     /// All zero.
     public init() {}
 }
@@ -54,9 +73,6 @@ public final class BeaconHTTPServer: Sendable {
     private struct State: Sendable {
         var beacons: [UInt8]?
         var counters = BeaconHTTPServerCounters()
-        var perSource: KeyedRateWindows<String>
-        var global: RateWindow
-        var openConnections = 0
         var closedUntil: NIODeadline?
         var channel: Channel?
         var stopped = false
@@ -70,34 +86,41 @@ public final class BeaconHTTPServer: Sendable {
     private let state: NIOLockedValueBox<State>
     private let boundPort = NIOLockedValueBox<Int>(0)
     private let overloadHandler: @Sendable (TimeAmount) -> Void
-    private let secureConnectionInitializer: SecureConnectionInitializer?
+    private let admission: AdmissionController<String>
     private let logger: Logger
-
-    /// Sets up a connection whose first byte is a TLS handshake record (0x16) — see
-    /// `secureConnectionInitializer` of ``init(host:limits:group:logger:onOverload:secureConnectionInitializer:)``.
-    public typealias SecureConnectionInitializer = @Sendable (Channel) -> EventLoopFuture<Void>
 
     /// A server on `host` (port chosen at `start`). `onOverload` is told when the port closes, and for how long.
     ///
-    /// `secureConnectionInitializer` (default none) lets the same port carry the app's TLS: a connection
-    /// whose first byte is 0x16 (a TLS handshake record; no HTTP request starts with it) is handed to it
-    /// instead of the HTTP handlers, with that byte and whatever followed re-delivered after it returns.
-    /// Such a connection passed the same admission limits (per source, global, concurrent) as any request,
-    /// and is exempt only from `connectionTimeout` (the app's protocol bounds its own time).
+    /// An app that serves beacons on a port of its own (the node's single port, which carries PSK-TLS too)
+    /// uses ``configureRequestHandling(on:beacons:)`` behind its own admission instead.
     public init(host: String, limits: BeaconHTTPServerLimits = .init(), group: EventLoopGroup,
                 logger: Logger = Logger(label: "thali.ssdp.http-server"),
-                onOverload: @escaping @Sendable (TimeAmount) -> Void = { _ in },
-                secureConnectionInitializer: SecureConnectionInitializer? = nil) {
+                onOverload: @escaping @Sendable (TimeAmount) -> Void = { _ in }) {
         self.host = host
         self.limits = limits
         self.group = group
         self.logger = logger
-        self.secureConnectionInitializer = secureConnectionInitializer
         self.overloadHandler = onOverload
-        self.state = NIOLockedValueBox(State(
-            perSource: KeyedRateWindows(limit: limits.maxRequestsPerSource, length: limits.sourceWindow,
-                                        maxKeys: limits.maxTrackedSources),
-            global: RateWindow(limit: limits.maxRequestsGlobal, length: limits.globalWindow)))
+        self.state = NIOLockedValueBox(State())
+        // The gate reports an overload back here; a weak link, so the gate does not keep the server alive.
+        let overloadTarget = NIOLockedValueBox(WeakServer())
+        self.admission = AdmissionController(limits: limits.admission) { _ in
+            overloadTarget.withLockedValue { $0.server }?.closeForOverload()
+        }
+        overloadTarget.withLockedValue { $0.server = self }
+    }
+
+    private struct WeakServer: Sendable { weak var server: BeaconHTTPServer? }
+
+    /// What the admission gate has counted (refusals by reason, overloads).
+    public var admissionCounters: AdmissionCounters { admission.counters }
+
+    /// Sets up `channel`'s pipeline to answer one `GET /NotificationBeacons` with `beacons()` (nil: 204),
+    /// then close. For a listener that does its own admission and timeouts.
+    public static func configureRequestHandling(on channel: Channel, beacons: @escaping @Sendable () -> [UInt8]?) throws {
+        let sync = channel.pipeline.syncOperations
+        try sync.configureHTTPServerPipeline(withPipeliningAssistance: false, withErrorHandling: true)
+        try sync.addHandler(BeaconRequestHandler(beacons: beacons))
     }
 
     /// The port the server is bound to (0 before `start`).
@@ -140,58 +163,34 @@ public final class BeaconHTTPServer: Sendable {
             .bind(host: host, port: port)
     }
 
-    /// Decides, per accepted connection, whether it is served; enforces every limit before any byte is read.
+    /// Decides, per accepted connection, whether it is served; enforces every limit before any byte is
+    /// read: per source first (a refused source costs the global budget nothing), then global.
     private func admit(_ channel: Channel) -> EventLoopFuture<Void> {
-        let now = NIODeadline.now()
         let source = channel.remoteAddress?.ipAddress ?? "?"
-        enum Verdict { case serve, perSource, global, overload }
-        let verdict = state.withLockedValue { state -> Verdict in
-            if state.closedUntil != nil || state.stopped { return .global }
-            guard state.global.record(now: now) else { return .overload }
-            guard state.perSource.record(source, now: now) else { return .perSource }
-            guard state.openConnections < limits.maxConcurrentConnections else { return .global }
-            state.openConnections += 1
-            return .serve
-        }
-        switch verdict {
-        case .serve:
-            break
-        case .perSource:
-            state.withLockedValue { $0.counters.rejectedPerSource += 1 }
-            return channel.close()
-        case .global:
-            state.withLockedValue { $0.counters.rejectedGlobal += 1 }
-            return channel.close()
-        case .overload:
-            state.withLockedValue { $0.counters.rejectedGlobal += 1 }
-            closeForOverload()
+        if state.withLockedValue({ $0.stopped }) { return channel.close() }
+        let ticket: AdmissionTicket<String>
+        switch admission.admit(source) {
+        case .success(let admitted):
+            ticket = admitted
+        case .failure(let refusal):
+            state.withLockedValue {
+                if refusal.isPerSource { $0.counters.rejectedPerSource += 1 } else { $0.counters.rejectedGlobal += 1 }
+            }
             return channel.close()
         }
-        channel.closeFuture.whenComplete { [state] _ in state.withLockedValue { $0.openConnections -= 1 } }
+        ticket.release(when: channel.closeFuture)
         let timeout = channel.eventLoop.scheduleTask(in: limits.connectionTimeout) { [state] in
             state.withLockedValue { $0.counters.timedOut += 1 }
             channel.close(promise: nil)
         }
         channel.closeFuture.whenComplete { _ in timeout.cancel() }
-        let configureHTTP: @Sendable (Channel) throws -> Void = { [state] channel in
-            let sync = channel.pipeline.syncOperations
-            try sync.configureHTTPServerPipeline(withPipeliningAssistance: false, withErrorHandling: true)
-            try sync.addHandler(BeaconRequestHandler(beacons: {
+        return channel.eventLoop.makeCompletedFuture { [state] in
+            try Self.configureRequestHandling(on: channel) {
                 state.withLockedValue { state in
                     state.counters.requestsAnswered += 1
                     return state.beacons
                 }
-            }))
-        }
-        guard let secure = secureConnectionInitializer else {
-            return channel.eventLoop.makeCompletedFuture { try configureHTTP(channel) }
-        }
-        return channel.eventLoop.makeCompletedFuture { [state] in
-            try channel.pipeline.syncOperations.addHandler(ConnectionKindSniffer(http: configureHTTP) { channel in
-                timeout.cancel()
-                state.withLockedValue { $0.counters.secureConnections += 1 }
-                return secure(channel)
-            })
+            }
         }
     }
 

@@ -41,14 +41,23 @@ public struct SSDPDiscoveryConfiguration: Sendable {
     public var parserLimits = SSDPParserLimits()
     /// Discovery DoS bounds.
     public var limits = SSDPDiscoveryLimits()
-    /// Beacon server bounds.
+    /// Who serves `GET /NotificationBeacons` at the announced LOCATION.
+    public enum BeaconServer: Sendable, Hashable {
+        /// The service runs its own ``BeaconHTTPServer`` on ``SSDPDiscoveryConfiguration/httpPort``.
+        case builtIn
+        /// The app serves the beacons on this TCP port (for example next to its own TLS, behind its own
+        /// admission; ``BeaconHTTPServer/configureRequestHandling(on:beacons:)`` answers the requests).
+        /// The service only announces the port; the app reports its overloads with
+        /// ``SSDPDiscoveryService/pauseAnnouncing(for:)``.
+        case external(port: Int)
+    }
+
+    /// Who serves the beacons (default: the service's own server).
+    public var beaconServer = BeaconServer.builtIn
+    /// Beacon server bounds (``BeaconServer/builtIn`` only).
     public var serverLimits = BeaconHTTPServerLimits()
     /// Beacon client bounds and retries.
     public var client = BeaconHTTPClientConfiguration()
-    /// Optional (default none): lets the beacon server's port carry the app's TLS too — connections whose
-    /// first byte is a TLS handshake record go to this initializer instead of HTTP, after the same
-    /// admission limits. See ``BeaconHTTPServer/init(host:limits:group:logger:onOverload:secureConnectionInitializer:)``.
-    public var secureConnectionInitializer: BeaconHTTPServer.SecureConnectionInitializer?
 
     /// A configuration pinned to `interfaceAddress`, defaults elsewhere.
     public init(interfaceAddress: String) {

@@ -92,7 +92,7 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
         self.server = BeaconHTTPServer(host: configuration.interfaceAddress, limits: configuration.serverLimits,
                                        group: group, logger: logger, onOverload: { period in
             overloadTarget.withLockedValue { $0.service }?.httpOverloaded(for: period)
-        }, secureConnectionInitializer: configuration.secureConnectionInitializer)
+        })
         overloadTarget.withLockedValue { $0.service = self }
     }
 
@@ -119,7 +119,11 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
 
         server.setBeacons(beacons)
         do {
-            let httpPort = try await server.start(port: configuration.httpPort)
+            let httpPort: Int
+            switch configuration.beaconServer {
+            case .builtIn: httpPort = try await server.start(port: configuration.httpPort)
+            case .external(let port): httpPort = port
+            }
             let unicast = try await openUnicastChannel().get()
             try await eventLoop.submit {
                 self.device = device
@@ -158,6 +162,13 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
             guard self.started, !self.stopped else { return }
             self.sendAll(self.announcer.beaconsChanged(advertising: beacons != nil))
         }.get()
+    }
+
+    /// Stops announcing for `period` (byebye now, alive again after it), reported as
+    /// `.limitTriggered(.httpOverload)`: for an app serving the beacons itself
+    /// (``SSDPDiscoveryConfiguration/BeaconServer/external(port:)``) whose port closed for an overload.
+    public func pauseAnnouncing(for period: TimeAmount) {
+        httpOverloaded(for: period)
     }
 
     /// Switches between the foreground (500 ms) and background (60 s) announcement rates.

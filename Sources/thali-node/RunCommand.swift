@@ -88,7 +88,7 @@ struct Run: AsyncParsableCommand {
         configuration.deliveryLimits = nodeConfiguration.limits
         configuration.appPort = appPort
         configuration.sendThrottleBytesPerSecond = throttle
-        if let perSourceLimit { configuration.serverLimits.maxRequestsPerSource = perSourceLimit }
+        if let perSourceLimit { configuration.admission.maxConnectionsPerSource = perSourceLimit }
 
         let output = RunOutput(json: json)
         let peer = try ThaliPeer(store: store, identity: identity, configuration: configuration,

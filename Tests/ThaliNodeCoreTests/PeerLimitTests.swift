@@ -73,13 +73,25 @@ struct PeerRetryAttackTests {
         let copied = try BeaconGenerator(identity: people["alice"].key)
             .makeAnnouncement(for: [people["bob"].key.publicKey], validity: .seconds(600))
         let serverContext = try PSKTLSContext(role: .server, configuration: PSKTLSConfiguration(dhGroup: .ffdhe2048))
+        let stream = copied.stream
+        let attackerPort = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+            .childChannelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.addHandler(ConnectionKindSniffer(
+                        http: { try BeaconHTTPServer.configureRequestHandling(on: $0) { stream } },
+                        secure: { channel in
+                            channel.eventLoop.makeCompletedFuture {
+                                try channel.pipeline.syncOperations.addHandler(
+                                    PSKTLSHandler(serverContext: serverContext, lookup: { _ in nil }))
+                            }
+                        }))
+                }
+            }
+            .bind(host: "127.0.0.1", port: 0).get()
+        defer { attackerPort.close(promise: nil) }
         var ssdp = SSDPDiscoveryConfiguration(interfaceAddress: "127.0.0.1")
         ssdp.port = ssdpPort
-        ssdp.secureConnectionInitializer = { channel in
-            channel.eventLoop.makeCompletedFuture {
-                try channel.pipeline.syncOperations.addHandler(PSKTLSHandler(serverContext: serverContext, lookup: { _ in nil }))
-            }
-        }
+        ssdp.beaconServer = .external(port: try #require(attackerPort.localAddress?.port))
         let attacker = SSDPDiscoveryService(configuration: ssdp, group: MultiThreadedEventLoopGroup.singleton, logger: quietLogger) { _, _ in }
         try await attacker.start(advertising: copied.stream)
         let attackerLocation = await attacker.location().description

@@ -1,0 +1,122 @@
+import NIOCore
+import NIOPosix
+import ThaliAdmission
+import ThaliSSDP
+
+/// What the node's single port has done, for ``PeerStatus``.
+public struct PeerPortCounters: Sendable, Hashable, Codable {
+    /// The admission gate's counts: admitted, authenticated, refusals by reason, overloads.
+    public var admission = AdmissionCounters()
+    /// Connections recognised as beacon requests (HTTP).
+    public var beaconRequests = 0
+    /// Connections recognised as PSK-TLS (first byte 0x16).
+    public var tlsConnections = 0
+    /// Connections cut because they sent no request (or no TLS record) within
+    /// ``PeerConfiguration/firstByteTimeout``, or did not finish their beacon request within it.
+    public var timedOut = 0
+
+    /// All zero.
+    public init() {}
+}
+
+extension ThaliPeer {
+    /// Binds the node's one TCP port: every connection passes the admission gate (per source, then
+    /// global) before a byte is read; its first byte sends it to the beacon server (HTTP) or to PSK-TLS.
+    /// Returns the bound port.
+    func bindPort() async throws -> Int {
+        let channel = try await ServerBootstrap(group: group)
+            .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+            .serverChannelOption(.backlog, value: 256)
+            .childChannelOption(.allowRemoteHalfClosure, value: true)
+            .childChannelInitializer { [weak self] channel in
+                guard let self else { return channel.close() }
+                return self.admitConnection(channel)
+            }
+            .bind(host: configuration.interfaceAddress, port: state.withLockedValue { $0.boundPort } ?? configuration.port).get()
+        let port = channel.localAddress?.port ?? configuration.port
+        let keep = state.withLockedValue { state -> Bool in
+            guard !state.stopped else { return false }
+            state.listener = channel
+            state.boundPort = port
+            return true
+        }
+        if !keep { try? await channel.close() }
+        return port
+    }
+
+    /// Closes the listening socket (the connections it accepted stay).
+    func closePort() async {
+        let listener = state.withLockedValue { state -> Channel? in
+            defer { state.listener = nil }
+            return state.listener
+        }
+        try? await listener?.close()
+    }
+
+    /// The gate's verdict, then the sniffer: nothing is read from a connection the gate refused.
+    private func admitConnection(_ channel: Channel) -> EventLoopFuture<Void> {
+        let source = channel.remoteAddress?.ipAddress ?? "?"
+        let ticket: AdmissionTicket<String>
+        switch admission.admit(source) {
+        case .success(let admitted):
+            ticket = admitted
+        case .failure:
+            return channel.close()
+        }
+        ticket.release(when: channel.closeFuture)
+        // Until its first byte (and, for HTTP, until its answer), a connection has firstByteTimeout.
+        let timeout = channel.eventLoop.scheduleTask(in: configuration.firstByteTimeout) { [weak self] in
+            self?.portCounters.withLockedValue { $0.timedOut += 1 }
+            channel.close(promise: nil)
+        }
+        channel.closeFuture.whenComplete { _ in timeout.cancel() }
+        let http: @Sendable (Channel) throws -> Void = { [weak self] channel in
+            guard let self else { throw ChannelError.ioOnClosedChannel }
+            portCounters.withLockedValue { $0.beaconRequests += 1 }
+            try BeaconHTTPServer.configureRequestHandling(on: channel) { [weak self] in self?.servedStream }
+        }
+        let secure: @Sendable (Channel) -> EventLoopFuture<Void> = { [weak self] channel in
+            // PSK-TLS bounds its own time (the handshake timeout); the gate holds its unauthenticated slot
+            // until the handshake succeeds.
+            timeout.cancel()
+            guard let self else { return channel.close() }
+            portCounters.withLockedValue { $0.tlsConnections += 1 }
+            return acceptSecureConnection(channel, onAuthenticated: { ticket.authenticated() })
+        }
+        return channel.eventLoop.makeCompletedFuture {
+            try channel.pipeline.syncOperations.addHandler(ConnectionKindSniffer(http: http, secure: secure))
+        }
+    }
+
+    /// The announcement served now (nil: nothing advertised, the request gets 204).
+    var servedStream: [UInt8]? {
+        state.withLockedValue { state in
+            guard let advertised = state.advertised, advertised.streams.indices.contains(advertised.serving) else { return nil }
+            return advertised.streams[advertised.serving]
+        }
+    }
+
+    /// The last resort of the port's admission: more connections than the global rate allows, from
+    /// sources each within its own bounds. The port closes for `period` (the kernel refuses instead of
+    /// us) and announcing pauses, so that listeners stop coming; then both resume.
+    func portOverloaded(for period: TimeAmount) {
+        let listener = state.withLockedValue { state -> Channel? in
+            guard !state.stopped else { return nil }
+            defer { state.listener = nil }
+            return state.listener
+        }
+        guard let listener else { return }
+        logger.warning("single port overloaded; closed", metadata: ["seconds": "\(period.nanoseconds / 1_000_000_000)"])
+        listener.close(promise: nil)
+        discovery?.pauseAnnouncing(for: period)
+        spawn { [weak self] in
+            try? await Task.sleep(for: .nanoseconds(period.nanoseconds))
+            guard let self, !self.isStopped else { return }
+            do {
+                _ = try await self.bindPort()
+            } catch {
+                self.logger.error("single port could not reopen", metadata: ["error": "\(error)"])
+            }
+        }
+    }
+}

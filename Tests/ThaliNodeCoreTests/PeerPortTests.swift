@@ -1,0 +1,126 @@
+import Foundation
+import NIOPosix
+import Testing
+import ThaliBeacons
+import ThaliSSDP
+import ThaliTestSupport
+@testable import ThaliNodeCore
+
+/// The node's single port under attack from other processes on the same segment (issue 12): the
+/// admission gate filters each abusive source before any global budget, so honest peers keep the port.
+/// Attackers bind loopback source addresses of their own (127.0.0.2 ...), as separate hosts would.
+@Suite("Single port under attack", .serialized, .timeLimit(.minutes(1)))
+struct PeerPortTests {
+    /// A python attacker: `connect_flood SOURCE PORT COUNT` opens and closes COUNT connections as fast
+    /// as it can; `stall SOURCE PORT COUNT` opens COUNT connections that each send the first bytes of a
+    /// TLS record and then nothing, and reports how many the peer kept open.
+    static let attacker = """
+        import socket, sys, time
+        mode, source, port, count = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+        def connect():
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((source, 0))
+            s.connect(("127.0.0.1", port))
+            return s
+        if mode == "connect_flood":
+            start = time.monotonic()
+            for _ in range(count):
+                try:
+                    connect().close()
+                except OSError:
+                    pass
+            print("flood %d connections in %.3f s" % (count, time.monotonic() - start), flush=True)
+        else:
+            held = []
+            for _ in range(count):
+                try:
+                    s = connect()
+                    s.sendall(bytes([0x16, 0x03, 0x01, 0x00, 0x2f]))
+                    held.append(s)
+                except OSError:
+                    pass
+            time.sleep(1.5)
+            alive = 0
+            for s in held:
+                s.setblocking(False)
+                try:
+                    alive += 0 if s.recv(1) == b"" else 1
+                except BlockingIOError:
+                    alive += 1
+                except OSError:
+                    pass
+            print("held %d" % alive, flush=True)
+            time.sleep(30)
+        """
+
+    private func peer(_ person: TestPeople.Person, ssdpPort: Int) throws -> ThaliPeer {
+        var configuration = PeerConfiguration(interfaceAddress: "127.0.0.1")
+        configuration.ssdpPort = ssdpPort
+        return try ThaliPeer(store: person.store, identity: person.key, configuration: configuration, logger: quietLogger)
+    }
+
+    @Test("one source opening 400 connections at once is refused alone; the port stays open for everyone else")
+    func oneSourceCannotCloseThePort() async throws {
+        let people = try TestPeople(["alice"], label: "port-flood")
+        let alice = try peer(people["alice"], ssdpPort: randomSSDPPort())
+        try await alice.start()
+        let port = try #require(alice.state.withLockedValue { $0.boundPort })
+        let flood = try ChildProcess("python3", ["-c", Self.attacker, "connect_flood", "127.0.0.2", "\(port)", "400"])
+        #expect(try await flood.waitForExit(timeout: .seconds(30)) == 0, "\(flood.output)")
+
+        var client = BeaconHTTPClientConfiguration()
+        client.maxAttempts = 1
+        let fetched = try await BeaconHTTPClient(configuration: client, group: MultiThreadedEventLoopGroup.singleton)
+            .fetch(BeaconLocation(host: "127.0.0.1", port: port))
+        let status = await alice.status()
+        await alice.stop()
+        #expect(fetched.isEmpty, "nothing advertised: 204")
+        #expect(status.port.admission.overloads == 0, "\(status.port.admission)")
+        let admission = status.port.admission
+        #expect(admission.refusedSourceRate + admission.refusedSourceUnauthenticated + admission.refusedSourceOpen >= 300,
+                "refused for the source alone: \(admission)")
+        #expect(admission.refusedGlobalOpen + admission.refusedGlobalUnauthenticated + admission.refusedOverload == 0)
+        #expect(status.limitsTriggered.isEmpty)
+    }
+
+    @Test("three sources stalling TLS handshakes hold at most their per-source slots; a contact still delivers")
+    func stalledHandshakesCannotHoldThePort() async throws {
+        let people = try TestPeople(["alice", "bob"], label: "port-stall")
+        let ssdpPort = randomSSDPPort()
+        let alice = try peer(people["alice"], ssdpPort: ssdpPort)
+        let bob = try peer(people["bob"], ssdpPort: ssdpPort)
+        try await alice.start()
+        let port = try #require(alice.state.withLockedValue { $0.boundPort })
+        var attackers: [ChildProcess] = []
+        defer { for attacker in attackers { _ = attacker.terminate() } }
+        for source in ["127.0.0.2", "127.0.0.3", "127.0.0.4"] {
+            let attacker = try ChildProcess("python3", ["-c", Self.attacker, "stall", source, "\(port)", "30"])
+            attackers.append(attacker)
+        }
+        for attacker in attackers { try await attacker.waitForOutput(containing: "held", timeout: .seconds(10)) }
+        let held = attackers.compactMap { attacker in
+            attacker.output.split(separator: "\n").first { $0.hasPrefix("held ") }.flatMap { Int($0.dropFirst(5)) }
+        }
+        #expect(held.count == 3 && held.allSatisfy { $0 <= 4 },
+                "each source holds at most maxUnauthenticatedPerSource: \(attackers.map(\.output))")
+
+        // With the attack still going, Alice's item reaches Bob over PSK-TLS on the same port.
+        let bobsEvents = bob.events()
+        let item = try await alice.send(text: "despite the stalls", to: "bob")
+        try await bob.start()
+        var received: UUID?
+        for await event in bobsEvents {
+            if case .delivery("alice", .received(let inbox)) = event {
+                received = inbox.itemID
+                break
+            }
+        }
+        let status = await alice.status()
+        await bob.stop()
+        await alice.stop()
+        #expect(received == item.id)
+        #expect(status.port.admission.refusedSourceUnauthenticated >= 78, "\(status.port.admission)")
+        #expect(status.port.admission.authenticated >= 1)
+        #expect(status.port.admission.overloads == 0)
+    }
+}
