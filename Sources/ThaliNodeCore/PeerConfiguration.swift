@@ -61,7 +61,7 @@ public struct PeerConfiguration: Sendable {
     /// 200 per second, whose excess closes the port for 30 s as the last resort. See spec/node.md.
     public var admission = AdmissionLimits()
     /// How long a connection to the single port may take to send its first byte, and a beacon request to
-    /// be answered; PSK-TLS then runs under its own handshake timeout (``PSKTLSConfiguration``).
+    /// be answered; PSK-TLS then runs under its own handshake timeout (`PSKTLSConfiguration.handshakeTimeout`).
     public var firstByteTimeout: TimeAmount = .seconds(2)
     /// SSDP discovery's limits (flood threshold, peer cap, cooldowns); a limit that fires is reported as
     /// ``PeerEvent/limitTriggered(kind:effect:)`` and counted in ``PeerStatus/limitsTriggered``.
