@@ -60,7 +60,7 @@ let package = Package(
         .target(
             name: "ThaliPSKTLS",
             dependencies: [
-                "COpenSSL",
+                "COpenSSL", "ThaliAdmission",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
@@ -118,7 +118,7 @@ let package = Package(
         .executableTarget(
             name: "thali-node",
             dependencies: [
-                "ThaliBeacons", "ThaliPSKTLS", "ThaliSSDP", "TCPMultiplexer", "ThaliBLEBinding",
+                "ThaliAdmission", "ThaliBeacons", "ThaliPSKTLS", "ThaliSSDP", "TCPMultiplexer", "ThaliBLEBinding",
                 "ThaliConformance", "ThaliNodeCore",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Crypto", package: "swift-crypto"),
@@ -171,7 +171,7 @@ let package = Package(
         .testTarget(
             name: "ThaliPSKTLSTests",
             dependencies: [
-                "ThaliPSKTLS", "ThaliBeacons", "ThaliTestSupport",
+                "ThaliPSKTLS", "ThaliAdmission", "ThaliBeacons", "ThaliTestSupport",
                 .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
             ]),

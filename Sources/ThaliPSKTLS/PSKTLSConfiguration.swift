@@ -68,6 +68,7 @@ public struct PSKTLSConfiguration: Sendable {
 
     /// Server only: how many connections (handshaking or established) may be open at once; more are
     /// closed as soon as they are accepted and counted in `PSKTLSServer.Statistics.refused`. Default: 256.
+    /// The global open bound of `PSKTLSServer.defaultAdmission(for:)`; per-source bounds come first.
     public var maximumConcurrentConnections: Int = 256
 
     /// Server only: how many established connections wait for the application to take them from

@@ -1,16 +1,18 @@
 import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
+import ThaliAdmission
 
 /// A listening PSK-TLS server. Each accepted TCP connection runs the handshake with the server's
 /// `PSKLookup`; established connections arrive in `connections`, failed handshakes in
-/// `handshakeFailures`. Limits come from `PSKTLSConfiguration`.
+/// `handshakeFailures`. Limits come from `PSKTLSConfiguration`; admission (per source before global) from
+/// the ThaliAdmission gate, as on every listener of the suite.
 public final class PSKTLSServer: Sendable {
     /// Counters of what the server did, for monitoring and tests.
     public struct Statistics: Hashable, Sendable {
         /// TCP connections accepted and given a handshake.
         public var accepted = 0
-        /// TCP connections closed at once because `maximumConcurrentConnections` were open.
+        /// TCP connections closed at once by the admission gate (see `admissionCounters` for the reasons).
         public var refused = 0
         /// Handshakes that completed.
         public var established = 0
@@ -33,6 +35,20 @@ public final class PSKTLSServer: Sendable {
 
     private let serverChannel: any Channel
     private let counters: NIOLockedValueBox<Statistics>
+    private let admission: AdmissionController<String>
+
+    /// What the admission gate has counted: refusals by reason (per source, global), overloads.
+    public var admissionCounters: AdmissionCounters { admission.counters }
+
+    /// The admission limits a server uses unless told otherwise: the gate's defaults, with
+    /// `maximumConcurrentConnections` as the global bound on open (and unauthenticated) connections.
+    public static func defaultAdmission(for configuration: PSKTLSConfiguration) -> AdmissionLimits {
+        var limits = AdmissionLimits()
+        limits.maxOpenGlobal = configuration.maximumConcurrentConnections
+        limits.maxUnauthenticatedGlobal = min(limits.maxUnauthenticatedGlobal, configuration.maximumConcurrentConnections)
+        limits.maxTrackedSources = max(limits.maxTrackedSources, configuration.maximumConcurrentConnections)
+        return limits
+    }
     private let connectionsContinuation: AsyncStream<PSKTLSConnection>.Continuation
     private let failuresContinuation: AsyncStream<PSKTLSError>.Continuation
 
@@ -43,23 +59,33 @@ public final class PSKTLSServer: Sendable {
     public var statistics: Statistics { counters.withLockedValue { $0 } }
 
     private init(localAddress: SocketAddress, serverChannel: any Channel, context: PSKTLSContext,
-                 counters: NIOLockedValueBox<Statistics>,
+                 counters: NIOLockedValueBox<Statistics>, admission: AdmissionController<String>,
                  connections: (AsyncStream<PSKTLSConnection>, AsyncStream<PSKTLSConnection>.Continuation),
                  failures: (AsyncStream<PSKTLSError>, AsyncStream<PSKTLSError>.Continuation)) {
         self.localAddress = localAddress
         self.serverChannel = serverChannel
         self.context = context
         self.counters = counters
+        self.admission = admission
         (self.connections, self.connectionsContinuation) = connections
         (self.handshakeFailures, self.failuresContinuation) = failures
     }
 
     /// Listens on `host:port` (port 0 picks a free one) and serves PSK-TLS with `lookup` deciding
-    /// which identities are accepted and with which PSK.
+    /// which identities are accepted and with which PSK. Each connection passes `admission` (default
+    /// ``defaultAdmission(for:)``) before its handshake starts; it counts as unauthenticated until the
+    /// handshake succeeds, so strangers hold at most a few handshakes each. During an overload period
+    /// the gate refuses every connection (the listener stays bound).
     public static func serve(host: String, port: Int, configuration: PSKTLSConfiguration = PSKTLSConfiguration(),
+                             admission admissionLimits: AdmissionLimits? = nil,
                              eventLoopGroup: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton,
                              lookup: @escaping PSKLookup) async throws -> PSKTLSServer {
         let context = try PSKTLSContext(role: .server, configuration: configuration)
+        let limits = admissionLimits ?? defaultAdmission(for: configuration)
+        if let problem = limits.problem {
+            throw PSKTLSError(.invalidConfiguration, role: .server, detail: "admission limits: \(problem)")
+        }
+        let admission = AdmissionController<String>(limits: limits)
         let counters = NIOLockedValueBox(Statistics())
         let connections = AsyncStream<PSKTLSConnection>.makeStream(
             bufferingPolicy: .bufferingOldest(configuration.maximumPendingConnections))
@@ -75,16 +101,15 @@ public final class PSKTLSServer: Sendable {
             .childChannelOption(.tcpOption(.tcp_nodelay), value: 1)
             .childChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
-                    let admitted = counters.withLockedValue { statistics -> Bool in
-                        guard statistics.open < configuration.maximumConcurrentConnections else {
-                            statistics.refused += 1
-                            return false
-                        }
-                        statistics.open += 1
-                        statistics.accepted += 1
-                        return true
+                    guard case .success(let ticket) = admission.admit(channel.remoteAddress?.ipAddress ?? "?") else {
+                        counters.withLockedValue { $0.refused += 1 }
+                        throw ChannelError.inappropriateOperationForState  // closes the child
                     }
-                    guard admitted else { throw ChannelError.inappropriateOperationForState }  // closes the child
+                    counters.withLockedValue {
+                        $0.open += 1
+                        $0.accepted += 1
+                    }
+                    ticket.release(when: channel.closeFuture)
                     channel.closeFuture.whenComplete { _ in counters.withLockedValue { $0.open -= 1 } }
 
                     let promise = channel.eventLoop.makePromise(of: PSKTLSNegotiatedParameters.self)
@@ -93,6 +118,7 @@ public final class PSKTLSServer: Sendable {
                     PSKTLSConnection.afterHandshake(on: channel, promise.futureResult).whenComplete { result in
                         switch result {
                         case .success(let connection):
+                            ticket.authenticated()
                             counters.withLockedValue { $0.established += 1 }
                             switch connectionsContinuation.yield(connection) {
                             case .enqueued:
@@ -119,6 +145,7 @@ public final class PSKTLSServer: Sendable {
             throw PSKTLSError(.invalidConfiguration, role: .server, detail: "no local address after bind")
         }
         return PSKTLSServer(localAddress: localAddress, serverChannel: channel, context: context, counters: counters,
+                            admission: admission,
                             connections: (connections.stream, connectionsContinuation),
                             failures: (failures.stream, failuresContinuation))
     }

@@ -2,6 +2,7 @@ import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
 import Testing
+import ThaliAdmission
 import ThaliPSKTLS
 
 /// Our client against our server over loopback sockets.
@@ -69,7 +70,16 @@ extension PSKTLSTests {
 
         @Test func manyConcurrentConnections() async throws {
             try await expectNoLeaks {
-                let server = try await Self.serve()
+                // One client opening 40 at once: more than the per-source defaults allow a stranger, so
+                // this server admits that much from one address.
+                var admission = AdmissionLimits()
+                admission.maxConnectionsPerSource = 40
+                admission.maxUnauthenticatedPerSource = 40
+                admission.maxOpenPerSource = 40
+                admission.maxUnauthenticatedGlobal = 40
+                let server = try await PSKTLSServer.serve(host: "127.0.0.1", port: 0,
+                                                          configuration: PSKTLSConfiguration(dhGroup: .ffdhe2048),
+                                                          admission: admission, lookup: Self.lookup)
                 let echo = Self.echo(server)
                 let client = try PSKTLSClient()
                 try await withThrowingTaskGroup(of: Void.self) { group in
@@ -92,6 +102,40 @@ extension PSKTLSTests {
                 #expect(server.statistics.failed == 0)
                 await server.close()
                 await echo.value
+            }
+        }
+
+        @Test("one source is refused beyond its unauthenticated slots; another source still gets in")
+        func perSourceUnauthenticatedSlots() async throws {
+            try await expectNoLeaks {
+                var admission = AdmissionLimits()
+                admission.maxUnauthenticatedPerSource = 2
+                let server = try await PSKTLSServer.serve(host: "127.0.0.1", port: 0,
+                                                          configuration: PSKTLSConfiguration(dhGroup: .ffdhe2048),
+                                                          admission: admission, lookup: Self.lookup)
+                // Two stalled handshakes from 127.0.0.2 (a ClientHello record header, then silence).
+                var stalled: [Channel] = []
+                for _ in 0..<3 {
+                    let channel = try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+                        .bind(to: try SocketAddress(ipAddress: "127.0.0.2", port: 0))
+                        .connect(host: "127.0.0.1", port: server.port).get()
+                    try? await channel.writeAndFlush(ByteBuffer(bytes: [0x16, 0x03, 0x01, 0x00, 0x2F])).get()
+                    stalled.append(channel)
+                }
+                let deadline = ContinuousClock.now + .seconds(5)
+                while stalled.allSatisfy(\.isActive) && ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(20)) }
+                #expect(stalled.filter { !$0.isActive }.count == 1, "the third from one source is refused")
+                #expect(server.admissionCounters.refusedSourceUnauthenticated == 1)
+                // 127.0.0.1 is another source: its handshake completes.
+                let connection = try await PSKTLSClient.connect(host: "127.0.0.1", port: server.port,
+                                                                identity: Fixtures.identity192, psk: Fixtures.psk)
+                var accepted = server.connections.makeAsyncIterator()
+                let served = try #require(await accepted.next())
+                #expect(server.admissionCounters.authenticated == 1)
+                try await connection.executeThenClose { _, _ in }
+                try await served.executeThenClose { inbound, _ in for try await _ in inbound {} }
+                for channel in stalled { try? await channel.close() }
+                await server.close()
             }
         }
 
