@@ -64,7 +64,7 @@ public struct PeerConfiguration: Sendable {
     /// be answered; PSK-TLS then runs under its own handshake timeout (`PSKTLSConfiguration.handshakeTimeout`).
     public var firstByteTimeout: TimeAmount = .seconds(2)
     /// SSDP discovery's limits (flood threshold, peer cap, cooldowns); a limit that fires is reported as
-    /// ``PeerEvent/limitTriggered(kind:effect:)`` and counted in ``PeerStatus/limitsTriggered``.
+    /// ``PeerEvent/limitTriggered(_:)`` and counted in ``PeerStatus/limitsTriggered``.
     public var discoveryLimits = SSDPDiscoveryLimits()
     /// The most contacts advertised at once; more wait for a later round (logged). The PSK table holds
     /// twice as many identities, so the previous announcements stay valid during a re-announcement.

@@ -30,14 +30,42 @@ public enum PeerEvent: Sendable, Hashable {
     case delivery(contact: String, DeliveryEvent)
     /// A delivery session ended (`error` nil: it completed).
     case sessionEnded(contact: String, role: Role, error: String?)
-    /// A DoS limit fired (`kind`: `announcementFlood`, `peerCap`, `unicastFailure`, `httpOverload`) and
-    /// this peer switched something off for a while; `effect` says what, for how long, and that it is the
-    /// last resort of that limit.
-    case limitTriggered(kind: String, effect: String)
+    /// A DoS limit fired and this peer switched something off for a while: the last resort of that limit.
+    case limitTriggered(PeerLimitReport)
     /// Relay mode: connections to this local port reach the contact's app.
     case relayListening(contact: String, port: Int)
     /// The peer stopped.
     case stopped
+}
+
+/// What a fired DoS limit did (``PeerEvent/limitTriggered(_:)``).
+public struct PeerLimitReport: Sendable, Hashable {
+    /// What the peer switched off.
+    public enum Effect: String, Sendable, Hashable {
+        /// SSDP discovery: the multicast socket is closed, nothing is heard.
+        case discoveryOff = "discovery-off"
+        /// Announcing: byebye sent, no alives.
+        case announcingPaused = "announcing-paused"
+        /// The single port is closed (and announcing paused with it).
+        case portClosed = "port-closed"
+    }
+
+    /// The limit (ThaliSSDP's `SSDPDiscoveryEvent.LimitKind`: `announcementFlood`, `peerCap`, ...).
+    public var kind: String
+    /// What it switched off.
+    public var effect: Effect
+    /// For how long.
+    public var period: Duration
+    /// In words: what was exceeded, and that this is the limit's last resort.
+    public var detail: String
+
+    /// A report of `kind` switching `effect` off for `period`.
+    public init(kind: String, effect: Effect, period: Duration, detail: String) {
+        self.kind = kind
+        self.effect = effect
+        self.period = period
+        self.detail = detail
+    }
 }
 
 /// A callback for ``PeerEvent``s; called from the peer's tasks and event loops, so keep it short.

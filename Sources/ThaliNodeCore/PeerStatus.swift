@@ -26,7 +26,7 @@ public struct PeerStatus: Sendable, Hashable, Codable {
     public var inboxCount: Int
     /// Items waiting in the outbox.
     public var outboxCount: Int
-    /// How often each DoS limit fired since the peer started, by kind (see ``PeerEvent/limitTriggered(kind:effect:)``).
+    /// How often each DoS limit fired since the peer started, by kind (see ``PeerEvent/limitTriggered(_:)``).
     public var limitsTriggered: [String: Int] = [:]
     /// The single port's admission and traffic counts.
     public var port = PeerPortCounters()

@@ -278,25 +278,31 @@ public final class ThaliPeer: Sendable {
             if known { emit(.peerLeft(location: location, reason: reason.rawValue)) }
         case .limitTriggered(let kind):
             state.withLockedValue { $0.limitsTriggered[kind.rawValue, default: 0] += 1 }
-            emit(.limitTriggered(kind: kind.rawValue, effect: effect(of: kind)))
+            emit(.limitTriggered(report(of: kind)))
         case .changed, .beaconsFetched, .beaconFetchFailed:
             break
         }
     }
 
-    /// What a fired limit switched off, in words for the event; each is that limit's last resort.
-    private func effect(of kind: SSDPDiscoveryEvent.LimitKind) -> String {
+    /// What a fired limit switched off, for how long, and why; each is that limit's last resort.
+    private func report(of kind: SSDPDiscoveryEvent.LimitKind) -> PeerLimitReport {
         let limits = configuration.discoveryLimits
+        let admission = configuration.admission
+        func duration(_ amount: TimeAmount) -> Duration { .nanoseconds(amount.nanoseconds) }
         func seconds(_ amount: TimeAmount) -> String { "\(amount.nanoseconds / 1_000_000_000) s" }
         switch kind {
         case .announcementFlood:
-            return "SSDP discovery off for \(seconds(limits.discoveryCooldown)) (last resort: more than \(limits.maxDatagramsPerWindow) datagrams per \(seconds(limits.floodWindow)))"
+            return PeerLimitReport(kind: kind.rawValue, effect: .discoveryOff, period: duration(limits.discoveryCooldown),
+                                   detail: "SSDP discovery off for \(seconds(limits.discoveryCooldown)) (last resort: more than \(limits.maxDatagramsPerWindow) datagrams per \(seconds(limits.floodWindow)))")
         case .peerCap:
-            return "SSDP discovery off for \(seconds(limits.discoveryCooldown)) (last resort: more than \(limits.maxTrackedPeers) peers tracked)"
+            return PeerLimitReport(kind: kind.rawValue, effect: .discoveryOff, period: duration(limits.discoveryCooldown),
+                                   detail: "SSDP discovery off for \(seconds(limits.discoveryCooldown)) (last resort: more than \(limits.maxTrackedPeers) peers tracked)")
         case .unicastFailure:
-            return "announcing paused for \(seconds(limits.unicastFailurePause)) (last resort: \(limits.unicastFailureThreshold) unicast failures)"
+            return PeerLimitReport(kind: kind.rawValue, effect: .announcingPaused, period: duration(limits.unicastFailurePause),
+                                   detail: "announcing paused for \(seconds(limits.unicastFailurePause)) (last resort: \(limits.unicastFailureThreshold) unicast failures)")
         case .httpOverload:
-            return "beacon and PSK-TLS port closed and announcing paused for \(seconds(configuration.admission.overloadClosePeriod)) (last resort: more than \(configuration.admission.maxConnectionsGlobal) connections per \(seconds(configuration.admission.globalWindow)) from sources each within its own bounds)"
+            return PeerLimitReport(kind: kind.rawValue, effect: .portClosed, period: duration(admission.overloadClosePeriod),
+                                   detail: "beacon and PSK-TLS port closed and announcing paused for \(seconds(admission.overloadClosePeriod)) (last resort: more than \(admission.maxConnectionsGlobal) connections per \(seconds(admission.globalWindow)) from sources each within its own bounds)")
         }
     }
 

@@ -241,8 +241,10 @@ final class RunOutput: Sendable {
             var object: [String: Any] = ["event": "session_ended", "contact": contact, "role": role.rawValue]
             if let error { object["error"] = error }
             line(object, text: "session with \(contact) ended" + (error.map { ": \($0)" } ?? ""))
-        case .limitTriggered(let kind, let effect):
-            line(["event": "limit_triggered", "kind": kind, "effect": effect], text: "limit \(kind) fired: \(effect)")
+        case .limitTriggered(let report):
+            line(["event": "limit_triggered", "kind": report.kind, "effect": report.effect.rawValue,
+                  "period_s": report.period.seconds, "detail": report.detail],
+                 text: "limit \(report.kind) fired: \(report.detail)")
         case .relayListening(let contact, let port):
             line(["event": "relay_listening", "contact": contact, "port": port],
                  text: "relay: connections to 127.0.0.1:\(port) reach \(contact)'s app")

@@ -42,11 +42,11 @@ struct PeerLimitTests {
         let attacker = try ChildProcess("python3", ["-c", flood, "\(ssdpPort)"])
         #expect(try await attacker.waitForExit(timeout: .seconds(10)) == 0, "\(attacker.output)")
 
-        var fired: (kind: String, effect: String)?
+        var fired: PeerLimitReport?
         let deadline = ContinuousClock.now + .seconds(10)
         for await event in events {
-            if case .limitTriggered(let kind, let effect) = event {
-                fired = (kind, effect)
+            if case .limitTriggered(let report) = event {
+                fired = report
                 break
             }
             if ContinuousClock.now > deadline { break }
@@ -55,8 +55,10 @@ struct PeerLimitTests {
         await alice.stop()
         let event = try #require(fired, "no limitTriggered event")
         #expect(event.kind == "announcementFlood")
-        #expect(event.effect.contains("SSDP discovery off for 5 s"))
-        #expect(event.effect.contains("last resort"))
+        #expect(event.effect == .discoveryOff)
+        #expect(event.period == .seconds(5))
+        #expect(event.detail.contains("SSDP discovery off for 5 s"))
+        #expect(event.detail.contains("last resort"))
         #expect(status.limitsTriggered == ["announcementFlood": 1])
     }
 }

@@ -1,0 +1,134 @@
+import ArgumentParser
+import Foundation
+import Logging
+import NIOConcurrencyHelpers
+import ThaliBeacons
+import ThaliNodeCore
+
+/// `thali-node bench crowd`: many honest peers on one segment (a conference hall), each with a few
+/// contacts among the others and an item for each of them. Every peer is a real `ThaliPeer` with its own
+/// SQLite store and its own address (127.0.1.x in a network namespace the benchmark creates), all in one
+/// process on the machine's cores.
+struct BenchCrowd: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "crowd",
+        abstract: "Run a crowd of peers on one segment and measure delivery, discovery downtime, CPU and memory (root: it creates a network namespace).")
+
+    @Option(help: "Peers in the crowd.") var peers = 150
+    @Option(help: "Contacts each peer sends one item to (the next ones in the ring; each also hears from as many).")
+    var contacts = 3
+    @Option(help: "Give up after this many seconds.") var timeout = 300.0
+    @Flag(help: "Print one JSON object (keys peers, items, delivered, all_delivered_s, discovery_off_s, cpu_s_per_peer, peak_rss_mb_per_peer).")
+    var json = false
+    @Flag(name: .customLong(String(BenchNamespace.insideFlag.dropFirst(2))), help: .hidden) var insideNamespace = false
+
+    func validate() throws {
+        guard peers >= 2, peers <= 2000 else { throw ValidationError("--peers must be in 2...2000") }
+        guard contacts >= 1, contacts < peers else { throw ValidationError("--contacts must be in 1..<peers") }
+    }
+
+    func run() async throws {
+        guard insideNamespace else {
+            var arguments = ["bench", "crowd", "--peers", "\(peers)", "--contacts", "\(contacts)", "--timeout", "\(timeout)"]
+            if json { arguments.append("--json") }
+            let status = try BenchNamespace.run(addressCount: peers, arguments: arguments)
+            if status != 0 { throw ExitCode(status) }
+            return
+        }
+        BenchNamespace.raiseOpenFileLimit()
+        let root = FileManager.default.temporaryDirectory.appendingPathComponent("thali-crowd-\(getpid())").path
+        defer { try? FileManager.default.removeItem(atPath: root) }
+        let quiet = Logger(label: "crowd") { _ in SwiftLogNoOpLogHandler() }
+        let ssdpPort = Int.random(in: 20000...60000)
+        let expiry = Date().addingTimeInterval(3600)
+
+        // Identities and stores first, then the ring of contacts and items.
+        var stores: [NodeStore] = []
+        var keys: [PrivateKey] = []
+        for index in 0..<peers {
+            let home = NodeHome(path: "\(root)/p\(index)")
+            keys.append(try NodeIdentity.create(in: home))
+            stores.append(try NodeStore(home: home))
+        }
+        let name = { (index: Int) in "p\(index)" }
+        var expected: [Int: Set<String>] = [:]  // receiver → texts
+        for index in 0..<peers {
+            for step in 1...contacts {
+                let next = (index + step) % peers
+                let previous = (index - step + peers) % peers
+                try stores[index].addContact(name: name(next), publicKey: keys[next].publicKey.hexString(compressed: true))
+                if (try? stores[index].contact(named: name(previous))) == nil {
+                    try stores[index].addContact(name: name(previous), publicKey: keys[previous].publicKey.hexString(compressed: true))
+                }
+                let text = "from \(name(index)) to \(name(next))"
+                _ = try stores[index].enqueueText(text, to: name(next), expiresAt: expiry)
+                expected[next, default: []].insert(text)
+            }
+        }
+        let items = peers * contacts
+
+        let received = NIOLockedValueBox(0)
+        let discoveryOff = NIOLockedValueBox(0.0)
+        let usageBefore = BenchNamespace.usage()
+        var running: [ThaliPeer] = []
+        for index in 0..<peers {
+            var configuration = PeerConfiguration(interfaceAddress: BenchNamespace.address(index))
+            configuration.ssdpPort = ssdpPort
+            let peer = try ThaliPeer(store: stores[index], identity: keys[index], configuration: configuration,
+                                     logger: quiet, events: { event in
+                switch event {
+                case .delivery(_, .received): received.withLockedValue { $0 += 1 }
+                case .limitTriggered(let report) where report.effect == .discoveryOff:
+                    discoveryOff.withLockedValue { $0 += report.period.seconds }
+                default: break
+                }
+            })
+            running.append(peer)
+        }
+        let start = ContinuousClock.now
+        for peer in running { try await peer.start() }
+        if !json { print("crowd: \(peers) peers started in \(String(format: "%.1f", (ContinuousClock.now - start).seconds)) s; \(items) items to deliver") }
+        var allDelivered: Double?
+        var lastReport = ContinuousClock.now
+        while (ContinuousClock.now - start).seconds < timeout {
+            try await Task.sleep(for: .milliseconds(250))
+            let count = received.withLockedValue { $0 }
+            if count >= items {
+                allDelivered = (ContinuousClock.now - start).seconds
+                break
+            }
+            if !json, (ContinuousClock.now - lastReport).seconds >= 5 {
+                lastReport = ContinuousClock.now
+                print(String(format: "  %5.1f s: %d/%d received", (ContinuousClock.now - start).seconds, count, items))
+            }
+        }
+        let usageAfter = BenchNamespace.usage()
+        for peer in running { await peer.stop() }
+
+        // Exactly once, from the inboxes.
+        var delivered = 0
+        for (receiver, texts) in expected {
+            let inbox = try stores[receiver].inbox().compactMap(\.text)
+            for text in texts where inbox.filter({ $0 == text }).count == 1 { delivered += 1 }
+        }
+        let cpuPerPeer = (usageAfter.cpuSeconds - usageBefore.cpuSeconds) / Double(peers)
+        let rssPerPeer = usageAfter.peakRSSMiB / Double(peers)
+        if json {
+            let object: [String: Any] = [
+                "peers": peers, "items": items, "delivered": delivered,
+                "all_delivered_s": allDelivered.map { ($0 * 1000).rounded() / 1000 } as Any? ?? NSNull(),
+                "discovery_off_s": discoveryOff.withLockedValue { $0 },
+                "cpu_s_per_peer": (cpuPerPeer * 1000).rounded() / 1000,
+                "peak_rss_mb_per_peer": (rssPerPeer * 100).rounded() / 100,
+            ]
+            let data = try JSONSerialization.data(withJSONObject: object, options: [.sortedKeys])
+            print(String(decoding: data, as: UTF8.self))
+        } else {
+            print("crowd: \(delivered)/\(items) items delivered exactly once"
+                  + (allDelivered.map { String(format: " in %.1f s", $0) } ?? " (not all within \(Int(timeout)) s)"))
+            print(String(format: "crowd: discovery off %.0f s in total; %.3f CPU s per peer; peak RSS %.2f MiB per peer",
+                         discoveryOff.withLockedValue { $0 }, cpuPerPeer, rssPerPeer))
+        }
+        if allDelivered == nil || delivered != items { throw ExitCode(1) }
+    }
+}

@@ -1,0 +1,78 @@
+import Foundation
+
+/// Runs a benchmark inside a network namespace of its own, so that it can give every simulated host an
+/// address of its own (127.0.1.x on the namespace's loopback) without touching the machine's network:
+/// per-source limits then see distinct sources, as on a real segment. Needs root and `ip` (iproute2).
+enum BenchNamespace {
+    struct Failure: Error, CustomStringConvertible {
+        let description: String
+    }
+
+    /// The hidden flag a re-executed benchmark gets, telling it that it already runs inside.
+    static let insideFlag = "--inside-namespace"
+
+    /// The `index`-th host address (0-based): 127.0.1.1 ... 127.0.1.250, then 127.0.2.1 ...
+    static func address(_ index: Int) -> String {
+        "127.0.\(1 + index / 250).\(1 + index % 250)"
+    }
+
+    /// Creates a namespace with loopback up and `addressCount` host addresses, re-runs this executable
+    /// there with `arguments` plus ``insideFlag`` (its output goes to ours), deletes the namespace, and
+    /// returns the child's exit status.
+    static func run(addressCount: Int, arguments: [String]) throws -> Int32 {
+        guard geteuid() == 0 else { throw Failure(description: "this benchmark needs root (it creates a network namespace)") }
+        guard let ip = ["/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"].first(where: FileManager.default.isExecutableFile)
+        else { throw Failure(description: "this benchmark needs ip (iproute2)") }
+        let name = "thali-bench-\(getpid())"
+        _ = try? tool(ip, ["netns", "del", name])  // a leftover of a crashed run with the same pid
+        try tool(ip, ["netns", "add", name])
+        defer { _ = try? tool(ip, ["netns", "del", name]) }
+        let batch = FileManager.default.temporaryDirectory.appendingPathComponent("\(name).ip").path
+        defer { try? FileManager.default.removeItem(atPath: batch) }
+        let commands = ["link set lo up"] + (0..<addressCount).map { "addr add \(address($0))/8 dev lo" }
+        try (commands.joined(separator: "\n") + "\n").write(toFile: batch, atomically: true, encoding: .utf8)
+        try tool(ip, ["-n", name, "-batch", batch])
+        let child = Process()
+        child.executableURL = URL(fileURLWithPath: ip)
+        child.arguments = ["netns", "exec", name, CommandLine.arguments[0]] + arguments + [insideFlag]
+        try child.run()
+        child.waitUntilExit()
+        return child.terminationStatus
+    }
+
+    @discardableResult
+    private static func tool(_ path: String, _ arguments: [String]) throws -> String {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: path)
+        process.arguments = arguments
+        let output = Pipe()
+        process.standardOutput = output
+        process.standardError = output
+        try process.run()
+        let data = output.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        let text = String(decoding: data, as: UTF8.self)
+        guard process.terminationStatus == 0 else {
+            throw Failure(description: "\(path) \(arguments.joined(separator: " ")) failed: \(text)")
+        }
+        return text
+    }
+
+    /// Raises the open-file limit to its hard maximum (a crowd in one process holds thousands of sockets
+    /// and database files).
+    static func raiseOpenFileLimit() {
+        var limit = rlimit()
+        guard getrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &limit) == 0 else { return }
+        limit.rlim_cur = limit.rlim_max
+        _ = setrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &limit)
+    }
+
+    /// User + system CPU seconds of this process so far, and its peak resident set in MiB.
+    static func usage() -> (cpuSeconds: Double, peakRSSMiB: Double) {
+        var usage = rusage()
+        getrusage(__rusage_who_t(RUSAGE_SELF.rawValue), &usage)
+        let cpu = Double(usage.ru_utime.tv_sec) + Double(usage.ru_utime.tv_usec) / 1e6
+            + Double(usage.ru_stime.tv_sec) + Double(usage.ru_stime.tv_usec) / 1e6
+        return (cpu, Double(usage.ru_maxrss) / 1024)
+    }
+}
