@@ -5,18 +5,53 @@ import ThaliBeacons
 /// parser: on the curve, compressed or uncompressed), accepted as hex or base64 (standard or URL-safe),
 /// and stored in one canonical form — compressed, as lowercase hex — so one key always compares equal.
 public enum ContactKey {
-    /// Parses `text` (hex, or base64) as a secp256k1 public key; throws
-    /// ``NodeError/invalidPublicKey(_:reason:)`` for anything that is not one.
+    /// Parses `text` (hex, with or without `0x`, or base64) as a secp256k1 public key; throws
+    /// ``NodeError/invalidPublicKey(_:reason:)`` for anything that is not one, saying which encodings
+    /// were tried and why each failed.
     public static func parse(_ text: String) throws -> PublicKey {
-        let trimmed = text.trimmingCharacters(in: .whitespacesAndNewlines)
-        guard let bytes = decodeHex(trimmed) ?? decodeBase64(trimmed) else {
-            throw NodeError.invalidPublicKey(text, reason: "neither hex nor base64")
+        var trimmed = text.trimmingCharacters(in: .whitespacesAndNewlines)
+        let prefixed = trimmed.hasPrefix("0x") || trimmed.hasPrefix("0X")
+        if prefixed { trimmed.removeFirst(2) }
+        var failures: [String] = []
+        switch hexDiagnosis(trimmed) {
+        case .success(let bytes):
+            do {
+                return try PublicKey(sec1: bytes)
+            } catch {
+                failures.append("as hex, \(bytes.count) bytes: \(error.detail)")
+            }
+        case .failure(let reason):
+            failures.append("as hex: \(reason)")
         }
-        do {
-            return try PublicKey(sec1: bytes)
-        } catch {
-            throw NodeError.invalidPublicKey(text, reason: error.detail)
+        // A 0x prefix says hex; base64 is not tried then.
+        if !prefixed {
+            if let bytes = decodeBase64(trimmed) {
+                do {
+                    return try PublicKey(sec1: bytes)
+                } catch {
+                    failures.append("as base64, \(bytes.count) bytes: \(error.detail)")
+                }
+            } else {
+                failures.append("as base64: not base64")
+            }
         }
+        throw NodeError.invalidPublicKey(text, reason: failures.joined(separator: "; "))
+    }
+
+    private struct HexProblem: Error, CustomStringConvertible {
+        let description: String
+    }
+
+    /// Decodes hex digits, or says what is wrong with them (the first non-digit, or an odd count).
+    private static func hexDiagnosis(_ text: String) -> Result<[UInt8], HexProblem> {
+        if text.isEmpty { return .failure(HexProblem(description: "empty")) }
+        for (offset, character) in text.enumerated() where !character.isHexDigit {
+            return .failure(HexProblem(description: "'\(character)' at position \(offset + 1) is not a hex digit"))
+        }
+        guard let bytes = decodeHex(text) else {
+            return .failure(HexProblem(description: "\(text.count) digits, an odd number"))
+        }
+        return .success(bytes)
     }
 
     /// The canonical stored form of `text`: the compressed SEC1 point as lowercase hex.

@@ -13,7 +13,10 @@ public enum DeliveryEvent: Sendable, Hashable {
     case delivered(id: UUID, alreadyStored: Bool)
     /// Sender: the receiver refused item `id`.
     case refused(id: UUID, ItemRefusal)
-    /// Both sides: the content of item `id` arrived damaged and was discarded; it is sent again later.
+    /// Sender: the receiver rejected the content of item `id` as damaged in transit; the sender keeps
+    /// the item and sends it again in a later session.
+    case rejected(id: UUID, TransferFailure)
+    /// Receiver: the content of item `id` arrived damaged and was discarded; the sender sends it again.
     case discarded(id: UUID, TransferFailure)
     /// Receiver: an item was committed to the inbox.
     case received(InboxItem)

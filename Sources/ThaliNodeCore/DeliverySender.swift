@@ -19,8 +19,8 @@ public struct DeliverySender: Sendable {
         public var alreadyStored: [UUID] = []
         /// Items the receiver refused.
         public var refused: [UUID] = []
-        /// Items whose content the receiver discarded; still pending.
-        public var discarded: [UUID] = []
+        /// Items whose content the receiver rejected as damaged; still pending, sent again later.
+        public var rejected: [UUID] = []
         /// Content bytes sent (resumed prefixes not counted).
         public var bytesSent: UInt64 = 0
     }
@@ -136,10 +136,10 @@ public struct DeliverySender: Sendable {
                         logger.warning("refused by the receiver", metadata: ["item": "\(offer.id)", "reason": "\(reason)"])
                         events?(.refused(id: offer.id, reason))
                     case .rejected(let offer, let failure):
-                        try await blocking { try store.recordProblem(offer.id, "discarded by the receiver: \(failure)") }
-                        summary.discarded.append(offer.id)
-                        logger.warning("discarded by the receiver", metadata: ["item": "\(offer.id)", "reason": "\(failure)"])
-                        events?(.discarded(id: offer.id, failure))
+                        try await blocking { try store.recordProblem(offer.id, "rejected by the receiver as damaged (\(failure)); will be sent again") }
+                        summary.rejected.append(offer.id)
+                        logger.warning("rejected by the receiver as damaged; will be sent again", metadata: ["item": "\(offer.id)", "reason": "\(failure)"])
+                        events?(.rejected(id: offer.id, failure))
                     }
                     break
                 }

@@ -9,15 +9,27 @@ enum FileContent {
     /// Copies `source` to `destination` (through a temporary name, so a half copy is never taken for a
     /// whole one) and returns the size and SHA-256; refuses files above `limit` bytes.
     static func copy(from source: String, to destination: String, limit: UInt64) throws -> (UInt64, [UInt8]) {
+        // Only regular files: opening a FIFO without a writer blocks forever, and a pipe or device has no
+        // size to check against the limit before reading. Checked before opening, on the target of links.
+        var status = stat()
+        guard stat(source, &status) == 0 else {
+            throw NodeError.unreadableFile(path: source, reason: errno == ENOENT ? "no such file" : String(cString: strerror(errno)))
+        }
+        let type = status.st_mode & S_IFMT
+        guard type == S_IFREG else {
+            let kind = switch type {
+            case S_IFDIR: "a directory"
+            case S_IFIFO: "a pipe or FIFO"
+            case S_IFSOCK: "a socket"
+            case S_IFCHR, S_IFBLK: "a device"
+            default: "not a regular file"
+            }
+            throw NodeError.unreadableFile(path: source, reason: "\(kind), not a regular file; save the content to a file first")
+        }
         guard let input = FileHandle(forReadingAtPath: source) else {
-            let reason = FileManager.default.fileExists(atPath: source) ? "permission denied" : "no such file"
-            throw NodeError.unreadableFile(path: source, reason: reason)
+            throw NodeError.unreadableFile(path: source, reason: "permission denied")
         }
         defer { try? input.close() }
-        var isDirectory: ObjCBool = false
-        if FileManager.default.fileExists(atPath: source, isDirectory: &isDirectory), isDirectory.boolValue {
-            throw NodeError.unreadableFile(path: source, reason: "is a directory")
-        }
         let temporary = destination + ".copying"
         guard FileManager.default.createFile(atPath: temporary, contents: nil),
               let output = FileHandle(forWritingAtPath: temporary) else {

@@ -21,6 +21,8 @@ public enum NodeError: Error, Hashable, CustomStringConvertible {
     case portInUse(host: String, port: Int)
     /// No network interface to use (`name` is the configured one, if any).
     case noUsableInterface(name: String?)
+    /// The address to pin to is not an IPv4 address, or no local interface has it.
+    case addressNotLocal(String, reason: String)
     /// The data directory (or one of its subdirectories) cannot be created or used.
     case dataDirectoryUnusable(path: String, reason: String)
     /// The database cannot be opened or migrated.
@@ -46,6 +48,7 @@ public enum NodeError: Error, Hashable, CustomStringConvertible {
         case .invalidContactName(let name, let reason): "invalid contact name \"\(name)\": \(reason)"
         case .invalidPublicKey(let key, let reason): "invalid public key \"\(key)\": \(reason)"
         case .portInUse(let host, let port): "port \(port) on \(host) is in use by another process"
+        case .addressNotLocal(let address, let reason): "address \"\(address)\" cannot be used: \(reason)"
         case .noUsableInterface(let name):
             name.map { "network interface \"\($0)\" is missing, down or has no IPv4 address" }
                 ?? "no usable network interface (up, with an IPv4 address)"

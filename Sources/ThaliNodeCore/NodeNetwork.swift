@@ -36,3 +36,20 @@ public struct NodeInterface: Sendable, Hashable {
         return first
     }
 }
+
+extension NodeInterface {
+    /// Checks that `address` is an IPv4 address some local interface has; throws
+    /// ``NodeError/addressNotLocal(_:reason:)`` saying which it is not (and which addresses there are).
+    public static func validateLocalAddress(_ address: String) throws {
+        guard let parsed = try? SocketAddress(ipAddress: address, port: 0), case .v4 = parsed else {
+            throw NodeError.addressNotLocal(address, reason: "not an IPv4 address")
+        }
+        let local = (try? System.enumerateDevices().compactMap { device -> String? in
+            guard case .v4 = device.address else { return nil }
+            return device.address?.ipAddress
+        }) ?? []
+        guard local.contains(address) else {
+            throw NodeError.addressNotLocal(address, reason: "no local interface has it (local IPv4 addresses: \(Set(local).sorted().joined(separator: ", ")))")
+        }
+    }
+}

@@ -233,12 +233,14 @@ public final class NodeStore: Sendable {
         return try insertIdempotently(item)
     }
 
-    /// Queues the file at `path` for `contactName`: the node copies it under `outbox/` (hashing it on the
-    /// way), so the delivered content is what was queued. Idempotent on `id`.
+    /// Queues the regular file at `path` for `contactName` under `name` (default: the file's own name):
+    /// the node copies it under `outbox/` (hashing it on the way), so the delivered content is what was
+    /// queued. Pipes, FIFOs, devices and directories are refused (``NodeError/unreadableFile(path:reason:)``).
+    /// Idempotent on `id`.
     @discardableResult
-    public func enqueueFile(at path: String, to contactName: String, expiresAt: Date, id: UUID = UUID(),
-                            now: Date = Date()) throws -> OutboxItem {
-        let name = URL(fileURLWithPath: path).lastPathComponent
+    public func enqueueFile(at path: String, to contactName: String, name: String? = nil, expiresAt: Date,
+                            id: UUID = UUID(), now: Date = Date()) throws -> OutboxItem {
+        let name = name ?? URL(fileURLWithPath: path).lastPathComponent
         guard FileNames.isSafe(name), name.utf8.count <= limits.maxNameBytes else { throw NodeError.invalidFileName(name) }
         guard expiresAt > now else { throw NodeError.invalidExpiry("\(expiresAt)") }
         let contact = try contact(named: contactName)

@@ -33,7 +33,12 @@ extension ThaliPeer {
             contact.whenFailure { _ in channel.close(promise: nil) }
             return MultiplexerSession.configure(on: channel, role: .server, inboundStreamInitializer: { [self] stream in
                 contact.flatMap { contact in self.serveStream(stream, for: contact) }
-            }).map { _ in () }
+            }).flatMapThrowing { [emit = self.emit] _ in
+                // Reported only for a connection that authenticated a contact.
+                try channel.pipeline.syncOperations.addHandler(ConnectionEndRecorder { reason in
+                    contact.whenSuccess { contact in emit(.disconnected(contact: contact.name, role: .accepting, reason: reason)) }
+                })
+            }
         }
     }
 

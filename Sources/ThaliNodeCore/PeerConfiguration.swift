@@ -51,7 +51,10 @@ public struct PeerConfiguration: Sendable {
     public var retry = RetryPolicy()
     /// Delivery bounds (chunk size, idle timeout, ...).
     public var deliveryLimits: DeliveryLimits = .default
-    /// TLS settings of both roles. The spec's minimum DH group keeps handshakes cheap on small machines.
+    /// TLS settings of both roles. The DH group is the spec's minimum, ffdhe2048, unlike ThaliPSKTLS's own
+    /// default (ffdhe3072): a peer's server pays a DH key generation for every incoming connection before
+    /// the PSK tells a contact from a stranger (about 6 ms at 2048 bits, 17 ms at 3072, measured here), and
+    /// the PSK, not the group, authenticates. `config.json`'s `dhGroup` changes it.
     public var tls = PSKTLSConfiguration(dhGroup: .ffdhe2048)
     /// Admission limits of the single port (beacon fetches and PSK-TLS alike), per source before global.
     /// Per source: the node's own pattern is one fetch and one TLS connection per matched announcement

@@ -97,6 +97,7 @@ extension ThaliPeer {
     private func connect(_ contact: Contact, _ match: BeaconMatch, _ location: BeaconLocation) async throws {
         let handshake = group.next().makePromise(of: PSKTLSNegotiatedParameters.self)
         let clientContext = self.clientContext
+        let emit = self.emit
         let session: MultiplexerSession
         do {
             session = try await ClientBootstrap(group: handshake.futureResult.eventLoop)
@@ -106,7 +107,17 @@ extension ThaliPeer {
                         try channel.pipeline.syncOperations.addHandler(
                             PSKTLSHandler(clientContext: clientContext, identity: match.pskIdentity, psk: match.psk,
                                           handshakePromise: handshake))
-                    }.flatMap { MultiplexerSession.configure(on: channel, role: .client) }
+                    }.flatMap {
+                        MultiplexerSession.configure(on: channel, role: .client)
+                    }.flatMapThrowing { session in
+                        // Reported only once the handshake authenticated the contact.
+                        try channel.pipeline.syncOperations.addHandler(ConnectionEndRecorder { reason in
+                            handshake.futureResult.whenSuccess { _ in
+                                emit(.disconnected(contact: contact.name, role: .connecting, reason: reason))
+                            }
+                        })
+                        return session
+                    }
                 }
         } catch {
             handshake.fail(error)

@@ -28,6 +28,9 @@ public enum PeerEvent: Sendable, Hashable {
     case connectionFailed(contact: String, reason: String, retryIn: Duration?)
     /// Delivery progress with a contact.
     case delivery(contact: String, DeliveryEvent)
+    /// An authenticated connection with a contact ended (every ``connected(contact:role:)`` gets one):
+    /// `reason` is the first error on it (TLS, a multiplexer protocol error) or `closed`.
+    case disconnected(contact: String, role: Role, reason: String)
     /// A delivery session ended (`error` nil: it completed).
     case sessionEnded(contact: String, role: Role, error: String?)
     /// A DoS limit fired and this peer switched something off for a while: the last resort of that limit.

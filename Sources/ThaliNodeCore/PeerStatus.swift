@@ -18,8 +18,9 @@ public struct PeerStatus: Sendable, Hashable, Codable {
     public var advertisingFor: [String]
     /// Peers heard on the network (their locations), whoever they are.
     public var peersSeen: [String]
-    /// Contacts we matched or connected to, with their state.
-    public var contacts: [ContactState]
+    /// The contacts whose beacons matched (since the peer started), with their link state: not every
+    /// contact, only those found on the network.
+    public var matchedContacts: [ContactState]
     /// Delivery sessions running (both directions).
     public var sessionsInFlight: Int
     /// Items in the inbox.

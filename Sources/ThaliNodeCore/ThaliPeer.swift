@@ -128,13 +128,11 @@ public final class ThaliPeer: Sendable {
     var discovery: SSDPDiscoveryService? { discoveryBox.withLockedValue { $0 } }
 
     /// Starts discovery and the single port, then keeps announcing what the outbox holds. Throws
-    /// ``NodeError/portInUse(host:port:)`` when the port is taken, ``NodeError/noUsableInterface(name:)``
+    /// ``NodeError/portInUse(host:port:)`` when the port is taken, ``NodeError/addressNotLocal(_:reason:)``
     /// when no interface carries the configured address.
     public func start() async throws {
         try refreshAddressBook()
-        guard try System.enumerateDevices().contains(where: { $0.address?.ipAddress == configuration.interfaceAddress }) else {
-            throw NodeError.noUsableInterface(name: configuration.interfaceAddress)
-        }
+        try NodeInterface.validateLocalAddress(configuration.interfaceAddress)
         // The node owns its one port (beacons and PSK-TLS behind one admission gate); discovery only
         // announces it.
         let port: Int
@@ -255,7 +253,7 @@ public final class ThaliPeer: Sendable {
         return state.withLockedValue { state in
             PeerStatus(location: location, advertisingFor: state.advertisingFor,
                        peersSeen: state.peersSeen.sorted(),
-                       contacts: state.links.values.map {
+                       matchedContacts: state.links.values.map {
                            PeerStatus.ContactState(name: $0.contact.name, state: $0.state, location: $0.location,
                                                    relayPort: $0.relayPort)
                        }.sorted { $0.name < $1.name },

@@ -92,8 +92,12 @@ struct SSDPHeaderBlock {
         out.append(contentsOf: [0x0D, 0x0A])
         for header in headers {
             out.append(contentsOf: header.name.utf8)
-            out.append(contentsOf: [UInt8(ascii: ":"), UInt8(ascii: " ")])
-            out.append(contentsOf: header.value.utf8)
+            out.append(UInt8(ascii: ":"))
+            // An empty value (UDA 1.1's `EXT:`) has no space after the colon: no trailing whitespace.
+            if !header.value.isEmpty {
+                out.append(UInt8(ascii: " "))
+                out.append(contentsOf: header.value.utf8)
+            }
             out.append(contentsOf: [0x0D, 0x0A])
         }
         out.append(contentsOf: [0x0D, 0x0A])

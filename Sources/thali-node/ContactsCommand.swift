@@ -36,8 +36,8 @@ struct Contacts: ParsableCommand {
         }
 
         func run() throws {
-            let (store, _) = try options.openStore()
-            let entries = try store.contacts().map {
+            let (store, _) = try options.openExistingStore()
+            let entries = try (store?.contacts() ?? []).map {
                 Entry(name: $0.name, publicKey: $0.publicKey, added: formatMilliseconds($0.addedAtMs))
             }
             if json { return try printJSON(entries) }
@@ -53,7 +53,7 @@ struct Contacts: ParsableCommand {
         @Argument(help: "The contact's name.") var name: String
 
         func run() throws {
-            let (store, _) = try options.openStore()
+            guard let store = try options.openExistingStore().0 else { throw NodeError.unknownContact(name) }
             try store.removeContact(named: name)
             print("removed contact \(name)")
         }

@@ -23,8 +23,8 @@ struct Inbox: ParsableCommand {
     }
 
     func run() throws {
-        let (store, _) = try options.openStore()
-        let entries = try store.inbox().map {
+        let (store, _) = try options.openExistingStore()
+        let entries = try (store?.inbox() ?? []).map {
             Entry(id: $0.itemID.uuidString, from: $0.fromContact, fromPublicKey: $0.fromPublicKey, kind: $0.kind.rawValue,
                   text: $0.text, fileName: $0.fileName, filePath: $0.filePath, size: $0.size, sha256: hex($0.sha256),
                   created: formatMilliseconds($0.createdAtMs), received: formatMilliseconds($0.receivedAtMs))

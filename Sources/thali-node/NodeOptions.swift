@@ -10,10 +10,21 @@ struct NodeOptions: ParsableArguments {
     /// The resolved data directory.
     var nodeHome: NodeHome { NodeHome.resolve(explicit: home) }
 
-    /// Loads the configuration (typed errors for an unreadable or invalid file) and opens the store.
+    /// Loads the configuration (typed errors for an unreadable or invalid file) and opens the store,
+    /// creating the data directory and the database if needed: for commands that change the node.
     func openStore() throws -> (NodeStore, NodeConfiguration) {
         let home = nodeHome
         let configuration = try NodeConfiguration.load(home: home)
+        return (try NodeStore(home: home, limits: configuration.limits), configuration)
+    }
+
+    /// Like ``openStore()``, but creates nothing: the store is nil when the data directory has no
+    /// database yet (then there is nothing to read). For read-only commands, and for commands whose
+    /// first step is looking something up.
+    func openExistingStore() throws -> (NodeStore?, NodeConfiguration) {
+        let home = nodeHome
+        let configuration = try NodeConfiguration.load(home: home)
+        guard FileManager.default.fileExists(atPath: home.databasePath) else { return (nil, configuration) }
         return (try NodeStore(home: home, limits: configuration.limits), configuration)
     }
 }
@@ -38,11 +49,13 @@ struct DurationArgument: ExpressibleByArgument, Sendable {
     static var defaultCompletionKind: CompletionKind { .default }
 }
 
-/// Prints JSON for scripts: sorted keys, one document.
+/// Prints JSON for scripts: sorted keys, one document (an empty array as `[]`).
 func printJSON(_ value: some Encodable) throws {
     let encoder = JSONEncoder()
     encoder.outputFormatting = [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]
-    print(String(decoding: try encoder.encode(value), as: UTF8.self))
+    let text = String(decoding: try encoder.encode(value), as: UTF8.self)
+    // Foundation pretty-prints an empty array as "[", a blank line and "]".
+    print(text.filter { !$0.isWhitespace } == "[]" ? "[]" : text)
 }
 
 /// Dates for people: ISO 8601 in UTC.

@@ -16,8 +16,8 @@ struct Run: AsyncParsableCommand {
         discussion: """
             Human-readable lines by default; --json prints one JSON object per line (event: started, \
             advertising, peer_appeared, peer_left, matched, connecting, connected, connection_failed, \
-            offered, transfer_started, progress, delivered, refused, discarded, received, duplicate, \
-            session_ended, relay_listening, status, stopped). Logs go to standard error at the \
+            offered, transfer_started, progress, delivered, refused, rejected, discarded, received, duplicate, \
+            session_ended, disconnected, relay_listening, limit_triggered, status, stopped). Logs go to standard error at the \
             configuration's logLevel. SIGINT and SIGTERM stop cleanly (byebye) and exit 0.
             """)
 
@@ -67,8 +67,7 @@ struct Run: AsyncParsableCommand {
         }
         let interfaceAddress: String
         if let address {
-            let addresses = try System.enumerateDevices().compactMap { $0.address?.ipAddress }
-            guard addresses.contains(address) else { throw NodeError.noUsableInterface(name: address) }
+            try NodeInterface.validateLocalAddress(address)
             interfaceAddress = address
         } else {
             interfaceAddress = try NodeInterface.select(configured: interface ?? nodeConfiguration.interface).ipv4Address
@@ -86,6 +85,7 @@ struct Run: AsyncParsableCommand {
         configuration.beaconValidity = nodeConfiguration.beaconValidity
         configuration.beaconProfile = nodeConfiguration.beaconProfile
         configuration.deliveryLimits = nodeConfiguration.limits
+        configuration.tls.dhGroup = nodeConfiguration.dhGroup
         configuration.appPort = appPort
         configuration.sendThrottleBytesPerSecond = throttle
         if let perSourceLimit { configuration.admission.maxConnectionsPerSource = perSourceLimit }
@@ -194,18 +194,18 @@ final class RunOutput: Sendable {
     }
 
     func status(_ status: PeerStatus) {
-        let contacts = status.contacts.map { contact -> [String: Any] in
+        let matched = status.matchedContacts.map { contact -> [String: Any] in
             var entry: [String: Any] = ["name": contact.name, "state": contact.state]
             if let location = contact.location { entry["location"] = location }
             if let port = contact.relayPort { entry["relay_port"] = port }
             return entry
         }
-        let summary = status.contacts.map { "\($0.name) \($0.state)" + ($0.relayPort.map { " (relay port \($0))" } ?? "") }
+        let summary = status.matchedContacts.map { "\($0.name) \($0.state)" + ($0.relayPort.map { " (relay port \($0))" } ?? "") }
         line(["event": "status", "location": status.location, "advertising_for": status.advertisingFor,
-              "peers_seen": status.peersSeen, "contacts": contacts, "sessions_in_flight": status.sessionsInFlight,
+              "peers_seen": status.peersSeen, "matched_contacts": matched, "sessions_in_flight": status.sessionsInFlight,
               "inbox": status.inboxCount, "outbox": status.outboxCount, "limits_triggered": status.limitsTriggered],
              text: "status: \(status.peersSeen.count) peer(s) seen; advertising for [\(status.advertisingFor.joined(separator: ", "))]; "
-                + "contacts [\(summary.joined(separator: ", "))]; \(status.sessionsInFlight) session(s) in flight; "
+                + "matched contacts [\(summary.joined(separator: ", "))]; \(status.sessionsInFlight) session(s) in flight; "
                 + "inbox \(status.inboxCount), outbox \(status.outboxCount)"
                 + (status.limitsTriggered.isEmpty ? "" : "; limits fired: "
                     + status.limitsTriggered.sorted { $0.key < $1.key }.map { "\($0.key) ×\($0.value)" }.joined(separator: ", ")))
@@ -237,6 +237,9 @@ final class RunOutput: Sendable {
             line(object, text: "connection with \(contact) failed: \(reason)" + (retryIn.map { "; retrying in \($0)" } ?? "; giving up until the next announcement"))
         case .delivery(let contact, let delivery):
             report(delivery, contact: contact)
+        case .disconnected(let contact, let role, let reason):
+            line(["event": "disconnected", "contact": contact, "role": role.rawValue, "reason": reason],
+                 text: "PSK-TLS session with \(contact) ended: \(reason)")
         case .sessionEnded(let contact, let role, let error):
             var object: [String: Any] = ["event": "session_ended", "contact": contact, "role": role.rawValue]
             if let error { object["error"] = error }
@@ -277,6 +280,9 @@ final class RunOutput: Sendable {
         case .refused(let id, let refusal):
             line(["event": "refused", "contact": contact, "id": id.uuidString, "reason": "\(refusal)"],
                  text: "\(contact) refused \(id.uuidString.prefix(8)): \(refusal)")
+        case .rejected(let id, let failure):
+            line(["event": "rejected", "contact": contact, "id": id.uuidString, "reason": "\(failure)"],
+                 text: "\(contact) rejected \(id.uuidString.prefix(8)) as damaged in transit (\(failure)); it will be sent again")
         case .discarded(let id, let failure):
             line(["event": "discarded", "contact": contact, "id": id.uuidString, "reason": "\(failure)"],
                  text: "\(id.uuidString.prefix(8)) with \(contact) arrived damaged (\(failure)); it will be sent again")

@@ -10,7 +10,10 @@ struct Send: ParsableCommand {
     @OptionGroup var options: NodeOptions
     @Argument(help: "The contact's name.") var contact: String
     @Argument(help: "The text to send (or use --file).") var text: String?
-    @Option(help: ArgumentHelp("A file to send instead of a text.", valueName: "path")) var file: String?
+    @Option(help: ArgumentHelp("A regular file to send instead of a text (pipes, FIFOs and devices are refused: save the content to a file first).", valueName: "path"))
+    var file: String?
+    @Option(help: ArgumentHelp("The name the contact receives the file under (default: the file's own name).", valueName: "name"))
+    var name: String?
     @Option(help: ArgumentHelp(
         "Drop the item if not delivered within this time: a number with s, m, h or d (default: the configuration's defaultItemExpirySeconds).",
         valueName: "duration"))
@@ -19,6 +22,7 @@ struct Send: ParsableCommand {
 
     func validate() throws {
         if (text == nil) == (file == nil) { throw ValidationError("give either a TEXT or --file PATH") }
+        if name != nil && file == nil { throw ValidationError("--name names a file: give --file PATH too") }
     }
 
     struct Queued: Encodable {
@@ -31,14 +35,16 @@ struct Send: ParsableCommand {
     }
 
     func run() throws {
-        let (store, configuration) = try options.openStore()
         // Only a node with an identity can ever deliver what it queues: say so now, not never.
         _ = try NodeIdentity.load(from: options.nodeHome)
+        // Nothing is created for a contact that does not exist.
+        let (existing, configuration) = try options.openExistingStore()
+        guard let store = existing else { throw NodeError.unknownContact(contact) }
         let now = Date()
         let expiry = now.addingTimeInterval(Double(expiresIn?.seconds ?? configuration.defaultItemExpirySeconds))
         let item: OutboxItem
         if let file {
-            item = try store.enqueueFile(at: file, to: contact, expiresAt: expiry, now: now)
+            item = try store.enqueueFile(at: file, to: contact, name: name, expiresAt: expiry, now: now)
         } else {
             item = try store.enqueueText(text ?? "", to: contact, expiresAt: expiry, now: now)
         }
@@ -70,9 +76,9 @@ struct Outbox: ParsableCommand {
     }
 
     func run() throws {
-        let (store, _) = try options.openStore()
-        let names = Dictionary(uniqueKeysWithValues: try store.contacts().compactMap { c in c.id.map { ($0, c.name) } })
-        let entries = try store.outbox().map {
+        let (store, _) = try options.openExistingStore()
+        let names = Dictionary(uniqueKeysWithValues: try (store?.contacts() ?? []).compactMap { c in c.id.map { ($0, c.name) } })
+        let entries = try (store?.outbox() ?? []).map {
             Entry(id: $0.id.uuidString, contact: names[$0.contactID] ?? "?", kind: $0.kind.rawValue, text: $0.text,
                   fileName: $0.fileName, size: $0.size, acknowledgedBytes: $0.acknowledgedBytes, state: $0.state.rawValue,
                   created: formatMilliseconds($0.createdAtMs), expires: formatMilliseconds($0.expiresAtMs), problem: $0.lastError)

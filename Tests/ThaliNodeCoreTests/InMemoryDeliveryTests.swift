@@ -47,4 +47,60 @@ struct InMemoryDeliveryTests {
         await forward.value
         await backward.value
     }
+
+    @Test("content damaged in transit: the receiver discards it, the sender reports it rejected and keeps the item")
+    func damagedContentIsRejectedAndKept() async throws {
+        let limits = DeliveryLimits(chunkBytes: 4096)
+        let pair = try NodePair(limits: limits)
+        _ = try DeliveryTests.queueItems(pair, fileBytes: 50_000)
+        let file = try #require(try pair.alice.outbox().first { $0.kind == .file })
+        let senderSide = NIOAsyncTestingChannel()
+        let receiverSide = NIOAsyncTestingChannel()
+        let senderFrames = try await DeliveryChannel.configure(senderSide, limits: limits).get()
+        let receiverFrames = try await DeliveryChannel.configure(receiverSide, limits: limits).get()
+        try await senderSide.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 1))
+        try await receiverSide.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 2))
+        // The forward path flips the last byte of the first data chunk: a payload byte, not framing.
+        let forward = Task {
+            var damaged = false
+            do {
+                while true {
+                    var buffer = try await senderSide.waitForOutboundWrite(as: ByteBuffer.self)
+                    if !damaged, buffer.readableBytes > 4000 {
+                        let index = buffer.writerIndex - 1
+                        buffer.setInteger(buffer.getInteger(at: index, as: UInt8.self)! ^ 0xFF, at: index)
+                        damaged = true
+                    }
+                    try await receiverSide.writeInbound(buffer)
+                }
+            } catch {
+                try? await receiverSide.close()
+            }
+        }
+        let backward = Self.pump(receiverSide, into: senderSide)
+        let (senderEvents, senderHandler, senderContinuation) = DeliveryEvents.makeStream()
+        let (receiverEvents, receiverHandler, receiverContinuation) = DeliveryEvents.makeStream()
+        async let received = DeliveryReceiver(store: pair.bob, authenticatedPeer: pair.aliceAtBob, limits: limits,
+                                              events: receiverHandler, logger: quietLogger).run(on: receiverFrames)
+        let sent = try await DeliverySender(store: pair.alice, authenticatedPeer: pair.bobAtAlice, limits: limits,
+                                            events: senderHandler, logger: quietLogger).run(on: senderFrames)
+        let receiverSummary = try await received
+        await forward.value
+        await backward.value
+        senderContinuation.finish()
+        receiverContinuation.finish()
+        var senderLog: [DeliveryEvent] = []
+        for await event in senderEvents { senderLog.append(event) }
+        var receiverLog: [DeliveryEvent] = []
+        for await event in receiverEvents { receiverLog.append(event) }
+
+        #expect(sent.rejected == [file.id])
+        #expect(receiverSummary.discarded == [file.id])
+        #expect(senderLog.contains(.rejected(id: file.id, .digestMismatch)))
+        #expect(!senderLog.contains { if case .discarded = $0 { true } else { false } }, "the sender's word is rejected")
+        #expect(receiverLog.contains(.discarded(id: file.id, .digestMismatch)))
+        let kept = try #require(try pair.alice.outboxItem(id: file.id))
+        #expect(kept.state == .pending)
+        #expect(kept.lastError == "rejected by the receiver as damaged (digestMismatch); will be sent again")
+    }
 }

@@ -1,4 +1,7 @@
 import Foundation
+import ThaliSSDP
+import ThaliPSKTLS
+import ThaliBeacons
 import NIOCore
 import NIOPosix
 import Testing
@@ -111,6 +114,66 @@ struct RunCommandTests {
         try await expectOneLineError(["run", "--home", home, "--interface", "nosuch0"],
                                      containing: "network interface \"nosuch0\" is missing, down or has no IPv4 address")
         try await expectOneLineError(["run", "--home", home, "--address", "192.0.2.77"],
-                                     containing: "network interface \"192.0.2.77\" is missing")
+                                     containing: "address \"192.0.2.77\" cannot be used: no local interface has it")
+        try await expectOneLineError(["run", "--home", home, "--address", "not-an-ip"],
+                                     containing: "address \"not-an-ip\" cannot be used: not an IPv4 address")
+    }
+}
+
+/// What a session looks like from the outside (issue 10): every connected session gets an end event with
+/// its reason, the DH group is the configuration's, and the status names matched contacts as such.
+@Suite("thali-node run: sessions", .serialized, .timeLimit(.minutes(1)))
+struct RunSessionTests {
+    @Test("a PSK-TLS session that never opens a stream, and one ending in a multiplexer protocol error, each end with a reason")
+    func everySessionEnds() async throws {
+        let people = try TestPeople(["alice", "bob"], label: "run-ends")
+        let (alice, bob) = (try people["alice"], try people["bob"])
+        _ = try alice.store.enqueueText("for bob", to: "bob", expiresAt: Date().addingTimeInterval(600))
+        try Data("{ \"dhGroup\": \"ffdhe3072\" }".utf8).write(to: URL(fileURLWithPath: alice.home.configurationPath))
+        let alicePeer = try RunningPeer("alice", thaliNodeExecutable, [
+            "run", "--home", alice.home.path, "--address", "127.0.0.1", "--ssdp-port", String(randomSSDPPort()),
+            "--json", "--status-interval", "0.3",
+        ])
+        defer { alicePeer.kill() }
+        let started = try await alicePeer.waitFor("started") { isEvent($0, "started") }
+        let locationText = try #require(started["location"] as? String)
+        let location = try #require(BeaconLocation(parsing: locationText))
+        // The test plays Bob: it fetches Alice's beacons and connects with the PSK of the one for him.
+        try await alicePeer.waitFor("advertising") { isEvent($0, "advertising") && ($0["contacts"] as? [String]) == ["bob"] }
+        var client = BeaconHTTPClientConfiguration()
+        client.maxAttempts = 3
+        let stream = try await BeaconHTTPClient(configuration: client, group: MultiThreadedEventLoopGroup.singleton).fetch(location)
+        let receiver = BeaconReceiver(identity: bob.key)
+        try receiver.addressBook.add(alice.key.publicKey)
+        let match = try receiver.receive(stream, from: location.description)
+
+        // 1. Handshake, then close without opening a stream.
+        let quiet = try await PSKTLSClient.connect(host: location.host, port: location.port,
+                                                   identity: match.pskIdentity, psk: match.psk)
+        #expect(quiet.parameters.dhGroupBits == 3072, "the configuration's dhGroup")
+        try await quiet.executeThenClose { _, _ in }
+        let first = try await alicePeer.waitFor("the first session's end") { isEvent($0, "disconnected", ["contact": "bob"]) }
+        #expect((first["reason"] as? String)?.isEmpty == false)
+
+        // 2. Handshake, then bytes that are no yamux frame: a protocol error ends the session.
+        let broken = try await PSKTLSClient.connect(host: location.host, port: location.port,
+                                                    identity: match.pskIdentity, psk: match.psk)
+        try await broken.executeThenClose { inbound, outbound in
+            try await outbound.write(ByteBuffer(bytes: [0x07, 0, 0, 0] + Array(repeating: 0, count: 8)))
+            for try await _ in inbound {}
+        }
+        let ends = try await alicePeer.waitFor("the second session's end") { line in
+            isEvent(line, "disconnected", ["contact": "bob"]) && (line["reason"] as? String)?.contains("unsupported yamux version 7") == true
+        }
+        #expect(ends["role"] as? String == "accepting")
+        let connected = alicePeer.events.filter { isEvent($0, "connected", ["contact": "bob"]) }.count
+        let disconnected = alicePeer.events.filter { isEvent($0, "disconnected", ["contact": "bob"]) }.count
+        #expect(connected == 2 && disconnected == 2, "one end per session")
+
+        // The status names the list for what it is: contacts whose beacons matched (none here).
+        let status = try await alicePeer.waitFor("status") { isEvent($0, "status") }
+        #expect(status["matched_contacts"] is [Any])
+        #expect(status["contacts"] == nil)
+        #expect(alicePeer.kill() == 0)
     }
 }

@@ -100,7 +100,7 @@ struct SSDPDiscoveryServiceTests {
         #expect(response.maxAge == 60 && response.date?.hasSuffix("GMT") == true)
         #expect(response.searchTarget == ThaliServiceName.notificationType)
         let bytes = String(decoding: raw.datagrams[0].data.readableBytesView, as: UTF8.self)
-        #expect(bytes.contains("\r\nEXT: \r\n"))
+        #expect(bytes.contains("\r\nEXT:\r\n"), "an empty header without a trailing space")
         await bob.stop()
         await alice.stop()
     }
