@@ -59,12 +59,14 @@ extension ThaliPeer {
         return item
     }
 
-    /// Queues a copy of the file at `path` for the contact named `contact` (see
-    /// ``NodeStore/enqueueFile(at:to:expiresAt:id:now:)``) and announces it at once when the peer runs.
+    /// Queues a copy of the regular file at `path` for the contact named `contact`, delivered under
+    /// `name` (default: the file's own name; see ``NodeStore/enqueueFile(at:to:name:expiresAt:id:now:)``),
+    /// and announces it at once when the peer runs.
     @discardableResult
-    public func send(fileAt path: String, to contact: String, expiresIn: Duration = .seconds(86_400)) async throws -> OutboxItem {
+    public func send(fileAt path: String, to contact: String, name: String? = nil,
+                     expiresIn: Duration = .seconds(86_400)) async throws -> OutboxItem {
         let item = try await blocking { [store] in
-            try store.enqueueFile(at: path, to: contact, expiresAt: Date().addingTimeInterval(expiresIn.timeInterval))
+            try store.enqueueFile(at: path, to: contact, name: name, expiresAt: Date().addingTimeInterval(expiresIn.timeInterval))
         }
         try await announceIfRunning()
         return item
