@@ -36,6 +36,8 @@ struct ThaliNode: AsyncParsableCommand {
         let code = exitCode(for: error)
         if code == .success || error is CleanExit { exit(withError: error) }
         let message = message(for: error)
+        // `ExitCode(n)` carries no message: the command has said what it had to.
+        if error is ExitCode || message.isEmpty { Foundation.exit(code.rawValue) }
         FileHandle.standardError.write(Data(("error: " + CommandLineArguments.oneLine(message) + "\n").utf8))
         Foundation.exit(code.rawValue)
     }

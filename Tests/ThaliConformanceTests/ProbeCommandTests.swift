@@ -18,7 +18,7 @@ struct ProbeCommandTests {
         let process = try ChildProcess(node, ["conformance", "probe"] + arguments)
         let status = try await process.waitForExit(timeout: .seconds(60))
         // The output pipe is drained asynchronously; give the last line a moment to arrive.
-        try? await process.waitForOutput(containing: status == 64 ? "Error" : "passed", timeout: .seconds(2))
+        try? await process.waitForOutput(containing: status == 64 ? "error:" : "passed", timeout: .seconds(2))
         return (status, process.output)
     }
 
@@ -64,6 +64,6 @@ struct ProbeCommandTests {
     func validation(arguments: [String]) async throws {
         let (status, output) = try await runProbe(arguments)
         #expect(status == 64, "\(output)")
-        #expect(output.contains("Error:"), "\(output)")
+        #expect(output.hasPrefix("error: ") && output.split(separator: "\n").count == 1, "one line: \(output)")
     }
 }

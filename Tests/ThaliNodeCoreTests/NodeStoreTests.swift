@@ -101,7 +101,8 @@ struct NodeStoreTests {
         #expect(throws: NodeError.unreadableFile(path: temporary.home.path + "/missing", reason: "no such file")) {
             try store.enqueueFile(at: temporary.home.path + "/missing", to: "bob", expiresAt: Date().addingTimeInterval(60))
         }
-        #expect(throws: NodeError.unreadableFile(path: temporary.home.inboxDirectory, reason: "is a directory")) {
+        #expect(throws: NodeError.unreadableFile(path: temporary.home.inboxDirectory,
+                                                 reason: "a directory, not a regular file; save the content to a file first")) {
             try store.enqueueFile(at: temporary.home.inboxDirectory, to: "bob", expiresAt: Date().addingTimeInterval(60))
         }
     }
