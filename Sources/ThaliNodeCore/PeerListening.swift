@@ -27,7 +27,6 @@ extension ThaliPeer {
         let channel = try await ServerBootstrap(group: group)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
             .serverChannelOption(.backlog, value: 256)
-            .childChannelOption(.allowRemoteHalfClosure, value: true)
             .childChannelInitializer { [weak self] channel in
                 guard let self else { return channel.close() }
                 return self.admitConnection(channel)

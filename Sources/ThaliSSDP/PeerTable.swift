@@ -57,12 +57,15 @@ struct PeerTable {
             return [.emit(.changed(entry.peer, previousServiceName: previous)), .fetch(location, serviceName: serviceName)]
         }
         guard entries.count < maxPeers else { return [.capExceeded] }
-        // A USN is unique to one location; if it moves, the old location's entry goes.
-        if let stale = locationByServiceName[serviceName] { entries[stale] = nil }
+        // A USN is unique to one location; if it moves, the old location's peer leaves.
+        var actions: [Action] = []
+        if let staleLocation = locationByServiceName[serviceName], let stale = entries.removeValue(forKey: staleLocation) {
+            actions.append(.emit(.left(stale.peer, reason: .byebye)))
+        }
         let peer = SSDPPeer(location: location, uniqueServiceName: serviceName, beaconState: .fetching)
         entries[location] = Entry(peer: peer, state: .active(expiry: expiry))
         locationByServiceName[serviceName] = location
-        return [.emit(.appeared(peer)), .fetch(location, serviceName: serviceName)]
+        return actions + [.emit(.appeared(peer)), .fetch(location, serviceName: serviceName)]
     }
 
     /// A byebye from `source`: the peer departs unless a new USN arrives from it within the grace period.
@@ -114,4 +117,10 @@ struct PeerTable {
 
     /// Whether `serviceName` is the current USN of a tracked peer.
     func isCurrent(_ serviceName: String) -> Bool { locationByServiceName[serviceName] != nil }
+
+    /// Whether a peer at `location` is tracked.
+    func tracks(_ location: BeaconLocation) -> Bool { entries[location] != nil }
+
+    /// Where the peer announcing `serviceName` is, if tracked.
+    func location(of serviceName: String) -> BeaconLocation? { locationByServiceName[serviceName] }
 }

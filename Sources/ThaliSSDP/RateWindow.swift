@@ -23,27 +23,3 @@ struct RateWindow: Sendable {
         return count <= limit
     }
 }
-
-/// `RateWindow`s per key (a requester's address), holding at most `maxKeys` keys so that a spray of
-/// source addresses cannot grow it: when full, the table is reset (a spray is itself caught by the
-/// global limit).
-struct KeyedRateWindows<Key: Hashable & Sendable>: Sendable {
-    let limit: Int
-    let length: TimeAmount
-    let maxKeys: Int
-    private var windows: [Key: RateWindow] = [:]
-
-    init(limit: Int, length: TimeAmount, maxKeys: Int) {
-        self.limit = limit
-        self.length = length
-        self.maxKeys = maxKeys
-    }
-
-    /// Keys remembered now (at most `maxKeys`).
-    var trackedKeys: Int { windows.count }
-
-    mutating func record(_ key: Key, now: NIODeadline) -> Bool {
-        if windows[key] == nil && windows.count >= maxKeys { windows.removeAll(keepingCapacity: true) }
-        return windows[key, default: RateWindow(limit: limit, length: length)].record(now: now)
-    }
-}

@@ -2,22 +2,45 @@ import NIOCore
 
 /// The denial-of-service bounds of discovery (the seed's "Denial of Service" and "Local Wi-Fi Binding"
 /// sections). Each has a counter in `SSDPDiscoveryCounters` that shows when it fired.
+///
+/// Per source address first, then global: a source over its budget is ignored alone (its datagrams are
+/// dropped before parsing and count toward nothing global), so one host cannot switch discovery off for
+/// everyone; the global limits are the last resort against many sources at once, sized for crowds (see
+/// `spec/ssdp.md`: 150 peers at the foreground rate send about 375 datagrams per second in all).
 public struct SSDPDiscoveryLimits: Sendable {
-    /// Length of the window over which received datagrams are counted for flood detection.
+    /// Length of the window over which received datagrams are counted, per source and in all.
     public var floodWindow: TimeAmount = .seconds(1)
-    /// Datagrams (any kind, from anyone) per `floodWindow` beyond which discovery is switched off: the
-    /// multicast socket is closed, so the kernel drops the flood instead of this process. 100 peers at the
-    /// foreground rate send 200 per second.
-    public var maxDatagramsPerWindow: Int = 400
+    /// Datagrams from one source address per `floodWindow`; beyond it the source is ignored for
+    /// `sourceRefusalPeriod`. An honest peer sends 2 alives per second in the foreground, a byebye and an
+    /// alive per beacon change, and search answers: 50 leaves room for a few peers behind one address.
+    public var maxDatagramsPerSource: Int = 50
+    /// How long a source over `maxDatagramsPerSource` is ignored.
+    public var sourceRefusalPeriod: TimeAmount = .seconds(60)
+    /// Peers (locations) tracked at once from one source address; more from it are not tracked (counted
+    /// in `peersRejectedPerSource`). A host runs a few peers at most.
+    public var maxPeersPerSource: Int = 8
+    /// Consecutive failed beacon fetches from one source's locations after which that source is ignored
+    /// for `unicastFailurePause` (closed ports, a peer that never answers); our own announcing goes on.
+    public var sourceFetchFailureThreshold: Int = 3
+    /// Source addresses remembered (bounds the per-source state); idle ones are forgotten first.
+    public var maxTrackedSources: Int = 4096
+    /// Datagrams from sources within their budgets, in all, per `floodWindow`, beyond which discovery is
+    /// switched off (the last resort: it takes many sources): the multicast socket is closed, so the
+    /// kernel drops the flood instead of this process. About 800 peers at the foreground rate.
+    public var maxDatagramsPerWindow: Int = 2000
     /// How long discovery stays off after a flood or after the peer cap was exceeded.
     public var discoveryCooldown: TimeAmount = .seconds(60)
     /// The most peers tracked at once. A new peer beyond it is not tracked and switches discovery off for
-    /// `discoveryCooldown` (the seed: "configured with some maximum number of devices").
-    public var maxTrackedPeers: Int = 100
-    /// Consecutive failed beacon fetches, with no success in between, after which this peer concludes that
-    /// unicast is blocked on this network and stops announcing for `unicastFailurePause`.
+    /// `discoveryCooldown` (the seed: "configured with some maximum number of devices"; the last resort,
+    /// after `maxPeersPerSource`).
+    public var maxTrackedPeers: Int = 1024
+    /// Distinct sources whose fetches failed in a row, with no success in between, after which this peer
+    /// concludes that unicast is blocked on this network and stops announcing for `unicastFailurePause`.
+    /// Failures from one source count once: a host with closed ports is ignored alone
+    /// (`sourceFetchFailureThreshold`), it cannot pause our announcing.
     public var unicastFailureThreshold: Int = 8
-    /// How long announcements pause when every unicast to discovered peers fails.
+    /// How long announcements pause when unicast to many sources fails, and how long a source whose
+    /// fetches keep failing is ignored.
     public var unicastFailurePause: TimeAmount = .seconds(60)
     /// Beacon fetches in flight at once; others wait in a queue no longer than `maxTrackedPeers`.
     public var maxConcurrentFetches: Int = 4
@@ -62,6 +85,16 @@ public struct SSDPDiscoveryCounters: Hashable, Sendable {
     public var beaconFetchesFailed = 0
     /// Times announcing paused because every unicast to discovered peers failed.
     public var unicastFailurePauses = 0
+    /// Datagrams dropped unread because their source was being ignored.
+    public var datagramsFromIgnoredSources = 0
+    /// Sources ignored for exceeding `maxDatagramsPerSource`.
+    public var sourcesIgnoredForRate = 0
+    /// Sources ignored because their fetches kept failing (`sourceFetchFailureThreshold`).
+    public var sourcesIgnoredForFetchFailures = 0
+    /// New peers not tracked because their source had `maxPeersPerSource` already.
+    public var peersRejectedPerSource = 0
+    /// Queued fetches skipped because their source was being ignored.
+    public var fetchesSkippedForIgnoredSources = 0
 
     /// All zero.
     public init() {}

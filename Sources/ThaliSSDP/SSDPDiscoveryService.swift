@@ -59,12 +59,14 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
     private var searcher: SSDPSearcher
     private var table: PeerTable
     private var flood: RateWindow
+    private var sources: SSDPSourceBudgets
+    /// Distinct sources whose fetches failed since the last success (the global unicast check).
+    private var failingSources: Set<String> = []
     private var discoveryOffUntil: NIODeadline?
     private var counters = SSDPDiscoveryCounters()
     private var pendingResponses = 0
     private var fetchQueue: [(BeaconLocation, String)] = []
     private var fetchesInFlight = 0
-    private var consecutiveUnicastFailures = 0
     private var aliveTask: RepeatedTask?
     private var housekeepingTask: RepeatedTask?
     private var searchTask: RepeatedTask?
@@ -87,6 +89,7 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
                                byebyeGrace: configuration.byebyeGracePeriod)
         self.flood = RateWindow(limit: configuration.limits.maxDatagramsPerWindow,
                                 length: configuration.limits.floodWindow)
+        self.sources = SSDPSourceBudgets(limits: configuration.limits)
         // The server reports overloads back here; a weak link, so the server does not keep us alive.
         let overloadTarget = NIOLockedValueBox(WeakService())
         self.server = BeaconHTTPServer(host: configuration.interfaceAddress, limits: configuration.serverLimits,
@@ -377,6 +380,17 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
         counters.datagramsReceived += 1
         let now = NIODeadline.now()
         guard discoveryOffUntil == nil else { return }  // stragglers read before the socket closed
+        // Per source before anything global: an ignored source's datagrams are not even parsed.
+        let sourceAddress = envelope.remoteAddress.ipAddress ?? "?"
+        let (admitted, newlyRefused) = sources.admitDatagram(from: sourceAddress, now: now)
+        guard admitted else {
+            counters.datagramsFromIgnoredSources += 1
+            if newlyRefused {
+                counters.sourcesIgnoredForRate += 1
+                logger.notice("SSDP source ignored: datagram rate", metadata: ["source": "\(sourceAddress)"])
+            }
+            return
+        }
         guard flood.record(now: now) else {
             counters.floodShutdowns += 1
             return switchDiscoveryOff(.announcementFlood)
@@ -405,7 +419,8 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
             }
             switch notification.subtype {
             case .alive:
-                guard let location = verifiedLocation(notification.location, source: source) else { return }
+                guard let location = verifiedLocation(notification.location, source: source),
+                      mayTrack(location) else { return }
                 perform(table.alive(serviceName: notification.uniqueServiceName, location: location,
                                     maxAge: notification.maxAge ?? 0, now: now))
             case .byebye:
@@ -423,11 +438,20 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
                 return
             }
             guard ThaliServiceName.isThaliServiceName(response.uniqueServiceName),
-                let location = verifiedLocation(response.location, source: source)
+                let location = verifiedLocation(response.location, source: source),
+                mayTrack(location)
             else { return }
             perform(table.alive(serviceName: response.uniqueServiceName, location: location,
                                 maxAge: response.maxAge, now: now))
         }
+    }
+
+    /// Whether an alive for `location` may be tracked: a peer tracked already may always refresh; a new
+    /// one only while its source has fewer than `maxPeersPerSource`.
+    private func mayTrack(_ location: BeaconLocation) -> Bool {
+        if table.tracks(location) || sources.mayTrackAnotherPeer(from: location.host) { return true }
+        counters.peersRejectedPerSource += 1
+        return false
     }
 
     /// The LOCATION, if it parses and names the datagram's own source address: otherwise anyone could
@@ -472,6 +496,11 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
         for action in actions {
             switch action {
             case .emit(let event):
+                switch event {
+                case .appeared(let peer): sources.peerTracked(at: peer.location.host, now: .now())
+                case .left(let peer, _): sources.peerLeft(at: peer.location.host)
+                default: break
+                }
                 eventSink.yield(event)
             case .fetch(let location, let serviceName):
                 guard fetchQueue.count < configuration.limits.maxTrackedPeers else { continue }
@@ -491,6 +520,10 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
         while fetchesInFlight < configuration.limits.maxConcurrentFetches, !fetchQueue.isEmpty {
             let (location, serviceName) = fetchQueue.removeFirst()
             guard table.isCurrent(serviceName) else { continue }  // superseded while queued
+            guard !sources.isRefused(location.host, now: .now()) else {
+                counters.fetchesSkippedForIgnoredSources += 1
+                continue
+            }
             fetchesInFlight += 1
             let client = self.client
             Task {
@@ -512,17 +545,26 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
         switch result {
         case .success(let bytes):
             counters.beaconFetchesSucceeded += 1
-            consecutiveUnicastFailures = 0
+            failingSources.removeAll()
+            if let host = table.location(of: serviceName)?.host { sources.fetchSucceeded(at: host) }
             let actions = table.fetched(serviceName: serviceName, result: .fetched(bytes))
             perform(actions)
             for case .emit(.beaconsFetched(let peer)) in actions { return (peer, bytes) }
             return nil
         case .failure(let error):
             counters.beaconFetchesFailed += 1
-            consecutiveUnicastFailures += 1
+            let host = table.location(of: serviceName)?.host
             perform(table.fetched(serviceName: serviceName, result: .failed, reason: "\(error.reason)"))
-            if consecutiveUnicastFailures >= configuration.limits.unicastFailureThreshold {
-                consecutiveUnicastFailures = 0
+            guard let host else { return nil }
+            // Per source first: a host whose locations keep failing is ignored alone.
+            if sources.fetchFailed(at: host, now: .now()) {
+                counters.sourcesIgnoredForFetchFailures += 1
+                logger.notice("SSDP source ignored: its beacon fetches keep failing", metadata: ["source": "\(host)"])
+            }
+            // The last resort: failures from many distinct sources, no success in between.
+            failingSources.insert(host)
+            if failingSources.count >= configuration.limits.unicastFailureThreshold {
+                failingSources.removeAll()
                 if pauseAnnouncing(for: configuration.limits.unicastFailurePause, kind: .unicastFailure) {
                     counters.unicastFailurePauses += 1
                 }
@@ -572,6 +614,10 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
             ("maxTrackedPeers", configuration.limits.maxTrackedPeers),
             ("maxConcurrentFetches", configuration.limits.maxConcurrentFetches),
             ("unicastFailureThreshold", configuration.limits.unicastFailureThreshold),
+            ("maxDatagramsPerSource", configuration.limits.maxDatagramsPerSource),
+            ("maxPeersPerSource", configuration.limits.maxPeersPerSource),
+            ("sourceFetchFailureThreshold", configuration.limits.sourceFetchFailureThreshold),
+            ("maxTrackedSources", configuration.limits.maxTrackedSources),
             ("maxDatagramBytes", configuration.parserLimits.maxDatagramBytes),
         ]
         for (name, value) in positiveCounts where value <= 0 { throw .invalidConfiguration(name) }

@@ -193,9 +193,12 @@ struct SSDPDiscoveryServiceTests {
         let bob = SSDPDiscoveryService(configuration: configuration, group: group)
         let bobEvents = EventLog(bob)
         try await bob.start()
-        let raw = try await RawSSDPSocket(groupPort: port)
+        // Three sources, each within its own budget: only together do they exceed the global one.
+        var senders: [RawSSDPSocket] = []
+        for source in ["127.0.0.11", "127.0.0.12", "127.0.0.13"] { senders.append(try await RawSSDPSocket(host: source, groupPort: port)) }
         for index in 0..<60 {
-            try await raw.send(aliveText(port: port, location: "http://127.0.0.1:\(1000 + index)/"))
+            let sender = senders[index % 3]
+            try await sender.send(aliveText(port: port, location: "http://127.0.0.1\(1 + index % 3):\(1000 + index)/"))
         }
         try await bobEvents.wait(timeout: .seconds(2), "flood") { $0 == .limitTriggered(.announcementFlood) }
         #expect(await bob.isDiscoveryOff())
@@ -203,10 +206,89 @@ struct SSDPDiscoveryServiceTests {
         #expect(during.floodShutdowns == 1)
         #expect(during.datagramsReceived < 40)  // of 60: the rest were dropped by the kernel (socket closed)
         try await eventually(timeout: .seconds(3), "discovery back on") { !(await bob.isDiscoveryOff()) }
+        let raw = try await RawSSDPSocket(groupPort: port)
         try await raw.send(aliveText(port: port, location: "http://127.0.0.1:2000/"))
         try await bobEvents.wait(timeout: .seconds(2), "a peer after the cool-down") {
             if case .appeared(let peer) = $0 { return peer.location.port == 2000 } else { return false }
         }
+        await bob.stop()
+    }
+
+    @Test("one source over its datagram budget is ignored alone: discovery stays on for everyone else")
+    func oneSourceFloodIsIgnoredAlone() async throws {
+        let port = try freeUDPPort()
+        var configuration = loopbackConfiguration(port: port)
+        configuration.limits.maxDatagramsPerSource = 20
+        configuration.limits.maxDatagramsPerWindow = 30
+        configuration.limits.floodWindow = .seconds(10)
+        let bob = SSDPDiscoveryService(configuration: configuration, group: group)
+        let bobEvents = EventLog(bob)
+        try await bob.start()
+        let attacker = try await RawSSDPSocket(host: "127.0.0.41", groupPort: port)
+        for index in 0..<200 {
+            try await attacker.send(aliveText(port: port, location: "http://127.0.0.41:\(1000 + index)/"))
+        }
+        try await eventually(timeout: .seconds(2), "the source ignored") { await bob.counters().sourcesIgnoredForRate == 1 }
+        let honest = try await RawSSDPSocket(host: "127.0.0.42", groupPort: port)
+        try await honest.send(aliveText(port: port, location: "http://127.0.0.42:2000/"))
+        try await bobEvents.wait(timeout: .seconds(2), "the honest peer") {
+            if case .appeared(let peer) = $0 { return peer.location.port == 2000 } else { return false }
+        }
+        let counters = await bob.counters()
+        #expect(!(await bob.isDiscoveryOff()))
+        #expect(counters.floodShutdowns == 0)
+        #expect(counters.datagramsFromIgnoredSources >= 150, "dropped before parsing: \(counters)")
+        await bob.stop()
+    }
+
+    @Test("one source announcing many locations gets only maxPeersPerSource tracked, and no peer-cap shutdown")
+    func manyLocationsFromOneSource() async throws {
+        let port = try freeUDPPort()
+        var configuration = loopbackConfiguration(port: port)
+        configuration.limits.maxPeersPerSource = 4
+        configuration.limits.maxTrackedPeers = 10
+        configuration.limits.sourceFetchFailureThreshold = 1000  // this test is about locations, not failures
+        configuration.client.maxAttempts = 1
+        let bob = SSDPDiscoveryService(configuration: configuration, group: group)
+        let bobEvents = EventLog(bob)
+        try await bob.start()
+        let attacker = try await RawSSDPSocket(host: "127.0.0.51", groupPort: port)
+        for index in 0..<30 {
+            try await attacker.send(aliveText(port: port, location: "http://127.0.0.51:\(4000 + index)/"))
+        }
+        try await eventually(timeout: .seconds(2), "the excess refused") { await bob.counters().peersRejectedPerSource >= 26 }
+        let honest = try await RawSSDPSocket(host: "127.0.0.52", groupPort: port)
+        try await honest.send(aliveText(port: port, location: "http://127.0.0.52:5000/"))
+        try await bobEvents.wait(timeout: .seconds(2), "the honest peer") {
+            if case .appeared(let peer) = $0 { return peer.location.port == 5000 } else { return false }
+        }
+        #expect(await bob.peers().filter { $0.location.host == "127.0.0.51" }.count == 4)
+        #expect(await bob.counters().peerCapShutdowns == 0)
+        #expect(!(await bob.isDiscoveryOff()))
+        await bob.stop()
+    }
+
+    @Test("one host whose locations are closed ports is ignored; our announcing goes on")
+    func closedPortsOfOneHostDoNotPauseAnnouncing() async throws {
+        let port = try freeUDPPort()
+        var configuration = loopbackConfiguration(port: port)
+        configuration.client.maxAttempts = 1
+        let bob = SSDPDiscoveryService(configuration: configuration, group: group)
+        try await bob.start(advertising: [1])
+        let attacker = try await RawSSDPSocket(host: "127.0.0.61", groupPort: port)
+        for _ in 0..<8 {
+            try await attacker.send(aliveText(port: port, location: "http://127.0.0.61:\(try closedTCPPort())/"))
+        }
+        try await eventually(timeout: .seconds(3), "the host ignored") { await bob.counters().sourcesIgnoredForFetchFailures == 1 }
+        try await Task.sleep(for: .milliseconds(300))
+        let counters = await bob.counters()
+        #expect(!(await bob.isAnnouncingPaused()))
+        #expect(counters.unicastFailurePauses == 0)
+        // Fetches stop once the host is ignored: only those started before it was (at most the threshold
+        // plus the fetches in flight) fail, not all eight.
+        let bound = configuration.limits.sourceFetchFailureThreshold + configuration.limits.maxConcurrentFetches - 1
+        #expect(counters.beaconFetchesFailed >= 3 && counters.beaconFetchesFailed <= bound, "\(counters)")
+        #expect(counters.fetchesSkippedForIgnoredSources + counters.datagramsFromIgnoredSources >= 1)
         await bob.stop()
     }
 
@@ -218,9 +300,10 @@ struct SSDPDiscoveryServiceTests {
         let bob = SSDPDiscoveryService(configuration: configuration, group: group)
         let bobEvents = EventLog(bob)
         try await bob.start()
-        let raw = try await RawSSDPSocket(groupPort: port)
+        // Five hosts, one peer each: the cap, not a per-source bound, is what they meet.
         for index in 0..<5 {
-            try await raw.send(aliveText(port: port, location: "http://127.0.0.1:\(3000 + index)/"))
+            let raw = try await RawSSDPSocket(host: "127.0.0.\(21 + index)", groupPort: port)
+            try await raw.send(aliveText(port: port, location: "http://127.0.0.\(21 + index):\(3000 + index)/"))
             try await Task.sleep(for: .milliseconds(20))
         }
         try await bobEvents.wait(timeout: .seconds(2), "peer cap") { $0 == .limitTriggered(.peerCap) }
@@ -241,9 +324,9 @@ struct SSDPDiscoveryServiceTests {
         let bob = SSDPDiscoveryService(configuration: configuration, group: group)
         let bobEvents = EventLog(bob)
         try await bob.start(advertising: [1])
-        let raw = try await RawSSDPSocket(groupPort: port)
-        for _ in 0..<3 {  // three peers whose beacon ports refuse connections
-            try await raw.send(aliveText(port: port, location: "http://127.0.0.1:\(try closedTCPPort())/"))
+        for index in 0..<3 {  // three hosts whose beacon ports refuse connections
+            let raw = try await RawSSDPSocket(host: "127.0.0.\(31 + index)", groupPort: port)
+            try await raw.send(aliveText(port: port, location: "http://127.0.0.\(31 + index):\(try closedTCPPort())/"))
         }
         try await bobEvents.wait(timeout: .seconds(3), "unicast failure") { $0 == .limitTriggered(.unicastFailure) }
         #expect(await bob.isAnnouncingPaused())
