@@ -172,3 +172,73 @@ struct PeerManyContactsTests {
         #expect(try people.inbox(of: "bob").map(\.id) == [item.id])
     }
 }
+
+/// Attacks on discovery from another process on its own address (issue 12): one host can lose only its
+/// own announcements; discovery stays on and contacts still deliver.
+@Suite("Discovery under attack from one host", .serialized, .timeLimit(.minutes(1)))
+struct DiscoveryAttackTests {
+    /// `python3 -c ATTACK MODE SOURCE SSDP_PORT SECONDS`: `flood` sends 2000 Thali alives per second with
+    /// new USNs; `usns` announces 150 locations (ports) of its own address twice a second; `closed`
+    /// announces 20 locations on closed ports twice a second.
+    static let attack = """
+        import socket, sys, time, uuid
+        mode, source, port, seconds = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.bind((source, 0))
+        s.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(source))
+        def alive(location, usn):
+            return ("NOTIFY * HTTP/1.1\\r\\nHOST: 239.255.255.250:%d\\r\\nCACHE-CONTROL: max-age=60\\r\\nLOCATION: %s\\r\\n"
+                    "NT: http://www.thaliproject.org/ssdp\\r\\nNTS: ssdp:alive\\r\\nUSN: uuid:%s:http://www.thaliproject.org/ssdp\\r\\n\\r\\n"
+                    % (port, location, usn)).encode()
+        end = time.monotonic() + seconds
+        sent = 0
+        while time.monotonic() < end:
+            if mode == "flood":
+                for i in range(20):
+                    s.sendto(alive("http://%s:%d/NotificationBeacons" % (source, 1024 + sent % 60000), uuid.uuid4()), ("239.255.255.250", port))
+                    sent += 1
+                time.sleep(0.01)
+            else:
+                count = 150 if mode == "usns" else 20
+                for i in range(count):
+                    s.sendto(alive("http://%s:%d/NotificationBeacons" % (source, 40000 + i), "%08d-0000-4000-8000-000000000000" % i), ("239.255.255.250", port))
+                    sent += 1
+                time.sleep(0.5)
+        print("sent %d" % sent, flush=True)
+        """
+
+    @Test("a datagram flood, a USN flood or closed ports from one host: discovery stays on and a contact delivers",
+          arguments: ["flood", "usns", "closed"])
+    func oneHostCannotSwitchDiscoveryOff(mode: String) async throws {
+        let people = try TestPeople(["alice", "bob"], label: "ssdp-attack-\(mode)")
+        let ssdpPort = randomSSDPPort()
+        var configuration = PeerConfiguration(interfaceAddress: "127.0.0.1")
+        configuration.ssdpPort = ssdpPort
+        let alice = try ThaliPeer(store: people["alice"].store, identity: people["alice"].key,
+                                  configuration: configuration, logger: quietLogger)
+        let bob = try ThaliPeer(store: people["bob"].store, identity: people["bob"].key,
+                                configuration: configuration, logger: quietLogger)
+        let attacker = try ChildProcess("python3", ["-c", Self.attack, mode, "127.0.0.2", "\(ssdpPort)", "6"])
+        defer { _ = attacker.terminate() }
+        try await Task.sleep(for: .seconds(1))  // the attack is on before the peers start
+        let bobsEvents = bob.events()
+        try await alice.start()
+        try await bob.start()
+        try await Task.sleep(for: .seconds(1))
+        let item = try await alice.send(text: "through the \(mode)", to: "bob")
+        var received: UUID?
+        for await event in bobsEvents {
+            if case .delivery("alice", .received(let inbox)) = event {
+                received = inbox.itemID
+                break
+            }
+        }
+        let statuses = [await alice.status(), await bob.status()]
+        await bob.stop()
+        await alice.stop()
+        #expect(received == item.id)
+        for status in statuses {
+            #expect(status.limitsTriggered.isEmpty, "no global limit fired: \(status.limitsTriggered)")
+        }
+    }
+}
