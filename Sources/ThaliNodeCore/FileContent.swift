@@ -7,19 +7,27 @@ enum FileContent {
     static let blockBytes = 64 * 1024
 
     /// Copies `source` to `destination` (through a temporary name, so a half copy is never taken for a
-    /// whole one) and returns the size and SHA-256; refuses files above `limit` bytes.
-    static func copy(from source: String, to destination: String, limit: UInt64) throws -> (UInt64, [UInt8]) {
-        // Only regular files: opening a FIFO without a writer blocks forever, and a pipe or device has no
-        // size to check against the limit before reading. Checked before opening, on the target of links.
+    /// whole one) and returns the size and SHA-256; refuses files above `limit` bytes, counted as they are
+    /// read. `source` is a regular file, or — when `acceptingPipe` (the caller named the delivered file) —
+    /// a pipe this process inherited (``isInheritedDescriptor(_:)``).
+    static func copy(from source: String, to destination: String, limit: UInt64,
+                     acceptingPipe: Bool = false) throws -> (UInt64, [UInt8]) {
+        // Checked before opening, on the target of links: opening a FIFO without a writer blocks forever.
+        // An inherited pipe (`<(cmd)`, `/dev/stdin`) has its writer already, or is at its end; it is read
+        // like a file, and the limit is enforced as it is read.
         var status = stat()
         guard stat(source, &status) == 0 else {
             throw NodeError.unreadableFile(path: source, reason: errno == ENOENT ? "no such file" : String(cString: strerror(errno)))
         }
         let type = status.st_mode & S_IFMT
-        guard type == S_IFREG else {
+        let inheritedPipe = type == S_IFIFO && isInheritedDescriptor(source)
+        if inheritedPipe && !acceptingPipe {
+            throw NodeError.unreadableFile(path: source, reason: "a pipe; give the name the contact receives it under with --name")
+        }
+        guard type == S_IFREG || inheritedPipe else {
             let kind = switch type {
             case S_IFDIR: "a directory"
-            case S_IFIFO: "a pipe or FIFO"
+            case S_IFIFO: "a named pipe (FIFO; opening it waits for a writer)"
             case S_IFSOCK: "a socket"
             case S_IFCHR, S_IFBLK: "a device"
             default: "not a regular file"
@@ -54,6 +62,12 @@ enum FileContent {
         if FileManager.default.fileExists(atPath: destination) { try FileManager.default.removeItem(atPath: destination) }
         try FileManager.default.moveItem(atPath: temporary, toPath: destination)
         return (size, Array(hasher.finalize()))
+    }
+
+    /// Whether `path` names a descriptor of this process (`/dev/stdin`, `/dev/fd/N`, `/proc/self/fd/N`)
+    /// rather than a file of the file system: a pipe there was inherited with its writer.
+    static func isInheritedDescriptor(_ path: String) -> Bool {
+        path == "/dev/stdin" || path.hasPrefix("/dev/fd/") || path.hasPrefix("/proc/self/fd/")
     }
 
     /// The SHA-256 state after the first `length` bytes of `path` (fewer if the file is shorter), and how

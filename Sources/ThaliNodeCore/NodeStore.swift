@@ -235,18 +235,20 @@ public final class NodeStore: Sendable {
 
     /// Queues the regular file at `path` for `contactName` under `name` (default: the file's own name):
     /// the node copies it under `outbox/` (hashing it on the way), so the delivered content is what was
-    /// queued. Pipes, FIFOs, devices and directories are refused (``NodeError/unreadableFile(path:reason:)``).
-    /// Idempotent on `id`.
+    /// queued. With an explicit `name`, `path` may also be a pipe this process inherited (`/dev/stdin`,
+    /// `/dev/fd/N` as `<(cmd)` gives), read to its end within `maxItemBytes`. Named pipes (FIFOs), devices,
+    /// sockets and directories are refused (``NodeError/unreadableFile(path:reason:)``). Idempotent on `id`.
     @discardableResult
     public func enqueueFile(at path: String, to contactName: String, name: String? = nil, expiresAt: Date,
                             id: UUID = UUID(), now: Date = Date()) throws -> OutboxItem {
+        let named = name != nil
         let name = name ?? URL(fileURLWithPath: path).lastPathComponent
         guard FileNames.isSafe(name), name.utf8.count <= limits.maxNameBytes else { throw NodeError.invalidFileName(name) }
         guard expiresAt > now else { throw NodeError.invalidExpiry("\(expiresAt)") }
         let contact = try contact(named: contactName)
         if let existing = try outboxItem(id: id) { return existing }
         let copy = home.outboxDirectory + "/" + id.uuidString
-        let (size, digest) = try FileContent.copy(from: path, to: copy, limit: limits.maxItemBytes)
+        let (size, digest) = try FileContent.copy(from: path, to: copy, limit: limits.maxItemBytes, acceptingPipe: named)
         let item = OutboxItem(id: id, contactID: contact.id ?? 0, kind: .file, text: nil, filePath: copy, fileName: name,
                               size: Int64(size), sha256: Data(digest), createdAtMs: now.milliseconds,
                               expiresAtMs: expiresAt.milliseconds, state: .pending, acknowledgedBytes: 0, lastError: nil)

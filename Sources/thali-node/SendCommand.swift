@@ -10,9 +10,11 @@ struct Send: ParsableCommand {
     @OptionGroup var options: NodeOptions
     @Argument(help: "The contact's name.") var contact: String
     @Argument(help: "The text to send (or use --file).") var text: String?
-    @Option(help: ArgumentHelp("A regular file to send instead of a text (pipes, FIFOs and devices are refused: save the content to a file first).", valueName: "path"))
+    @Option(help: ArgumentHelp(
+        "A file to send instead of a text: a regular file, or with --name a pipe such as <(command) or /dev/stdin (read up to the configuration's maxItemBytes). Named pipes (FIFOs) and devices are refused.",
+        valueName: "path"))
     var file: String?
-    @Option(help: ArgumentHelp("The name the contact receives the file under (default: the file's own name).", valueName: "name"))
+    @Option(help: ArgumentHelp("The name the contact receives the file under (default: the file's own name; required for a pipe).", valueName: "name"))
     var name: String?
     @Option(help: ArgumentHelp(
         "Drop the item if not delivered within this time: a number with s, m, h or d (default: the configuration's defaultItemExpirySeconds).",

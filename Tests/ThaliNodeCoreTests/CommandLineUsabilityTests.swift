@@ -73,17 +73,30 @@ struct CommandLineUsabilityTests {
         return (temporary, home)
     }
 
-    @Test("send --file refuses a FIFO without a writer and a pipe, at once")
-    func sendRefusesNonRegularFiles() async throws {
+    @Test("send --file refuses a FIFO without a writer, a device and an unnamed pipe at once; reads a named pipe")
+    func sendFileKinds() async throws {
         let (temporary, home) = try await node("cli-fifo")
         defer { withExtendedLifetime(temporary) {} }
         let fifo = temporary.home.path + "-fifo"
         #expect(mkfifo(fifo, 0o600) == 0)
         defer { unlink(fifo) }
         try await expectRefusal({ try await thaliNode(["send", "bob", "--file", fifo, "--home", home]) },
-                                containing: "a pipe or FIFO, not a regular file", home: home)
-        try await expectRefusal({ try await shell("exec \"$THALI_NODE\" send bob --file /dev/stdin --home '\(home)' < /dev/null") },
-                                containing: "not a regular file", home: home)
+                                containing: "a named pipe (FIFO; opening it waits for a writer), not a regular file", home: home)
+        try await expectRefusal({ try await shell("exec \"$THALI_NODE\" send bob --file /dev/stdin --name x --home '\(home)' < /dev/null") },
+                                containing: "/dev/stdin: a device, not a regular file", home: home)
+        try await expectRefusal({ try await shell("printf 'piped bytes' | \"$THALI_NODE\" send bob --file /dev/stdin --home '\(home)'") },
+                                containing: "/dev/stdin: a pipe; give the name the contact receives it under with --name", home: home)
+        let limited = #"{"maxItemBytes": 4}"#
+        try Data(limited.utf8).write(to: URL(fileURLWithPath: temporary.home.configurationPath))
+        try await expectRefusal({ try await shell("printf 'piped bytes' | \"$THALI_NODE\" send bob --file /dev/stdin --name big.txt --home '\(home)'") },
+                                containing: "exceeds the limit of 4 bytes", home: home)
+        try FileManager.default.removeItem(atPath: temporary.home.configurationPath)
+
+        let piped = try await shell("printf 'piped bytes' | \"$THALI_NODE\" send bob --file /dev/stdin --name piped.txt --home '\(home)'")
+        #expect(piped.status == 0, "\(piped.output)")
+        let item = try #require(try NodeStore(home: temporary.home).outbox().first)
+        #expect(item.fileName == "piped.txt" && item.size == 11)
+        #expect(try Data(contentsOf: URL(fileURLWithPath: try #require(item.filePath))) == Data("piped bytes".utf8))
     }
 
     @Test("send --file --name sets the delivered name; --name without --file is refused")
