@@ -59,7 +59,7 @@ extension ThaliPeer {
         return item
     }
 
-    /// Queues a copy of the regular file at `path` for the contact named `contact`, delivered under
+    /// Queues a copy of the file at `path` (a regular file, or with `name` an inherited pipe) for the contact named `contact`, delivered under
     /// `name` (default: the file's own name; see ``NodeStore/enqueueFile(at:to:name:expiresAt:id:now:)``),
     /// and announces it at once when the peer runs.
     @discardableResult
