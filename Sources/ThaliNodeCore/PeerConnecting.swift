@@ -100,7 +100,10 @@ extension ThaliPeer {
         let emit = self.emit
         let session: MultiplexerSession
         do {
+            // From the pinned interface's address: the one this peer announces, and the source the other
+            // peer's per-source admission sees.
             session = try await ClientBootstrap(group: handshake.futureResult.eventLoop)
+                .bind(to: try SocketAddress(ipAddress: configuration.interfaceAddress, port: 0))
                 .connectTimeout(configuration.tls.connectTimeout)
                 .connect(host: location.host, port: location.port) { channel in
                     channel.eventLoop.makeCompletedFuture {

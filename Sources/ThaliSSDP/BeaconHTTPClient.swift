@@ -22,6 +22,10 @@ public struct BeaconHTTPClientConfiguration: Sendable {
     public var maxBackoff: TimeAmount = .seconds(2)
     /// Random spread of each delay, as a fraction: 0.5 draws from 50%...150% of it.
     public var jitter: Double = 0.5
+    /// The local IPv4 address fetches leave from (nil: the kernel picks). Discovery sets its pinned
+    /// interface's address, so a peer's fetches come from the address it announces: on a host with
+    /// several addresses, the peer's own is the source that other peers' per-source limits see.
+    public var sourceAddress: String?
 
     /// The defaults above.
     public init() {}
@@ -106,7 +110,11 @@ public struct BeaconHTTPClient: Sendable {
         let configuration = self.configuration
         let channel: Channel
         do {
-            channel = try await ClientBootstrap(group: group)
+            var bootstrap = ClientBootstrap(group: group)
+            if let source = configuration.sourceAddress {
+                bootstrap = bootstrap.bind(to: try SocketAddress(ipAddress: source, port: 0))
+            }
+            channel = try await bootstrap
                 .connectTimeout(configuration.connectTimeout)
                 .channelInitializer { channel in
                     channel.eventLoop.makeCompletedFuture {

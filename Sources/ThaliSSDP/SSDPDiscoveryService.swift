@@ -81,7 +81,9 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
         self.consumer = consumer
         (self.events, self.eventSink) = AsyncStream.makeStream(of: SSDPDiscoveryEvent.self,
                                                                bufferingPolicy: .bufferingNewest(4096))
-        self.client = BeaconHTTPClient(configuration: configuration.client, group: group)
+        var clientConfiguration = configuration.client
+        if clientConfiguration.sourceAddress == nil { clientConfiguration.sourceAddress = configuration.interfaceAddress }
+        self.client = BeaconHTTPClient(configuration: clientConfiguration, group: group)
         self.announcer = SSDPAnnouncer(configuration: configuration,
                                        location: BeaconLocation(host: configuration.interfaceAddress, port: 0))
         self.searcher = SSDPSearcher(interval: configuration.searchInterval)

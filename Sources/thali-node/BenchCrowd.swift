@@ -80,6 +80,8 @@ struct BenchCrowd: AsyncParsableCommand {
                 case .delivery(_, .received): received.withLockedValue { $0 += 1 }
                 case .limitTriggered(let report) where report.effect == .discoveryOff:
                     discoveryOff.withLockedValue { $0 += report.period.seconds }
+                case .connectionFailed, .sessionEnded(_, _, .some), .disconnected, .beaconMatched, .connecting:
+                    if ProcessInfo.processInfo.environment["THALI_CROWD_DEBUG"] != nil { print("p\(index): \(event)") }
                 default: break
                 }
             })
