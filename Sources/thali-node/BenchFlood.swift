@@ -99,7 +99,9 @@ struct BenchFlood: AsyncParsableCommand {
         let victimPort = NIOLockedValueBox<Int?>(nil)
         let received = NIOLockedValueBox<Set<String>>([])
         let discoveryOff = NIOLockedValueBox(0.0)
+        let debug = ProcessInfo.processInfo.environment["THALI_FLOOD_DEBUG"] != nil
         let onLine: @Sendable (String, String) -> Void = { who, line in
+            if debug { print("\(who): \(line)") }
             guard let data = line.data(using: .utf8),
                   let object = try? JSONSerialization.jsonObject(with: data) as? [String: Any],
                   let event = object["event"] as? String else { return }
