@@ -1,0 +1,26 @@
+import Foundation
+import Testing
+import ThaliTestSupport
+
+/// A crowd on one segment (issue 12): 150 real peers, each on its own address in a network namespace
+/// the benchmark creates, each with three contacts among the others and an item for each. Every item
+/// must arrive exactly once and discovery must never switch off. Runs the real `thali-node bench crowd`.
+@Suite("A crowd of 150 peers", .serialized)
+struct CrowdTests {
+    @Test(.enabled(if: TestEnvironment.available(TestEnvironment.canUseNetworkNamespaces)), .timeLimit(.minutes(5)))
+    func crowdDeliversEverythingWithDiscoveryOn() async throws {
+        let executable = CommandLineTests.executable
+        let result = try await Task.detached {
+            try ChildProcess.run(executable, ["bench", "crowd", "--peers", "150", "--timeout", "240", "--json"],
+                                 timeout: .seconds(280))
+        }.value
+        let line = try #require(result.output.split(separator: "\n").last { $0.hasPrefix("{") }, "\(result.output)")
+        let figures = try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any])
+        #expect(result.status == 0, "\(result.output)")
+        #expect(figures["peers"] as? Int == 150)
+        #expect(figures["items"] as? Int == 450)
+        #expect(figures["delivered"] as? Int == 450, "exactly once, counted from the inboxes: \(line)")
+        #expect(figures["all_delivered_s"] is Double, "\(line)")
+        #expect(figures["discovery_off_s"] as? Double == 0, "discovery never switched off: \(line)")
+    }
+}
