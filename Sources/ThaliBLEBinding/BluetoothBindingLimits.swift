@@ -11,6 +11,12 @@ public struct BluetoothBindingLimits: Sendable, Hashable {
     /// How long the server side waits for its localhost connection to the app before closing the
     /// Bluetooth stream.
     public var appConnectTimeout: TimeAmount = .seconds(2)
+    /// How long an incoming relay may stay silent after the handshake octet: the client must send its
+    /// first bytes (for Thali, a TLS ClientHello) within it, or the relay is closed. A client that says
+    /// hello and nothing more cannot hold one of the `maxConcurrentIncomingConnections` slots for long.
+    public var relayFirstBytesTimeout: TimeAmount = .seconds(5)
+    /// An incoming relay on which no byte moves in either direction for this long is closed.
+    public var relayIdleTimeout: TimeAmount = .seconds(120)
 
     /// Length of the window in which incoming connections are counted.
     public var incomingConnectionWindow: TimeAmount = .seconds(10)

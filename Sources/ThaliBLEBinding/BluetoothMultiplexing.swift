@@ -18,7 +18,7 @@ public struct MultiplexedBluetoothClient: Sendable {
     ///   - configuration: the multiplexer's framing and limits (yamux by default).
     public init(transport: any BluetoothTransport, group: any EventLoopGroup,
                 limits: BluetoothBindingLimits = BluetoothBindingLimits(),
-                configuration: MultiplexerConfiguration = MultiplexerConfiguration())
+                configuration: MultiplexerConfiguration = .beforeAuthentication)
     {
         self.relayClient = BluetoothRelayClient(transport: transport, group: group, limits: limits)
         self.group = group
@@ -93,7 +93,7 @@ public final class MultiplexedAppGateway: Sendable {
 
     /// Listens on 127.0.0.1 (a free port) and joins every stream to `127.0.0.1:appPort`.
     public static func start(group: any EventLoopGroup, forwardingTo appPort: Int,
-                             configuration: MultiplexerConfiguration = MultiplexerConfiguration()) async throws
+                             configuration: MultiplexerConfiguration = .beforeAuthentication) async throws
         -> MultiplexedAppGateway
     {
         try await start(group: group, configuration: configuration,
@@ -101,7 +101,7 @@ public final class MultiplexedAppGateway: Sendable {
     }
 
     /// Listens on 127.0.0.1 (a free port); `streamInitializer` sets up every stream the central opens.
-    public static func start(group: any EventLoopGroup, configuration: MultiplexerConfiguration = MultiplexerConfiguration(),
+    public static func start(group: any EventLoopGroup, configuration: MultiplexerConfiguration = .beforeAuthentication,
                              streamInitializer: @escaping MultiplexerHandler.StreamInitializer) async throws
         -> MultiplexedAppGateway
     {
@@ -122,5 +122,21 @@ public final class MultiplexedAppGateway: Sendable {
     /// Stops listening (sessions already running continue until their Bluetooth stream ends).
     public func close() async {
         try? await listener.close()
+    }
+}
+
+extension MultiplexerConfiguration {
+    /// The bounds of a multiplexer session that runs below TLS, before anyone is authenticated (the
+    /// Bluetooth gateway's outer session): 8 streams at once (a Thali peer needs the beacon stream and a
+    /// TLS stream or two), an accept backlog of 8, and windows held at yamux's initial 256 KiB, so one
+    /// unauthenticated client can hold at most 2 MiB of buffers and 8 connections to the app.
+    public static var beforeAuthentication: MultiplexerConfiguration {
+        var configuration = MultiplexerConfiguration()
+        configuration.maxConcurrentStreams = 8
+        configuration.acceptBacklog = 8
+        configuration.maxStreamWindowSize = 256 * 1024
+        configuration.maxStreamReceiveBuffer = 256 * 1024
+        configuration.maxSessionReceiveBuffer = 8 * 256 * 1024
+        return configuration
     }
 }

@@ -29,6 +29,11 @@ public final class BluetoothRelayServer: Sendable {
         public var handshakeFailures = 0
         /// Streams relayed to the app.
         public var relayed = 0
+        /// Relays closed because the client sent nothing after its handshake octet within
+        /// `relayFirstBytesTimeout`.
+        public var silentRelaysClosed = 0
+        /// Relays closed because nothing moved for `relayIdleTimeout`.
+        public var idleRelaysClosed = 0
         /// Connections to the app's port that failed.
         public var appConnectFailures = 0
     }
@@ -132,8 +137,18 @@ public final class BluetoothRelayServer: Sendable {
         let halves: NIOLoopBound<(StreamRelayHandler, StreamRelayHandler)>
         do {
             halves = try await loop.submit { NIOLoopBound(StreamRelayHandler.makePair(), eventLoop: loop) }.get()
-            bluetooth = try await socket.makeChannel(on: loop) { channel in
+            bluetooth = try await socket.makeChannel(on: loop) { [state] channel in
                 channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.addHandler(RelayTimeoutHandler(
+                        firstBytesTimeout: limits.relayFirstBytesTimeout, idleTimeout: limits.relayIdleTimeout
+                    ) { reason in
+                        state.withLockedValue {
+                            switch reason {
+                            case .silentAfterHandshake: $0.counters.silentRelaysClosed += 1
+                            case .idle: $0.counters.idleRelaysClosed += 1
+                            }
+                        }
+                    })
                     try channel.pipeline.syncOperations.addHandler(
                         BluetoothHandshakeHandler(role: .server, timeout: limits.handshakeTimeout,
                                                   outcome: handshake, successor: halves.value.0))
