@@ -87,7 +87,7 @@ let package = Package(
         .target(
             name: "ThaliBLEBinding",
             dependencies: [
-                "CDBus", "CBluetooth", "TCPMultiplexer",
+                "CDBus", "CBluetooth", "TCPMultiplexer", "ThaliAdmission",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),

@@ -1,4 +1,5 @@
 import NIOCore
+import ThaliAdmission
 
 /// The DoS bounds of the Bluetooth binding (seed, "Denial of Service (DOS) Protections"). Every value is
 /// configurable; the defaults suit a phone-sized peer.
@@ -50,8 +51,10 @@ public struct BluetoothBindingLimits: Sendable, Hashable {
     public init() {}
 }
 
-/// Decides whether to accept an incoming Bluetooth connection: per-address and global rate windows,
-/// refusal periods, and a cap on concurrent relays. A value type; the server keeps one under its lock.
+/// Decides whether to accept an incoming Bluetooth connection: the suite's one admission mechanism
+/// (ThaliAdmission's `AdmissionGate`) keyed by Bluetooth address, per address before global — a rate per
+/// address with a refusal period, then the concurrent relays and the global rate whose excess pauses
+/// accepting (the last resort). A value type; the server keeps one under its lock.
 public struct IncomingConnectionGate: Sendable {
     /// The decision for one connection.
     public enum Decision: Hashable, Sendable {
@@ -81,103 +84,62 @@ public struct IncomingConnectionGate: Sendable {
         public var acceptPauses = 0
     }
 
-    private struct Window {
-        var start: NIODeadline
-        var count: Int
-    }
-
-    private let limits: BluetoothBindingLimits
-    private var perAddress: [BluetoothAddress: Window] = [:]
-    private var refusedUntil: [BluetoothAddress: NIODeadline] = [:]
-    private var global: Window?
-    private var pausedUntil: NIODeadline?
-    /// Relays currently open.
-    public private(set) var open = 0
-    /// Addresses currently remembered (rate windows and refusals), bounded by `maxTrackedAddresses`.
-    public var trackedAddresses: Int { perAddress.count + refusedUntil.count }
-    /// What the gate has done so far.
-    public private(set) var counters = Counters()
+    private var gate: AdmissionGate<BluetoothAddress>
 
     /// A gate with these limits.
     public init(limits: BluetoothBindingLimits) {
-        self.limits = limits
+        gate = AdmissionGate(limits: Self.admissionLimits(limits))
+    }
+
+    /// The Bluetooth limits as admission limits: per address the rate (`maxIncomingConnectionsPerAddress`
+    /// per `incomingConnectionWindow`, then refused for `abusiveAddressRefusal`); in all, the concurrent
+    /// relays and the global rate (`maxIncomingConnectionsPerWindow`, then an `acceptPause`).
+    static func admissionLimits(_ limits: BluetoothBindingLimits) -> AdmissionLimits {
+        var admission = AdmissionLimits()
+        admission.maxConnectionsPerSource = limits.maxIncomingConnectionsPerAddress
+        admission.sourceWindow = limits.incomingConnectionWindow
+        admission.sourceRefusalPeriod = limits.abusiveAddressRefusal
+        admission.maxUnauthenticatedPerSource = limits.maxConcurrentIncomingConnections
+        admission.maxOpenPerSource = limits.maxConcurrentIncomingConnections
+        admission.maxUnauthenticatedGlobal = limits.maxConcurrentIncomingConnections
+        admission.maxOpenGlobal = limits.maxConcurrentIncomingConnections
+        admission.maxConnectionsGlobal = limits.maxIncomingConnectionsPerWindow
+        admission.globalWindow = limits.incomingConnectionWindow
+        admission.overloadClosePeriod = limits.acceptPause
+        admission.maxTrackedSources = max(limits.maxTrackedAddresses, limits.maxConcurrentIncomingConnections)
+        return admission
+    }
+
+    /// Relays currently open.
+    public var open: Int { gate.open }
+    /// Addresses currently remembered, bounded by `maxTrackedAddresses` (addresses with open relays are
+    /// never forgotten; there are at most `maxConcurrentIncomingConnections` of them).
+    public var trackedAddresses: Int { gate.trackedSources }
+
+    /// What the gate has done so far.
+    public var counters: Counters {
+        let admission = gate.counters
+        return Counters(accepted: admission.admitted, refusedAddress: admission.refusedSourceRate,
+                        refusedPaused: admission.refusedOverload,
+                        refusedBusy: admission.refusedSourceUnauthenticated + admission.refusedSourceOpen
+                            + admission.refusedGlobalUnauthenticated + admission.refusedGlobalOpen,
+                        addressesBanned: admission.sourcesRefused, acceptPauses: admission.overloads)
     }
 
     /// Decides about a connection from `address` at `now`; an accepted connection counts as open until
-    /// `release()`.
+    /// `release(_:)`.
     public mutating func admit(_ address: BluetoothAddress, now: NIODeadline = .now()) -> Decision {
-        if let until = pausedUntil {
-            if now < until {
-                counters.refusedPaused += 1
-                return .refusedPaused
-            }
-            pausedUntil = nil
-        }
-        if let until = refusedUntil[address] {
-            if now < until {
-                counters.refusedAddress += 1
-                return .refusedAddress(address)
-            }
-            refusedUntil[address] = nil
-        }
-        // Global window.
-        var globalWindow = global ?? Window(start: now, count: 0)
-        if now - globalWindow.start >= limits.incomingConnectionWindow { globalWindow = Window(start: now, count: 0) }
-        globalWindow.count += 1
-        global = globalWindow
-        if globalWindow.count > limits.maxIncomingConnectionsPerWindow {
-            pausedUntil = now + limits.acceptPause
-            global = nil
-            counters.acceptPauses += 1
-            counters.refusedPaused += 1
-            return .refusedPaused
-        }
-        // Per-address window.
-        var window = perAddress[address] ?? Window(start: now, count: 0)
-        if now - window.start >= limits.incomingConnectionWindow { window = Window(start: now, count: 0) }
-        window.count += 1
-        if window.count > limits.maxIncomingConnectionsPerAddress {
-            perAddress[address] = nil
-            refusedUntil[address] = now + limits.abusiveAddressRefusal
-            trimRefusals(now: now)
-            counters.addressesBanned += 1
-            counters.refusedAddress += 1
-            return .refusedAddress(address)
-        }
-        perAddress[address] = window
-        trimWindows(now: now)
-        guard open < limits.maxConcurrentIncomingConnections else {
-            counters.refusedBusy += 1
-            return .refusedBusy
-        }
-        open += 1
-        counters.accepted += 1
-        return .accept
-    }
-
-    /// An accepted connection ended.
-    public mutating func release() {
-        open = max(0, open - 1)
-    }
-
-    private mutating func trimWindows(now: NIODeadline) {
-        guard perAddress.count > limits.maxTrackedAddresses else { return }
-        perAddress = perAddress.filter { now - $0.value.start < limits.incomingConnectionWindow }
-        while perAddress.count > limits.maxTrackedAddresses,
-              let oldest = perAddress.min(by: { $0.value.start < $1.value.start })
-        {
-            perAddress[oldest.key] = nil
+        switch gate.admit(address, now: now) {
+        case .admitted: return .accept
+        case .refused(.sourceRate): return .refusedAddress(address)
+        case .refused(.overloaded), .refused(.closedForOverload): return .refusedPaused
+        case .refused: return .refusedBusy
         }
     }
 
-    private mutating func trimRefusals(now: NIODeadline) {
-        guard refusedUntil.count > limits.maxTrackedAddresses else { return }
-        refusedUntil = refusedUntil.filter { now < $0.value }
-        while refusedUntil.count > limits.maxTrackedAddresses,
-              let soonest = refusedUntil.min(by: { $0.value < $1.value })
-        {
-            refusedUntil[soonest.key] = nil
-        }
+    /// An accepted connection from `address` ended.
+    public mutating func release(_ address: BluetoothAddress) {
+        gate.closed(address, authenticated: false)
     }
 }
 

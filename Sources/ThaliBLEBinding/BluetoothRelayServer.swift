@@ -157,10 +157,10 @@ public final class BluetoothRelayServer: Sendable {
         } catch {
             handshake.fail(error)
             socket.close()
-            state.withLockedValue { $0.gate.release() }
+            state.withLockedValue { $0.gate.release(address) }
             return
         }
-        bluetooth.closeFuture.whenComplete { [state] _ in state.withLockedValue { $0.gate.release() } }
+        bluetooth.closeFuture.whenComplete { [state] _ in state.withLockedValue { $0.gate.release(address) } }
 
         let hello: BluetoothHandshake.ClientHello
         do {

@@ -351,7 +351,7 @@ let channelNumber: UInt8 = 5
         var gate = IncomingConnectionGate(limits: limits)
         let start = NIODeadline.uptimeNanoseconds(1_000_000_000)
         #expect(gate.admit(clientAddress, now: start) == .accept)
-        gate.release()
+        gate.release(clientAddress)
         #expect(gate.admit(clientAddress, now: start + .seconds(1)) == .refusedAddress(clientAddress))
         #expect(gate.admit(clientAddress, now: start + .seconds(59)) == .refusedAddress(clientAddress))
         #expect(gate.admit(clientAddress, now: start + .seconds(62)) == .accept)
@@ -366,13 +366,15 @@ let channelNumber: UInt8 = 5
         var gate = IncomingConnectionGate(limits: limits)
         let start = NIODeadline.uptimeNanoseconds(1_000_000_000)
         for index in 0..<2 {
-            #expect(gate.admit(BluetoothAddress(octets: [0, 0, 0, 0, 0, UInt8(index)])!, now: start) == .accept)
-            gate.release()
+            let address = BluetoothAddress(octets: [0, 0, 0, 0, 0, UInt8(index)])!
+            #expect(gate.admit(address, now: start) == .accept)
+            gate.release(address)
         }
         // Spread over two windows, four connections are fine.
         for index in 2..<4 {
-            #expect(gate.admit(BluetoothAddress(octets: [0, 0, 0, 0, 0, UInt8(index)])!, now: start + .seconds(11)) == .accept)
-            gate.release()
+            let address = BluetoothAddress(octets: [0, 0, 0, 0, 0, UInt8(index)])!
+            #expect(gate.admit(address, now: start + .seconds(11)) == .accept)
+            gate.release(address)
         }
         #expect(gate.admit(clientAddress, now: start + .seconds(12)) == .refusedPaused)
         #expect(gate.counters.acceptPauses == 1)
@@ -398,12 +400,13 @@ let channelNumber: UInt8 = 5
         var limits = BluetoothBindingLimits()
         limits.maxTrackedAddresses = 8
         limits.maxIncomingConnectionsPerWindow = .max
-        limits.maxConcurrentIncomingConnections = .max
+        limits.maxConcurrentIncomingConnections = 8
         var gate = IncomingConnectionGate(limits: limits)
         let now = NIODeadline.uptimeNanoseconds(1_000_000_000)
         for index in 0..<1000 {
             let address = BluetoothAddress(octets: [0, 0, 0, 0, UInt8(index >> 8), UInt8(index & 0xFF)])!
             #expect(gate.admit(address, now: now) == .accept)
+            gate.release(address)
         }
         #expect(gate.trackedAddresses <= 8)
     }
