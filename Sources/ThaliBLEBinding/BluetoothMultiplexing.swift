@@ -125,6 +125,7 @@ public final class MultiplexedAppGateway: Sendable {
     }
 }
 
+/// The multiplexer bounds of the Bluetooth binding.
 extension MultiplexerConfiguration {
     /// The bounds of a multiplexer session that runs below TLS, before anyone is authenticated (the
     /// Bluetooth gateway's outer session): 8 streams at once (a Thali peer needs the beacon stream and a
