@@ -12,13 +12,19 @@ final class DHParameters {
         }
         defer { EVP_PKEY_CTX_free(keyContext) }
         var key: OpaquePointer? = nil
-        let generated = group.rawValue.withCString { name -> Bool in
-            guard EVP_PKEY_paramgen_init(keyContext) == 1 else { return false }
-            var parameters = [
-                OSSL_PARAM_construct_utf8_string(OSSL_PKEY_PARAM_GROUP_NAME, UnsafeMutablePointer(mutating: name), 0),
-                OSSL_PARAM_construct_end(),
-            ]
-            return EVP_PKEY_CTX_set_params(keyContext, &parameters) == 1 && EVP_PKEY_paramgen(keyContext, &key) == 1
+        // An OSSL_PARAM keeps pointers to its key and its value: both C strings must outlive every call
+        // that reads the parameters, so both come from withCString scopes that enclose those calls. (The
+        // key is a Swift String here; passed directly, its temporary C copy would be freed as soon as
+        // OSSL_PARAM_construct_utf8_string returned, and set_params would read freed memory.)
+        let generated = OSSL_PKEY_PARAM_GROUP_NAME.withCString { parameterName in
+            group.rawValue.withCString { name -> Bool in
+                guard EVP_PKEY_paramgen_init(keyContext) == 1 else { return false }
+                var parameters = [
+                    OSSL_PARAM_construct_utf8_string(parameterName, UnsafeMutablePointer(mutating: name), 0),
+                    OSSL_PARAM_construct_end(),
+                ]
+                return EVP_PKEY_CTX_set_params(keyContext, &parameters) == 1 && EVP_PKEY_paramgen(keyContext, &key) == 1
+            }
         }
         guard generated, let key else {
             throw PSKTLSError(.invalidConfiguration, role: .server, detail: "DH group \(group.rawValue): \(OpenSSLErrors.drain())")
