@@ -16,13 +16,11 @@ struct PeerLimitTests {
     func datagramFloodIsReported() async throws {
         let people = try TestPeople(["alice"], label: "limits")
         let ssdpPort = randomSSDPPort()
-        var configuration = PeerConfiguration(interfaceAddress: "127.0.0.1")
-        configuration.ssdpPort = ssdpPort
-        configuration.discoveryLimits.maxDatagramsPerWindow = 20
-        configuration.discoveryLimits.floodWindow = .seconds(10)
-        configuration.discoveryLimits.discoveryCooldown = .seconds(5)
-        let alice = try ThaliPeer(store: people["alice"].store, identity: people["alice"].key,
-                                  configuration: configuration, logger: quietLogger)
+        let alice = try loopbackPeer(people["alice"], ssdpPort: ssdpPort) {
+            $0.discoveryLimits.maxDatagramsPerWindow = 20
+            $0.discoveryLimits.floodWindow = .seconds(10)
+            $0.discoveryLimits.discoveryCooldown = .seconds(5)
+        }
         let events = alice.events()
         try await alice.start()
         // The attacker: another process multicasting 60 Thali alives from different ports on loopback.
@@ -98,12 +96,10 @@ struct PeerRetryAttackTests {
         try await attacker.start(advertising: copied.stream)
         let attackerLocation = await attacker.location().description
 
-        var configuration = PeerConfiguration(interfaceAddress: "127.0.0.1")
-        configuration.ssdpPort = ssdpPort
-        configuration.retry.initialDelay = .milliseconds(50)
-        configuration.retry.maxDelay = .milliseconds(100)
-        let bob = try ThaliPeer(store: people["bob"].store, identity: people["bob"].key,
-                                configuration: configuration, logger: quietLogger)
+        let bob = try loopbackPeer(people["bob"], ssdpPort: ssdpPort) {
+            $0.retry.initialDelay = .milliseconds(50)
+            $0.retry.maxDelay = .milliseconds(100)
+        }
         let events = bob.events()
         try await bob.start()
         var attempts = 0
@@ -145,13 +141,8 @@ struct PeerManyContactsTests {
         // Queued last: Bob's beacon is in the last announcement.
         let item = try aliceStore.enqueueText("for bob", to: "bob", expiresAt: expiry)
         let ssdpPort = randomSSDPPort()
-        var configuration = PeerConfiguration(interfaceAddress: "127.0.0.1")
-        configuration.ssdpPort = ssdpPort
-        configuration.announcementRotationInterval = .milliseconds(300)
-        let alice = try ThaliPeer(store: aliceStore, identity: people["alice"].key, configuration: configuration,
-                                  logger: quietLogger)
-        let bob = try ThaliPeer(store: people["bob"].store, identity: people["bob"].key, configuration: configuration,
-                                logger: quietLogger)
+        let alice = try loopbackPeer(people["alice"], ssdpPort: ssdpPort) { $0.announcementRotationInterval = .milliseconds(300) }
+        let bob = try loopbackPeer(people["bob"], ssdpPort: ssdpPort)
         let bobsEvents = bob.events()
         try await alice.start()
         let streams = alice.state.withLockedValue { $0.advertised?.streams ?? [] }
@@ -212,12 +203,8 @@ struct DiscoveryAttackTests {
     func oneHostCannotSwitchDiscoveryOff(mode: String) async throws {
         let people = try TestPeople(["alice", "bob"], label: "ssdp-attack-\(mode)")
         let ssdpPort = randomSSDPPort()
-        var configuration = PeerConfiguration(interfaceAddress: "127.0.0.1")
-        configuration.ssdpPort = ssdpPort
-        let alice = try ThaliPeer(store: people["alice"].store, identity: people["alice"].key,
-                                  configuration: configuration, logger: quietLogger)
-        let bob = try ThaliPeer(store: people["bob"].store, identity: people["bob"].key,
-                                configuration: configuration, logger: quietLogger)
+        let alice = try loopbackPeer(people["alice"], ssdpPort: ssdpPort)
+        let bob = try loopbackPeer(people["bob"], ssdpPort: ssdpPort)
         let attacker = try ChildProcess("python3", ["-c", Self.attack, mode, "127.0.0.2", "\(ssdpPort)", "6"])
         defer { _ = attacker.terminate() }
         try await Task.sleep(for: .seconds(1))  // the attack is on before the peers start

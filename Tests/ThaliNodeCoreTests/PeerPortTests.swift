@@ -54,9 +54,7 @@ struct PeerPortTests {
         """
 
     private func peer(_ person: TestPeople.Person, ssdpPort: Int) throws -> ThaliPeer {
-        var configuration = PeerConfiguration(interfaceAddress: "127.0.0.1")
-        configuration.ssdpPort = ssdpPort
-        return try ThaliPeer(store: person.store, identity: person.key, configuration: configuration, logger: quietLogger)
+        try loopbackPeer(person, ssdpPort: ssdpPort)
     }
 
     @Test("one source opening 400 connections at once is refused alone; the port stays open for everyone else")

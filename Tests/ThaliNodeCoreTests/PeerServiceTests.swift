@@ -11,10 +11,7 @@ import ThaliBeacons
 @Suite("ThaliPeer as an embedded service", .serialized, .timeLimit(.minutes(1)))
 struct PeerServiceTests {
     private func peer(_ person: TestPeople.Person, ssdpPort: Int, port: Int = 0) throws -> ThaliPeer {
-        var configuration = PeerConfiguration(interfaceAddress: "127.0.0.1")
-        configuration.ssdpPort = ssdpPort
-        configuration.port = port
-        return try ThaliPeer(store: person.store, identity: person.key, configuration: configuration, logger: quietLogger)
+        try loopbackPeer(person, ssdpPort: ssdpPort) { $0.port = port }
     }
 
     @Test("two peers under a ServiceGroup deliver a queued text; the event stream sees it and ends with stopped")

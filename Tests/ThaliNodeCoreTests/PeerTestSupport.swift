@@ -48,5 +48,14 @@ final class TestPeople: @unchecked Sendable {
 /// A random port for SSDP multicast, so concurrent runs do not hear each other.
 func randomSSDPPort() -> Int { Int.random(in: 20000...60000) }
 
+/// A quiet `ThaliPeer` for `person`, pinned to 127.0.0.1 with `ssdpPort`; `configure` adjusts the rest.
+func loopbackPeer(_ person: TestPeople.Person, ssdpPort: Int,
+                  _ configure: (inout PeerConfiguration) -> Void = { _ in }) throws -> ThaliPeer {
+    var configuration = PeerConfiguration(interfaceAddress: "127.0.0.1")
+    configuration.ssdpPort = ssdpPort
+    configure(&configuration)
+    return try ThaliPeer(store: person.store, identity: person.key, configuration: configuration, logger: quietLogger)
+}
+
 /// The `thali-node` built beside this test bundle.
 var thaliNodeExecutable: String { CommandLineTests.executable }
