@@ -16,6 +16,8 @@ let package = Package(
         .library(name: "ThaliConformance", targets: ["ThaliConformance"]),
         .library(name: "ThaliNodeCore", targets: ["ThaliNodeCore"]),
         .executable(name: "thali-node", targets: ["thali-node"]),
+        /// The fuzz harnesses' entry points, for the `Fuzz/` package; not an API for applications.
+        .library(name: "ThaliFuzzHarnesses", targets: ["ThaliFuzzHarnesses"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.2"),
@@ -157,6 +159,18 @@ let package = Package(
             ],
             path: "Examples/EmbeddedPeer"),
 
+        /// One entry point per input surface, shared by libFuzzer (`Fuzz/`, built with sanitizers) and the
+        /// corpus replay in `ThaliFuzzHarnessesTests`, so that every committed input runs in CI.
+        .target(
+            name: "ThaliFuzzHarnesses",
+            dependencies: [
+                "ThaliBeacons", "ThaliSSDP", "ThaliPSKTLS", "TCPMultiplexer", "ThaliBLEBinding", "ThaliNodeCore",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOEmbedded", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "Crypto", package: "swift-crypto"),
+            ]),
+
         // MARK: Tests (mirror Sources/<Module>)
         /// Helpers shared by the test targets: child processes of independent peers, package paths.
         .target(name: "ThaliTestSupport", path: "Sources/ThaliTestSupport"),
@@ -216,6 +230,8 @@ let package = Package(
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ]),
+        /// Replays every committed fuzz corpus file (`Fuzz/Corpus/<harness>/`) through its harness.
+        .testTarget(name: "ThaliFuzzHarnessesTests", dependencies: ["ThaliFuzzHarnesses", "ThaliTestSupport"]),
         /// Runs the examples (`Examples/`) as an app author would and checks what they print.
         .testTarget(name: "ExamplesTests", dependencies: ["ThaliTestSupport"]),
     ],

@@ -115,7 +115,7 @@ extension BeaconProfile {
 
     /// The TLS PSK identity for a beacon: base64 of preamble ‖ beacon (`spec`, 192 characters) or
     /// unpadded URL-safe base64 of SHA-256(preamble ‖ beacon) (`cordova`, 43 characters).
-    func pskIdentity(preamble: ArraySlice<UInt8>, beacon: ArraySlice<UInt8>) -> String {
+    package func pskIdentity(preamble: ArraySlice<UInt8>, beacon: ArraySlice<UInt8>) -> String {
         switch self {
         case .spec:
             return Base64.encode(preamble, beacon)

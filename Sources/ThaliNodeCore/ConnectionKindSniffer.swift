@@ -4,9 +4,9 @@ import NIOCore
 /// TLS handshake record's content type, and no HTTP method starts with it. Waits for that byte, lets the
 /// chosen initializer add its handlers behind this one, then leaves the pipeline and re-delivers what it
 /// held. It only holds what arrived before the initializer finished (at most a few reads).
-final class ConnectionKindSniffer: ChannelInboundHandler, RemovableChannelHandler {
-    typealias InboundIn = ByteBuffer
-    typealias InboundOut = ByteBuffer
+package final class ConnectionKindSniffer: ChannelInboundHandler, RemovableChannelHandler {
+    package typealias InboundIn = ByteBuffer
+    package typealias InboundOut = ByteBuffer
 
     /// The content type of a TLS handshake record (RFC 5246 §6.2.1), the first byte a TLS client sends.
     static let tlsHandshakeRecord: UInt8 = 0x16
@@ -22,12 +22,12 @@ final class ConnectionKindSniffer: ChannelInboundHandler, RemovableChannelHandle
     private var state = State.waitingForFirstByte
     private var held: [NIOAny] = []
 
-    init(http: @escaping @Sendable (Channel) throws -> Void, secure: @escaping @Sendable (Channel) -> EventLoopFuture<Void>) {
+    package init(http: @escaping @Sendable (Channel) throws -> Void, secure: @escaping @Sendable (Channel) -> EventLoopFuture<Void>) {
         self.http = http
         self.secure = secure
     }
 
-    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+    package func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         switch state {
         case .forwarding:
             context.fireChannelRead(data)
@@ -57,11 +57,11 @@ final class ConnectionKindSniffer: ChannelInboundHandler, RemovableChannelHandle
         }
     }
 
-    func channelReadComplete(context: ChannelHandlerContext) {
+    package func channelReadComplete(context: ChannelHandlerContext) {
         if case .forwarding = state { context.fireChannelReadComplete() }
     }
 
-    func removeHandler(context: ChannelHandlerContext, removalToken: ChannelHandlerContext.RemovalToken) {
+    package func removeHandler(context: ChannelHandlerContext, removalToken: ChannelHandlerContext.RemovalToken) {
         state = .forwarding
         let held = self.held
         self.held.removeAll()

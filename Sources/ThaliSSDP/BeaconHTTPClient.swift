@@ -151,15 +151,15 @@ public struct BeaconHTTPClient: Sendable {
 extension BeaconFetchError.Reason: Error {}
 
 /// Cuts the connection once more than `limit` bytes have arrived, before any parser buffers them.
-final class InboundByteLimitHandler: ChannelInboundHandler {
-    typealias InboundIn = ByteBuffer
-    typealias InboundOut = ByteBuffer
+package final class InboundByteLimitHandler: ChannelInboundHandler {
+    package typealias InboundIn = ByteBuffer
+    package typealias InboundOut = ByteBuffer
     private let limit: Int
     private var received = 0
 
-    init(limit: Int) { self.limit = limit }
+    package init(limit: Int) { self.limit = limit }
 
-    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+    package func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         received += unwrapInboundIn(data).readableBytes
         guard received <= limit else {
             context.fireErrorCaught(BeaconFetchError.Reason.responseTooLarge(limit: limit))
@@ -171,9 +171,9 @@ final class InboundByteLimitHandler: ChannelInboundHandler {
 }
 
 /// Sends the GET and turns the response into the stream bytes or a `BeaconFetchError.Reason`.
-final class BeaconResponseHandler: ChannelInboundHandler {
-    typealias InboundIn = HTTPClientResponsePart
-    typealias OutboundOut = HTTPClientRequestPart
+package final class BeaconResponseHandler: ChannelInboundHandler {
+    package typealias InboundIn = HTTPClientResponsePart
+    package typealias OutboundOut = HTTPClientRequestPart
 
     private let host: String
     private let maxBodyBytes: Int
@@ -181,13 +181,13 @@ final class BeaconResponseHandler: ChannelInboundHandler {
     private var status: HTTPResponseStatus?
     private var body: [UInt8] = []
 
-    init(host: String, maxBodyBytes: Int, promise: EventLoopPromise<[UInt8]>) {
+    package init(host: String, maxBodyBytes: Int, promise: EventLoopPromise<[UInt8]>) {
         self.host = host
         self.maxBodyBytes = maxBodyBytes
         self.promise = promise
     }
 
-    func channelActive(context: ChannelHandlerContext) {
+    package func channelActive(context: ChannelHandlerContext) {
         let head = HTTPRequestHead(version: .http1_1, method: .GET, uri: BeaconLocation.notificationBeaconsPath,
                                    headers: HTTPHeaders([("Host", host), ("Connection", "close"),
                                                          ("Accept", "application/octet-stream")]))
@@ -196,7 +196,7 @@ final class BeaconResponseHandler: ChannelInboundHandler {
         context.fireChannelActive()
     }
 
-    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+    package func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         switch unwrapInboundIn(data) {
         case .head(let head):
             switch head.status {
@@ -226,13 +226,13 @@ final class BeaconResponseHandler: ChannelInboundHandler {
         }
     }
 
-    func errorCaught(context: ChannelHandlerContext, error: Error) {
+    package func errorCaught(context: ChannelHandlerContext, error: Error) {
         if let reason = error as? BeaconFetchError.Reason { return fail(context, reason) }
         if error is IOError { return fail(context, .connectionClosed) }  // reset by the peer: transient
         fail(context, .malformedResponse("\(error)"))
     }
 
-    func channelInactive(context: ChannelHandlerContext) {
+    package func channelInactive(context: ChannelHandlerContext) {
         promise.fail(BeaconFetchError.Reason.connectionClosed)  // no-op if already completed
         context.fireChannelInactive()
     }

@@ -43,17 +43,17 @@ public enum DBusClientError: Error, Hashable, Sendable, CustomStringConvertible 
 }
 
 /// Owns one `DBusMessage*` and unrefs it on deinit.
-final class DBusMessageRef {
+package final class DBusMessageRef {
     let pointer: OpaquePointer
 
     /// Takes over a reference the caller owns.
-    init(owning pointer: OpaquePointer) {
+    package init(owning pointer: OpaquePointer) {
         self.pointer = pointer
     }
 
     deinit { dbus_message_unref(pointer) }
 
-    static func methodCall(destination: String?, path: String, interface: String?, member: String) throws(DBusClientError)
+    package static func methodCall(destination: String?, path: String, interface: String?, member: String) throws(DBusClientError)
         -> DBusMessageRef
     {
         guard DBusNames.isValidObjectPath(path) else { throw .invalidArgument("object path \(path)") }
@@ -80,9 +80,36 @@ final class DBusMessageRef {
     var errorName: String? { dbus_message_get_error_name(pointer).map { String(cString: $0) } }
     var noReply: Bool { dbus_message_get_no_reply(pointer) != 0 }
 
+    // MARK: Wire form
+
+    /// Parses one message in D-Bus wire format; libdbus validates the header, the signature and the
+    /// body against it (UTF-8, nesting depth, lengths) before anything reads it.
+    package static func demarshal(_ bytes: [UInt8]) throws(DBusClientError) -> DBusMessageRef {
+        guard !bytes.isEmpty, bytes.count <= Int(Int32.max) else { throw .unexpectedReply("a message of \(bytes.count) bytes") }
+        var error = DBusError()
+        dbus_error_init(&error)
+        defer { dbus_error_free(&error) }
+        let message = bytes.withUnsafeBufferPointer { buffer in
+            buffer.withMemoryRebound(to: CChar.self) { dbus_message_demarshal($0.baseAddress, Int32($0.count), &error) }
+        }
+        guard let message else {
+            throw .unexpectedReply(error.message.map { String(cString: $0) } ?? "not a D-Bus message")
+        }
+        return DBusMessageRef(owning: message)
+    }
+
+    /// The message in D-Bus wire format.
+    package func marshal() throws(DBusClientError) -> [UInt8] {
+        var raw: UnsafeMutablePointer<CChar>?
+        var length: Int32 = 0
+        guard dbus_message_marshal(pointer, &raw, &length) != 0, let raw else { throw .outOfMemory }
+        defer { dbus_free(raw) }
+        return Array(UnsafeRawBufferPointer(start: raw, count: Int(length)))
+    }
+
     // MARK: Writing
 
-    func append(_ values: [DBusValue]) throws(DBusClientError) {
+    package func append(_ values: [DBusValue]) throws(DBusClientError) {
         var iter = DBusMessageIter()
         dbus_message_iter_init_append(pointer, &iter)
         for value in values { try Self.append(value, to: &iter) }
@@ -174,7 +201,7 @@ final class DBusMessageRef {
     // MARK: Reading
 
     /// The body's values. Unix file descriptors in it are new descriptors the caller owns.
-    func arguments() throws(DBusClientError) -> [DBusValue] {
+    package func arguments() throws(DBusClientError) -> [DBusValue] {
         var iter = DBusMessageIter()
         guard dbus_message_iter_init(pointer, &iter) != 0 else { return [] }  // empty body
         var values: [DBusValue] = []

@@ -1,0 +1,176 @@
+import NIOCore
+import NIOEmbedded
+import TCPMultiplexer
+
+/// Two real sessions back to back, with the wire between them moved only when the input says so:
+/// streams opened from both ends, writes, half-closes, resets, reads stopped and resumed (window and
+/// credit updates) all race in both directions.
+///
+/// Invariants, after everything still in flight is delivered: every stream that neither end reset
+/// carries exactly the bytes written to it, in order, in both directions; a half-closed direction
+/// ends with the reader seeing the end of input; a reset stream carries a prefix of what was written;
+/// no stream receives data after it ended.
+enum MultiplexerPairHarness {
+    static let yamux = harness(.yamux)
+    static let thaliMultiplex = harness(.thaliMultiplex)
+
+    /// One logical stream as both ends see it.
+    final class Pair: @unchecked Sendable {
+        var ends: [(channel: Channel, log: StreamLog)?] = [nil, nil]
+        var written: [[UInt8]] = [[], []]  // by writer side
+        var writeFailed = [false, false]
+        var halfClosed = [false, false]
+        var reset = false
+        let opener: Int
+        let index: Int
+        init(opener: Int, index: Int) { self.opener = opener; self.index = index }
+    }
+
+    /// The byte at `offset` of what `side` writes on stream `index`: distinct per stream and direction,
+    /// so that a byte delivered to the wrong stream, twice, or out of order is seen.
+    static func pattern(_ index: Int, _ side: Int, _ offset: Int) -> UInt8 {
+        var x = UInt64(truncatingIfNeeded: offset) &* 0x9E37_79B9_7F4A_7C15 ^ UInt64(index * 2 + side) &* 0xBF58_476D_1CE4_E5B9
+        x ^= x >> 29
+        return UInt8(truncatingIfNeeded: x)
+    }
+
+    static func harness(_ framing: MultiplexerFraming) -> FuzzHarness {
+        let name = framing == .yamux ? "yamux-pair" : "thali-multiplex-pair"
+        let configuration = fuzzMultiplexerConfiguration(framing)
+        return FuzzHarness(name: name, summary: "two \(framing.rawValue) sessions back to back, checked byte for byte",
+                           seeds: { seeds() }) { (input: inout FuzzInput) throws(FuzzInvariantViolation) in
+            guard let client = MultiplexerEndpoint(role: .client, configuration: configuration, autoRead: true),
+                  let server = MultiplexerEndpoint(role: .server, configuration: configuration, autoRead: true)
+            else { return }
+            let ends = [client, server]
+            defer { client.finish(); server.finish() }
+            var pairs: [Pair] = []
+            var inFlight: [[UInt8]] = [[], []]  // wire bytes written by side, not yet delivered
+
+            func pump(from side: Int, limit: Int) {
+                inFlight[side] += ends[side].takeOutbound()
+                let count = min(limit, inFlight[side].count)
+                guard count > 0 else { return }
+                let piece = inFlight[side].prefix(count)
+                inFlight[side].removeFirst(count)
+                ends[1 - side].feed(piece)
+            }
+            /// Pairs the streams each end accepted with the ones the other opened, by order of opening.
+            func match() {
+                for side in 0..<2 {
+                    let accepted = ends[side].streamsBoxAccepted()
+                    for stream in accepted {
+                        if let pair = pairs.first(where: { $0.opener == 1 - side && $0.ends[side] == nil }) {
+                            pair.ends[side] = stream
+                        }
+                    }
+                }
+            }
+
+            var steps = 0
+            while !input.isEmpty, steps < 200 {
+                steps += 1
+                let operation = input.byte()
+                let side = Int(operation >> 7)
+                let pair = pairs.isEmpty ? nil : pairs[input.int(below: pairs.count)]
+                switch (operation & 0x7F) % 8 {
+                case 0:
+                    if pairs.count < 12, let stream = ends[side].open(autoRead: true) {
+                        let pair = Pair(opener: side, index: pairs.count)
+                        pair.ends[side] = stream
+                        pairs.append(pair)
+                    }
+                case 1, 2:
+                    guard let pair, let end = pair.ends[side], !pair.halfClosed[side], !pair.reset else { break }
+                    let count = 1 + Int(input.uint16()) % (operation & 1 == 0 ? 512 : 96 * 1024)
+                    let start = pair.written[side].count
+                    let bytes = (start..<(start + count)).map { pattern(pair.index, side, $0) }
+                    pair.written[side] += bytes
+                    end.channel.writeAndFlush(ByteBuffer(bytes: bytes)).whenFailure { _ in pair.writeFailed[side] = true }
+                case 3:
+                    guard let pair, let end = pair.ends[side], !pair.reset else { break }
+                    pair.halfClosed[side] = true
+                    end.channel.close(mode: .output, promise: nil)
+                case 4:
+                    guard let pair, let end = pair.ends[side], input.byte() < 32 else { break }  // resets are rare
+                    pair.reset = true
+                    end.channel.close(promise: nil)
+                case 5:
+                    guard let pair, let end = pair.ends[side] else { break }
+                    let reading = input.bool()
+                    try? end.channel.syncOptions?.setOption(.autoRead, value: reading)
+                    if reading { end.channel.read() }
+                default:
+                    pump(from: side, limit: 1 + Int(input.uint16()))
+                }
+                client.channel.embeddedEventLoop.run()
+                server.channel.embeddedEventLoop.run()
+                match()
+            }
+            // Let everything in flight arrive, with every stream reading.
+            for _ in 0..<10_000 {
+                for pair in pairs {
+                    for end in pair.ends.compactMap({ $0 }) where end.channel.isActive {
+                        try? end.channel.syncOptions?.setOption(.autoRead, value: true)
+                        end.channel.read()
+                    }
+                }
+                pump(from: 0, limit: .max)
+                pump(from: 1, limit: .max)
+                match()
+                inFlight[0] += client.takeOutbound()
+                inFlight[1] += server.takeOutbound()
+                if inFlight[0].isEmpty && inFlight[1].isEmpty { break }
+            }
+            let broken = !client.channel.isActive || !server.channel.isActive
+            if broken {
+                throw FuzzInvariantViolation(harness: name, detail:
+                    "the connection ended between two honest sessions: \(client.sessionError ?? client.catcher.error ?? server.sessionError ?? server.catcher.error as Any)")
+            }
+            for pair in pairs {
+                for writer in 0..<2 {
+                    let reader = 1 - writer
+                    guard let readEnd = pair.ends[reader] else {
+                        try check(pair.reset || pair.written[writer].isEmpty || pair.opener == reader, name,
+                                  "stream \(pair.index) never reached the other end")
+                        continue
+                    }
+                    let received = readEnd.log.received
+                    let sent = pair.written[writer]
+                    try check(!readEnd.log.readAfterClose, name, "stream \(pair.index) received data after it ended")
+                    if pair.reset || pair.writeFailed[writer] {
+                        try check(received.count <= sent.count && Array(sent.prefix(received.count)) == received, name,
+                                  "stream \(pair.index), side \(writer)→\(reader): received \(received.count) bytes that are not a prefix of the \(sent.count) written")
+                    } else {
+                        try check(received == sent, name,
+                                  "stream \(pair.index), side \(writer)→\(reader): received \(received.count) bytes, wrote \(sent.count)"
+                                    + (received.count == sent.count ? " (contents differ)" : ""))
+                        if pair.halfClosed[writer] {
+                            try check(readEnd.log.inputClosed, name, "stream \(pair.index): half-close \(writer)→\(reader) never arrived")
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    static func seeds() -> [[UInt8]] {
+        [
+            // open from the client, write both ways, pump, half-close both, pump
+            [0x00, 0x01, 0, 0x10, 0x00, 0x06, 0xFF, 0xFF, 0x81, 0, 0x20, 0x00, 0x86, 0xFF, 0xFF, 0x03, 0, 0x83, 0, 0x06, 0xFF, 0xFF, 0x86, 0xFF, 0xFF],
+            // two streams, one from each end, a large write with reads stopped (window), then resumed
+            [0x00, 0x80, 0x85, 1, 0, 0x02, 1, 0xFF, 0xFF, 0x06, 0xFF, 0xFF, 0x86, 0xFF, 0xFF, 0x05, 1, 1, 0x06, 0xFF, 0xFF],
+            // a reset racing a write
+            [0x00, 0x01, 0, 0x00, 0x02, 0x84, 0, 0x00, 0x06, 0x00, 0x10, 0x86, 0xFF, 0xFF],
+        ]
+    }
+}
+
+extension MultiplexerEndpoint {
+    /// The streams accepted since the last call (also added to `streams`).
+    func streamsBoxAccepted() -> [(channel: Channel, log: StreamLog)] {
+        let before = streams.count
+        collectAccepted()
+        return Array(streams[before...])
+    }
+}
