@@ -23,11 +23,13 @@ static inline int thali_rfcomm_connect(int fd, const uint8_t address_le[6], uint
     return connect(fd, (struct sockaddr *)&addr, sizeof(addr));
 }
 
-static inline int thali_rfcomm_bind_any(int fd, uint8_t channel) {
+/* Binds to one adapter's address (NULL: BDADDR_ANY, every adapter). Channel 0 on a socket that will
+   connect only picks the adapter the connection leaves from. */
+static inline int thali_rfcomm_bind(int fd, const uint8_t *address_le, uint8_t channel) {
     struct sockaddr_rc addr;
     memset(&addr, 0, sizeof(addr));
     addr.rc_family = AF_BLUETOOTH;
-    /* all-zero rc_bdaddr is BDADDR_ANY */
+    if (address_le) memcpy(addr.rc_bdaddr.b, address_le, 6); /* all-zero rc_bdaddr is BDADDR_ANY */
     addr.rc_channel = channel;
     return bind(fd, (struct sockaddr *)&addr, sizeof(addr));
 }

@@ -11,14 +11,34 @@ import Musl
 
 /// Bluetooth streams over real RFCOMM sockets (libbluetooth / the kernel's `AF_BLUETOOTH`).
 ///
-/// Blocking calls (`connect`, `accept`) run on `threadPool`. On a kernel without Bluetooth every call
+/// `connect` blocks on `threadPool`; each listener's `accept` blocks on a thread of its own, so that a
+/// listener never holds a shared thread for its whole life (on a single-core machine the singleton
+/// pool has one thread, and a blocked `accept` there starved every `connect`). On a kernel without Bluetooth every call
 /// fails with `BluetoothTransportError.bluetoothUnsupported`, naming the errno (EAFNOSUPPORT).
 public struct RFCOMMTransport: BluetoothTransport {
     private let threadPool: NIOThreadPool
+    /// The adapter this transport uses, by its address; nil lets the kernel choose (any adapter).
+    public let localAddress: BluetoothAddress?
 
     /// Creates the transport; blocking socket calls run on `threadPool`.
-    public init(threadPool: NIOThreadPool = .singleton) {
+    ///
+    /// - Parameter localAddress: the address of the adapter to connect from and listen on. With more
+    ///   than one adapter, leave it nil only if any will do: the kernel then routes a connection through
+    ///   whichever adapter it picks, and listens on all of them.
+    public init(localAddress: BluetoothAddress? = nil, threadPool: NIOThreadPool = .singleton) {
+        self.localAddress = localAddress
         self.threadPool = threadPool
+    }
+
+    /// Binds `fd` to the local adapter (or any) on `channel`; returns the errno on failure.
+    private func bind(_ fd: Int32, channel: UInt8) -> Int32 {
+        let result: Int32
+        if let localAddress {
+            result = localAddress.reversedOctets.withUnsafeBufferPointer { thali_rfcomm_bind(fd, $0.baseAddress, channel) }
+        } else {
+            result = thali_rfcomm_bind(fd, nil, channel)
+        }
+        return result == 0 ? 0 : errno
     }
 
     /// Opens an RFCOMM socket, or says why the kernel cannot.
@@ -38,6 +58,13 @@ public struct RFCOMMTransport: BluetoothTransport {
 
     public func connect(to address: BluetoothAddress, channel: UInt8) async throws -> BluetoothSocket {
         let fd = try Self.openSocket()
+        if let localAddress {
+            let code = bind(fd, channel: 0)
+            guard code == 0 else {
+                _ = closeDescriptor(fd)
+                throw BluetoothTransportError.systemCallFailed(call: "bind(RFCOMM \(localAddress))", errno: code)
+            }
+        }
         let addressLE = address.reversedOctets
         let code: Int32 = try await threadPool.runIfActive {
             addressLE.withUnsafeBufferPointer { thali_rfcomm_connect(fd, $0.baseAddress, channel) } == 0 ? 0 : errno
@@ -52,8 +79,8 @@ public struct RFCOMMTransport: BluetoothTransport {
 
     public func listen(channel: UInt8) async throws -> any BluetoothListener {
         let fd = try Self.openSocket()
-        guard thali_rfcomm_bind_any(fd, channel) == 0 else {
-            let code = errno
+        let code = bind(fd, channel: channel)
+        guard code == 0 else {
             _ = closeDescriptor(fd)
             if code == EADDRINUSE { throw BluetoothTransportError.channelInUse(channel) }
             throw BluetoothTransportError.systemCallFailed(call: "bind(RFCOMM channel \(channel))", errno: code)
@@ -63,20 +90,20 @@ public struct RFCOMMTransport: BluetoothTransport {
             _ = closeDescriptor(fd)
             throw BluetoothTransportError.systemCallFailed(call: "listen(RFCOMM)", errno: code)
         }
-        return RFCOMMListener(descriptor: fd, threadPool: threadPool)
+        return RFCOMMListener(descriptor: fd)
     }
 }
 
-/// A listening RFCOMM socket; `accept` blocks on the thread pool, `close` shuts the socket down so a
-/// blocked `accept` returns.
+/// A listening RFCOMM socket; `accept` blocks on the listener's own thread, `close` shuts the socket
+/// down so a blocked `accept` returns, and ends that thread.
 final class RFCOMMListener: BluetoothListener, @unchecked Sendable {
     private let descriptor: Int32
-    private let threadPool: NIOThreadPool
+    private let acceptThread = NIOThreadPool(numberOfThreads: 1)
     private let closed = NIOLockedValueBox(false)
 
-    init(descriptor: Int32, threadPool: NIOThreadPool) {
+    init(descriptor: Int32) {
         self.descriptor = descriptor
-        self.threadPool = threadPool
+        acceptThread.start()
     }
 
     deinit {
@@ -87,7 +114,7 @@ final class RFCOMMListener: BluetoothListener, @unchecked Sendable {
     func accept() async throws -> BluetoothSocket {
         guard !closed.withLockedValue({ $0 }) else { throw BluetoothTransportError.listenerClosed }
         let fd = descriptor
-        let (client, code, addressLE): (Int32, Int32, [UInt8]) = try await threadPool.runIfActive {
+        let (client, code, addressLE): (Int32, Int32, [UInt8]) = try await acceptThread.runIfActive {
             var address = [UInt8](repeating: 0, count: 6)
             let client = address.withUnsafeMutableBufferPointer { thali_rfcomm_accept(fd, $0.baseAddress) }
             return (client, client < 0 ? errno : 0, address)
@@ -108,6 +135,9 @@ final class RFCOMMListener: BluetoothListener, @unchecked Sendable {
             defer { value = true }
             return value
         }
-        if !wasClosed { _ = shutdown(descriptor, Int32(SHUT_RDWR)) }
+        if !wasClosed {
+            _ = shutdown(descriptor, Int32(SHUT_RDWR))
+            acceptThread.shutdownGracefully { _ in }
+        }
     }
 }
