@@ -27,9 +27,11 @@ private func first<S: AsyncSequence & Sendable>(_ sequence: S, timeout: Duration
 }
 
 @Suite(.serialized, .enabled(if: BlueZMock.peersPresent, "needs dbus-daemon and python-dbusmock"), .timeLimit(.minutes(1))) struct BlueZClientTests {
-    private func makeClient(_ mock: BlueZMock, adapter: String? = nil, timeout: Duration = .seconds(3)) throws -> BlueZClient {
+    private func makeClient(_ mock: BlueZMock, adapter: String? = nil, timeout: Duration = .seconds(3),
+                            filterByServiceUUID: Bool = false) throws -> BlueZClient {
         var configuration = BlueZConfiguration(busAddress: mock.busAddress, adapterName: adapter)
         configuration.callTimeout = timeout
+        configuration.filterByServiceUUID = filterByServiceUUID
         return try BlueZClient(configuration: configuration)
     }
 
@@ -72,6 +74,17 @@ private func first<S: AsyncSequence & Sendable>(_ sequence: S, timeout: Duration
         #expect(try await mock.calls(adapter, "UnregisterAdvertisement").count == 2)
     }
 
+    @Test func scanNamesTheThaliUUIDWhenAskedTo() async throws {
+        let mock = try await BlueZMock()
+        let adapter = try await mock.addAdapter()
+        let client = try makeClient(mock, filterByServiceUUID: true)
+        defer { client.close() }
+        _ = try await client.scan()
+        let filters = try await mock.calls(adapter, "SetDiscoveryFilter")
+        let filter = try #require(filters.first?.first?.stringKeyedDictionary)
+        #expect(filter["UUIDs"]?.stringArray == [thaliUUID])
+    }
+
     @Test func scanReportsThaliPeersAndIgnoresOthers() async throws {
         let mock = try await BlueZMock()
         let adapter = try await mock.addAdapter()
@@ -81,7 +94,9 @@ private func first<S: AsyncSequence & Sendable>(_ sequence: S, timeout: Duration
 
         let filters = try await mock.calls(adapter, "SetDiscoveryFilter")
         let filter = try #require(filters.first?.first?.stringKeyedDictionary)
-        #expect(filter["UUIDs"]?.stringArray == [thaliUUID])
+        // No UUID filter by default: real bluetoothd (5.66) matches it against UUID lists only, and our
+        // advertisement carries the UUID in service data alone; the client filters by itself.
+        #expect(filter["UUIDs"] == nil)
         #expect(filter["Transport"]?.string == "le")
         #expect(filter["DuplicateData"]?.bool == true)
         #expect(try await mock.calls(adapter, "StartDiscovery").count == 1)

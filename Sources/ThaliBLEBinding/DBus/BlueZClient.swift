@@ -13,9 +13,10 @@ public struct BlueZConfiguration: Sendable {
     /// Where this client exports its objects (the advertisement and the RFCOMM profile).
     public var objectPathPrefix: String = "/org/thaliproject/ble"
     /// Whether the discovery filter names the Thali UUID (BlueZ then reports only matching devices).
-    /// Some BlueZ versions match the filter against the UUID list only, not service-data UUIDs; turn it
-    /// off there and the client filters by itself (it decodes every report anyway).
-    public var filterByServiceUUID: Bool = true
+    /// Off by default: bluetoothd (5.66, measured over real controllers) matches the filter against
+    /// advertised UUID lists only, not service-data UUIDs, so with it on a Thali advertisement (the UUID
+    /// in service data alone) is never reported. The client filters by itself: it decodes every report.
+    public var filterByServiceUUID: Bool = false
     /// The RFCOMM service UUID registered with `ProfileManager1` (the Thali UUID by default).
     public var profileUUID: String = ThaliAdvertisement.serviceUUIDString
     /// DoS limits (advertisement rate, tracked peers).
