@@ -1,4 +1,5 @@
 import ArgumentParser
+import Foundation
 import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
@@ -21,20 +22,60 @@ struct BenchBLE: AsyncParsableCommand {
     @Option(help: "MiB to push through one relay.")
     var mebibytes: Int = 256
 
+    @Option(help: "Measure over a real Bluetooth stack instead: ADVERTISER,SCANNER adapters (e.g. hci0,hci1).")
+    var radio: String?
+
+    @Option(help: "Bytes to push through the RFCOMM relay with --radio.")
+    var radioBytes: Int = 64 << 10
+
+    @Flag(help: "Print the figures as one JSON object.")
+    var json = false
+
     func run() async throws {
-        benchDecode()
+        if let radio {
+            let adapters = radio.split(separator: ",").map(String.init)
+            guard adapters.count == 2 else { throw ValidationError("--radio takes two adapters: ADVERTISER,SCANNER") }
+            let group = MultiThreadedEventLoopGroup(numberOfThreads: 2)
+            let figures: RadioBench.Figures
+            do {
+                figures = try await RadioBench(advertiserAdapter: adapters[0], scannerAdapter: adapters[1], bytes: radioBytes)
+                    .run(group: group)
+            } catch {
+                try? await group.shutdownGracefully()
+                throw error
+            }
+            try? await group.shutdownGracefully()
+            if json {
+                let encoder = JSONEncoder()
+                encoder.outputFormatting = [.sortedKeys]
+                print(String(decoding: try encoder.encode(figures), as: UTF8.self))
+            } else {
+                print("BLE discovery \(figures.advertiser) → \(figures.scanner): \(figures.ble_discovery_s) s; "
+                      + "RFCOMM connect + handshake: \(figures.rfcomm_connect_s) s; relay: \(figures.relay_bytes) bytes in "
+                      + "\(figures.relay_s) s = \(figures.relay_kib_per_s) KiB/s (emulated radio if in the bt-vm)")
+            }
+            guard figures.relay_intact else { throw RadioBenchError("the relay changed the bytes it carried") }
+            return
+        }
+        var figures: [String: Double] = [:]
+        figures["advdata_decode_m_per_s"] = benchDecode()
         let group = MultiThreadedEventLoopGroup(numberOfThreads: 2)
         do {
-            try await benchSetup(group: group)
-            try await benchThroughput(group: group)
+            figures["relay_setup_ms"] = try await benchSetup(group: group)
+            figures["relay_mib_per_s"] = try await benchThroughput(group: group)
         } catch {
             try? await group.shutdownGracefully()
             throw error
         }
         try await group.shutdownGracefully()
+        if json {
+            let encoder = JSONEncoder()
+            encoder.outputFormatting = [.sortedKeys]
+            print(String(decoding: try encoder.encode(figures), as: UTF8.self))
+        }
     }
 
-    private func benchDecode() {
+    private func benchDecode() -> Double {
         let payload = ThaliAdvertisement(payload: .bluetoothAddress(BluetoothAddress("A0:B1:C2:D3:E4:F5")!)).advertisingData()
         var found = 0
         let clock = ContinuousClock()
@@ -45,13 +86,14 @@ struct BenchBLE: AsyncParsableCommand {
         }
         precondition(found == decodes)
         let seconds = elapsed.seconds
-        print("advdata decode: \(decodes) in \(format(seconds)) s = \(format(Double(decodes) / seconds / 1e6)) M/s")
+        if !json { print("advdata decode: \(decodes) in \(format(seconds)) s = \(format(Double(decodes) / seconds / 1e6)) M/s") }
+        return Double(decodes) / seconds / 1e6
     }
 
-    private func benchSetup(group: any EventLoopGroup) async throws {
+    private func benchSetup(group: any EventLoopGroup) async throws -> Double {
         let air = InProcessBluetoothAir()
         let serverAddress = BluetoothAddress("00:00:00:00:00:01")!
-        let sink = try await Sink.start(group: group)
+        let sink = try await ByteSink.start(group: group)
         let server = BluetoothRelayServer(transport: air.transport(for: serverAddress), group: group, appPort: sink.port,
                                           limits: Self.benchLimits)
         try await server.start(channel: 1)
@@ -64,17 +106,20 @@ struct BenchBLE: AsyncParsableCommand {
             try await relay.closeFuture.get()
         }
         let seconds = (ContinuousClock.now - start).seconds
-        print("relay setup: \(connections) connect+handshake+listen+accept+close in \(format(seconds)) s = "
-              + "\(format(seconds / Double(connections) * 1e3)) ms each")
+        if !json {
+            print("relay setup: \(connections) connect+handshake+listen+accept+close in \(format(seconds)) s = "
+                  + "\(format(seconds / Double(connections) * 1e3)) ms each")
+        }
         server.stop()
         try await sink.channel.close()
+        return seconds / Double(connections) * 1e3
     }
 
-    private func benchThroughput(group: any EventLoopGroup) async throws {
+    private func benchThroughput(group: any EventLoopGroup) async throws -> Double {
         let air = InProcessBluetoothAir()
         let serverAddress = BluetoothAddress("00:00:00:00:00:01")!
         let total = mebibytes << 20
-        let sink = try await Sink.start(group: group, expecting: total)
+        let sink = try await ByteSink.start(group: group, expecting: total)
         let server = BluetoothRelayServer(transport: air.transport(for: serverAddress), group: group, appPort: sink.port)
         try await server.start(channel: 1)
         let client = BluetoothRelayClient(transport: air.transport(for: BluetoothAddress("00:00:00:00:00:02")!), group: group)
@@ -90,11 +135,12 @@ struct BenchBLE: AsyncParsableCommand {
         }
         try await sink.done.futureResult.get()
         let seconds = (ContinuousClock.now - start).seconds
-        print("relay throughput: \(mebibytes) MiB in \(format(seconds)) s = \(format(Double(mebibytes) / seconds)) MiB/s")
+        if !json { print("relay throughput: \(mebibytes) MiB in \(format(seconds)) s = \(format(Double(mebibytes) / seconds)) MiB/s") }
         try await tcp.close()
         try await relay.closeFuture.get()
         server.stop()
         try await sink.channel.close()
+        return Double(mebibytes) / seconds
     }
 
     static var benchLimits: BluetoothBindingLimits {
@@ -102,37 +148,6 @@ struct BenchBLE: AsyncParsableCommand {
         limits.maxIncomingConnectionsPerAddress = .max
         limits.maxIncomingConnectionsPerWindow = .max
         return limits
-    }
-}
-
-/// A localhost TCP server that discards what it reads and completes `done` after `expecting` octets.
-private struct Sink {
-    let channel: any Channel
-    let done: EventLoopPromise<Void>
-    var port: Int { channel.localAddress?.port ?? 0 }
-
-    final class Counter: ChannelInboundHandler, @unchecked Sendable {
-        typealias InboundIn = ByteBuffer
-        let expecting: Int
-        let done: EventLoopPromise<Void>
-        var received = 0
-        init(expecting: Int, done: EventLoopPromise<Void>) {
-            self.expecting = expecting
-            self.done = done
-        }
-        func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-            received += unwrapInboundIn(data).readableBytes
-            if expecting > 0, received >= expecting { done.succeed() }
-        }
-    }
-
-    static func start(group: any EventLoopGroup, expecting: Int = 0) async throws -> Sink {
-        let done = group.next().makePromise(of: Void.self)
-        let channel = try await ServerBootstrap(group: group)
-            .childChannelInitializer { $0.pipeline.addHandler(Counter(expecting: expecting, done: done)) }
-            .bind(host: "127.0.0.1", port: 0).get()
-        if expecting == 0 { done.succeed() }
-        return Sink(channel: channel, done: done)
     }
 }
 

@@ -1,0 +1,49 @@
+import Foundation
+import Testing
+import ThaliTestSupport
+
+/// The binding over the real Linux Bluetooth stack: `scripts/bt-vm/run.sh` boots Debian's kernel in a
+/// QEMU guest with two virtual controllers (`btvirt -l2`) and the real `bluetoothd`, and runs
+/// `thali-node bench ble --radio hci0,hci1` there: our advertisement registered through BlueZ on one
+/// controller is found by a scan on the other, then the relay carries 64 KiB over kernel RFCOMM.
+/// The radio is emulated; everything above it (kernel, bluetoothd, our binary) is the real thing.
+@Suite(.serialized) struct RealBlueZTests {
+    static let root = PackagePaths.root()
+    static var vmAvailable: Bool {
+        ChildProcess.which("qemu-system-x86_64") != nil && ChildProcess.which("btvirt") != nil
+            && ((try? FileManager.default.contentsOfDirectory(atPath: "/boot")) ?? []).contains { $0.hasPrefix("vmlinuz-") }
+    }
+
+    struct RadioFigures: Decodable {
+        var ble_discovery_s: Double
+        var rfcomm_connect_s: Double
+        var relay_bytes: Int
+        var relay_intact: Bool
+        var relay_s: Double
+    }
+
+    @Test(.enabled(if: geteuid() == 0 && TestEnvironment.available(vmAvailable && PackagePaths.thaliNode() != nil)))
+    func advertiseScanAndRelay64KiBOverRealBlueZ() throws {
+        let node = try #require(PackagePaths.thaliNode())
+        let job = FileManager.default.temporaryDirectory.appendingPathComponent("thali-bt-vm-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: job) }
+        var environment = ProcessInfo.processInfo.environment
+        environment["BT_VM_JOB"] = job
+        environment["BT_VM_TIMEOUT"] = "240"
+        let bytes = 65536
+        let result = try ChildProcess.run("/bin/bash", ["\(Self.root)/scripts/bt-vm/run.sh", "bash",
+                                                        "\(Self.root)/scripts/bt-vm/radio-bench.sh", node, "\(bytes)"],
+                                          environment: environment, timeout: .seconds(300))
+        print(result.output)
+        let guestLog = (try? String(contentsOfFile: "\(job)/bluetoothd.log", encoding: .utf8)) ?? ""
+        #expect(result.status == 0, "bt-vm exited \(result.status); bluetoothd said:\n\(guestLog)")
+        // The guest's console ends lines with CR LF.
+        let line = try #require(result.output.split(whereSeparator: \.isNewline).first { $0.hasPrefix("{\"advertiser\"") },
+                                "no figures from thali-node bench ble --radio")
+        let figures = try JSONDecoder().decode(RadioFigures.self, from: Data(line.utf8))
+        #expect(figures.relay_intact)
+        #expect(figures.relay_bytes == bytes)
+        #expect(figures.ble_discovery_s > 0)
+        #expect(figures.rfcomm_connect_s > 0)
+    }
+}
