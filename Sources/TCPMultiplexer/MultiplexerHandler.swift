@@ -39,6 +39,10 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
     private var needsFlush = false
     private var nextYamuxStreamID: UInt64
     private var usedLocalThaliIDs = Set<UInt64>()
+    /// `thali-multiplex` ids of streams we reset while the peer could still send on them, oldest first
+    /// (see ``MultiplexerConfiguration/maxQuarantinedStreamIDs``).
+    private var quarantinedLocalThaliIDs = Set<UInt64>()
+    private var quarantineOrder: [UInt64] = []
     private var streamsAwaitingAccept = 0
     private var receiveWindowTotal = 0
     private var bufferedTotal = 0
@@ -185,7 +189,7 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
         case .thaliMultiplex:
             // The lowest id not in use, as multiplex 6.7.0 picks it.
             var candidate: UInt64 = 0
-            while usedLocalThaliIDs.contains(candidate) { candidate += 1 }
+            while usedLocalThaliIDs.contains(candidate) || quarantinedLocalThaliIDs.contains(candidate) { candidate += 1 }
             streamID = candidate
             usedLocalThaliIDs.insert(candidate)
             key = candidate << 1 | 1
@@ -305,6 +309,8 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
     func resetStream(_ stream: MultiplexerStreamChannel, message: String?, error: Error?) {
         guard !stream.tornDown else { return }
         if !stream.state.isFinished && !session.isClosed {
+            // The peer may still send on it until it sees the reset (unless it already closed its side).
+            stream.peerMaySendAfterDetach = stream.state.state != .remoteClosed
             sendReset(streamID: stream.streamID, locallyInitiated: stream.isLocallyInitiated, message: message)
             metrics.resetsSent += 1
         }
@@ -325,11 +331,26 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
         if streams[stream.key] === stream { streams.removeValue(forKey: stream.key) }
         if stream.isLocallyInitiated && configuration.framing == .thaliMultiplex {
             usedLocalThaliIDs.remove(stream.streamID)
+            if stream.peerMaySendAfterDetach { quarantine(stream.streamID) }
         }
         leaveAcceptBacklog(stream)
         receiveWindowTotal -= stream.receiveWindowTarget
         if currentDataStream === stream { currentDataStream = nil }
         if streams.isEmpty { scheduleIdleTimeout() }
+    }
+
+    private func quarantine(_ streamID: UInt64) {
+        guard configuration.maxQuarantinedStreamIDs > 0, quarantinedLocalThaliIDs.insert(streamID).inserted else { return }
+        quarantineOrder.append(streamID)
+        if quarantineOrder.count > configuration.maxQuarantinedStreamIDs {
+            quarantinedLocalThaliIDs.remove(quarantineOrder.removeFirst())
+        }
+    }
+
+    /// The peer's close or reset for one of our quarantined ids: nothing of the old stream can follow it.
+    private func releaseQuarantine(_ streamID: UInt64) {
+        guard quarantinedLocalThaliIDs.remove(streamID) != nil else { return }
+        quarantineOrder.removeAll { $0 == streamID }
     }
 
     private func leaveAcceptBacklog(_ stream: MultiplexerStreamChannel) {
@@ -478,10 +499,16 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
                 }
                 currentDataStream = stream
             case .close:
-                guard let stream = streams[key] else { return }
+                guard let stream = streams[key] else {
+                    if !header.flag.fromInitiator { releaseQuarantine(header.streamID) }
+                    return
+                }
                 receiveFIN(stream)
             case .reset:
-                guard let stream = streams[key] else { return }
+                guard let stream = streams[key] else {
+                    if !header.flag.fromInitiator { releaseQuarantine(header.streamID) }
+                    return
+                }
                 let message = body.flatMap { $0.readableBytes > 0 ? String(decoding: $0.readableBytesView, as: UTF8.self) : nil }
                 receiveReset(stream, message: message)
             }

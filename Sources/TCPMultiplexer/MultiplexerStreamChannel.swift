@@ -80,6 +80,8 @@ public final class MultiplexerStreamChannel: Channel, ChannelCore, @unchecked Se
     var isQueuedForWrite = false
     /// The session has forgotten the stream's id (it is over on the wire).
     var isDetached = false
+    /// We reset the stream while the peer could still send on it (its id waits before reuse).
+    var peerMaySendAfterDetach = false
     /// The stream counts against the accept backlog (accepted, initializer still running).
     var isInAcceptBacklog = false
 

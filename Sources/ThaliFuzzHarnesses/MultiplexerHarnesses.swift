@@ -10,6 +10,8 @@ final class StreamLog: ChannelInboundHandler, @unchecked Sendable {
     var inputClosed = false
     var inactive = false
     var readAfterClose = false
+    /// The session reset this stream because its reader fell behind (thali-multiplex has no flow control).
+    var overflowed = false
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         if inactive || inputClosed { readAfterClose = true }
@@ -19,7 +21,9 @@ final class StreamLog: ChannelInboundHandler, @unchecked Sendable {
         if case ChannelEvent.inputClosed = event { inputClosed = true }
     }
     func channelInactive(context: ChannelHandlerContext) { inactive = true }
-    func errorCaught(context: ChannelHandlerContext, error: any Error) {}
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        if case MultiplexerError.receiveBufferOverflow = error { overflowed = true }
+    }
 }
 
 /// One end of a multiplexed connection on an `EmbeddedChannel`, with every stream it has (opened or

@@ -8,7 +8,8 @@ import TCPMultiplexer
 ///
 /// Invariants, after everything still in flight is delivered: every stream that neither end reset
 /// carries exactly the bytes written to it, in order, in both directions; a half-closed direction
-/// ends with the reader seeing the end of input; a reset stream carries a prefix of what was written;
+/// ends with the reader seeing the end of input; a reset stream carries a prefix of what was written
+/// (thali-multiplex has no flow control, so a reader that stops reading may lose its stream that way);
 /// no stream receives data after it ended.
 enum MultiplexerPairHarness {
     static let yamux = harness(.yamux)
@@ -55,12 +56,15 @@ enum MultiplexerPairHarness {
                 inFlight[side].removeFirst(count)
                 ends[1 - side].feed(piece)
             }
-            /// Pairs the streams each end accepted with the ones the other opened, by order of opening.
+            /// Pairs the streams each end accepted with the ones the other opened, by stream id.
             func match() {
                 for side in 0..<2 {
-                    let accepted = ends[side].streamsBoxAccepted()
-                    for stream in accepted {
-                        if let pair = pairs.first(where: { $0.opener == 1 - side && $0.ends[side] == nil }) {
+                    for stream in ends[side].streamsBoxAccepted() {
+                        let id = (stream.channel as? MultiplexerStreamChannel)?.streamID
+                        if let pair = pairs.first(where: {
+                            $0.opener == 1 - side && $0.ends[side] == nil
+                                && ($0.ends[1 - side]?.channel as? MultiplexerStreamChannel)?.streamID == id
+                        }) {
                             pair.ends[side] = stream
                         }
                     }
@@ -138,13 +142,14 @@ enum MultiplexerPairHarness {
                     let received = readEnd.log.received
                     let sent = pair.written[writer]
                     try check(!readEnd.log.readAfterClose, name, "stream \(pair.index) received data after it ended")
-                    if pair.reset || pair.writeFailed[writer] {
+                    let overflowed = pair.ends.contains { $0?.log.overflowed == true }
+                    if pair.reset || pair.writeFailed[writer] || overflowed {
                         try check(received.count <= sent.count && Array(sent.prefix(received.count)) == received, name,
                                   "stream \(pair.index), side \(writer)→\(reader): received \(received.count) bytes that are not a prefix of the \(sent.count) written")
                     } else {
                         try check(received == sent, name,
-                                  "stream \(pair.index), side \(writer)→\(reader): received \(received.count) bytes, wrote \(sent.count)"
-                                    + (received.count == sent.count ? " (contents differ)" : ""))
+                                  "stream \(pair.index) (opened by side \(pair.opener)), side \(writer)→\(reader): received \(received.count) bytes, wrote \(sent.count)"
+                                    + (received.count == sent.count ? " (contents differ)" : "") + origin(of: received, among: pairs))
                         if pair.halfClosed[writer] {
                             try check(readEnd.log.inputClosed, name, "stream \(pair.index): half-close \(writer)→\(reader) never arrived")
                         }
@@ -152,6 +157,22 @@ enum MultiplexerPairHarness {
                 }
             }
         }
+    }
+
+    /// Names the stream and direction whose pattern the first received bytes follow (for a finding's report).
+    static func origin(of received: [UInt8], among pairs: [Pair]) -> String {
+        let probe = Array(received.prefix(8))
+        guard !probe.isEmpty else { return "" }
+        for pair in pairs {
+            for side in 0..<2 {
+                let written = pair.written[side]
+                guard written.count >= probe.count else { continue }
+                for start in 0...(written.count - probe.count) where Array(written[start..<start + probe.count]) == probe {
+                    return "; the first bytes are stream \(pair.index)'s (opened by side \(pair.opener)) from side \(side), at offset \(start)"
+                }
+            }
+        }
+        return "; the first bytes match no stream's"
     }
 
     static func seeds() -> [[UInt8]] {

@@ -31,8 +31,11 @@ struct ReferenceTranscript {
     /// understand B's.
     @Test func playsTheOpenerByteForByte() throws {
         let transcript = try ReferenceTranscript()
-        let (channel, session) = try EmbeddedChannel.withSession(
-            role: .client, configuration: quietConfiguration(.thaliMultiplex), initializer: nil)
+        // The reference reuses a reset stream's id at once; ours quarantines it (maxQuarantinedStreamIDs,
+        // tested below). Without the quarantine every byte matches.
+        var configuration = quietConfiguration(.thaliMultiplex)
+        configuration.maxQuarantinedStreamIDs = 0
+        let (channel, session) = try EmbeddedChannel.withSession(role: .client, configuration: configuration, initializer: nil)
         func expectStep(_ step: Int, sourceLocation: SourceLocation = #_sourceLocation) throws {
             #expect(hex(try channel.drainOutbound()) == transcript.aToB[step, default: ""], "step \(step)",
                     sourceLocation: sourceLocation)
@@ -144,5 +147,43 @@ struct ReferenceTranscript {
         #expect(first.recorder.inputClosed)
         try first.channel.closeFuture.wait()
         #expect(try session.metrics().wait().bufferedReceiveBytes == 0)
+    }
+
+    /// After we reset a stream, the peer may still send on it until it sees the reset, and the reference
+    /// reuses ids at once: those bytes would land on our next stream with that id. The id waits until the
+    /// peer's own reset (or close) for it arrives; what arrives for it meanwhile is dropped.
+    @Test func aResetIDWaitsUntilThePeerCannotSendOnIt() throws {
+        let (channel, session) = try EmbeddedChannel.withSession(
+            role: .client, configuration: quietConfiguration(.thaliMultiplex), initializer: nil)
+        let first = try session.openStream(initializer: nil).wait()
+        #expect((first as? MultiplexerStreamChannel)?.streamID == 0)
+        try first.close().wait()  // a reset: the peer has not closed its side
+        _ = try channel.drainOutbound()
+
+        let recorder = StreamRecorder()
+        let second = try session.openStream(initializer: recordingInitializer(recorder)).wait()
+        #expect((second as? MultiplexerStreamChannel)?.streamID == 1)
+        try channel.writeInbound(bytes(hex: "0103" + "616263"))  // the peer's late data on 0, before our reset reached it
+        second.read()
+        #expect(recorder.receivedString == "")
+        #expect(channel.isActive)
+
+        try channel.writeInbound(bytes(hex: "0500"))  // the peer's reset for 0: nothing more of it can come
+        let third = try session.openStream(initializer: nil).wait()
+        #expect((third as? MultiplexerStreamChannel)?.streamID == 0)
+    }
+
+    @Test func theQuarantineIsBounded() throws {
+        var configuration = quietConfiguration(.thaliMultiplex)
+        configuration.maxQuarantinedStreamIDs = 1
+        let (_, session) = try EmbeddedChannel.withSession(role: .client, configuration: configuration, initializer: nil)
+        let a = try session.openStream(initializer: nil).wait()
+        let b = try session.openStream(initializer: nil).wait()
+        try a.close().wait()
+        try b.close().wait()  // 0 then 1 quarantined; only one may wait, so 0 is free again
+        let c = try session.openStream(initializer: nil).wait()
+        #expect((c as? MultiplexerStreamChannel)?.streamID == 0)
+        let d = try session.openStream(initializer: nil).wait()
+        #expect((d as? MultiplexerStreamChannel)?.streamID == 2)
     }
 }
