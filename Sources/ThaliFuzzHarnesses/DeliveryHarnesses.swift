@@ -295,14 +295,14 @@ enum DeliveryPairHarness {
             var open = true
             while open, moved < cutAfter, toReceiver.readableBytes + toSender.readableBytes > 0 {
                 // Move up to one chunk each way, then let each side read every complete frame it has.
-                for direction in 0..<2 {
-                    var source = direction == 0 ? toReceiver : toSender
+                func transfer(_ source: inout ByteBuffer, to target: inout ByteBuffer) {
                     let count = min(chunk, source.readableBytes, cutAfter - moved)
-                    guard count > 0, let piece = source.readSlice(length: count) else { continue }
-                    if direction == 0 { toReceiver = source } else { toSender = source }
+                    guard count > 0, let piece = source.readSlice(length: count) else { return }
                     moved += count
-                    if direction == 0 { inboundToReceiver.writeImmutableBuffer(piece) } else { inboundToSender.writeImmutableBuffer(piece) }
+                    target.writeImmutableBuffer(piece)
                 }
+                transfer(&toReceiver, to: &inboundToReceiver)
+                transfer(&toSender, to: &inboundToSender)
                 while open, let frame = try DeliveryFrame.decode(from: &inboundToReceiver, limits: limits) {
                     open = try receiverHandles(frame)
                 }
