@@ -20,11 +20,13 @@ public struct RFCOMMTransport: BluetoothTransport {
     /// The adapter this transport uses, by its address; nil lets the kernel choose (any adapter).
     public let localAddress: BluetoothAddress?
 
-    /// Creates the transport; blocking socket calls run on `threadPool`.
+    /// Creates the transport.
     ///
-    /// - Parameter localAddress: the address of the adapter to connect from and listen on. With more
-    ///   than one adapter, leave it nil only if any will do: the kernel then routes a connection through
-    ///   whichever adapter it picks, and listens on all of them.
+    /// - Parameters:
+    ///   - localAddress: the address of the adapter to connect from and listen on. With more than one
+    ///     adapter, leave it nil only if any will do: the kernel then routes a connection through
+    ///     whichever adapter it picks, and listens on all of them.
+    ///   - threadPool: where a blocking `connect` runs (each listener accepts on its own thread).
     public init(localAddress: BluetoothAddress? = nil, threadPool: NIOThreadPool = .singleton) {
         self.localAddress = localAddress
         self.threadPool = threadPool
