@@ -108,7 +108,7 @@ let package = Package(
         .target(
             name: "ThaliNodeCore",
             dependencies: [
-                "ThaliAdmission", "ThaliBeacons", "ThaliSSDP", "ThaliPSKTLS", "TCPMultiplexer",
+                "ThaliAdmission", "ThaliBeacons", "ThaliSSDP", "ThaliPSKTLS", "TCPMultiplexer", "ThaliBLEBinding",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),

@@ -37,6 +37,8 @@ public enum NodeError: Error, Hashable, CustomStringConvertible {
     case invalidExpiry(String)
     /// A delivery session of this direction with this contact is already running.
     case sessionInProgress(contact: String, role: String)
+    /// Bluetooth was asked for (alone) and cannot run: no adapter, bluetoothd absent, no kernel support.
+    case bluetoothUnavailable(reason: String)
 
     public var description: String {
         switch self {
@@ -48,6 +50,7 @@ public enum NodeError: Error, Hashable, CustomStringConvertible {
         case .invalidContactName(let name, let reason): "invalid contact name \"\(name)\": \(reason)"
         case .invalidPublicKey(let key, let reason): "invalid public key \"\(key)\": \(reason)"
         case .portInUse(let host, let port): "port \(port) on \(host) is in use by another process"
+        case .bluetoothUnavailable(let reason): "Bluetooth cannot run: \(reason)"
         case .addressNotLocal(let address, let reason): "address \"\(address)\" cannot be used: \(reason)"
         case .noUsableInterface(let name):
             name.map { "network interface \"\($0)\" is missing, down or has no IPv4 address" }

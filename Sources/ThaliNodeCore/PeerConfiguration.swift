@@ -29,6 +29,11 @@ public struct PeerConfiguration: Sendable {
 
     /// IPv4 address of the interface the peer is pinned to (SSDP, the single TCP port, LOCATION).
     public var interfaceAddress: String
+    /// Whether the Wi-Fi binding (SSDP discovery on `interfaceAddress`) runs; false with `bluetooth` set
+    /// runs Bluetooth alone (the single port then best sits on 127.0.0.1, reachable through the relay only).
+    public var wifi: Bool = true
+    /// The Bluetooth binding (BLE advertising and scanning through BlueZ, RFCOMM relay), or nil for none.
+    public var bluetooth: BluetoothPeerConfiguration?
     /// SSDP multicast group.
     public var ssdpGroup: String = "239.255.255.250"
     /// SSDP multicast port.

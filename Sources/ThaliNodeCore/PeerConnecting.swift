@@ -102,8 +102,12 @@ extension ThaliPeer {
         do {
             // From the pinned interface's address: the one this peer announces, and the source the other
             // peer's per-source admission sees.
-            session = try await ClientBootstrap(group: handshake.futureResult.eventLoop)
-                .bind(to: try SocketAddress(ipAddress: configuration.interfaceAddress, port: 0))
+            var bootstrap = ClientBootstrap(group: handshake.futureResult.eventLoop)
+            // A Bluetooth peer's port appears on 127.0.0.1 (its relay): that one is reached from loopback.
+            if location.host != "127.0.0.1" {
+                bootstrap = bootstrap.bind(to: try SocketAddress(ipAddress: configuration.interfaceAddress, port: 0))
+            }
+            session = try await bootstrap
                 .connectTimeout(configuration.tls.connectTimeout)
                 .connect(host: location.host, port: location.port) { channel in
                     channel.eventLoop.makeCompletedFuture {

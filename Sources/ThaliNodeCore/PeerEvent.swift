@@ -37,6 +37,8 @@ public enum PeerEvent: Sendable, Hashable {
     case limitTriggered(PeerLimitReport)
     /// Relay mode: connections to this local port reach the contact's app.
     case relayListening(contact: String, port: Int)
+    /// A binding that was asked for cannot run (`binding` is `bluetooth` or `wifi`); the others go on.
+    case bindingUnavailable(binding: String, reason: String)
     /// The peer stopped.
     case stopped
 }

@@ -87,6 +87,7 @@ public final class ThaliPeer: Sendable {
     let admission: AdmissionController<String>
     let portCounters = NIOLockedValueBox(PeerPortCounters())
     let discoveryBox = NIOLockedValueBox<SSDPDiscoveryService?>(nil)
+    let bluetoothBox = NIOLockedValueBox<PeerBluetoothBinding?>(nil)
 
     /// A peer for the node whose store and identity are given; `events` receives everything it does,
     /// synchronously on the peer's tasks and event loops (keep it short; or use
@@ -126,6 +127,7 @@ public final class ThaliPeer: Sendable {
     private struct WeakPeer: Sendable { weak var peer: ThaliPeer? }
 
     var discovery: SSDPDiscoveryService? { discoveryBox.withLockedValue { $0 } }
+    var bluetooth: PeerBluetoothBinding? { bluetoothBox.withLockedValue { $0 } }
 
     /// Starts discovery and the single port, then keeps announcing what the outbox holds. Throws
     /// ``NodeError/portInUse(host:port:)`` when the port is taken, ``NodeError/addressNotLocal(_:reason:)``
@@ -141,30 +143,32 @@ public final class ThaliPeer: Sendable {
         } catch {
             throw NodeError.mapBindError(error, host: configuration.interfaceAddress, port: configuration.port)
         }
-        var ssdp = SSDPDiscoveryConfiguration(interfaceAddress: configuration.interfaceAddress)
-        ssdp.groupAddress = configuration.ssdpGroup
-        ssdp.port = configuration.ssdpPort
-        ssdp.beaconServer = .external(port: port)
-        ssdp.maxAge = configuration.maxAge
-        ssdp.foregroundAliveInterval = configuration.aliveInterval
-        ssdp.limits = configuration.discoveryLimits
-        let service = SSDPDiscoveryService(configuration: ssdp, group: group, logger: logger) { [weak self] peer, bytes in
-            self?.beaconsFetched(from: peer, bytes)
+        if configuration.wifi {
+            try await startWiFi(port: port)
         }
-        do {
-            try await service.start(advertising: nil)
-        } catch SSDPDiscoveryService.StartError.noInterface {
-            await closePort()
-            throw NodeError.noUsableInterface(name: configuration.interfaceAddress)
-        } catch {
-            await closePort()
-            throw error
+        if let bluetoothConfiguration = configuration.bluetooth {
+            let binding = PeerBluetoothBinding(
+                configuration: bluetoothConfiguration, group: group, logger: logger,
+                peerAppeared: { [weak self] origin in
+                    guard let self else { return }
+                    if state.withLockedValue({ $0.peersSeen.insert(origin).inserted }) { emit(.peerAppeared(location: origin)) }
+                },
+                beaconsFetched: { [weak self] reached, bytes in
+                    self?.beaconsFetched(origin: reached.origin, location: reached.location, bytes)
+                })
+            do {
+                try await binding.start(nodeHost: configuration.interfaceAddress, nodePort: port)
+                bluetoothBox.withLockedValue { $0 = binding }
+                if !configuration.wifi { emit(.started(location: "bluetooth:\(binding.ownAddress.map { "\($0)" } ?? "?")")) }
+            } catch {
+                guard configuration.wifi else {
+                    await closePort()
+                    throw NodeError.bluetoothUnavailable(reason: "\(error)")
+                }
+                // Wi-Fi was asked for as well: it keeps running.
+                emit(.bindingUnavailable(binding: "bluetooth", reason: "\(error)"))
+            }
         }
-        discoveryBox.withLockedValue { $0 = service }
-        emit(.started(location: (await service.location()).description))
-        track(Task { [weak self] in
-            for await event in service.events { self?.discoveryEvent(event) }
-        })
         try await refreshAdvertisement()
         track(Task { [weak self] in
             // More contacts than one announcement holds: serve the announcements in turn.
@@ -186,6 +190,34 @@ public final class ThaliPeer: Sendable {
         })
     }
 
+    /// SSDP discovery on the pinned interface, announcing the single `port`.
+    private func startWiFi(port: Int) async throws {
+        var ssdp = SSDPDiscoveryConfiguration(interfaceAddress: configuration.interfaceAddress)
+        ssdp.groupAddress = configuration.ssdpGroup
+        ssdp.port = configuration.ssdpPort
+        ssdp.beaconServer = .external(port: port)
+        ssdp.maxAge = configuration.maxAge
+        ssdp.foregroundAliveInterval = configuration.aliveInterval
+        ssdp.limits = configuration.discoveryLimits
+        let service = SSDPDiscoveryService(configuration: ssdp, group: group, logger: logger) { [weak self] peer, bytes in
+            self?.beaconsFetched(origin: peer.location.description, location: peer.location, bytes)
+        }
+        do {
+            try await service.start(advertising: nil)
+        } catch SSDPDiscoveryService.StartError.noInterface {
+            await closePort()
+            throw NodeError.noUsableInterface(name: configuration.interfaceAddress)
+        } catch {
+            await closePort()
+            throw error
+        }
+        discoveryBox.withLockedValue { $0 = service }
+        emit(.started(location: (await service.location()).description))
+        track(Task { [weak self] in
+            for await event in service.events { self?.discoveryEvent(event) }
+        })
+    }
+
     /// Stops: byebye (no more announcements), every connection closed, every task ended.
     public func stop() async {
         let tasks = state.withLockedValue { state -> [Task<Void, Never>] in
@@ -194,6 +226,7 @@ public final class ThaliPeer: Sendable {
             return Array(state.tasks.values)
         }
         await discovery?.stop()
+        await bluetooth?.stop()
         await closePort()
         let channels = state.withLockedValue { state -> [Channel] in
             defer { state.channels.removeAll() }
@@ -245,7 +278,8 @@ public final class ThaliPeer: Sendable {
 
     /// A snapshot for the status view.
     public func status() async -> PeerStatus {
-        let location = await discovery?.location().description ?? ""
+        var location = await discovery?.location().description ?? ""
+        if location.isEmpty, let address = bluetooth?.ownAddress { location = "bluetooth:\(address)" }
         var port = portCounters.withLockedValue { $0 }
         port.admission = admission.counters
         let inbox = (try? store.inbox().count) ?? 0
@@ -321,23 +355,25 @@ public final class ThaliPeer: Sendable {
 
     /// A fetched beacon stream: a match from a known contact starts (or re-targets) the link to it; anything
     /// else — not for us, from a stranger, a replay — is ignored without a word.
-    private func beaconsFetched(from peer: SSDPPeer, _ bytes: [UInt8]) {
+    /// `origin` names where the beacons came from (an SSDP location, or `bluetooth:` and the peer's
+    /// address); `location` is where its single port is reached (over Bluetooth: the relay's local port).
+    private func beaconsFetched(origin: String, location: BeaconLocation, _ bytes: [UInt8]) {
         let match: BeaconMatch
         do throws(BeaconRejection) {
             // Keyed by origin: a copy re-served from elsewhere cannot make the genuine announcement a replay.
-            match = try receiver.receive(bytes, from: peer.location.description)
+            match = try receiver.receive(bytes, from: origin)
         } catch {
-            logger.debug("beacons not for us", metadata: ["location": "\(peer.location)", "reason": "\(error.reason.rawValue)"])
+            logger.debug("beacons not for us", metadata: ["origin": "\(origin)", "reason": "\(error.reason.rawValue)"])
             return
         }
         guard let contact = try? store.contact(for: match.sender) else { return }
-        emit(.beaconMatched(contact: contact.name, location: peer.location.description))
+        emit(.beaconMatched(contact: contact.name, location: origin))
         let start = state.withLockedValue { state -> Bool in
             guard !state.stopped else { return false }
-            var link = state.links[contact.publicKey] ?? Link(contact: contact, location: peer.location.description)
+            var link = state.links[contact.publicKey] ?? Link(contact: contact, location: origin)
             link.contact = contact
-            link.location = peer.location.description
-            link.pending = (match, peer.location)
+            link.location = origin
+            link.pending = (match, location)
             defer { state.links[contact.publicKey] = link }
             if link.running { return false }
             link.running = true
@@ -365,13 +401,14 @@ public final class ThaliPeer: Sendable {
             if advertised.contacts != keys || !items.isSubset(of: advertised.items) { return true }
             return !keys.isEmpty && advertised.expiration < now + validityMs / 4
         }
-        guard needed, let discovery else { return }
+        guard needed, discovery != nil || bluetooth != nil else { return }
         if contacts.isEmpty {
             state.withLockedValue {
                 $0.advertised = nil
                 $0.advertisingFor = []
             }
-            await discovery.advertise(nil)
+            await discovery?.advertise(nil)
+            await bluetooth?.advertise(false)
             emit(.advertising(contacts: []))
             return
         }
@@ -399,7 +436,9 @@ public final class ThaliPeer: Sendable {
                                        streams: announcements.map(\.stream))
             $0.advertisingFor = names
         }
-        await discovery.advertise(announcements.first?.stream)
+        await discovery?.advertise(announcements.first?.stream)
+        // Re-registered on every change: Bluetooth scanners then see the advertisement anew.
+        await bluetooth?.advertise(true)
         emit(.advertising(contacts: names))
     }
 

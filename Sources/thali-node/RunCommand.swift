@@ -17,7 +17,7 @@ struct Run: AsyncParsableCommand {
             Human-readable lines by default; --json prints one JSON object per line (event: started, \
             advertising, peer_appeared, peer_left, matched, connecting, connected, connection_failed, \
             offered, transfer_started, progress, delivered, refused, rejected, discarded, received, duplicate, \
-            session_ended, disconnected, relay_listening, limit_triggered, status, stopped). Logs go to standard error at the \
+            session_ended, disconnected, relay_listening, limit_triggered, binding_unavailable, status, stopped). Logs go to standard error at the \
             configuration's logLevel. SIGINT and SIGTERM stop cleanly (byebye) and exit 0.
             """)
 
@@ -33,6 +33,12 @@ struct Run: AsyncParsableCommand {
     @Option(help: "SSDP max-age announced, in seconds.") var maxAge: Int = 60
     @Option(help: ArgumentHelp("Relay mode: forward authenticated streams to this local TCP port.", valueName: "port"))
     var appPort: Int?
+    @Flag(help: "Also use Bluetooth: BLE discovery through BlueZ (bluetoothd), RFCOMM to the peers found.")
+    var bluetooth = false
+    @Option(help: ArgumentHelp("The Bluetooth adapter (default: the first powered one).", valueName: "name"))
+    var adapter: String?
+    @Flag(help: "Bluetooth only: no SSDP; the single port listens on 127.0.0.1, reached through the relay.")
+    var noWifi = false
     @Flag(help: "Print one JSON object per line instead of readable lines.") var json = false
     @Option(help: ArgumentHelp("Print a compact status every this many seconds (0: never).", valueName: "seconds"))
     var statusInterval: Double = 0
@@ -53,6 +59,8 @@ struct Run: AsyncParsableCommand {
         if let throttle, throttle < 1 { throw ValidationError("--throttle must be at least 1") }
         if let duration, duration <= 0 { throw ValidationError("--duration must be positive") }
         if statusInterval < 0 { throw ValidationError("--status-interval must not be negative") }
+        if noWifi && !bluetooth { throw ValidationError("--no-wifi needs --bluetooth") }
+        if adapter != nil && !bluetooth { throw ValidationError("--adapter needs --bluetooth") }
     }
 
     func run() async throws {
@@ -66,7 +74,9 @@ struct Run: AsyncParsableCommand {
             return handler
         }
         let interfaceAddress: String
-        if let address {
+        if noWifi {
+            interfaceAddress = address ?? "127.0.0.1"
+        } else if let address {
             try NodeInterface.validateLocalAddress(address)
             interfaceAddress = address
         } else {
@@ -89,6 +99,12 @@ struct Run: AsyncParsableCommand {
         configuration.appPort = appPort
         configuration.sendThrottleBytesPerSecond = throttle
         if let perSourceLimit { configuration.admission.maxConnectionsPerSource = perSourceLimit }
+        configuration.wifi = !noWifi
+        if bluetooth {
+            var bluetoothConfiguration = BluetoothPeerConfiguration(adapter: adapter)
+            if let bus = ProcessInfo.processInfo.environment["DBUS_SYSTEM_BUS_ADDRESS"] { bluetoothConfiguration.busAddress = bus }
+            configuration.bluetooth = bluetoothConfiguration
+        }
 
         let output = RunOutput(json: json)
         let peer = try ThaliPeer(store: store, identity: identity, configuration: configuration,
@@ -251,6 +267,9 @@ final class RunOutput: Sendable {
         case .relayListening(let contact, let port):
             line(["event": "relay_listening", "contact": contact, "port": port],
                  text: "relay: connections to 127.0.0.1:\(port) reach \(contact)'s app")
+        case .bindingUnavailable(let binding, let reason):
+            line(["event": "binding_unavailable", "binding": binding, "reason": reason],
+                 text: "\(binding) is not running: \(reason)")
         case .stopped:
             break
         }

@@ -47,3 +47,36 @@ import ThaliTestSupport
         #expect(figures.rfcomm_connect_s > 0)
     }
 }
+
+extension RealBlueZTests {
+    struct NodePairFigures: Decodable {
+        var node_pair_ok: Bool
+        var alice_inbox: Int
+        var bob_inbox: Int
+        var node_first_delivery_s: Double?
+    }
+
+    /// Two `thali-node run --bluetooth --no-wifi` processes, one per virtual controller, exchange texts
+    /// both ways and a 64 KiB file over real BlueZ and kernel RFCOMM; each inbox holds its items once.
+    @Test(.enabled(if: geteuid() == 0 && TestEnvironment.available(vmAvailable && PackagePaths.thaliNode() != nil)))
+    func twoNodesDeliverOverRealBluetooth() throws {
+        let node = try #require(PackagePaths.thaliNode())
+        let job = FileManager.default.temporaryDirectory.appendingPathComponent("thali-bt-vm-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: job) }
+        var environment = ProcessInfo.processInfo.environment
+        environment["BT_VM_JOB"] = job
+        environment["BT_VM_TIMEOUT"] = "240"
+        let result = try ChildProcess.run("/bin/bash", ["\(Self.root)/scripts/bt-vm/run.sh", "bash",
+                                                        "\(Self.root)/scripts/bt-vm/node-pair.sh", node, "65536", "90"],
+                                          environment: environment, timeout: .seconds(300))
+        print(result.output)
+        #expect(result.status == 0, "bt-vm exited \(result.status)")
+        let line = try #require(result.output.split(whereSeparator: \.isNewline).first { $0.hasPrefix("{\"alice_inbox\"") },
+                                "no figures from node-pair.sh")
+        let figures = try JSONDecoder().decode(NodePairFigures.self, from: Data(line.utf8))
+        #expect(figures.node_pair_ok)
+        #expect(figures.alice_inbox == 1)
+        #expect(figures.bob_inbox == 2)
+        #expect(figures.node_first_delivery_s != nil)
+    }
+}

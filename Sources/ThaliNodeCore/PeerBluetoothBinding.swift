@@ -1,0 +1,218 @@
+import Foundation
+import Logging
+import NIOConcurrencyHelpers
+import NIOCore
+import TCPMultiplexer
+import ThaliBLEBinding
+import ThaliSSDP
+
+/// How a ``ThaliPeer`` uses Bluetooth (``PeerConfiguration/bluetooth``).
+public struct BluetoothPeerConfiguration: Sendable {
+    /// The RFCOMM channel a node listens on unless told otherwise.
+    public static let defaultChannel: UInt8 = 9
+
+    /// The adapter (`hci0`), or nil for the first powered one.
+    public var adapter: String?
+    /// The system bus (bluetoothd's), as a D-Bus address.
+    public var busAddress: String = "unix:path=/run/dbus/system_bus_socket"
+    /// The RFCOMM channel this node listens on and connects to on its peers.
+    public var channel: UInt8 = BluetoothPeerConfiguration.defaultChannel
+    /// The binding's DoS bounds and timeouts (handshake, incoming rate, relay idle time).
+    public var limits = BluetoothBindingLimits()
+    /// The multiplexer below TLS on every Bluetooth connection (bounded: nobody is authenticated yet).
+    public var multiplexer: MultiplexerConfiguration = .beforeAuthentication
+    /// While connected to a peer, how often its beacons are fetched again: its BLE advertisement carries
+    /// only its address, which does not change when its beacons do.
+    public var beaconRefetchInterval: Duration = .seconds(5)
+    /// The most peers connected at once (each holds one RFCOMM link and its relay).
+    public var maxConnectedPeers: Int = 8
+
+    /// Bluetooth on `adapter` (nil: the first powered one), defaults elsewhere.
+    public init(adapter: String? = nil) {
+        self.adapter = adapter
+    }
+}
+
+/// The Bluetooth binding of a peer: advertises our adapter's address over BLE while we have beacons to
+/// serve, scans for Thali advertisements, and reaches each peer found over RFCOMM, its handshake and a
+/// multiplexer, so that the peer's beacons and its PSK-TLS port appear at a localhost port. Incoming
+/// RFCOMM connections go the other way: each multiplexer stream becomes a connection to our own port.
+/// Everything above (beacon matching, PSK-TLS, delivery) is the peer's and the same as over Wi-Fi.
+final class PeerBluetoothBinding: Sendable {
+    /// A peer reached over Bluetooth: where its port appears locally, and how to name it.
+    struct Reached: Sendable {
+        var origin: String
+        var location: BeaconLocation
+    }
+
+    private struct State {
+        var client: BlueZClient?
+        var ownAddress: BluetoothAddress?
+        var server: BluetoothRelayServer?
+        var gateway: MultiplexedAppGateway?
+        var connections: [BluetoothAddress: MultiplexedBluetoothConnection] = [:]
+        var connecting: Set<BluetoothAddress> = []
+        var advertising = false
+        var tasks: [UUID: Task<Void, Never>] = [:]
+        var stopped = false
+    }
+
+    let configuration: BluetoothPeerConfiguration
+    private let group: any EventLoopGroup
+    private let logger: Logger
+    private let fetcher: BeaconHTTPClient
+    private let state = NIOLockedValueBox(State())
+    private let beaconsFetched: @Sendable (Reached, [UInt8]) -> Void
+    private let peerAppeared: @Sendable (String) -> Void
+
+    init(configuration: BluetoothPeerConfiguration, group: any EventLoopGroup, logger: Logger,
+         peerAppeared: @escaping @Sendable (String) -> Void,
+         beaconsFetched: @escaping @Sendable (Reached, [UInt8]) -> Void)
+    {
+        self.configuration = configuration
+        self.group = group
+        self.logger = logger
+        self.peerAppeared = peerAppeared
+        self.beaconsFetched = beaconsFetched
+        // Over a relay the first response takes longer than on a LAN.
+        var fetch = BeaconHTTPClientConfiguration()
+        fetch.connectTimeout = .seconds(5)
+        fetch.responseTimeout = .seconds(10)
+        self.fetcher = BeaconHTTPClient(configuration: fetch, group: group)
+    }
+
+    /// Our adapter's address, once started.
+    var ownAddress: BluetoothAddress? { state.withLockedValue { $0.ownAddress } }
+
+    /// Finds the adapter, listens on RFCOMM (streams joined to `nodeHost:nodePort`) and starts scanning.
+    /// Throws a `BlueZError` or `BluetoothTransportError` whose description says what is missing.
+    func start(nodeHost: String, nodePort: Int) async throws {
+        var bluez = BlueZConfiguration(busAddress: configuration.busAddress, adapterName: configuration.adapter)
+        bluez.limits = configuration.limits
+        let client = try BlueZClient(configuration: bluez)
+        do {
+            guard let address = try await client.adapter().address else {
+                throw BlueZError.unexpectedReply("the adapter has no address")
+            }
+            let gateway = try await MultiplexedAppGateway.start(
+                group: group, configuration: configuration.multiplexer,
+                streamInitializer: MultiplexerBridge.connectingInitializer(host: nodeHost, port: nodePort))
+            let server = BluetoothRelayServer(transport: RFCOMMTransport(localAddress: address), group: group,
+                                              appPort: gateway.port, limits: configuration.limits)
+            state.withLockedValue {
+                $0.client = client
+                $0.ownAddress = address
+                $0.gateway = gateway
+                $0.server = server
+            }
+            try await server.start(channel: configuration.channel)
+            let discoveries = try await client.scan()
+            let scanning = Task { [weak self] in
+                do {
+                    for try await discovery in discoveries { self?.discovered(discovery) }
+                } catch {
+                    self?.logger.error("Bluetooth scan ended", metadata: ["error": "\(error)"])
+                }
+            }
+            state.withLockedValue { $0.tasks[UUID()] = scanning }
+        } catch {
+            await stop()
+            client.close()
+            throw error
+        }
+    }
+
+    /// Advertises our address over BLE (`true`) or stops (`false`); repeated calls re-register the
+    /// advertisement, so scanners see it anew when our beacons changed (the seed's rule).
+    func advertise(_ on: Bool) async {
+        let (client, address, was) = state.withLockedValue { ($0.client, $0.ownAddress, $0.advertising) }
+        guard let client, let address else { return }
+        do {
+            if on {
+                try await client.advertise(ThaliAdvertisement(payload: .bluetoothAddress(address)))
+            } else if was {
+                try await client.stopAdvertising()
+            }
+            state.withLockedValue { $0.advertising = on }
+        } catch {
+            logger.error("Bluetooth advertising failed", metadata: ["error": "\(error)"])
+        }
+    }
+
+    func stop() async {
+        let (tasks, connections, server, gateway, client) = state.withLockedValue { state in
+            state.stopped = true
+            defer {
+                state.tasks = [:]
+                state.connections = [:]
+            }
+            return (Array(state.tasks.values), Array(state.connections.values), state.server, state.gateway, state.client)
+        }
+        for task in tasks { task.cancel() }
+        try? await client?.stopScanning()
+        try? await client?.stopAdvertising()
+        server?.stop()
+        await gateway?.close()
+        for connection in connections { await connection.close() }
+        for task in tasks { await task.value }
+        client?.close()
+    }
+
+    /// A Thali advertisement: reach the peer unless we already have (or are making) a connection to it.
+    private func discovered(_ discovery: ThaliPeerDiscovery) {
+        guard let peer = discovery.peerAddress else { return }  // no address to connect to (iOS form)
+        let start = state.withLockedValue { state -> Bool in
+            guard !state.stopped, peer != state.ownAddress, state.connections[peer] == nil,
+                  !state.connecting.contains(peer),
+                  state.connections.count + state.connecting.count < configuration.maxConnectedPeers
+            else { return false }
+            state.connecting.insert(peer)
+            return true
+        }
+        guard start else { return }
+        let id = UUID()
+        let task = Task { [weak self] in
+            await self?.reach(peer)
+            _ = self?.state.withLockedValue { $0.tasks.removeValue(forKey: id) }
+        }
+        state.withLockedValue { $0.tasks[id] = task }
+    }
+
+    /// Connects, then fetches the peer's beacons now and every `beaconRefetchInterval` while connected.
+    private func reach(_ peer: BluetoothAddress) async {
+        let origin = "bluetooth:\(peer)"
+        peerAppeared(origin)
+        let (own, advertising) = state.withLockedValue { ($0.ownAddress, $0.advertising) }
+        let connection: MultiplexedBluetoothConnection
+        do {
+            let client = MultiplexedBluetoothClient(transport: RFCOMMTransport(localAddress: own), group: group,
+                                                    limits: configuration.limits, configuration: configuration.multiplexer)
+            connection = try await client.connect(to: peer, channel: configuration.channel, hasNotifications: advertising)
+        } catch {
+            logger.info("Bluetooth connect failed", metadata: ["peer": "\(peer)", "error": "\(error)"])
+            _ = state.withLockedValue { $0.connecting.remove(peer) }
+            return
+        }
+        let kept = state.withLockedValue { state -> Bool in
+            state.connecting.remove(peer)
+            guard !state.stopped else { return false }
+            state.connections[peer] = connection
+            return true
+        }
+        guard kept else {
+            await connection.close()
+            return
+        }
+        let reached = Reached(origin: origin, location: BeaconLocation(host: "127.0.0.1", port: connection.localPort))
+        let ended = NIOLockedValueBox(false)
+        connection.closeFuture.whenComplete { _ in ended.withLockedValue { $0 = true } }
+        while !Task.isCancelled, !ended.withLockedValue({ $0 }) {
+            if let bytes = try? await fetcher.fetch(reached.location) { beaconsFetched(reached, bytes) }
+            try? await Task.sleep(for: configuration.beaconRefetchInterval)
+        }
+        state.withLockedValue { state in
+            if state.connections[peer]?.localPort == connection.localPort { state.connections[peer] = nil }
+        }
+        await connection.close()
+    }
+}
