@@ -216,7 +216,7 @@ let package = Package(
         .testTarget(
             name: "ThaliBLEBindingTests",
             dependencies: [
-                "ThaliBLEBinding", "ThaliTestSupport", "ThaliBeacons", "ThaliSSDP", "TCPMultiplexer", "ThaliPSKTLS",
+                "ThaliBLEBinding", "ThaliTestSupport", "ThaliBeacons", "ThaliSSDP", "TCPMultiplexer", "ThaliPSKTLS", "ThaliNodeCore",
                 .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),

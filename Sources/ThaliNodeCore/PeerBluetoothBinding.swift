@@ -26,6 +26,9 @@ public struct BluetoothPeerConfiguration: Sendable {
     public var beaconRefetchInterval: Duration = .seconds(5)
     /// The most peers connected at once (each holds one RFCOMM link and its relay).
     public var maxConnectedPeers: Int = 8
+    /// Makes the RFCOMM streams, given our adapter's address: the kernel's RFCOMM bound to that adapter.
+    /// Tests on machines without a radio put a stand-in transport here; nothing above it changes.
+    public var transport: @Sendable (BluetoothAddress) -> any BluetoothTransport = { RFCOMMTransport(localAddress: $0) }
 
     /// Bluetooth on `adapter` (nil: the first powered one), defaults elsewhere.
     public init(adapter: String? = nil) {
@@ -97,7 +100,7 @@ final class PeerBluetoothBinding: Sendable {
             let gateway = try await MultiplexedAppGateway.start(
                 group: group, configuration: configuration.multiplexer,
                 streamInitializer: MultiplexerBridge.connectingInitializer(host: nodeHost, port: nodePort))
-            let server = BluetoothRelayServer(transport: RFCOMMTransport(localAddress: address), group: group,
+            let server = BluetoothRelayServer(transport: configuration.transport(address), group: group,
                                               appPort: gateway.port, limits: configuration.limits)
             state.withLockedValue {
                 $0.client = client
@@ -183,9 +186,13 @@ final class PeerBluetoothBinding: Sendable {
         let origin = "bluetooth:\(peer)"
         peerAppeared(origin)
         let (own, advertising) = state.withLockedValue { ($0.ownAddress, $0.advertising) }
+        guard let own else {
+            _ = state.withLockedValue { $0.connecting.remove(peer) }
+            return
+        }
         let connection: MultiplexedBluetoothConnection
         do {
-            let client = MultiplexedBluetoothClient(transport: RFCOMMTransport(localAddress: own), group: group,
+            let client = MultiplexedBluetoothClient(transport: configuration.transport(own), group: group,
                                                     limits: configuration.limits, configuration: configuration.multiplexer)
             connection = try await client.connect(to: peer, channel: configuration.channel, hasNotifications: advertising)
         } catch {

@@ -1,0 +1,161 @@
+import Foundation
+import Logging
+import NIOConcurrencyHelpers
+import Testing
+import ThaliBeacons
+import ThaliNodeCore
+import ThaliTestSupport
+@testable import ThaliBLEBinding
+
+/// Two `ThaliPeer`s with only the Bluetooth binding, on python-dbusmock's BlueZ (two adapters on one
+/// private bus) and the in-process Bluetooth air: what the radio would carry (our advertisement's service
+/// data) the test reports to the other adapter as a device, as bluetoothd would. Everything else is the
+/// node's real code: advertising through D-Bus, scanning, the RFCOMM relay and multiplexer, PSK-TLS and
+/// delivery.
+@Suite(.serialized, .enabled(if: BlueZMock.peersPresent)) struct PeerOverBluetoothTests {
+    struct Person {
+        let name: String
+        let key: PrivateKey
+        let store: NodeStore
+        let directory: String
+    }
+
+    static func person(_ name: String) throws -> Person {
+        let directory = NSTemporaryDirectory() + "thali-bt-peer-\(name)-\(UInt32.random(in: 0...UInt32.max))"
+        let home = NodeHome(path: directory)
+        try home.create()
+        return Person(name: name, key: try NodeIdentity.create(in: home), store: try NodeStore(home: home), directory: directory)
+    }
+
+    static func peer(_ person: Person, adapter: String, mock: BlueZMock, air: InProcessBluetoothAir,
+                     ssdpPort: Int? = nil, events: @escaping PeerEventHandler = { _ in }) throws -> ThaliPeer {
+        var configuration = PeerConfiguration(interfaceAddress: "127.0.0.1")
+        // With an SSDP port: Wi-Fi (SSDP on loopback) as well.
+        configuration.wifi = ssdpPort != nil
+        if let ssdpPort { configuration.ssdpPort = ssdpPort }
+        var bluetooth = BluetoothPeerConfiguration(adapter: adapter)
+        bluetooth.busAddress = mock.busAddress
+        bluetooth.transport = { air.transport(for: $0) }
+        bluetooth.beaconRefetchInterval = .milliseconds(500)
+        configuration.bluetooth = bluetooth
+        var logger = Logger(label: "test.bluetooth.\(person.name)")
+        logger.logLevel = .critical
+        return try ThaliPeer(store: person.store, identity: person.key, configuration: configuration, logger: logger,
+                             events: events)
+    }
+
+    /// The address BlueZ reports for `adapter`.
+    static func address(of adapter: String, mock: BlueZMock) async throws -> BluetoothAddress {
+        let reply = try await mock.bluez("/org/bluez/\(adapter)", "org.freedesktop.DBus.Properties", "Get",
+                                         [.string("org.bluez.Adapter1"), .string("Address")])
+        return try #require(reply.first?.unwrapped.string.flatMap { BluetoothAddress($0) })
+    }
+
+    /// Plays the air: `advertiser`'s advertisement, as registered, reaches `scanner`'s adapter.
+    static func carry(advertiser: String, to scanner: String, mock: BlueZMock) async throws {
+        let address = try await address(of: advertiser, mock: mock)
+        let device = try await mock.addDevice(address.description, adapter: scanner)
+        try await mock.updateProperties(device, interface: "org.bluez.Device1", [
+            ("ServiceData", serviceData(ThaliAdvertisement.serviceUUIDString,
+                                        ThaliAdvertisement(payload: .bluetoothAddress(address)).serviceDataValue)),
+        ])
+    }
+
+    static func waitUntil(_ what: String, timeout: Duration = .seconds(30), _ condition: () throws -> Bool) async throws {
+        let deadline = ContinuousClock.now + timeout
+        while ContinuousClock.now < deadline {
+            if try condition() { return }
+            try await Task.sleep(for: .milliseconds(100))
+        }
+        Issue.record("timed out waiting for \(what)")
+    }
+
+    @Test func twoPeersFindEachOtherAndDeliverBothWays() async throws {
+        let mock = try await BlueZMock()
+        try await mock.addAdapter("hci0")
+        try await mock.addAdapter("hci1")
+        let air = InProcessBluetoothAir()
+        let alice = try Self.person("alice"), bob = try Self.person("bob")
+        defer { for person in [alice, bob] { try? FileManager.default.removeItem(atPath: person.directory) } }
+        try alice.store.addContact(name: "bob", publicKey: bob.key.publicKey.hexString(compressed: true))
+        try bob.store.addContact(name: "alice", publicKey: alice.key.publicKey.hexString(compressed: true))
+        let later = Date().addingTimeInterval(3600)
+        _ = try alice.store.enqueueText("to bob over Bluetooth", to: "bob", expiresAt: later)
+        _ = try bob.store.enqueueText("to alice over Bluetooth", to: "alice", expiresAt: later)
+
+        let alicePeer = try Self.peer(alice, adapter: "hci0", mock: mock, air: air)
+        let bobPeer = try Self.peer(bob, adapter: "hci1", mock: mock, air: air)
+        try await alicePeer.start()
+        try await bobPeer.start()
+        // Each holds an item, so each advertises through BlueZ on its own adapter.
+        // start() announces what the outbox holds before it returns.
+        #expect(try await mock.calls("/org/bluez/hci0", "RegisterAdvertisement").count >= 1)
+        #expect(try await mock.calls("/org/bluez/hci1", "RegisterAdvertisement").count >= 1)
+        try await Self.carry(advertiser: "hci0", to: "hci1", mock: mock)
+        try await Self.carry(advertiser: "hci1", to: "hci0", mock: mock)
+
+        try await Self.waitUntil("both inboxes") {
+            try alice.store.inbox().count == 1 && bob.store.inbox().count == 1
+        }
+        await alicePeer.stop()
+        await bobPeer.stop()
+        #expect(try alice.store.inbox().map(\.text) == ["to alice over Bluetooth"])
+        #expect(try bob.store.inbox().map(\.text) == ["to bob over Bluetooth"])
+        #expect(try alice.store.outbox().isEmpty && bob.store.outbox().isEmpty)
+    }
+
+    /// Both bindings reach the same contact: each side matches its contact's beacons over SSDP and over
+    /// Bluetooth, links race, and still every item arrives exactly once.
+    @Test func aPairReachableOverBothBindingsGetsEveryItemOnce() async throws {
+        let mock = try await BlueZMock()
+        try await mock.addAdapter("hci0")
+        try await mock.addAdapter("hci1")
+        let air = InProcessBluetoothAir()
+        let alice = try Self.person("alice"), bob = try Self.person("bob")
+        defer { for person in [alice, bob] { try? FileManager.default.removeItem(atPath: person.directory) } }
+        try alice.store.addContact(name: "bob", publicKey: bob.key.publicKey.hexString(compressed: true))
+        try bob.store.addContact(name: "alice", publicKey: alice.key.publicKey.hexString(compressed: true))
+        let later = Date().addingTimeInterval(3600)
+        for index in 0..<3 {
+            _ = try alice.store.enqueueText("alice \(index)", to: "bob", expiresAt: later)
+            _ = try bob.store.enqueueText("bob \(index)", to: "alice", expiresAt: later)
+        }
+        let matches = NIOLockedValueBox<[String]>([])
+        let record: PeerEventHandler = { event in
+            if case .beaconMatched(_, let location) = event { matches.withLockedValue { $0.append(location) } }
+        }
+        let ssdpPort = Int.random(in: 20000...60000)
+        let alicePeer = try Self.peer(alice, adapter: "hci0", mock: mock, air: air, ssdpPort: ssdpPort, events: record)
+        let bobPeer = try Self.peer(bob, adapter: "hci1", mock: mock, air: air, ssdpPort: ssdpPort, events: record)
+        try await alicePeer.start()
+        try await bobPeer.start()
+        try await Self.carry(advertiser: "hci0", to: "hci1", mock: mock)
+        try await Self.carry(advertiser: "hci1", to: "hci0", mock: mock)
+
+        try await Self.waitUntil("every item, and matches over both bindings") {
+            let locations = matches.withLockedValue { $0 }
+            return try alice.store.inbox().count >= 3 && bob.store.inbox().count >= 3
+                && locations.contains { $0.hasPrefix("bluetooth:") } && locations.contains { $0.hasPrefix("http://") }
+        }
+        // Let any racing link finish before counting.
+        try await Task.sleep(for: .seconds(2))
+        await alicePeer.stop()
+        await bobPeer.stop()
+        #expect(try alice.store.inbox().compactMap(\.text).sorted() == ["bob 0", "bob 1", "bob 2"])
+        #expect(try bob.store.inbox().compactMap(\.text).sorted() == ["alice 0", "alice 1", "alice 2"])
+        #expect(try alice.store.outbox().isEmpty && bob.store.outbox().isEmpty)
+    }
+
+    @Test func withoutBlueZBluetoothAloneFailsInOneLine() async throws {
+        let mock = try await BlueZMock(startBlueZ: false)
+        let air = InProcessBluetoothAir()
+        let alice = try Self.person("alice")
+        defer { try? FileManager.default.removeItem(atPath: alice.directory) }
+        let peer = try Self.peer(alice, adapter: "hci0", mock: mock, air: air)
+        await #expect {
+            try await peer.start()
+        } throws: { error in
+            "\(error)" == "Bluetooth cannot run: bluetoothd is not running (nobody owns org.bluez on the bus)"
+        }
+    }
+}
