@@ -1,3 +1,4 @@
+import Foundation
 import NIOConcurrencyHelpers
 import CBluetooth
 import NIOCore
@@ -11,25 +12,23 @@ import Musl
 
 /// Bluetooth streams over real RFCOMM sockets (libbluetooth / the kernel's `AF_BLUETOOTH`).
 ///
-/// `connect` blocks on `threadPool`; each listener's `accept` blocks on a thread of its own, so that a
-/// listener never holds a shared thread for its whole life (on a single-core machine the singleton
-/// pool has one thread, and a blocked `accept` there starved every `connect`). On a kernel without Bluetooth every call
+/// The blocking calls run on threads of their own: each `connect` on a new thread, each listener's
+/// `accept` on the listener's thread. Never on a shared pool: on a single-core machine
+/// `NIOThreadPool.singleton` has one thread, and an RFCOMM connect that waits out a page timeout there,
+/// or an `accept` that waits for ever, starved everything else on it (a node's store and delivery work
+/// included: found on real BlueZ). On a kernel without Bluetooth every call
 /// fails with `BluetoothTransportError.bluetoothUnsupported`, naming the errno (EAFNOSUPPORT).
 public struct RFCOMMTransport: BluetoothTransport {
-    private let threadPool: NIOThreadPool
     /// The adapter this transport uses, by its address; nil lets the kernel choose (any adapter).
     public let localAddress: BluetoothAddress?
 
     /// Creates the transport.
     ///
-    /// - Parameters:
-    ///   - localAddress: the address of the adapter to connect from and listen on. With more than one
-    ///     adapter, leave it nil only if any will do: the kernel then routes a connection through
-    ///     whichever adapter it picks, and listens on all of them.
-    ///   - threadPool: where a blocking `connect` runs (each listener accepts on its own thread).
-    public init(localAddress: BluetoothAddress? = nil, threadPool: NIOThreadPool = .singleton) {
+    /// - Parameter localAddress: the address of the adapter to connect from and listen on. With more than
+    ///   one adapter, leave it nil only if any will do: the kernel then routes a connection through
+    ///   whichever adapter it picks, and listens on all of them.
+    public init(localAddress: BluetoothAddress? = nil) {
         self.localAddress = localAddress
-        self.threadPool = threadPool
     }
 
     /// Binds `fd` to the local adapter (or any) on `channel`; returns the errno on failure.
@@ -68,8 +67,16 @@ public struct RFCOMMTransport: BluetoothTransport {
             }
         }
         let addressLE = address.reversedOctets
-        let code: Int32 = try await threadPool.runIfActive {
-            addressLE.withUnsafeBufferPointer { thali_rfcomm_connect(fd, $0.baseAddress, channel) } == 0 ? 0 : errno
+        // Cancelling shuts the socket down, which ends a connect still waiting in the kernel.
+        let code: Int32 = await withTaskCancellationHandler {
+            await withCheckedContinuation { continuation in
+                Thread {
+                    let result = addressLE.withUnsafeBufferPointer { thali_rfcomm_connect(fd, $0.baseAddress, channel) }
+                    continuation.resume(returning: result == 0 ? 0 : errno)
+                }.start()
+            }
+        } onCancel: {
+            _ = shutdown(fd, Int32(SHUT_RDWR))
         }
         guard code == 0 else {
             _ = closeDescriptor(fd)

@@ -26,6 +26,12 @@ public struct BluetoothPeerConfiguration: Sendable {
     public var beaconRefetchInterval: Duration = .seconds(5)
     /// The most peers connected at once (each holds one RFCOMM link and its relay).
     public var maxConnectedPeers: Int = 8
+    /// After a connection to a peer ended or failed, the pause before reaching it again (doubled, up to
+    /// 16 times, after each failure in a row; jittered); also how long the higher of two addresses lets
+    /// the lower connect first.
+    public var reconnectDelay: Duration = .seconds(2)
+    /// Connects to one peer that may fail in a row before it is left until its next advertisement report.
+    public var maxConnectAttempts: Int = 4
     /// Makes the RFCOMM streams, given our adapter's address: the kernel's RFCOMM bound to that adapter.
     /// Tests on machines without a radio put a stand-in transport here; nothing above it changes.
     public var transport: @Sendable (BluetoothAddress) -> any BluetoothTransport = { RFCOMMTransport(localAddress: $0) }
@@ -54,8 +60,11 @@ final class PeerBluetoothBinding: Sendable {
         var server: BluetoothRelayServer?
         var gateway: MultiplexedAppGateway?
         var connections: [BluetoothAddress: MultiplexedBluetoothConnection] = [:]
-        var connecting: Set<BluetoothAddress> = []
+        /// Peers being reached or connected (one task each).
+        var pursued: Set<BluetoothAddress> = []
         var advertising = false
+        /// Local relay ports handed out, newest last (bounded), and those still connected.
+        var issuedPorts: [Int] = []
         var tasks: [UUID: Task<Void, Never>] = [:]
         var stopped = false
     }
@@ -109,6 +118,10 @@ final class PeerBluetoothBinding: Sendable {
                 $0.server = server
             }
             try await server.start(channel: configuration.channel)
+            let serving = Task { [weak self] in
+                for await event in server.events { self?.serverEvent(event) }
+            }
+            state.withLockedValue { $0.tasks[UUID()] = serving }
             let discoveries = try await client.scan()
             let scanning = Task { [weak self] in
                 do {
@@ -142,6 +155,16 @@ final class PeerBluetoothBinding: Sendable {
         }
     }
 
+    /// Whether `location` was one of our relay ports whose Bluetooth connection has ended: nothing will
+    /// answer there again, so a link should wait for the peer's next match instead of retrying it.
+    func hasEnded(_ location: BeaconLocation) -> Bool {
+        guard location.host == "127.0.0.1" else { return false }
+        return state.withLockedValue { state in
+            state.issuedPorts.contains(location.port)
+                && !state.connections.values.contains { $0.localPort == location.port }
+        }
+    }
+
     func stop() async {
         let (tasks, connections, server, gateway, client) = state.withLockedValue { state in
             state.stopped = true
@@ -161,35 +184,79 @@ final class PeerBluetoothBinding: Sendable {
         client?.close()
     }
 
-    /// A Thali advertisement: reach the peer unless we already have (or are making) a connection to it.
+    private func serverEvent(_ event: BluetoothServerEvent) {
+        switch event {
+        case .relayed(let peer, _):
+            logger.debug("Bluetooth connection relayed to our port", metadata: ["peer": "\(peer)"])
+        case .discoveredByConnection(let peer):
+            // The seed's surprise connection: a peer that has beacons connected before we saw its
+            // advertisement; reach it as if we had.
+            pursueIfNew(peer, advertiser: nil)
+        case .refused(let decision):
+            logger.info("Bluetooth connection refused", metadata: ["decision": "\(decision)"])
+        case .handshakeFailed(let peer, let violation):
+            logger.info("Bluetooth handshake failed", metadata: ["peer": "\(peer)", "violation": "\(violation)"])
+        case .appUnreachable(let peer):
+            logger.error("our port was unreachable for a Bluetooth connection", metadata: ["peer": "\(peer)"])
+        }
+    }
+
+    /// A Thali advertisement: pursue the peer unless we already do.
     private func discovered(_ discovery: ThaliPeerDiscovery) {
         guard let peer = discovery.peerAddress else { return }  // no address to connect to (iOS form)
+        pursueIfNew(peer, advertiser: discovery.advertiserAddress)
+    }
+
+    private func pursueIfNew(_ peer: BluetoothAddress, advertiser: BluetoothAddress?) {
         let start = state.withLockedValue { state -> Bool in
-            guard !state.stopped, peer != state.ownAddress, state.connections[peer] == nil,
-                  !state.connecting.contains(peer),
-                  state.connections.count + state.connecting.count < configuration.maxConnectedPeers
+            guard !state.stopped, peer != state.ownAddress, !state.pursued.contains(peer),
+                  state.pursued.count < configuration.maxConnectedPeers
             else { return false }
-            state.connecting.insert(peer)
+            state.pursued.insert(peer)
             return true
         }
         guard start else { return }
         let id = UUID()
         let task = Task { [weak self] in
-            await self?.reach(peer)
-            _ = self?.state.withLockedValue { $0.tasks.removeValue(forKey: id) }
+            await self?.pursue(peer)
+            guard let self else { return }
+            state.withLockedValue { state in
+                state.pursued.remove(peer)
+                state.tasks.removeValue(forKey: id)
+            }
+            // Reports of an unchanged advertisement are not discoveries: forget this one, so that the
+            // peer's next report starts over if it is still there.
+            if let advertiser { state.withLockedValue { $0.client }?.forget(advertiser) }
         }
         state.withLockedValue { $0.tasks[id] = task }
     }
 
-    /// Connects, then fetches the peer's beacons now and every `beaconRefetchInterval` while connected.
-    private func reach(_ peer: BluetoothAddress) async {
-        let origin = "bluetooth:\(peer)"
-        peerAppeared(origin)
-        let (own, advertising) = state.withLockedValue { ($0.ownAddress, $0.advertising) }
-        guard let own else {
-            _ = state.withLockedValue { $0.connecting.remove(peer) }
-            return
+    /// Reaches `peer` and keeps reaching it when the connection ends, until `maxConnectAttempts`
+    /// attempts in a row fail (each after a doubling, jittered pause from `reconnectDelay`).
+    private func pursue(_ peer: BluetoothAddress) async {
+        peerAppeared("bluetooth:\(peer)")
+        guard let own = state.withLockedValue({ $0.ownAddress }) else { return }
+        // Two peers that find each other connect to each other at once; under emulation (and on some
+        // controllers) the crossing pages collide and both connects time out. The higher address lets
+        // the lower one go first, so its own connect then rides on the link that already exists.
+        if own.octets.lexicographicallyPrecedes(peer.octets) == false {
+            try? await Task.sleep(for: configuration.reconnectDelay * Double.random(in: 0.75...1.25))
         }
+        var failures = 0
+        while !Task.isCancelled, !state.withLockedValue({ $0.stopped }) {
+            let connected = await reach(peer, from: own)
+            failures = connected ? 0 : failures + 1
+            if failures >= configuration.maxConnectAttempts { return }
+            let pause = configuration.reconnectDelay * Double(1 << min(failures, 4)) * Double.random(in: 0.5...1.5)
+            try? await Task.sleep(for: pause)
+        }
+    }
+
+    /// Connects, then fetches the peer's beacons now and every `beaconRefetchInterval` while connected.
+    /// Returns whether it connected.
+    private func reach(_ peer: BluetoothAddress, from own: BluetoothAddress) async -> Bool {
+        let origin = "bluetooth:\(peer)"
+        let advertising = state.withLockedValue { $0.advertising }
         let connection: MultiplexedBluetoothConnection
         do {
             let client = MultiplexedBluetoothClient(transport: configuration.transport(own), group: group,
@@ -197,29 +264,37 @@ final class PeerBluetoothBinding: Sendable {
             connection = try await client.connect(to: peer, channel: configuration.channel, hasNotifications: advertising)
         } catch {
             logger.info("Bluetooth connect failed", metadata: ["peer": "\(peer)", "error": "\(error)"])
-            _ = state.withLockedValue { $0.connecting.remove(peer) }
-            return
+            return false
         }
         let kept = state.withLockedValue { state -> Bool in
-            state.connecting.remove(peer)
             guard !state.stopped else { return false }
             state.connections[peer] = connection
+            state.issuedPorts.append(connection.localPort)
+            if state.issuedPorts.count > 256 { state.issuedPorts.removeFirst() }
             return true
         }
         guard kept else {
             await connection.close()
-            return
+            return true
         }
         let reached = Reached(origin: origin, location: BeaconLocation(host: "127.0.0.1", port: connection.localPort))
         let ended = NIOLockedValueBox(false)
-        connection.closeFuture.whenComplete { _ in ended.withLockedValue { $0 = true } }
+        connection.closeFuture.whenComplete { [weak self] _ in
+            ended.withLockedValue { $0 = true }
+            // At once, so that a link failing on the dead port sees it ended (hasEnded).
+            self?.state.withLockedValue { state in
+                if state.connections[peer]?.localPort == connection.localPort { state.connections[peer] = nil }
+            }
+        }
         while !Task.isCancelled, !ended.withLockedValue({ $0 }) {
             if let bytes = try? await fetcher.fetch(reached.location) { beaconsFetched(reached, bytes) }
             try? await Task.sleep(for: configuration.beaconRefetchInterval)
         }
+        logger.info("Bluetooth connection ended", metadata: ["peer": "\(peer)"])
         state.withLockedValue { state in
             if state.connections[peer]?.localPort == connection.localPort { state.connections[peer] = nil }
         }
         await connection.close()
+        return true
     }
 }

@@ -49,8 +49,9 @@ extension ThaliPeer {
                 let nowMs = UInt64(Date().timeIntervalSince1970 * 1000)
                 // unknown_psk_identity: the peer at that location no longer holds (or never held) this
                 // beacon's PSK; retrying cannot help (spec/psk-tls.md), only a new announcement can.
+                // Nor can a Bluetooth relay port whose connection ended: the peer's next match brings a new one.
                 let canRetry = attempt < configuration.retry.maxAttempts && target.match.expiration > nowMs
-                    && !Self.isUnknownIdentity(error)
+                    && !Self.isUnknownIdentity(error) && !(bluetooth?.hasEnded(target.location) ?? false)
                 let delay = canRetry ? configuration.retry.delay(after: attempt) : nil
                 emit(.connectionFailed(contact: contact.name, reason: "\(error)", retryIn: delay))
                 guard let delay else {

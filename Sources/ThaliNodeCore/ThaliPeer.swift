@@ -360,8 +360,9 @@ public final class ThaliPeer: Sendable {
     private func beaconsFetched(origin: String, location: BeaconLocation, _ bytes: [UInt8]) {
         let match: BeaconMatch
         do throws(BeaconRejection) {
-            // Keyed by origin: a copy re-served from elsewhere cannot make the genuine announcement a replay.
-            match = try receiver.receive(bytes, from: origin)
+            // Keyed by where it was fetched: a copy re-served from elsewhere cannot make the genuine
+            // announcement a replay, and a Bluetooth peer reached again (a new relay port) matches anew.
+            match = try receiver.receive(bytes, from: location.description)
         } catch {
             logger.debug("beacons not for us", metadata: ["origin": "\(origin)", "reason": "\(error.reason.rawValue)"])
             return

@@ -22,12 +22,19 @@ struct Demo: AsyncParsableCommand {
     var pace: Int = 256 * 1024
     @Flag(help: "Keep the peers' data directories (their paths are printed).")
     var keep = false
+    @Flag(help: "Bluetooth only (no SSDP): each peer on its own adapter (see --adapters); scripts/bt-vm/demo.sh runs this in a guest with real BlueZ.")
+    var bluetooth = false
+    @Option(help: ArgumentHelp("With --bluetooth: the adapters of Alice, Bob and Carol.", valueName: "a,b,c"))
+    var adapters = "hci0,hci1,hci2"
 
     func validate() throws {
         guard timeout > 0, (1...(64 << 20)).contains(fileSize), pace >= 0 else {
             throw ValidationError("--timeout must be positive, --file-size 1 byte to 64 MiB, --pace not negative")
         }
+        if bluetooth && adapterList.count != 3 { throw ValidationError("--adapters names three adapters, one per peer") }
     }
+
+    private var adapterList: [String] { adapters.split(separator: ",").map(String.init) }
 
     struct Person {
         let name: String
@@ -87,7 +94,11 @@ struct Demo: AsyncParsableCommand {
                                  sha256: file.sha256))
         let setupTime = clock.now - setupStart
 
-        print("Thali demo: three peers on 127.0.0.1 find each other with SSDP and private beacons, then deliver over PSK-TLS\n")
+        if bluetooth {
+            print("Thali demo: three peers on Bluetooth adapters \(adapterList.joined(separator: ", ")) find each other with BLE and private beacons, then deliver over RFCOMM and PSK-TLS\n")
+        } else {
+            print("Thali demo: three peers on 127.0.0.1 find each other with SSDP and private beacons, then deliver over PSK-TLS\n")
+        }
         for person in people {
             print("  \(pad(person.name, 6)) \(person.key.publicKey.hexString(compressed: true))")
         }
@@ -101,9 +112,13 @@ struct Demo: AsyncParsableCommand {
         var peers: [SpawnedPeer] = []
         defer { for peer in peers { peer.terminate(grace: 2) } }
         let start = clock.now
-        for person in people {
-            var arguments = ["run", "--home", person.home.path, "--address", "127.0.0.1", "--ssdp-port", String(ssdpPort),
-                             "--max-age", "5", "--json", "--per-source-limit", "1000"]
+        for (index, person) in people.enumerated() {
+            var arguments = ["run", "--home", person.home.path, "--json", "--per-source-limit", "1000"]
+            if bluetooth {
+                arguments += ["--bluetooth", "--adapter", adapterList[index], "--no-wifi"]
+            } else {
+                arguments += ["--address", "127.0.0.1", "--ssdp-port", String(ssdpPort), "--max-age", "5"]
+            }
             if pace > 0 { arguments += ["--throttle", String(pace)] }
             let name = person.name
             peers.append(try SpawnedPeer(name: name, executable: executable, arguments: arguments,

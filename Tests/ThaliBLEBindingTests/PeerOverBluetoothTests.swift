@@ -37,6 +37,7 @@ import ThaliTestSupport
         bluetooth.busAddress = mock.busAddress
         bluetooth.transport = { air.transport(for: $0) }
         bluetooth.beaconRefetchInterval = .milliseconds(500)
+        bluetooth.reconnectDelay = .milliseconds(200)
         configuration.bluetooth = bluetooth
         var logger = Logger(label: "test.bluetooth.\(person.name)")
         logger.logLevel = .critical

@@ -491,6 +491,15 @@ public final class BlueZClient: Sendable {
         }
     }
 
+    /// Makes the next report from `advertiser` a discovery again even if its advertisement has not
+    /// changed: for a caller whose connection to it ended and that wants to hear when it is still there.
+    public func forget(_ advertiser: BluetoothAddress) {
+        state.withLockedValue { state in
+            guard state.seen.removeValue(forKey: advertiser) != nil else { return }
+            state.seenOrder.removeAll { $0 == advertiser }
+        }
+    }
+
     /// Too many advertisements: discovery off until `until`, then on again if still scanning.
     private func startCoolDown(until: NIODeadline) {
         let pause = until - NIODeadline.now()
