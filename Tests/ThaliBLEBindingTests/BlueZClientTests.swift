@@ -85,6 +85,31 @@ private func first<S: AsyncSequence & Sendable>(_ sequence: S, timeout: Duration
         #expect(filter["UUIDs"]?.stringArray == [thaliUUID])
     }
 
+    @Test func anUnchangedAdvertisementIsReportedAgainOnlyAfterForget() async throws {
+        let mock = try await BlueZMock()
+        try await mock.addAdapter()
+        let client = try makeClient(mock)
+        defer { client.close() }
+        let stream = try await client.scan()
+        let advertiser = BluetoothAddress("7A:11:22:33:44:55")!
+        let device = try await mock.addDevice(advertiser.description)
+        let report: [(String, DBusValue)] = [("ServiceData", serviceData(thaliUUID, [0] + peerAddress.octets))]
+        try await mock.updateProperties(device, interface: "org.bluez.Device1", report)
+        #expect(try await first(stream)?.advertiserAddress == advertiser)
+
+        // The same advertisement again: counted, not a discovery.
+        try await mock.updateProperties(device, interface: "org.bluez.Device1", [("RSSI", .int16(-40))] + report)
+        let deadline = ContinuousClock.now + .seconds(5)
+        while client.scanCounters.thaliReports < 2, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(20)) }
+        #expect(client.scanCounters.thaliReports == 2)
+
+        client.forget(advertiser)
+        try await mock.updateProperties(device, interface: "org.bluez.Device1", [("RSSI", .int16(-41))] + report)
+        #expect(try await first(stream)?.advertiserAddress == advertiser)
+        // Exactly one discovery was waiting: the second report was not one (this ends the stream).
+        #expect(try await first(stream, timeout: .milliseconds(300)) == nil)
+    }
+
     @Test func scanReportsThaliPeersAndIgnoresOthers() async throws {
         let mock = try await BlueZMock()
         let adapter = try await mock.addAdapter()
