@@ -42,6 +42,15 @@ public struct NodeConfiguration: Sendable, Hashable {
     /// `maxFramePayloadBytes`, `chunkBytes`, `maxNameBytes`, `maxItemBytes`, `maxTextBytes`,
     /// `idleTimeoutSeconds`, `partialRetentionSeconds`: the delivery limits (see ``DeliveryLimits`` for their defaults and meaning).
     public var limits: DeliveryLimits
+    /// `wifi`: whether `run` uses the Wi-Fi binding (SSDP on `interface`). Default `true`; `false` needs
+    /// `bluetooth` (`run --no-wifi`).
+    public var wifi: Bool
+    /// `bluetooth`: whether `run` also uses Bluetooth (BLE discovery through bluetoothd, RFCOMM). Default
+    /// `false` (`run --bluetooth`).
+    public var bluetooth: Bool
+    /// `bluetoothAdapter`: the adapter `run` uses for Bluetooth (e.g. `"hci0"`); `null` picks the first
+    /// powered one. Default `null` (`run --adapter`).
+    public var bluetoothAdapter: String?
 
     /// The defaults.
     public init() {
@@ -56,6 +65,9 @@ public struct NodeConfiguration: Sendable, Hashable {
         logLevel = .info
         dhGroup = .ffdhe2048
         limits = .default
+        wifi = true
+        bluetooth = false
+        bluetoothAdapter = nil
     }
 
     /// Every key the file may contain.
@@ -63,6 +75,7 @@ public struct NodeConfiguration: Sendable, Hashable {
         "interface", "deliveryPort", "beaconPort", "ssdpMulticastAddress", "ssdpPort", "beaconProfile",
         "beaconValiditySeconds", "defaultItemExpirySeconds", "logLevel", "dhGroup", "maxFramePayloadBytes", "chunkBytes",
         "maxNameBytes", "maxItemBytes", "maxTextBytes", "idleTimeoutSeconds", "partialRetentionSeconds",
+        "wifi", "bluetooth", "bluetoothAdapter",
     ]
 
     /// Loads the configuration of `home`: the defaults when `config.json` does not exist, else the file.
@@ -129,6 +142,12 @@ public struct NodeConfiguration: Sendable, Hashable {
                                               maxItemBytes: UInt64(item), maxTextBytes: UInt64(text),
                                               idleTimeout: .seconds(Int64(idle)),
                                               partialRetention: .seconds(Int64(retention)))
+        configuration.wifi = try fields.bool("wifi", default: true)
+        configuration.bluetooth = try fields.bool("bluetooth", default: false)
+        configuration.bluetoothAdapter = try fields.optionalString("bluetoothAdapter")
+        if !configuration.wifi && !configuration.bluetooth {
+            throw ConfigurationError(path: path, key: "wifi", problem: .invalidValue("false needs \"bluetooth\": true (a node needs a binding)"))
+        }
         return configuration
     }
 
@@ -176,6 +195,7 @@ public struct NodeConfiguration: Sendable, Hashable {
             "maxTextBytes": limits.maxTextBytes,
             "idleTimeoutSeconds": limits.idleTimeout.nanoseconds / 1_000_000_000,
             "partialRetentionSeconds": limits.partialRetention.nanoseconds / 1_000_000_000,
+            "wifi": wifi, "bluetooth": bluetooth, "bluetoothAdapter": bluetoothAdapter.map { $0 as Any } ?? NSNull(),
         ]
     }
 }
@@ -268,6 +288,12 @@ private struct ConfigurationFields {
         guard case .string(let string) = raw else { throw error(key, .wrongType(expected: "a string")) }
         if let reason = validate(string) { throw error(key, .invalidValue("\"\(string)\" \(reason)")) }
         return string
+    }
+
+    func bool(_ key: String, default value: Bool) throws -> Bool {
+        guard let raw = dictionary[key] else { return value }
+        guard case .bool(let flag) = raw else { throw error(key, .wrongType(expected: "true or false")) }
+        return flag
     }
 
     func optionalString(_ key: String) throws -> String? {

@@ -59,8 +59,7 @@ struct Run: AsyncParsableCommand {
         if let throttle, throttle < 1 { throw ValidationError("--throttle must be at least 1") }
         if let duration, duration <= 0 { throw ValidationError("--duration must be positive") }
         if statusInterval < 0 { throw ValidationError("--status-interval must not be negative") }
-        if noWifi && !bluetooth { throw ValidationError("--no-wifi needs --bluetooth") }
-        if adapter != nil && !bluetooth { throw ValidationError("--adapter needs --bluetooth") }
+
     }
 
     func run() async throws {
@@ -73,8 +72,13 @@ struct Run: AsyncParsableCommand {
             handler.logLevel = level
             return handler
         }
+        // The flags add to config.json's wifi, bluetooth and bluetoothAdapter.
+        let useBluetooth = bluetooth || nodeConfiguration.bluetooth
+        let useWiFi = !noWifi && nodeConfiguration.wifi
+        if !useWiFi && !useBluetooth { throw ValidationError("--no-wifi needs --bluetooth (or \"bluetooth\": true in config.json)") }
+        if adapter != nil && !useBluetooth { throw ValidationError("--adapter needs --bluetooth") }
         let interfaceAddress: String
-        if noWifi {
+        if !useWiFi {
             interfaceAddress = address ?? "127.0.0.1"
         } else if let address {
             try NodeInterface.validateLocalAddress(address)
@@ -99,9 +103,9 @@ struct Run: AsyncParsableCommand {
         configuration.appPort = appPort
         configuration.sendThrottleBytesPerSecond = throttle
         if let perSourceLimit { configuration.admission.maxConnectionsPerSource = perSourceLimit }
-        configuration.wifi = !noWifi
-        if bluetooth {
-            var bluetoothConfiguration = BluetoothPeerConfiguration(adapter: adapter)
+        configuration.wifi = useWiFi
+        if useBluetooth {
+            var bluetoothConfiguration = BluetoothPeerConfiguration(adapter: adapter ?? nodeConfiguration.bluetoothAdapter)
             if let bus = ProcessInfo.processInfo.environment["DBUS_SYSTEM_BUS_ADDRESS"] { bluetoothConfiguration.busAddress = bus }
             configuration.bluetooth = bluetoothConfiguration
         }

@@ -22,6 +22,7 @@ struct NodeConfigurationTests {
         #expect(configuration.defaultItemExpirySeconds == 604_800)
         #expect(configuration.logLevel == .info)
         #expect(configuration.limits == DeliveryLimits())
+        #expect(configuration.wifi && !configuration.bluetooth && configuration.bluetoothAdapter == nil)
         #expect(Set(configuration.jsonObject.keys) == Set(NodeConfiguration.keys))
     }
 
@@ -33,7 +34,7 @@ struct NodeConfigurationTests {
              "ssdpPort": 1901, "beaconProfile": "cordova", "beaconValiditySeconds": 60, "defaultItemExpirySeconds": 120,
              "logLevel": "debug", "maxFramePayloadBytes": 8192, "chunkBytes": 4096, "maxNameBytes": 100,
              "maxItemBytes": 1000000, "maxTextBytes": 500, "idleTimeoutSeconds": 5,
-             "partialRetentionSeconds": 3600}
+             "partialRetentionSeconds": 3600, "wifi": false, "bluetooth": true, "bluetoothAdapter": "hci1"}
             """, in: temporary)
         let configuration = try NodeConfiguration.load(home: temporary.home)
         #expect(configuration.interface == "lo")
@@ -45,6 +46,7 @@ struct NodeConfigurationTests {
         #expect(configuration.beaconValiditySeconds == 60)
         #expect(configuration.defaultItemExpirySeconds == 120)
         #expect(configuration.logLevel == .debug)
+        #expect(!configuration.wifi && configuration.bluetooth && configuration.bluetoothAdapter == "hci1")
         #expect(configuration.limits == DeliveryLimits(maxFramePayloadBytes: 8192, chunkBytes: 4096, maxNameBytes: 100,
                                                        maxItemBytes: 1_000_000, maxTextBytes: 500, idleTimeout: .seconds(5),
                                                        partialRetention: .seconds(3600)))
@@ -69,6 +71,10 @@ struct NodeConfigurationTests {
         (#"{"interface": 3}"#, "interface", "wrongType"),
         (#"{"chunkBytes": 70000}"#, "chunkBytes", "invalidValue"),
         (#"{"maxFramePayloadBytes": 100}"#, "maxFramePayloadBytes", "invalidValue"),
+        (#"{"bluetooth": "yes"}"#, "bluetooth", "wrongType"),
+        (#"{"wifi": 0}"#, "wifi", "wrongType"),
+        (#"{"wifi": false}"#, "wifi", "invalidValue"),
+        (#"{"bluetooth": true, "bluetoothAdapter": ""}"#, "bluetoothAdapter", "wrongType"),
     ]
 
     @Test("invalid files name the file and the offending key", arguments: 0..<badFiles.count)
