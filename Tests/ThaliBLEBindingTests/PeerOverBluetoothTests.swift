@@ -45,6 +45,22 @@ import ThaliTestSupport
                              events: events)
     }
 
+    /// The mock bluetoothd with adapters hci0 and hci1.
+    static func twoAdapters() async throws -> BlueZMock {
+        let mock = try await BlueZMock()
+        try await mock.addAdapter("hci0")
+        try await mock.addAdapter("hci1")
+        return mock
+    }
+
+    /// Alice and Bob, each the other's contact.
+    static func contacts() throws -> (Person, Person) {
+        let alice = try person("alice"), bob = try person("bob")
+        try alice.store.addContact(name: "bob", publicKey: bob.key.publicKey.hexString(compressed: true))
+        try bob.store.addContact(name: "alice", publicKey: alice.key.publicKey.hexString(compressed: true))
+        return (alice, bob)
+    }
+
     /// The address BlueZ reports for `adapter`.
     static func address(of adapter: String, mock: BlueZMock) async throws -> BluetoothAddress {
         let reply = try await mock.bluez("/org/bluez/\(adapter)", "org.freedesktop.DBus.Properties", "Get",
@@ -72,14 +88,9 @@ import ThaliTestSupport
     }
 
     @Test func twoPeersFindEachOtherAndDeliverBothWays() async throws {
-        let mock = try await BlueZMock()
-        try await mock.addAdapter("hci0")
-        try await mock.addAdapter("hci1")
-        let air = InProcessBluetoothAir()
-        let alice = try Self.person("alice"), bob = try Self.person("bob")
+        let (mock, air) = (try await Self.twoAdapters(), InProcessBluetoothAir())
+        let (alice, bob) = try Self.contacts()
         defer { for person in [alice, bob] { try? FileManager.default.removeItem(atPath: person.directory) } }
-        try alice.store.addContact(name: "bob", publicKey: bob.key.publicKey.hexString(compressed: true))
-        try bob.store.addContact(name: "alice", publicKey: alice.key.publicKey.hexString(compressed: true))
         let later = Date().addingTimeInterval(3600)
         _ = try alice.store.enqueueText("to bob over Bluetooth", to: "bob", expiresAt: later)
         _ = try bob.store.enqueueText("to alice over Bluetooth", to: "alice", expiresAt: later)
@@ -108,14 +119,9 @@ import ThaliTestSupport
     /// Both bindings reach the same contact: each side matches its contact's beacons over SSDP and over
     /// Bluetooth, links race, and still every item arrives exactly once.
     @Test func aPairReachableOverBothBindingsGetsEveryItemOnce() async throws {
-        let mock = try await BlueZMock()
-        try await mock.addAdapter("hci0")
-        try await mock.addAdapter("hci1")
-        let air = InProcessBluetoothAir()
-        let alice = try Self.person("alice"), bob = try Self.person("bob")
+        let (mock, air) = (try await Self.twoAdapters(), InProcessBluetoothAir())
+        let (alice, bob) = try Self.contacts()
         defer { for person in [alice, bob] { try? FileManager.default.removeItem(atPath: person.directory) } }
-        try alice.store.addContact(name: "bob", publicKey: bob.key.publicKey.hexString(compressed: true))
-        try bob.store.addContact(name: "alice", publicKey: alice.key.publicKey.hexString(compressed: true))
         let later = Date().addingTimeInterval(3600)
         for index in 0..<3 {
             _ = try alice.store.enqueueText("alice \(index)", to: "bob", expiresAt: later)

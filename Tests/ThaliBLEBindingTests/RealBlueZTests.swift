@@ -2,16 +2,37 @@ import Foundation
 import Testing
 import ThaliTestSupport
 
-/// The binding over the real Linux Bluetooth stack: `scripts/bt-vm/run.sh` boots Debian's kernel in a
-/// QEMU guest with two virtual controllers (`btvirt -l2`) and the real `bluetoothd`, and runs
-/// `thali-node bench ble --radio hci0,hci1` there: our advertisement registered through BlueZ on one
-/// controller is found by a scan on the other, then the relay carries 64 KiB over kernel RFCOMM.
-/// The radio is emulated; everything above it (kernel, bluetoothd, our binary) is the real thing.
+/// The binding and the node over the real Linux Bluetooth stack: `scripts/bt-vm/run.sh` boots Debian's
+/// kernel in a QEMU guest with two virtual controllers (`btvirt -l2`) and the real `bluetoothd`, and runs
+/// a script of `scripts/bt-vm/` there with our built `thali-node`. The radio is emulated; everything above
+/// it (kernel, bluetoothd, our binary) is the real thing.
 @Suite(.serialized) struct RealBlueZTests {
     static let root = PackagePaths.root()
     static var vmAvailable: Bool {
         ChildProcess.which("qemu-system-x86_64") != nil && ChildProcess.which("btvirt") != nil
             && ((try? FileManager.default.contentsOfDirectory(atPath: "/boot")) ?? []).contains { $0.hasPrefix("vmlinuz-") }
+    }
+
+    /// Runs `scripts/bt-vm/<script>` in the guest with the built `thali-node` and `arguments`; expects
+    /// it to succeed, and returns the figures line that starts with `{"<firstKey>"`.
+    static func runInGuest<Figures: Decodable>(_ script: String, _ arguments: [String], figures: Figures.Type,
+                                               firstKey: String) throws -> Figures {
+        let node = try #require(PackagePaths.thaliNode())
+        let job = FileManager.default.temporaryDirectory.appendingPathComponent("thali-bt-vm-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: job) }
+        var environment = ProcessInfo.processInfo.environment
+        environment["BT_VM_JOB"] = job
+        environment["BT_VM_TIMEOUT"] = "240"
+        let result = try ChildProcess.run("/bin/bash", ["\(root)/scripts/bt-vm/run.sh", "bash", "\(root)/scripts/bt-vm/\(script)", node]
+                                              + arguments,
+                                          environment: environment, timeout: .seconds(300))
+        print(result.output)
+        let guestLog = (try? String(contentsOfFile: "\(job)/bluetoothd.log", encoding: .utf8)) ?? ""
+        #expect(result.status == 0, "bt-vm exited \(result.status); bluetoothd said:\n\(guestLog)")
+        // The guest's console ends lines with CR LF.
+        let line = try #require(result.output.split(whereSeparator: \.isNewline).first { $0.hasPrefix("{\"\(firstKey)\"") },
+                                "no figures from \(script)")
+        return try JSONDecoder().decode(Figures.self, from: Data(line.utf8))
     }
 
     struct RadioFigures: Decodable {
@@ -22,33 +43,17 @@ import ThaliTestSupport
         var relay_s: Double
     }
 
+    /// `thali-node bench ble --radio hci0,hci1`: our advertisement registered through BlueZ on one
+    /// controller is found by a scan on the other, then the relay carries 64 KiB over kernel RFCOMM.
     @Test(.enabled(if: geteuid() == 0 && TestEnvironment.available(vmAvailable && PackagePaths.thaliNode() != nil)))
     func advertiseScanAndRelay64KiBOverRealBlueZ() throws {
-        let node = try #require(PackagePaths.thaliNode())
-        let job = FileManager.default.temporaryDirectory.appendingPathComponent("thali-bt-vm-\(UUID().uuidString)").path
-        defer { try? FileManager.default.removeItem(atPath: job) }
-        var environment = ProcessInfo.processInfo.environment
-        environment["BT_VM_JOB"] = job
-        environment["BT_VM_TIMEOUT"] = "240"
-        let bytes = 65536
-        let result = try ChildProcess.run("/bin/bash", ["\(Self.root)/scripts/bt-vm/run.sh", "bash",
-                                                        "\(Self.root)/scripts/bt-vm/radio-bench.sh", node, "\(bytes)"],
-                                          environment: environment, timeout: .seconds(300))
-        print(result.output)
-        let guestLog = (try? String(contentsOfFile: "\(job)/bluetoothd.log", encoding: .utf8)) ?? ""
-        #expect(result.status == 0, "bt-vm exited \(result.status); bluetoothd said:\n\(guestLog)")
-        // The guest's console ends lines with CR LF.
-        let line = try #require(result.output.split(whereSeparator: \.isNewline).first { $0.hasPrefix("{\"advertiser\"") },
-                                "no figures from thali-node bench ble --radio")
-        let figures = try JSONDecoder().decode(RadioFigures.self, from: Data(line.utf8))
+        let figures = try Self.runInGuest("radio-bench.sh", ["65536"], figures: RadioFigures.self, firstKey: "advertiser")
+        #expect(figures.relay_bytes == 65536)
         #expect(figures.relay_intact)
-        #expect(figures.relay_bytes == bytes)
         #expect(figures.ble_discovery_s > 0)
         #expect(figures.rfcomm_connect_s > 0)
     }
-}
 
-extension RealBlueZTests {
     struct NodePairFigures: Decodable {
         var node_pair_ok: Bool
         var alice_inbox: Int
@@ -60,20 +65,7 @@ extension RealBlueZTests {
     /// both ways and a 64 KiB file over real BlueZ and kernel RFCOMM; each inbox holds its items once.
     @Test(.enabled(if: geteuid() == 0 && TestEnvironment.available(vmAvailable && PackagePaths.thaliNode() != nil)))
     func twoNodesDeliverOverRealBluetooth() throws {
-        let node = try #require(PackagePaths.thaliNode())
-        let job = FileManager.default.temporaryDirectory.appendingPathComponent("thali-bt-vm-\(UUID().uuidString)").path
-        defer { try? FileManager.default.removeItem(atPath: job) }
-        var environment = ProcessInfo.processInfo.environment
-        environment["BT_VM_JOB"] = job
-        environment["BT_VM_TIMEOUT"] = "240"
-        let result = try ChildProcess.run("/bin/bash", ["\(Self.root)/scripts/bt-vm/run.sh", "bash",
-                                                        "\(Self.root)/scripts/bt-vm/node-pair.sh", node, "65536", "90"],
-                                          environment: environment, timeout: .seconds(300))
-        print(result.output)
-        #expect(result.status == 0, "bt-vm exited \(result.status)")
-        let line = try #require(result.output.split(whereSeparator: \.isNewline).first { $0.hasPrefix("{\"alice_inbox\"") },
-                                "no figures from node-pair.sh")
-        let figures = try JSONDecoder().decode(NodePairFigures.self, from: Data(line.utf8))
+        let figures = try Self.runInGuest("node-pair.sh", ["65536", "90"], figures: NodePairFigures.self, firstKey: "alice_inbox")
         #expect(figures.node_pair_ok)
         #expect(figures.alice_inbox == 1)
         #expect(figures.bob_inbox == 2)
