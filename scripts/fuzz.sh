@@ -43,9 +43,10 @@ case "${1:-}" in
     "$fuzz/.build/debug/$target" -merge=1 "$merged" "$fuzz/Corpus/$name" "$fuzz/.work/$name" >/dev/null 2>&1
     rm -f "$fuzz/Corpus/$name"/[0-9a-f]*  # earlier minimised units; seeds and regressions stay
     for file in "$merged"/*; do
-        base="$(basename "$file")"
-        [ -e "$fuzz/Corpus/$name/seed-"* ] 2>/dev/null && cmp -s "$file" "$fuzz/Corpus/$name/$base" && continue
-        cp "$file" "$fuzz/Corpus/$name/$base"
+        # A unit equal to a seed or regression file is that file already.
+        duplicate=0
+        for kept in "$fuzz/Corpus/$name"/*; do cmp -s "$file" "$kept" && { duplicate=1; break; }; done
+        [ "$duplicate" = 1 ] || cp "$file" "$fuzz/Corpus/$name/$(basename "$file")"
     done
     rm -rf "$merged"
     echo "$name: $(ls "$fuzz/Corpus/$name" | wc -l) corpus files"

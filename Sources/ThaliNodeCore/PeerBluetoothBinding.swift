@@ -63,7 +63,7 @@ final class PeerBluetoothBinding: Sendable {
         /// Peers being reached or connected (one task each).
         var pursued: Set<BluetoothAddress> = []
         var advertising = false
-        /// Local relay ports handed out, newest last (bounded), and those still connected.
+        /// Local relay ports handed out, newest last (the last 256): `hasEnded` tells ours from others.
         var issuedPorts: [Int] = []
         var tasks: [UUID: Task<Void, Never>] = [:]
         var stopped = false
