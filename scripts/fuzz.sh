@@ -24,9 +24,16 @@ target_of() { harness_table | awk -v n="$1" '$1 == n { print $2 }'; }
 build() {
     [ -n "${FUZZ_NO_BUILD:-}" ] && return 0  # several lanes share one build (FUZZ_NO_BUILD=1)
     bash "$root/scripts/bootstrap.sh" >/dev/null
-    (cd "$fuzz" && swift build -c debug -Xswiftc -sanitize=fuzzer,address -Xswiftc -parse-as-library 2>&1 \
-        | grep -Ev "ld.gold: warning: Cannot export local symbol|^\[|^Build complete|^Building for" >&2 || true)
-    [ -x "$fuzz/.build/debug/FuzzSeeds" ] || { echo "fuzz.sh: the Fuzz package did not build" >&2; exit 1; }
+    # SwiftPM kept a stale build plan for the path dependency once (a source file new in the main
+    # package was not compiled): plan afresh every time.
+    rm -f "$fuzz/.build/debug.yaml"
+    local log status=0
+    log="$(mktemp)"
+    (cd "$fuzz" && swift build -c debug -Xswiftc -sanitize=fuzzer,address -Xswiftc -parse-as-library) >"$log" 2>&1 || status=$?
+    grep -Ev "ld.gold: warning: Cannot export local symbol|^\[|^Build complete|^Building for" "$log" >&2 || true
+    rm -f "$log"
+    # A failed build must not fall back to the binaries of an earlier one.
+    [ "$status" = 0 ] || { echo "fuzz.sh: the Fuzz package did not build" >&2; exit 1; }
 }
 
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=0:allocator_may_return_null=1}"
