@@ -41,11 +41,23 @@ public enum MultiplexerBridge {
     /// joins them; a failed connection resets the stream. Pass it to
     /// ``MultiplexerSession/configure(on:role:configuration:inboundStreamInitializer:)``.
     public static func connectingInitializer(host: String, port: Int) -> MultiplexerHandler.StreamInitializer {
+        connectingInitializer(host: host, port: port, fromCarrierSource: false)
+    }
+
+    /// Like ``connectingInitializer(host:port:)``, and with `fromCarrierSource` each connection leaves
+    /// from the IP address the session's own connection came from (its remote address): a gateway whose
+    /// sessions arrive from distinct loopback addresses keeps them distinct toward `host`.
+    public static func connectingInitializer(host: String, port: Int, fromCarrierSource: Bool) -> MultiplexerHandler.StreamInitializer {
         return { stream in
             let (pairedTCPGlue, pairedStreamGlue) = StreamGlueHandler.pair()
             let tcpGlue = NIOLoopBound(pairedTCPGlue, eventLoop: stream.eventLoop)
             let streamGlue = NIOLoopBound(pairedStreamGlue, eventLoop: stream.eventLoop)
-            return ClientBootstrap(group: stream.eventLoop)
+            var bootstrap = ClientBootstrap(group: stream.eventLoop)
+            if fromCarrierSource, let source = stream.parent?.remoteAddress?.ipAddress,
+               let local = try? SocketAddress(ipAddress: source, port: 0) {
+                bootstrap = bootstrap.bind(to: local)
+            }
+            return bootstrap
                 .channelOption(.allowRemoteHalfClosure, value: true)
                 .channelOption(.autoRead, value: false)  // until both ends are glued
                 .channelInitializer { connection in

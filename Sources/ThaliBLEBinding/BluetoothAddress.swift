@@ -34,6 +34,16 @@ public struct BluetoothAddress: Hashable, Sendable, CustomStringConvertible, Com
         (0..<Self.octetCount).map { UInt8(truncatingIfNeeded: value >> (8 * UInt64(Self.octetCount - 1 - $0))) }
     }
 
+    /// A loopback address (`127.D.E.F`, from the last three octets; never 127.0.0.1) that stands for this
+    /// device when its relayed connections reach a local port: the port's per-source admission limits
+    /// then count each Bluetooth peer apart instead of all of them as 127.0.0.1. Linux routes all of
+    /// 127/8 to the loopback interface. Devices that share their last three octets share a source.
+    public var loopbackSource: String {
+        let last = octets.suffix(3).map(String.init)
+        let text = "127.\(last.joined(separator: "."))"
+        return text == "127.0.0.1" || text == "127.0.0.0" ? "127.0.0.2" : text
+    }
+
     /// The six octets least significant first, as in the kernel's `bdaddr_t` and on the air.
     public var reversedOctets: [UInt8] { octets.reversed() }
 

@@ -49,6 +49,7 @@ public final class BluetoothRelayServer: Sendable {
     private let group: any EventLoopGroup
     private let limits: BluetoothBindingLimits
     private let appPort: Int
+    private let sourcePerPeer: Bool
     private let state: NIOLockedValueBox<State>
     private let continuation: AsyncStream<BluetoothServerEvent>.Continuation
 
@@ -61,10 +62,13 @@ public final class BluetoothRelayServer: Sendable {
     ///   - transport: where incoming Bluetooth streams come from.
     ///   - group: event loops for the relays.
     ///   - appPort: the app's TCP port on 127.0.0.1 that each stream is relayed to.
+    ///   - sourcePerPeer: connect to the app from the peer's ``BluetoothAddress/loopbackSource`` instead
+    ///     of 127.0.0.1, so that the app can tell (and limit) Bluetooth peers apart by source address.
     ///   - limits: DoS bounds and timeouts.
     public init(transport: any BluetoothTransport, group: any EventLoopGroup, appPort: Int,
-                limits: BluetoothBindingLimits = BluetoothBindingLimits())
+                limits: BluetoothBindingLimits = BluetoothBindingLimits(), sourcePerPeer: Bool = false)
     {
+        self.sourcePerPeer = sourcePerPeer
         self.transport = transport
         self.group = group
         self.appPort = appPort
@@ -175,7 +179,9 @@ public final class BluetoothRelayServer: Sendable {
         if hello == .hasNotifications { continuation.yield(.discoveredByConnection(address)) }
 
         do {
-            let app = try await ClientBootstrap(group: loop)
+            var bootstrap = ClientBootstrap(group: loop)
+            if sourcePerPeer { bootstrap = bootstrap.bind(to: try SocketAddress(ipAddress: address.loopbackSource, port: 0)) }
+            let app = try await bootstrap
                 .connectTimeout(limits.appConnectTimeout)
                 .channelInitializer { channel in
                     channel.eventLoop.makeCompletedFuture {

@@ -108,9 +108,11 @@ final class PeerBluetoothBinding: Sendable {
             }
             let gateway = try await MultiplexedAppGateway.start(
                 group: group, configuration: configuration.multiplexer,
-                streamInitializer: MultiplexerBridge.connectingInitializer(host: nodeHost, port: nodePort))
+                streamInitializer: MultiplexerBridge.connectingInitializer(host: nodeHost, port: nodePort, fromCarrierSource: true))
+            // Each peer's relayed connections come from its own loopback address (and the gateway's
+            // streams from the same one), so our port's per-source admission limits count peers apart.
             let server = BluetoothRelayServer(transport: configuration.transport(address), group: group,
-                                              appPort: gateway.port, limits: configuration.limits)
+                                              appPort: gateway.port, limits: configuration.limits, sourcePerPeer: true)
             state.withLockedValue {
                 $0.client = client
                 $0.ownAddress = address
