@@ -99,19 +99,32 @@ public struct RFCOMMTransport: BluetoothTransport {
             _ = closeDescriptor(fd)
             throw BluetoothTransportError.systemCallFailed(call: "listen(RFCOMM)", errno: code)
         }
-        return RFCOMMListener(descriptor: fd)
+        return BlockingAcceptListener(descriptor: fd, name: "RFCOMM") { fd in
+            var address = [UInt8](repeating: 0, count: 6)
+            let client = address.withUnsafeMutableBufferPointer { thali_rfcomm_accept(fd, $0.baseAddress) }
+            return (client, BluetoothAddress(octets: address.reversed()))
+        }
     }
 }
 
-/// A listening RFCOMM socket; `accept` blocks on the listener's own thread, `close` shuts the socket
-/// down so a blocked `accept` returns, and ends that thread.
-final class RFCOMMListener: BluetoothListener, @unchecked Sendable {
+/// A listening stream socket (RFCOMM, or the cross-process stand-in); `accept` blocks on the listener's
+/// own thread, `close` shuts the socket down so a blocked `accept` returns, and ends that thread.
+final class BlockingAcceptListener: BluetoothListener, @unchecked Sendable {
+    /// Accepts one connection on the listening descriptor: the new descriptor (negative on failure, with
+    /// errno set) and the remote device's address if the socket's peer address names one.
+    typealias Accept = @Sendable (Int32) -> (descriptor: Int32, remote: BluetoothAddress?)
+
     private let descriptor: Int32
+    private let name: String
+    private let acceptOne: Accept
     private let acceptThread = NIOThreadPool(numberOfThreads: 1)
     private let closed = NIOLockedValueBox(false)
 
-    init(descriptor: Int32) {
+    /// Takes ownership of the listening `descriptor`; `name` names the socket kind in errors.
+    init(descriptor: Int32, name: String, accept: @escaping Accept) {
         self.descriptor = descriptor
+        self.name = name
+        self.acceptOne = accept
         acceptThread.start()
     }
 
@@ -122,19 +135,18 @@ final class RFCOMMListener: BluetoothListener, @unchecked Sendable {
 
     func accept() async throws -> BluetoothSocket {
         guard !closed.withLockedValue({ $0 }) else { throw BluetoothTransportError.listenerClosed }
-        let fd = descriptor
-        let (client, code, addressLE): (Int32, Int32, [UInt8]) = try await acceptThread.runIfActive {
-            var address = [UInt8](repeating: 0, count: 6)
-            let client = address.withUnsafeMutableBufferPointer { thali_rfcomm_accept(fd, $0.baseAddress) }
-            return (client, client < 0 ? errno : 0, address)
+        let (fd, acceptOne) = (descriptor, self.acceptOne)
+        let (client, code, remote): (Int32, Int32, BluetoothAddress?) = try await acceptThread.runIfActive {
+            let (client, remote) = acceptOne(fd)
+            return (client, client < 0 ? errno : 0, remote)
         }
         guard client >= 0 else {
             if closed.withLockedValue({ $0 }) { throw BluetoothTransportError.listenerClosed }
-            throw BluetoothTransportError.systemCallFailed(call: "accept(RFCOMM)", errno: code)
+            throw BluetoothTransportError.systemCallFailed(call: "accept(\(name))", errno: code)
         }
-        guard let remote = BluetoothAddress(octets: addressLE.reversed()) else {
+        guard let remote else {
             _ = closeDescriptor(client)
-            throw BluetoothTransportError.systemCallFailed(call: "accept(RFCOMM): address", errno: EINVAL)
+            throw BluetoothTransportError.systemCallFailed(call: "accept(\(name)): address", errno: EINVAL)
         }
         return BluetoothSocket(adoptingDescriptor: client, remoteAddress: remote)
     }

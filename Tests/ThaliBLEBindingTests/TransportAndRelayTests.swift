@@ -33,21 +33,37 @@ let channelNumber: UInt8 = 5
     }
 }
 
-@Suite(.timeLimit(.minutes(1))) struct InProcessTransportTests {
-    @Test func refusesWhenNobodyListens() async {
-        let air = InProcessBluetoothAir()
-        await #expect(throws: BluetoothTransportError.connectionRefused(serverAddress, channel: 3)) {
-            _ = try await air.transport(for: clientAddress).connect(to: serverAddress, channel: 3)
+/// The two stand-ins for the radio behave alike: the in-process air, and the cross-process transport
+/// (abstract UNIX sockets, what `thali-node` processes use in host tests).
+@Suite(.timeLimit(.minutes(1))) struct StandInTransportTests {
+    enum Kind: CaseIterable, Sendable { case inProcess, crossProcess }
+
+    /// A fresh, empty medium of `kind`: device address → its transport.
+    static func medium(_ kind: Kind) -> @Sendable (BluetoothAddress) -> any BluetoothTransport {
+        switch kind {
+        case .inProcess:
+            let air = InProcessBluetoothAir()
+            return { air.transport(for: $0) }
+        case .crossProcess:
+            let scope = "test-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
+            return { CrossProcessBluetoothTransport(scope: scope, localAddress: $0) }
         }
     }
 
-    @Test func oneListenerPerChannelAndAddressesSeenByTheListener() async throws {
-        let air = InProcessBluetoothAir()
-        let listener = try await air.transport(for: serverAddress).listen(channel: 3)
-        await #expect(throws: BluetoothTransportError.channelInUse(3)) {
-            _ = try await air.transport(for: serverAddress).listen(channel: 3)
+    @Test(arguments: Kind.allCases) func refusesWhenNobodyListens(_ kind: Kind) async {
+        let transport = Self.medium(kind)
+        await #expect(throws: BluetoothTransportError.connectionRefused(serverAddress, channel: 3)) {
+            _ = try await transport(clientAddress).connect(to: serverAddress, channel: 3)
         }
-        let outgoing = try await air.transport(for: clientAddress).connect(to: serverAddress, channel: 3)
+    }
+
+    @Test(arguments: Kind.allCases) func oneListenerPerChannelAndAddressesSeenByTheListener(_ kind: Kind) async throws {
+        let transport = Self.medium(kind)
+        let listener = try await transport(serverAddress).listen(channel: 3)
+        await #expect(throws: BluetoothTransportError.channelInUse(3)) {
+            _ = try await transport(serverAddress).listen(channel: 3)
+        }
+        let outgoing = try await transport(clientAddress).connect(to: serverAddress, channel: 3)
         let incoming = try await listener.accept()
         #expect(outgoing.remoteAddress == serverAddress)
         #expect(incoming.remoteAddress == clientAddress)
@@ -65,7 +81,21 @@ let channelNumber: UInt8 = 5
         listener.close()
         await #expect(throws: BluetoothTransportError.listenerClosed) { _ = try await listener.accept() }
         await #expect(throws: BluetoothTransportError.connectionRefused(serverAddress, channel: 3)) {
-            _ = try await air.transport(for: clientAddress).connect(to: serverAddress, channel: 3)
+            _ = try await transport(clientAddress).connect(to: serverAddress, channel: 3)
+        }
+    }
+
+    @Test func crossProcessScopesAreApartAndNamesAreBounded() async throws {
+        let scope = "test-\(getpid())-scopes"
+        let listener = try await CrossProcessBluetoothTransport(scope: scope, localAddress: serverAddress).listen(channel: 4)
+        defer { listener.close() }
+        await #expect(throws: BluetoothTransportError.connectionRefused(serverAddress, channel: 4)) {
+            _ = try await CrossProcessBluetoothTransport(scope: scope + "-other", localAddress: clientAddress)
+                .connect(to: serverAddress, channel: 4)
+        }
+        let tooLong = String(repeating: "s", count: 100)
+        await #expect(throws: BluetoothTransportError.systemCallFailed(call: "bind(stand-in channel 4)", errno: ENAMETOOLONG)) {
+            _ = try await CrossProcessBluetoothTransport(scope: tooLong, localAddress: serverAddress).listen(channel: 4)
         }
     }
 }
