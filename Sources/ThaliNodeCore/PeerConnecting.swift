@@ -1,4 +1,5 @@
 import Foundation
+import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
 import TCPMultiplexer
@@ -11,59 +12,114 @@ struct LinkFailure: Error, CustomStringConvertible {
     let description: String
 }
 
+/// Wakes a link task out of its backoff when a new match arrives. A signal given while nobody waits is
+/// kept for the next wait (at most one).
+final class LinkWakeSignal: Sendable {
+    private struct State {
+        var signalled = false
+        /// The wait in progress: its number, and its continuation once installed.
+        var waitID: UInt64 = 0
+        var waiter: CheckedContinuation<Void, Never>?
+        /// The wait whose time ran out (or was cancelled) before its continuation was installed.
+        var expiredBeforeInstalled: UInt64?
+    }
+
+    private let state = NIOLockedValueBox(State())
+
+    /// Wakes the current wait, or the next one.
+    func signal() {
+        let waiter = state.withLockedValue { state -> CheckedContinuation<Void, Never>? in
+            guard let waiter = state.waiter else {
+                state.signalled = true
+                return nil
+            }
+            state.waiter = nil
+            return waiter
+        }
+        waiter?.resume()
+    }
+
+    /// Returns after `delay`, at a signal, or when the task is cancelled, whichever comes first.
+    func wait(upTo delay: Duration) async {
+        let id = state.withLockedValue { state -> UInt64 in
+            state.waitID &+= 1
+            state.expiredBeforeInstalled = nil
+            return state.waitID
+        }
+        let timer = Task { [self] in
+            try? await Task.sleep(for: delay)
+            expire(id)
+        }
+        await withTaskCancellationHandler {
+            await withCheckedContinuation { continuation in
+                let now = state.withLockedValue { state -> Bool in
+                    if state.signalled || state.expiredBeforeInstalled == id {
+                        state.signalled = false
+                        return true
+                    }
+                    state.waiter = continuation
+                    return false
+                }
+                if now { continuation.resume() }
+            }
+        } onCancel: {
+            expire(id)
+        }
+        timer.cancel()
+    }
+
+    /// Ends wait `id` (its time ran out, or its task was cancelled) without leaving a signal behind.
+    private func expire(_ id: UInt64) {
+        let waiter = state.withLockedValue { state -> CheckedContinuation<Void, Never>? in
+            guard state.waitID == id else { return nil }
+            guard let waiter = state.waiter else {
+                state.expiredBeforeInstalled = id
+                return nil
+            }
+            state.waiter = nil
+            return waiter
+        }
+        waiter?.resume()
+    }
+}
+
 extension ThaliPeer {
-    /// The connecting side of one contact: connects with the newest match, receives (or relays) until the
-    /// session ends, and retries with backoff while the match is valid. A newer match (the contact
-    /// re-announced, or restarted elsewhere) replaces the one in use at the next attempt.
+    /// The connecting side of one contact: performs what its ``ContactLinkStateMachine`` decides
+    /// (connect over the preferred route, fall back, back off, give up) until it has nothing left to do.
     func runLink(_ contact: Contact) async {
-        var attempt = 0
-        var current: (match: BeaconMatch, location: BeaconLocation)?
-        while !Task.isCancelled {
-            // Take the newest match, or end the link if there is none and the current one is spent.
-            let next = state.withLockedValue { state -> (match: BeaconMatch, location: BeaconLocation)?? in
-                guard var link = state.links[contact.publicKey] else { return .none }
-                if let pending = link.pending {
-                    link.pending = nil
-                    state.links[contact.publicKey] = link
-                    return .some(pending)
+        while true {
+            let step = state.withLockedValue { state -> (ContactLinkStateMachine.Action, LinkWakeSignal?) in
+                guard var link = state.links[contact.publicKey] else { return (.finish, nil) }
+                defer { state.links[contact.publicKey] = link }
+                if state.stopped || Task.isCancelled {
+                    link.machine.stopped()
+                    return (.finish, nil)
                 }
-                return .some(nil)
+                return (link.machine.nextAction(), link.wake)
             }
-            guard let next else { break }
-            if let fresh = next {
-                current = fresh
-                attempt = 0
-            } else if attempt == 0 {
-                // The last session completed and nothing newer arrived: done until the next announcement.
-                if finishLink(contact, state: "idle") { break } else { continue }
-            }
-            guard let target = current else { break }
-            attempt += 1
-            emit(.connecting(contact: contact.name, location: target.location.description, attempt: attempt))
-            setLinkState(contact, "connecting")
-            do {
-                try await connect(contact, target.match, target.location)
-                attempt = 0
-                setLinkState(contact, "idle")
-            } catch {
-                let nowMs = UInt64(Date().timeIntervalSince1970 * 1000)
-                // unknown_psk_identity: the peer at that location no longer holds (or never held) this
-                // beacon's PSK; retrying cannot help (spec/psk-tls.md), only a new announcement can.
-                // Nor can a Bluetooth relay port whose connection ended: the peer's next match brings a new one.
-                let canRetry = attempt < configuration.retry.maxAttempts && target.match.expiration > nowMs
-                    && !Self.isUnknownIdentity(error) && !(bluetooth?.hasEnded(target.location) ?? false)
-                let delay = canRetry ? configuration.retry.delay(after: attempt) : nil
-                emit(.connectionFailed(contact: contact.name, reason: "\(error)", retryIn: delay))
-                guard let delay else {
-                    current = nil
-                    attempt = 0
-                    if finishLink(contact, state: "gave-up") { break } else { continue }
+            switch step.0 {
+            case .finish:
+                return
+            case .wait(let delay):
+                await step.1?.wait(upTo: delay)
+                updateLink(contact) { $0.backoffEnded() }
+            case .connect(let route, let attempt):
+                emit(.connecting(contact: contact.name, location: route.origin, attempt: attempt))
+                do {
+                    try await connect(contact, route)
+                    updateLink(contact) { $0.sessionCompleted() }
+                } catch {
+                    let nowMs = UInt64(Date().timeIntervalSince1970 * 1000)
+                    // unknown_psk_identity: the peer at that location no longer holds (or never held) this
+                    // beacon's PSK; retrying cannot help (spec/psk-tls.md), only a new announcement can.
+                    // Nor can a Bluetooth relay port whose connection ended: the next match brings a new one.
+                    let spent = route.match.expiration <= nowMs || Self.isUnknownIdentity(error)
+                        || (bluetooth?.hasEnded(route.location) ?? false)
+                    let retryIn = updateLink(contact) { $0.attemptFailed(spent ? .routeSpent : .retryable) } ?? nil
+                    emit(.connectionFailed(contact: contact.name, reason: "\(error)", retryIn: retryIn))
                 }
-                setLinkState(contact, "backoff")
-                await backoff(delay, for: contact)
             }
         }
-        _ = finishLink(contact, state: "idle", force: true)
     }
 
     /// Whether `error` is the server's `unknown_psk_identity` alert.
@@ -71,31 +127,10 @@ extension ThaliPeer {
         (error as? PSKTLSError)?.reason == .alertReceived(.unknownPSKIdentity)
     }
 
-    /// Waits `delay`, or less if a newer match for `contact` arrives (the contact restarted, or moved).
-    private func backoff(_ delay: Duration, for contact: Contact) async {
-        let clock = ContinuousClock()
-        let end = clock.now + delay
-        while clock.now < end, !Task.isCancelled {
-            if state.withLockedValue({ $0.links[contact.publicKey]?.pending != nil }) { return }
-            try? await Task.sleep(for: min(.milliseconds(100), end - clock.now))
-        }
-    }
-
-    /// Marks the link not running unless a new match arrived meanwhile (then the caller goes on).
-    private func finishLink(_ contact: Contact, state text: String, force: Bool = false) -> Bool {
-        state.withLockedValue { state in
-            guard var link = state.links[contact.publicKey] else { return true }
-            if link.pending != nil && !force && !state.stopped { return false }
-            link.running = false
-            link.state = text
-            state.links[contact.publicKey] = link
-            return true
-        }
-    }
-
     /// One connection: PSK-TLS as the client with the match's identity and PSK, a yamux session, then the
     /// delivery receiver on one stream (or, in relay mode, a local listener until the session ends).
-    private func connect(_ contact: Contact, _ match: BeaconMatch, _ location: BeaconLocation) async throws {
+    private func connect(_ contact: Contact, _ route: ContactRoute) async throws {
+        let (match, location) = (route.match, route.location)
         let handshake = group.next().makePromise(of: PSKTLSNegotiatedParameters.self)
         let clientContext = self.clientContext
         let emit = self.emit
@@ -139,7 +174,7 @@ extension ThaliPeer {
             throw error
         }
         emit(.connected(contact: contact.name, role: .connecting))
-        setLinkState(contact, "connected")
+        updateLink(contact) { $0.connected() }
         if configuration.appPort != nil {
             try await relay(contact, over: session)
         } else {
@@ -173,7 +208,7 @@ extension ThaliPeer {
     private func relay(_ contact: Contact, over session: MultiplexerSession) async throws {
         let listener = try await MultiplexerBridge.listen(host: "127.0.0.1", port: 0, forwardingTo: session).get()
         let port = listener.localAddress?.port ?? 0
-        setLinkState(contact, "connected", relayPort: .some(port))
+        setRelayPort(contact, port)
         emit(.relayListening(contact: contact.name, port: port))
         await withTaskCancellationHandler {
             try? await session.channel.closeFuture.get()
@@ -181,7 +216,7 @@ extension ThaliPeer {
             session.channel.close(promise: nil)
         }
         try? await listener.close()
-        setLinkState(contact, "connecting", relayPort: .some(nil))
+        setRelayPort(contact, nil)
         throw LinkFailure(description: "relay session with \(contact.name) closed")
     }
 }

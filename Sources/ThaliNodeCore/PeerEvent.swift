@@ -20,7 +20,8 @@ public enum PeerEvent: Sendable, Hashable {
     case peerLeft(location: String, reason: String)
     /// A peer's beacons named us, from this contact.
     case beaconMatched(contact: String, location: String)
-    /// Connecting to a contact (attempt ≥ 1).
+    /// Connecting to a contact (attempt ≥ 1) found at `location` (an SSDP location, or `bluetooth:` and
+    /// its address: the location names the binding).
     case connecting(contact: String, location: String, attempt: Int)
     /// A PSK-TLS session with a contact is up.
     case connected(contact: String, role: Role)

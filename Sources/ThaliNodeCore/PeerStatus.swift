@@ -6,8 +6,10 @@ public struct PeerStatus: Sendable, Hashable, Codable {
         public var name: String
         /// `idle`, `matched`, `connecting`, `connected`, `backoff` or `gave-up`.
         public var state: String
-        /// Where the contact was last found.
+        /// Where the contact is being reached, or was last found.
         public var location: String?
+        /// The binding of the route in use or tried next (nil when there is none).
+        public var binding: PeerBindingKind?
         /// Relay mode: the local port whose connections reach this contact's app.
         public var relayPort: Int?
     }

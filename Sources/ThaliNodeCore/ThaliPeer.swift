@@ -33,12 +33,12 @@ public final class ThaliPeer: Sendable {
         }
     }
 
+    /// The connecting side of one matched contact: its state machine, what wakes its task out of a
+    /// backoff, and (relay mode) its local port.
     struct Link: Sendable {
         var contact: Contact
-        var state = "matched"
-        var location: String
-        var running = false
-        var pending: (match: BeaconMatch, location: BeaconLocation)?
+        var machine: ContactLinkStateMachine
+        let wake = LinkWakeSignal()
         var relayPort: Int?
     }
 
@@ -288,8 +288,10 @@ public final class ThaliPeer: Sendable {
             PeerStatus(location: location, advertisingFor: state.advertisingFor,
                        peersSeen: state.peersSeen.sorted(),
                        matchedContacts: state.links.values.map {
-                           PeerStatus.ContactState(name: $0.contact.name, state: $0.state, location: $0.location,
-                                                   relayPort: $0.relayPort)
+                           let route = $0.machine.currentRoute
+                           return PeerStatus.ContactState(name: $0.contact.name, state: $0.machine.state.name,
+                                                          location: route?.origin ?? $0.machine.lastOrigin,
+                                                          binding: route?.binding, relayPort: $0.relayPort)
                        }.sorted { $0.name < $1.name },
                        sessionsInFlight: state.sessionsInFlight, inboxCount: inbox, outboxCount: outbox,
                        limitsTriggered: state.limitsTriggered, port: port)
@@ -369,18 +371,23 @@ public final class ThaliPeer: Sendable {
         }
         guard let contact = try? store.contact(for: match.sender) else { return }
         emit(.beaconMatched(contact: contact.name, location: origin))
-        let start = state.withLockedValue { state -> Bool in
-            guard !state.stopped else { return false }
-            var link = state.links[contact.publicKey] ?? Link(contact: contact, location: origin)
+        let route = ContactRoute(binding: PeerBindingKind(origin: origin), origin: origin, location: location, match: match)
+        let retry = configuration.retry
+        let (outcome, wake) = state.withLockedValue { state -> (ContactLinkStateMachine.MatchOutcome, LinkWakeSignal?) in
+            guard !state.stopped else { return (.none, nil) }
+            var link = state.links[contact.publicKey]
+                ?? Link(contact: contact, machine: ContactLinkStateMachine(maxAttempts: retry.maxAttempts,
+                                                                           delay: { retry.delay(after: $0) }))
             link.contact = contact
-            link.location = origin
-            link.pending = (match, location)
-            defer { state.links[contact.publicKey] = link }
-            if link.running { return false }
-            link.running = true
-            return true
+            let outcome = link.machine.matched(route)
+            state.links[contact.publicKey] = link
+            return (outcome, link.wake)
         }
-        if start { spawn { [self] in await runLink(contact) } }
+        switch outcome {
+        case .startTask: spawn { [self] in await runLink(contact) }
+        case .wake: wake?.signal()
+        case .none: break
+        }
     }
 
     // MARK: Advertising
@@ -455,11 +462,19 @@ public final class ThaliPeer: Sendable {
         await discovery.advertise(next)
     }
 
-    func setLinkState(_ contact: Contact, _ text: String, relayPort: Int?? = nil) {
+    /// Applies `change` to `contact`'s link state machine (if the contact has a link) and returns its result.
+    @discardableResult
+    func updateLink<Result>(_ contact: Contact, _ change: (inout ContactLinkStateMachine) -> Result) -> Result? {
         state.withLockedValue { state in
-            state.links[contact.publicKey]?.state = text
-            if let relayPort { state.links[contact.publicKey]?.relayPort = relayPort }
+            guard var link = state.links[contact.publicKey] else { return nil }
+            defer { state.links[contact.publicKey] = link }
+            return change(&link.machine)
         }
+    }
+
+    /// Relay mode: the local port whose connections reach `contact`'s app (nil: none right now).
+    func setRelayPort(_ contact: Contact, _ port: Int?) {
+        state.withLockedValue { $0.links[contact.publicKey]?.relayPort = port }
     }
 
     func sessionStarted() { state.withLockedValue { $0.sessionsInFlight += 1 } }

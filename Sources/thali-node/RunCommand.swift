@@ -5,6 +5,7 @@ import NIOCore
 import ServiceLifecycle
 import UnixSignals
 import Synchronization
+import ThaliBLEBinding
 import ThaliBeacons
 import ThaliNodeCore
 
@@ -20,6 +21,10 @@ struct Run: AsyncParsableCommand {
             session_ended, disconnected, relay_listening, limit_triggered, binding_unavailable, status, stopped). Logs go to standard error at the \
             configuration's logLevel. SIGINT and SIGTERM stop cleanly (byebye) and exit 0.
             """)
+
+    /// Names a scope in the environment to replace RFCOMM with ``CrossProcessBluetoothTransport``: host
+    /// tests of several `run` processes, with BlueZ played by python-dbusmock (`DBUS_SYSTEM_BUS_ADDRESS`).
+    static let standInEnvironmentKey = "THALI_BLUETOOTH_STANDIN"
 
     @OptionGroup var options: NodeOptions
     @Option(help: ArgumentHelp("Network interface to use (default: the configuration's, else the first up with IPv4).", valueName: "name"))
@@ -106,7 +111,16 @@ struct Run: AsyncParsableCommand {
         configuration.wifi = useWiFi
         if useBluetooth {
             var bluetoothConfiguration = BluetoothPeerConfiguration(adapter: adapter ?? nodeConfiguration.bluetoothAdapter)
-            if let bus = ProcessInfo.processInfo.environment["DBUS_SYSTEM_BUS_ADDRESS"] { bluetoothConfiguration.busAddress = bus }
+            let environment = ProcessInfo.processInfo.environment
+            if let bus = environment["DBUS_SYSTEM_BUS_ADDRESS"] { bluetoothConfiguration.busAddress = bus }
+            // Test configuration only: host tests of whole processes, where there is no radio.
+            if let scope = environment[Self.standInEnvironmentKey], !scope.isEmpty {
+                guard scope.utf8.count <= CrossProcessBluetoothTransport.maxScopeLength else {
+                    throw ValidationError("\(Self.standInEnvironmentKey) is longer than \(CrossProcessBluetoothTransport.maxScopeLength) bytes")
+                }
+                FileHandle.standardError.write(Data("thali-node: Bluetooth streams use the cross-process stand-in (scope \(scope)), not RFCOMM: a test configuration\n".utf8))
+                bluetoothConfiguration.transport = { CrossProcessBluetoothTransport(scope: scope, localAddress: $0) }
+            }
             configuration.bluetooth = bluetoothConfiguration
         }
 
@@ -217,6 +231,7 @@ final class RunOutput: Sendable {
         let matched = status.matchedContacts.map { contact -> [String: Any] in
             var entry: [String: Any] = ["name": contact.name, "state": contact.state]
             if let location = contact.location { entry["location"] = location }
+            if let binding = contact.binding { entry["binding"] = binding.rawValue }
             if let port = contact.relayPort { entry["relay_port"] = port }
             return entry
         }
@@ -243,10 +258,12 @@ final class RunOutput: Sendable {
         case .peerLeft(let location, let reason):
             line(["event": "peer_left", "location": location, "reason": reason], text: "peer at \(location) left (\(reason))")
         case .beaconMatched(let contact, let location):
-            line(["event": "matched", "contact": contact, "location": location],
+            line(["event": "matched", "contact": contact, "location": location,
+                  "binding": PeerBindingKind(origin: location).rawValue],
                  text: "beacon from \(contact) matched at \(location)")
         case .connecting(let contact, let location, let attempt):
-            line(["event": "connecting", "contact": contact, "location": location, "attempt": attempt],
+            line(["event": "connecting", "contact": contact, "location": location, "attempt": attempt,
+                  "binding": PeerBindingKind(origin: location).rawValue],
                  text: "connecting to \(contact) at \(location) (attempt \(attempt))")
         case .connected(let contact, let role):
             line(["event": "connected", "contact": contact, "role": role.rawValue],

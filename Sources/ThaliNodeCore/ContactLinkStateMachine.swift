@@ -1,0 +1,243 @@
+import ThaliBeacons
+import ThaliSSDP
+
+/// A binding through which the peer finds contacts and reaches their port, in the order a link tries
+/// them: the faster first.
+public enum PeerBindingKind: String, Sendable, Hashable, CaseIterable, Codable {
+    /// SSDP on the pinned interface; the contact's port over IP.
+    case wifi
+    /// BLE discovery through bluetoothd; the contact's port through an RFCOMM relay.
+    case bluetooth
+
+    /// The binding whose beacons came from `origin` (`bluetooth:` and an address, else an SSDP location).
+    public init(origin: String) {
+        self = origin.hasPrefix("bluetooth:") ? .bluetooth : .wifi
+    }
+}
+
+/// One way to reach a matched contact: the beacon match (PSK identity, key, expiry) and where the
+/// contact's port is, over one binding.
+struct ContactRoute: Sendable {
+    /// The binding that carried the beacons.
+    var binding: PeerBindingKind
+    /// What events and the status name: the SSDP location, or `bluetooth:` and the address.
+    var origin: String
+    /// Where the contact's port is reached (over Bluetooth: the relay's local port).
+    var location: BeaconLocation
+    /// The match that authenticates the connection.
+    var match: BeaconMatch
+}
+
+/// The connecting side of one contact as an explicit state machine: which route to try next, when to
+/// fall back to the other binding, when to back off and when to give up. The peer's link task feeds it
+/// events (a match, a connection up, a session that completed or failed) and performs its actions.
+///
+/// - A contact may be reachable over several bindings: the newest match per binding is kept, and the
+///   faster binding (``PeerBindingKind`` order) is tried first. A failed attempt falls back at once to a
+///   binding not yet tried in this round; only when every route failed does the link back off.
+/// - A completed session serves every route whose beacon it used or that was known when it began; a
+///   route matched during it (new beacons, perhaps new items) gets a session of its own. Delivery itself
+///   is exactly-once, so a redundant session costs a connection, never a duplicate.
+/// - `maxAttempts` failures in a row (over any binding) give up until the next match; so does a route
+///   that cannot succeed again (the contact no longer holds the PSK, its relay ended, its match expired)
+///   when no other route is left.
+struct ContactLinkStateMachine: Sendable {
+    enum State: Sendable, Hashable {
+        /// No route to try: the last session completed, or nothing was matched yet.
+        case idle
+        /// A route is waiting to be tried.
+        case matched
+        /// Connecting over `binding`; `attempt` counts failures in a row plus one.
+        case connecting(PeerBindingKind, attempt: Int)
+        /// An authenticated session over `binding` is up.
+        case connected(PeerBindingKind)
+        /// Every route failed in this round: waiting `delay` (a new match ends the wait early).
+        case backoff(attempt: Int, delay: Duration)
+        /// Attempts exhausted, or no route can succeed: waiting for the next match.
+        case gaveUp
+
+        /// The name the status view shows.
+        var name: String {
+            switch self {
+            case .idle: "idle"
+            case .matched: "matched"
+            case .connecting: "connecting"
+            case .connected: "connected"
+            case .backoff: "backoff"
+            case .gaveUp: "gave-up"
+            }
+        }
+
+        /// The binding in use, while connecting or connected.
+        var binding: PeerBindingKind? {
+            switch self {
+            case .connecting(let binding, _), .connected(let binding): binding
+            default: nil
+            }
+        }
+    }
+
+    /// What the link task does next.
+    enum Action: Sendable {
+        /// Connect over `route` (and run the session to its end).
+        case connect(ContactRoute, attempt: Int)
+        /// Wait this long, or until ``matched(_:)`` wakes the link; then call ``backoffEnded()``.
+        case wait(Duration)
+        /// Nothing to do: the link task ends (a later match starts a new one).
+        case finish
+    }
+
+    /// How an attempt failed.
+    enum Failure: Sendable, Hashable {
+        /// Worth retrying over the same route (a refused or dropped connection).
+        case retryable
+        /// The route cannot succeed again (unknown PSK identity, an ended relay, an expired match).
+        case routeSpent
+    }
+
+    private(set) var state: State = .idle
+    /// Whether a link task is driving this machine.
+    private(set) var isRunning = false
+    /// Where the contact was last found (its newest match's origin).
+    private(set) var lastOrigin: String?
+    private var routes: [PeerBindingKind: ContactRoute] = [:]
+    /// Bindings matched since the current attempt began.
+    private var matchedDuringAttempt: Set<PeerBindingKind> = []
+    /// Bindings that failed since the last backoff (or success).
+    private var failedThisRound: Set<PeerBindingKind> = []
+    private var failuresInARow = 0
+    private let maxAttempts: Int
+    private let delay: @Sendable (Int) -> Duration
+
+    /// A machine that gives up after `maxAttempts` failures in a row and waits `delay(failures)` when
+    /// every route failed.
+    init(maxAttempts: Int, delay: @escaping @Sendable (Int) -> Duration) {
+        self.maxAttempts = max(1, maxAttempts)
+        self.delay = delay
+    }
+
+    /// The route in use, or the one that would be tried next.
+    var currentRoute: ContactRoute? {
+        if let binding = state.binding { return routes[binding] }
+        return nextRoute
+    }
+
+    private var nextRoute: ContactRoute? {
+        PeerBindingKind.allCases.lazy.compactMap { routes[$0] }.first { !failedThisRound.contains($0.binding) }
+    }
+
+    // MARK: Events
+
+    /// What the peer does about a match.
+    enum MatchOutcome: Sendable, Hashable {
+        /// Start a link task: none is running.
+        case startTask
+        /// Wake the link task out of its backoff.
+        case wake
+        /// Nothing: the running task takes the route up in turn.
+        case none
+    }
+
+    /// A contact's beacons matched over `route.binding`; it replaces that binding's older route.
+    mutating func matched(_ route: ContactRoute) -> MatchOutcome {
+        routes[route.binding] = route
+        lastOrigin = route.origin
+        failedThisRound.remove(route.binding)
+        var outcome = MatchOutcome.none
+        switch state {
+        case .connecting, .connected:
+            matchedDuringAttempt.insert(route.binding)
+        case .idle, .gaveUp:
+            failuresInARow = 0
+            state = .matched
+        case .backoff:
+            // New beacons: a new start, not one more failure.
+            failuresInARow = 0
+            outcome = .wake
+        case .matched:
+            break
+        }
+        if isRunning { return outcome }
+        isRunning = true
+        return .startTask
+    }
+
+    /// The session over the route being tried authenticated the contact.
+    mutating func connected() {
+        guard case .connecting(let binding, _) = state else { return }
+        state = .connected(binding)
+    }
+
+    /// The session ran to its end: routes it served are done with.
+    mutating func sessionCompleted() {
+        let served = state.binding.flatMap { routes[$0]?.match.pskIdentity }
+        routes = routes.filter { binding, route in
+            matchedDuringAttempt.contains(binding) && route.match.pskIdentity != served
+        }
+        failuresInARow = 0
+        failedThisRound = []
+        matchedDuringAttempt = []
+        state = routes.isEmpty ? .idle : .matched
+    }
+
+    /// The attempt (connection or session) failed; returns the delay before the next attempt: zero when
+    /// another binding is tried at once, nil when the link gives up.
+    mutating func attemptFailed(_ failure: Failure) -> Duration? {
+        guard let binding = state.binding else { return nil }
+        failuresInARow += 1
+        // A route matched anew during the attempt is worth trying again even if the old one was spent.
+        let renewed = matchedDuringAttempt.contains(binding)
+        matchedDuringAttempt = []
+        if failure == .routeSpent && !renewed { routes[binding] = nil } else if !renewed { failedThisRound.insert(binding) }
+        if failuresInARow >= maxAttempts || routes.isEmpty {
+            routes = [:]
+            failedThisRound = []
+            state = .gaveUp
+            return nil
+        }
+        if nextRoute != nil {
+            state = .matched
+            return .zero
+        }
+        let wait = delay(failuresInARow)
+        state = .backoff(attempt: failuresInARow, delay: wait)
+        return wait
+    }
+
+    /// The backoff wait is over (or a match cut it short): every route may be tried again.
+    mutating func backoffEnded() {
+        guard case .backoff = state else { return }
+        failedThisRound = []
+        state = routes.isEmpty ? .gaveUp : .matched
+    }
+
+    // MARK: Actions
+
+    /// What the link task does now. `.finish` marks the machine not running, in the same step, so that a
+    /// match arriving after it starts a new task.
+    mutating func nextAction() -> Action {
+        switch state {
+        case .matched:
+            if let route = nextRoute {
+                state = .connecting(route.binding, attempt: failuresInARow + 1)
+                matchedDuringAttempt = []
+                return .connect(route, attempt: failuresInARow + 1)
+            }
+            state = routes.isEmpty ? .idle : .gaveUp
+            isRunning = false
+            return .finish
+        case .backoff(_, let wait):
+            return .wait(wait)
+        case .idle, .gaveUp, .connecting, .connected:
+            // Connecting or connected: only reached when the task was cancelled mid-attempt.
+            isRunning = false
+            return .finish
+        }
+    }
+
+    /// The link task ended without finishing (the peer stops).
+    mutating func stopped() {
+        isRunning = false
+        if state.binding != nil { state = routes.isEmpty ? .idle : .matched }
+    }
+}

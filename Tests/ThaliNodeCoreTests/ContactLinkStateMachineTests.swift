@@ -1,0 +1,162 @@
+import NIOConcurrencyHelpers
+import Testing
+import ThaliBeacons
+import ThaliSSDP
+@testable import ThaliNodeCore
+
+/// The connecting side's decisions, without I/O: which binding first, falling back, backing off, giving
+/// up, and which routes a completed session served.
+@Suite struct ContactLinkStateMachineTests {
+    static let sender = PrivateKey().publicKey
+    static let later = UInt64.max / 2
+
+    static func route(_ binding: PeerBindingKind, identity: String = "psk-1", port: Int = 5000) -> ContactRoute {
+        let origin = binding == .wifi ? "http://10.0.0.2:\(port)/NotificationBeacons" : "bluetooth:00:AA:01:00:00:0\(port % 10)"
+        let location = binding == .wifi ? BeaconLocation(host: "10.0.0.2", port: port) : BeaconLocation(host: "127.0.0.1", port: port)
+        return ContactRoute(binding: binding, origin: origin, location: location,
+                            match: BeaconMatch(sender: sender, beaconIndex: 0, pskIdentity: identity, psk: [1, 2, 3],
+                                               expiration: later))
+    }
+
+    static func machine(maxAttempts: Int = 4) -> ContactLinkStateMachine {
+        ContactLinkStateMachine(maxAttempts: maxAttempts, delay: { .milliseconds(100 * $0) })
+    }
+
+    /// The binding of a `.connect` action, or nil for any other action.
+    static func connectBinding(_ action: ContactLinkStateMachine.Action) -> PeerBindingKind? {
+        if case .connect(let route, _) = action { return route.binding }
+        return nil
+    }
+
+    @Test func theFasterBindingIsTriedFirstWhicheverMatchedFirst() {
+        var machine = Self.machine()
+        #expect(machine.matched(Self.route(.bluetooth)) == .startTask)
+        #expect(machine.matched(Self.route(.wifi)) == .none)
+        #expect(machine.state == .matched)
+        let action = machine.nextAction()
+        #expect(Self.connectBinding(action) == .wifi)
+        #expect(machine.state == .connecting(.wifi, attempt: 1))
+        machine.connected()
+        #expect(machine.state == .connected(.wifi))
+        // Both routes carried the same announcement: one session serves both.
+        machine.sessionCompleted()
+        #expect(machine.state == .idle)
+        guard case .finish = machine.nextAction() else { Issue.record("expected finish"); return }
+        #expect(!machine.isRunning)
+    }
+
+    @Test func aFailureFallsBackToTheOtherBindingAtOnceThenBacksOff() {
+        var machine = Self.machine()
+        _ = machine.matched(Self.route(.wifi))
+        _ = machine.matched(Self.route(.bluetooth))
+        #expect(Self.connectBinding(machine.nextAction()) == .wifi)
+        #expect(machine.attemptFailed(.retryable) == .zero)
+        #expect(Self.connectBinding(machine.nextAction()) == .bluetooth)
+        #expect(machine.state == .connecting(.bluetooth, attempt: 2))
+        // Both failed in this round: back off, then the faster one again.
+        #expect(machine.attemptFailed(.retryable) == .milliseconds(200))
+        guard case .wait(let delay) = machine.nextAction() else { Issue.record("expected a wait"); return }
+        #expect(delay == .milliseconds(200))
+        machine.backoffEnded()
+        #expect(Self.connectBinding(machine.nextAction()) == .wifi)
+    }
+
+    @Test func failuresInARowGiveUpUntilTheNextMatch() {
+        var machine = Self.machine(maxAttempts: 3)
+        _ = machine.matched(Self.route(.wifi))
+        for expected in [Duration?.some(.milliseconds(100)), .some(.milliseconds(200)), nil] {
+            _ = machine.nextAction()
+            #expect(machine.attemptFailed(.retryable) == expected)
+            machine.backoffEnded()
+        }
+        #expect(machine.state == .gaveUp)
+        guard case .finish = machine.nextAction() else { Issue.record("expected finish"); return }
+        #expect(machine.matched(Self.route(.wifi, identity: "psk-2")) == .startTask)
+        #expect(machine.state == .matched)
+        _ = machine.nextAction()
+        #expect(machine.state == .connecting(.wifi, attempt: 1))
+    }
+
+    @Test func aSpentRouteIsDroppedAndTheOtherBindingStillTried() {
+        var machine = Self.machine()
+        _ = machine.matched(Self.route(.wifi))
+        _ = machine.matched(Self.route(.bluetooth))
+        _ = machine.nextAction()
+        // The Wi-Fi peer no longer holds the PSK (unknown_psk_identity): Bluetooth still may.
+        #expect(machine.attemptFailed(.routeSpent) == .zero)
+        #expect(Self.connectBinding(machine.nextAction()) == .bluetooth)
+        #expect(machine.attemptFailed(.routeSpent) == nil)
+        #expect(machine.state == .gaveUp)
+        #expect(machine.currentRoute == nil)
+    }
+
+    @Test func aMatchDuringASessionGetsASessionOfItsOwn() {
+        var machine = Self.machine()
+        _ = machine.matched(Self.route(.wifi))
+        _ = machine.nextAction()
+        machine.connected()
+        // New beacons (new items) arrive over Bluetooth while the Wi-Fi session runs.
+        #expect(machine.matched(Self.route(.bluetooth, identity: "psk-2")) == .none)
+        machine.sessionCompleted()
+        #expect(machine.state == .matched)
+        #expect(Self.connectBinding(machine.nextAction()) == .bluetooth)
+    }
+
+    @Test func aMatchDuringBackoffWakesTheLinkAndStartsAfresh() {
+        var machine = Self.machine()
+        _ = machine.matched(Self.route(.wifi))
+        _ = machine.nextAction()
+        #expect(machine.attemptFailed(.retryable) == .milliseconds(100))
+        #expect(machine.matched(Self.route(.wifi, identity: "psk-2", port: 5001)) == .wake)
+        machine.backoffEnded()
+        guard case .connect(let route, let attempt) = machine.nextAction() else { Issue.record("expected connect"); return }
+        #expect(route.location.port == 5001)
+        #expect(attempt == 1)
+    }
+
+    @Test func aStoppedTaskLeavesTheMachineReadyForANewOne() {
+        var machine = Self.machine()
+        _ = machine.matched(Self.route(.bluetooth))
+        _ = machine.nextAction()
+        machine.stopped()
+        #expect(!machine.isRunning)
+        #expect(machine.state == .matched)
+        #expect(machine.matched(Self.route(.bluetooth)) == .startTask)
+    }
+}
+
+/// What ends a link's backoff: its time, a new match's signal (given before or during the wait), or the
+/// task's cancellation; and a wait that ended leaves nothing behind to cut the next one short.
+@Suite(.timeLimit(.minutes(1))) struct LinkWakeSignalTests {
+    @Test func aSignalGivenBeforeOrDuringTheWaitEndsIt() async throws {
+        let signal = LinkWakeSignal()
+        signal.signal()
+        await signal.wait(upTo: .seconds(3600))
+        let waiting = Task { await signal.wait(upTo: .seconds(3600)) }
+        try await Task.sleep(for: .milliseconds(50))
+        signal.signal()
+        await waiting.value
+    }
+
+    @Test func cancellingTheTaskEndsTheWait() async {
+        let signal = LinkWakeSignal()
+        let waiting = Task { await signal.wait(upTo: .seconds(3600)) }
+        waiting.cancel()
+        await waiting.value
+    }
+
+    @Test func anExpiredWaitLeavesNoSignalForTheNext() async throws {
+        let signal = LinkWakeSignal()
+        await signal.wait(upTo: .milliseconds(1))
+        let returned = NIOLockedValueBox(false)
+        let waiting = Task {
+            await signal.wait(upTo: .seconds(3600))
+            returned.withLockedValue { $0 = true }
+        }
+        try await Task.sleep(for: .milliseconds(300))
+        #expect(!returned.withLockedValue { $0 })
+        signal.signal()
+        await waiting.value
+        #expect(returned.withLockedValue { $0 })
+    }
+}
