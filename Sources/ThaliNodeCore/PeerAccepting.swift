@@ -5,40 +5,33 @@ import ThaliBeacons
 import ThaliPSKTLS
 
 extension ThaliPeer {
-    /// The accepting side, on a connection the beacon port recognised as TLS: PSK-TLS as the server
-    /// (PSKs from the beacons we advertised), a yamux session, and on each stream the peer opens a
-    /// delivery sender for the contact the PSK names (or, in relay mode, a connection to the app port).
+    /// The accepting side, on a connection the beacon port recognised as TLS: an ``AuthenticatedSession``
+    /// whose PSKs are the beacons we advertised, each naming its contact, and on each stream the peer
+    /// opens a delivery sender for that contact (or, in relay mode, a connection to the app port).
     /// `onAuthenticated` runs when the handshake succeeded (the admission gate frees the connection's
     /// unauthenticated slot).
     func acceptSecureConnection(_ channel: Channel, onAuthenticated: @escaping @Sendable () -> Void) -> EventLoopFuture<Void> {
         let table = self.table
-        let serverContext = self.serverContext
+        let contacts = self.contactsByKey
         register(channel)
-        return channel.eventLoop.makeCompletedFuture { () -> EventLoopFuture<PSKTLSNegotiatedParameters> in
-            let handshake = channel.eventLoop.makePromise(of: PSKTLSNegotiatedParameters.self)
-            try channel.pipeline.syncOperations.addHandler(
-                PSKTLSHandler(serverContext: serverContext, lookup: { table.lookup(identity: $0)?.psk },
-                              handshakePromise: handshake))
-            return handshake.futureResult
-        }.flatMap { handshake in
-            let contact: EventLoopFuture<Contact> = handshake.flatMapThrowing { [store = self.store] parameters in
-                guard let advertised = table.lookup(identity: parameters.pskIdentity),
-                      let contact = try store.contact(for: advertised.contact) else {
-                    throw NodeError.unknownContact(parameters.pskIdentity)
-                }
-                return contact
+        return AuthenticatedSession.configureServer(on: channel, context: serverContext, lookup: { identity in
+            // On the event loop, during the handshake: tables only, no store.
+            guard let advertised = table.lookup(identity: identity),
+                  let contact = contacts.withLockedValue({ $0[advertised.contact.hexString(compressed: true)] }) else {
+                return nil
             }
-            handshake.whenSuccess { _ in onAuthenticated() }
-            contact.whenSuccess { [emit = self.emit] contact in emit(.connected(contact: contact.name, role: .accepting)) }
-            contact.whenFailure { _ in channel.close(promise: nil) }
-            return MultiplexerSession.configure(on: channel, role: .server, inboundStreamInitializer: { [self] stream in
-                contact.flatMap { contact in self.serveStream(stream, for: contact) }
-            }).flatMapThrowing { [emit = self.emit] _ in
-                // Reported only for a connection that authenticated a contact.
-                try channel.pipeline.syncOperations.addHandler(ConnectionEndRecorder { reason in
-                    contact.whenSuccess { contact in emit(.disconnected(contact: contact.name, role: .accepting, reason: reason)) }
-                })
+            return (advertised.psk, contact)
+        }, inboundStream: { [self] stream, contact in
+            serveStream(stream, for: contact)
+        }).flatMapThrowing { [emit] server in
+            server.peer.whenSuccess { contact in
+                onAuthenticated()
+                emit(.connected(contact: contact.name, role: .accepting))
             }
+            // Reported only for a connection that authenticated a contact.
+            try channel.pipeline.syncOperations.addHandler(ConnectionEndRecorder { reason in
+                server.peer.whenSuccess { contact in emit(.disconnected(contact: contact.name, role: .accepting, reason: reason)) }
+            })
         }
     }
 

@@ -131,44 +131,34 @@ extension ThaliPeer {
     /// delivery receiver on one stream (or, in relay mode, a local listener until the session ends).
     private func connect(_ contact: Contact, _ route: ContactRoute) async throws {
         let (match, location) = (route.match, route.location)
-        let handshake = group.next().makePromise(of: PSKTLSNegotiatedParameters.self)
         let clientContext = self.clientContext
         let emit = self.emit
-        let session: MultiplexerSession
-        do {
-            // From the pinned interface's address: the one this peer announces, and the source the other
-            // peer's per-source admission sees.
-            var bootstrap = ClientBootstrap(group: handshake.futureResult.eventLoop)
-            // A Bluetooth peer's port appears on 127.0.0.1 (its relay): that one is reached from loopback.
-            if location.host != "127.0.0.1" {
-                bootstrap = bootstrap.bind(to: try SocketAddress(ipAddress: configuration.interfaceAddress, port: 0))
-            }
-            session = try await bootstrap
-                .connectTimeout(configuration.tls.connectTimeout)
-                .connect(host: location.host, port: location.port) { channel in
-                    channel.eventLoop.makeCompletedFuture {
-                        try channel.pipeline.syncOperations.addHandler(
-                            PSKTLSHandler(clientContext: clientContext, identity: match.pskIdentity, psk: match.psk,
-                                          handshakePromise: handshake))
-                    }.flatMap {
-                        MultiplexerSession.configure(on: channel, role: .client)
-                    }.flatMapThrowing { session in
+        // From the pinned interface's address: the one this peer announces, and the source the other
+        // peer's per-source admission sees.
+        var bootstrap = ClientBootstrap(group: group)
+        // A Bluetooth peer's port appears on 127.0.0.1 (its relay): that one is reached from loopback.
+        if location.host != "127.0.0.1" {
+            bootstrap = bootstrap.bind(to: try SocketAddress(ipAddress: configuration.interfaceAddress, port: 0))
+        }
+        let client = try await bootstrap
+            .connectTimeout(configuration.tls.connectTimeout)
+            .connect(host: location.host, port: location.port) { channel in
+                AuthenticatedSession.configureClient(on: channel, context: clientContext, identity: match.pskIdentity,
+                                                     psk: match.psk)
+                    .flatMapThrowing { client in
                         // Reported only once the handshake authenticated the contact.
                         try channel.pipeline.syncOperations.addHandler(ConnectionEndRecorder { reason in
-                            handshake.futureResult.whenSuccess { _ in
+                            client.handshake.whenSuccess { _ in
                                 emit(.disconnected(contact: contact.name, role: .connecting, reason: reason))
                             }
                         })
-                        return session
+                        return client
                     }
-                }
-        } catch {
-            handshake.fail(error)
-            throw error
-        }
+            }
+        let session = client.session
         register(session.channel)
         do {
-            _ = try await handshake.futureResult.get()
+            _ = try await client.handshake.get()
         } catch {
             try? await session.channel.close()
             throw error

@@ -88,6 +88,9 @@ public final class ThaliPeer: Sendable {
     let portCounters = NIOLockedValueBox(PeerPortCounters())
     let discoveryBox = NIOLockedValueBox<SSDPDiscoveryService?>(nil)
     let bluetoothBox = NIOLockedValueBox<PeerBluetoothBinding?>(nil)
+    /// Every contact by its normalised public key, as of the last ``refreshAddressBook()``: what the
+    /// PSK-TLS server resolves an advertised beacon's contact with, on the event loop, without the store.
+    let contactsByKey = NIOLockedValueBox<[String: Contact]>([:])
 
     /// A peer for the node whose store and identity are given; `events` receives everything it does,
     /// synchronously on the peer's tasks and event loops (keep it short; or use
@@ -343,6 +346,7 @@ public final class ThaliPeer: Sendable {
     /// Keeps the beacon receiver's address book equal to the contacts (another process may add some).
     func refreshAddressBook() throws {
         let contacts = try store.contacts()
+        contactsByKey.withLockedValue { $0 = Dictionary(contacts.map { ($0.publicKey, $0) }, uniquingKeysWith: { first, _ in first }) }
         let keys = Set(contacts.map(\.publicKey))
         let known = state.withLockedValue { $0.addressBookKeys }
         guard keys != known else { return }

@@ -40,24 +40,17 @@ struct FullStackDeliveryTests {
         let group = MultiThreadedEventLoopGroup.singleton
         let serverContext = try PSKTLSContext(role: .server, configuration: PSKTLSConfiguration(dhGroup: .ffdhe2048))
         let (sessions, sessionSink) = AsyncStream.makeStream(of: (DeliveryChannel.AsyncFrames, Contact).self)
+        let contacts = Dictionary(uniqueKeysWithValues: try alice.contacts().map { ($0.publicKey, $0) })
         let server = try await ServerBootstrap(group: group).bind(host: "127.0.0.1", port: 0) { child in
-            child.eventLoop.makeCompletedFuture {
-                let handshake = child.eventLoop.makePromise(of: PSKTLSNegotiatedParameters.self)
-                try child.pipeline.syncOperations.addHandler(
-                    PSKTLSHandler(serverContext: serverContext, lookup: { table.lookup(identity: $0)?.psk },
-                                  handshakePromise: handshake))
-                return handshake
-            }.flatMap { handshake in
-                MultiplexerSession.configure(on: child, role: .server) { stream in
-                    handshake.futureResult.flatMapThrowing { @Sendable parameters in
-                        guard let advertised = table.lookup(identity: parameters.pskIdentity),
-                              let contact = try alice.contact(for: advertised.contact) else {
-                            throw NodeError.unknownContact(parameters.pskIdentity)
-                        }
-                        sessionSink.yield((try DeliveryChannel.configureSynchronously(stream, limits: limits), contact))
-                    }
-                }.map { _ in child }
-            }
+            AuthenticatedSession.configureServer(on: child, context: serverContext, lookup: { identity in
+                guard let advertised = table.lookup(identity: identity),
+                      let contact = contacts[advertised.contact.hexString(compressed: true)] else { return nil }
+                return (advertised.psk, contact)
+            }, inboundStream: { stream, contact in
+                stream.eventLoop.makeCompletedFuture {
+                    sessionSink.yield((try DeliveryChannel.configureSynchronously(stream, limits: limits), contact))
+                }
+            }).map { _ in child }
         }
         let port = try #require(server.channel.localAddress?.port)
 
@@ -69,12 +62,11 @@ struct FullStackDeliveryTests {
         #expect(aliceAtBob.name == "alice")
 
         let clientContext = try PSKTLSContext(role: .client)
-        let session = try await ClientBootstrap(group: group).connect(host: "127.0.0.1", port: port) { channel in
-            channel.eventLoop.makeCompletedFuture {
-                try channel.pipeline.syncOperations.addHandler(
-                    PSKTLSHandler(clientContext: clientContext, identity: match.pskIdentity, psk: match.psk))
-            }.flatMap { MultiplexerSession.configure(on: channel, role: .client) }
+        let client = try await ClientBootstrap(group: group).connect(host: "127.0.0.1", port: port) { channel in
+            AuthenticatedSession.configureClient(on: channel, context: clientContext, identity: match.pskIdentity, psk: match.psk)
         }
+        _ = try await client.handshake.get()
+        let session = client.session
         let (opened, openedSink) = AsyncStream.makeStream(of: DeliveryChannel.AsyncFrames.self)
         _ = try await session.openStream { stream in
             stream.eventLoop.makeCompletedFuture {

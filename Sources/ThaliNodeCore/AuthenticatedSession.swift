@@ -1,0 +1,97 @@
+import NIOConcurrencyHelpers
+import NIOCore
+import TCPMultiplexer
+import ThaliPSKTLS
+
+/// PSK-TLS with a multiplexer session above it, on one connection, and the peer the handshake
+/// authenticated: what every binding runs on the connection it carries (Wi-Fi's TCP, Bluetooth's relayed
+/// stream). Like swift-nio-http2's pipeline helpers, it installs the handlers and hands back the session.
+///
+/// The server's `lookup` returns the peer with the key, so the peer is resolved once, during the
+/// handshake, on the event loop: keep it a table lookup (no store, no I/O). Streams the other side opens
+/// are initialised only once the handshake authenticated that peer; until then none reaches the caller.
+public enum AuthenticatedSession {
+    /// What ``configureServer(on:context:multiplexer:lookup:inboundStream:)`` returns.
+    public struct Server<Peer: Sendable>: Sendable {
+        /// The multiplexer session above TLS.
+        public let session: MultiplexerSession
+        /// Succeeds with the peer once the handshake authenticated it; fails when the handshake fails.
+        public let peer: EventLoopFuture<Peer>
+    }
+
+    /// What ``configureClient(on:context:identity:psk:multiplexer:inboundStream:)`` returns.
+    public struct Client: Sendable {
+        /// The multiplexer session above TLS.
+        public let session: MultiplexerSession
+        /// Succeeds when the handshake authenticated the server (it knew the PSK); fails otherwise.
+        public let handshake: EventLoopFuture<PSKTLSNegotiatedParameters>
+    }
+
+    /// The server side: PSK-TLS keyed by `lookup` (identity → key and the peer it belongs to), then a
+    /// multiplexer session whose inbound streams go to `inboundStream` with the authenticated peer.
+    public static func configureServer<Peer: Sendable>(
+        on channel: Channel, context: PSKTLSContext,
+        multiplexer: MultiplexerConfiguration = MultiplexerConfiguration(),
+        lookup: @escaping @Sendable (String) -> (psk: [UInt8], peer: Peer)?,
+        inboundStream: @escaping @Sendable (Channel, Peer) -> EventLoopFuture<Void>
+    ) -> EventLoopFuture<Server<Peer>> {
+        let handshake = channel.eventLoop.makePromise(of: PSKTLSNegotiatedParameters.self)
+        // The peer of the identity the handshake was keyed with: OpenSSL asks once per handshake.
+        let resolved = NIOLockedValueBox<(identity: String, peer: Peer)?>(nil)
+        let peer = handshake.futureResult.flatMapThrowing { parameters -> Peer in
+            guard let found = resolved.withLockedValue({ $0 }), found.identity == parameters.pskIdentity else {
+                throw PSKTLSError(.invalidCredentials, role: .server, detail: "no peer for the negotiated identity")
+            }
+            return found.peer
+        }
+        return channel.eventLoop.makeCompletedFuture {
+            try install(on: channel, handshake: handshake) {
+                try PSKTLSHandler(serverContext: context, lookup: { identity in
+                    guard let entry = lookup(identity) else { return nil }
+                    resolved.withLockedValue { $0 = (identity, entry.peer) }
+                    return entry.psk
+                }, handshakePromise: handshake)
+            }
+        }.flatMap {
+            MultiplexerSession.configure(on: channel, role: .server, configuration: multiplexer) { stream in
+                peer.flatMap { inboundStream(stream, $0) }
+            }
+        }.map { Server(session: $0, peer: peer) }.flatMapErrorThrowing { error in
+            channel.close(promise: nil)
+            throw error
+        }
+    }
+
+    /// The client side: PSK-TLS with `identity` and `psk` (from a beacon match), then a multiplexer
+    /// session; streams the server opens go to `inboundStream`.
+    public static func configureClient(
+        on channel: Channel, context: PSKTLSContext, identity: String, psk: [UInt8],
+        multiplexer: MultiplexerConfiguration = MultiplexerConfiguration(),
+        inboundStream: MultiplexerHandler.StreamInitializer? = nil
+    ) -> EventLoopFuture<Client> {
+        let handshake = channel.eventLoop.makePromise(of: PSKTLSNegotiatedParameters.self)
+        return channel.eventLoop.makeCompletedFuture {
+            try install(on: channel, handshake: handshake) {
+                try PSKTLSHandler(clientContext: context, identity: identity, psk: psk, handshakePromise: handshake)
+            }
+        }.flatMap {
+            MultiplexerSession.configure(on: channel, role: .client, configuration: multiplexer,
+                                         inboundStreamInitializer: inboundStream)
+        }.map { Client(session: $0, handshake: handshake.futureResult) }.flatMapErrorThrowing { error in
+            channel.close(promise: nil)
+            throw error
+        }
+    }
+
+    /// Adds the TLS handler `make` creates. Once added, the handler completes `handshake` (it fails it
+    /// when removed, as on close); if it was never added, the promise is failed here.
+    private static func install(on channel: Channel, handshake: EventLoopPromise<PSKTLSNegotiatedParameters>,
+                                _ make: () throws -> PSKTLSHandler) throws {
+        do {
+            try channel.pipeline.syncOperations.addHandler(try make())
+        } catch {
+            handshake.fail(error)
+            throw error
+        }
+    }
+}
