@@ -47,12 +47,8 @@ public struct BluetoothPeerConfiguration: Sendable {
 /// multiplexer, so that the peer's beacons and its PSK-TLS port appear at a localhost port. Incoming
 /// RFCOMM connections go the other way: each multiplexer stream becomes a connection to our own port.
 /// Everything above (beacon matching, PSK-TLS, delivery) is the peer's and the same as over Wi-Fi.
-final class PeerBluetoothBinding: Sendable {
-    /// A peer reached over Bluetooth: where its port appears locally, and how to name it.
-    struct Reached: Sendable {
-        var origin: String
-        var location: BeaconLocation
-    }
+final class PeerBluetoothBinding: PeerBindingService {
+    let kind = PeerBindingKind.bluetooth
 
     private struct State {
         var client: BlueZClient?
@@ -74,18 +70,12 @@ final class PeerBluetoothBinding: Sendable {
     private let logger: Logger
     private let fetcher: BeaconHTTPClient
     private let state = NIOLockedValueBox(State())
-    private let beaconsFetched: @Sendable (Reached, [UInt8]) -> Void
-    private let peerAppeared: @Sendable (String) -> Void
+    private let events = NIOLockedValueBox<@Sendable (PeerBindingEvent) -> Void>({ _ in })
 
-    init(configuration: BluetoothPeerConfiguration, group: any EventLoopGroup, logger: Logger,
-         peerAppeared: @escaping @Sendable (String) -> Void,
-         beaconsFetched: @escaping @Sendable (Reached, [UInt8]) -> Void)
-    {
+    init(configuration: BluetoothPeerConfiguration, group: any EventLoopGroup, logger: Logger) {
         self.configuration = configuration
         self.group = group
         self.logger = logger
-        self.peerAppeared = peerAppeared
-        self.beaconsFetched = beaconsFetched
         // Over a relay the first response takes longer than on a LAN.
         var fetch = BeaconHTTPClientConfiguration()
         fetch.connectTimeout = .seconds(5)
@@ -98,7 +88,8 @@ final class PeerBluetoothBinding: Sendable {
 
     /// Finds the adapter, listens on RFCOMM (streams joined to `nodeHost:nodePort`) and starts scanning.
     /// Throws a `BlueZError` or `BluetoothTransportError` whose description says what is missing.
-    func start(nodeHost: String, nodePort: Int) async throws {
+    func start(nodeHost: String, nodePort: Int, events: @escaping @Sendable (PeerBindingEvent) -> Void) async throws {
+        self.events.withLockedValue { $0 = events }
         var bluez = BlueZConfiguration(busAddress: configuration.busAddress, adapterName: configuration.adapter)
         bluez.limits = configuration.limits
         let client = try BlueZClient(configuration: bluez)
@@ -142,7 +133,11 @@ final class PeerBluetoothBinding: Sendable {
 
     /// Advertises our address over BLE (`true`) or stops (`false`); repeated calls re-register the
     /// advertisement, so scanners see it anew when our beacons changed (the seed's rule).
-    func advertise(_ on: Bool) async {
+    /// Advertises our adapter's address while the node has an announcement, re-registered on every
+    /// change so that scanners report it anew (a rotation changes nothing on the air: peers refetch).
+    func advertise(_ announcement: [UInt8]?, isRotation: Bool) async {
+        guard !isRotation else { return }
+        let on = announcement != nil
         let (client, address, was) = state.withLockedValue { ($0.client, $0.ownAddress, $0.advertising) }
         guard let client, let address else { return }
         do {
@@ -155,6 +150,18 @@ final class PeerBluetoothBinding: Sendable {
         } catch {
             logger.error("Bluetooth advertising failed", metadata: ["error": "\(error)"])
         }
+    }
+
+    /// Nothing to pause: a peer that connects while the port is closed finds its relayed connections
+    /// refused, and the binding's own rate limits apply before that.
+    func pauseAnnouncing(for period: TimeAmount) {}
+
+    func location() async -> String? {
+        ownAddress.map { "bluetooth:\($0)" }
+    }
+
+    private func report(_ event: PeerBindingEvent) {
+        events.withLockedValue { $0 }(event)
     }
 
     /// Whether `location` was one of our relay ports whose Bluetooth connection has ended: nothing will
@@ -236,7 +243,7 @@ final class PeerBluetoothBinding: Sendable {
     /// Reaches `peer` and keeps reaching it when the connection ends, until `maxConnectAttempts`
     /// attempts in a row fail (each after a doubling, jittered pause from `reconnectDelay`).
     private func pursue(_ peer: BluetoothAddress) async {
-        peerAppeared("bluetooth:\(peer)")
+        report(.peerAppeared(origin: "bluetooth:\(peer)"))
         guard let own = state.withLockedValue({ $0.ownAddress }) else { return }
         // Two peers that find each other connect to each other at once; under emulation (and on some
         // controllers) the crossing pages collide and both connects time out. The higher address lets
@@ -279,7 +286,7 @@ final class PeerBluetoothBinding: Sendable {
             await connection.close()
             return true
         }
-        let reached = Reached(origin: origin, location: BeaconLocation(host: "127.0.0.1", port: connection.localPort))
+        let location = BeaconLocation(host: "127.0.0.1", port: connection.localPort)
         let ended = NIOLockedValueBox(false)
         connection.closeFuture.whenComplete { [weak self] _ in
             ended.withLockedValue { $0 = true }
@@ -289,7 +296,9 @@ final class PeerBluetoothBinding: Sendable {
             }
         }
         while !Task.isCancelled, !ended.withLockedValue({ $0 }) {
-            if let bytes = try? await fetcher.fetch(reached.location) { beaconsFetched(reached, bytes) }
+            if let bytes = try? await fetcher.fetch(location) {
+                report(.beaconsFetched(origin: origin, location: location, bytes: bytes))
+            }
             try? await Task.sleep(for: configuration.beaconRefetchInterval)
         }
         logger.info("Bluetooth connection ended", metadata: ["peer": "\(peer)"])

@@ -114,7 +114,7 @@ extension ThaliPeer {
                     // beacon's PSK; retrying cannot help (spec/psk-tls.md), only a new announcement can.
                     // Nor can a Bluetooth relay port whose connection ended: the next match brings a new one.
                     let spent = route.match.expiration <= nowMs || Self.isUnknownIdentity(error)
-                        || (bluetooth?.hasEnded(route.location) ?? false)
+                        || bindings.contains { $0.hasEnded(route.location) }
                     let retryIn = updateLink(contact) { $0.attemptFailed(spent ? .routeSpent : .retryable) } ?? nil
                     emit(.connectionFailed(contact: contact.name, reason: "\(error)", retryIn: retryIn))
                 }

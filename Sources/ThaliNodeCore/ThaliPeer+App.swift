@@ -83,7 +83,7 @@ extension ThaliPeer {
     }
 
     private func announceIfRunning() async throws {
-        guard discovery != nil, !isStopped else { return }
+        guard !bindings.isEmpty, !isStopped else { return }
         try await refreshAdvertisement()
     }
 

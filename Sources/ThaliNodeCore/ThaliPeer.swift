@@ -10,10 +10,12 @@ import ThaliPSKTLS
 import ThaliSSDP
 
 /// The Thali peer: keeps a node on the network. While it holds items for contacts it advertises beacons
-/// for them over SSDP; it fetches other peers' beacons and, when one names it from a contact, connects to
-/// that peer with the beacon's PSK over TLS and receives over the multiplexer. The peer that advertised
-/// accepts on the same port that serves its beacons, names the contact from the PSK, and sends. In relay
-/// mode (``PeerConfiguration/appPort``) the authenticated streams go to a local app instead.
+/// for them through its bindings (Wi-Fi: SSDP; Bluetooth: BLE and RFCOMM, ``PeerConfiguration/bluetooth``);
+/// it takes other peers' beacons from every binding and, when one names it from a contact, connects to
+/// that peer with the beacon's PSK over TLS (Wi-Fi first, then Bluetooth) and receives over the
+/// multiplexer. The peer that advertised accepts on the same port that serves its beacons, names the
+/// contact from the PSK, and sends. In relay mode (``PeerConfiguration/appPort``) the authenticated
+/// streams go to a local app instead.
 ///
 /// `start()` then `stop()`, or ``run()`` under a swift-service-lifecycle `ServiceGroup`; ``status()`` at
 /// any time; ``events(bufferingNewest:)`` to follow what it does. Items reach only the contact the TLS
@@ -86,8 +88,8 @@ public final class ThaliPeer: Sendable {
     /// The single port's admission gate: per source, then global.
     let admission: AdmissionController<String>
     let portCounters = NIOLockedValueBox(PeerPortCounters())
-    let discoveryBox = NIOLockedValueBox<SSDPDiscoveryService?>(nil)
-    let bluetoothBox = NIOLockedValueBox<PeerBluetoothBinding?>(nil)
+    /// The bindings running, faster first (Wi-Fi, Bluetooth).
+    let bindingsBox = NIOLockedValueBox<[any PeerBindingService]>([])
     /// Every contact by its normalised public key, as of the last ``refreshAddressBook()``: what the
     /// PSK-TLS server resolves an advertised beacon's contact with, on the event loop, without the store.
     let contactsByKey = NIOLockedValueBox<[String: Contact]>([:])
@@ -129,8 +131,7 @@ public final class ThaliPeer: Sendable {
 
     private struct WeakPeer: Sendable { weak var peer: ThaliPeer? }
 
-    var discovery: SSDPDiscoveryService? { discoveryBox.withLockedValue { $0 } }
-    var bluetooth: PeerBluetoothBinding? { bluetoothBox.withLockedValue { $0 } }
+    var bindings: [any PeerBindingService] { bindingsBox.withLockedValue { $0 } }
 
     /// Starts discovery and the single port, then keeps announcing what the outbox holds. Throws
     /// ``NodeError/portInUse(host:port:)`` when the port is taken, ``NodeError/addressNotLocal(_:reason:)``
@@ -146,32 +147,7 @@ public final class ThaliPeer: Sendable {
         } catch {
             throw NodeError.mapBindError(error, host: configuration.interfaceAddress, port: configuration.port)
         }
-        if configuration.wifi {
-            try await startWiFi(port: port)
-        }
-        if let bluetoothConfiguration = configuration.bluetooth {
-            let binding = PeerBluetoothBinding(
-                configuration: bluetoothConfiguration, group: group, logger: logger,
-                peerAppeared: { [weak self] origin in
-                    guard let self else { return }
-                    if state.withLockedValue({ $0.peersSeen.insert(origin).inserted }) { emit(.peerAppeared(location: origin)) }
-                },
-                beaconsFetched: { [weak self] reached, bytes in
-                    self?.beaconsFetched(origin: reached.origin, location: reached.location, bytes)
-                })
-            do {
-                try await binding.start(nodeHost: configuration.interfaceAddress, nodePort: port)
-                bluetoothBox.withLockedValue { $0 = binding }
-                if !configuration.wifi { emit(.started(location: "bluetooth:\(binding.ownAddress.map { "\($0)" } ?? "?")")) }
-            } catch {
-                guard configuration.wifi else {
-                    await closePort()
-                    throw NodeError.bluetoothUnavailable(reason: "\(error)")
-                }
-                // Wi-Fi was asked for as well: it keeps running.
-                emit(.bindingUnavailable(binding: "bluetooth", reason: "\(error)"))
-            }
-        }
+        try await startBindings(port: port)
         try await refreshAdvertisement()
         track(Task { [weak self] in
             // More contacts than one announcement holds: serve the announcements in turn.
@@ -193,32 +169,42 @@ public final class ThaliPeer: Sendable {
         })
     }
 
-    /// SSDP discovery on the pinned interface, announcing the single `port`.
-    private func startWiFi(port: Int) async throws {
-        var ssdp = SSDPDiscoveryConfiguration(interfaceAddress: configuration.interfaceAddress)
-        ssdp.groupAddress = configuration.ssdpGroup
-        ssdp.port = configuration.ssdpPort
-        ssdp.beaconServer = .external(port: port)
-        ssdp.maxAge = configuration.maxAge
-        ssdp.foregroundAliveInterval = configuration.aliveInterval
-        ssdp.limits = configuration.discoveryLimits
-        let service = SSDPDiscoveryService(configuration: ssdp, group: group, logger: logger) { [weak self] peer, bytes in
-            self?.beaconsFetched(origin: peer.location.description, location: peer.location, bytes)
+    /// Starts the configured bindings, faster first. Wi-Fi that cannot start fails the start; so does
+    /// Bluetooth when it is the only binding, otherwise it is reported (`bindingUnavailable`) and the
+    /// others go on.
+    private func startBindings(port: Int) async throws {
+        var planned: [any PeerBindingService] = []
+        if configuration.wifi { planned.append(PeerWiFiBinding(configuration: configuration, group: group, logger: logger)) }
+        if let bluetooth = configuration.bluetooth {
+            planned.append(PeerBluetoothBinding(configuration: bluetooth, group: group, logger: logger))
         }
-        do {
-            try await service.start(advertising: nil)
-        } catch SSDPDiscoveryService.StartError.noInterface {
-            await closePort()
-            throw NodeError.noUsableInterface(name: configuration.interfaceAddress)
-        } catch {
-            await closePort()
-            throw error
+        var started: [any PeerBindingService] = []
+        for binding in planned {
+            do {
+                try await binding.start(nodeHost: configuration.interfaceAddress, nodePort: port) { [weak self] event in
+                    self?.bindingEvent(event)
+                }
+                started.append(binding)
+            } catch {
+                await binding.stop()
+                let alone = planned.count == 1
+                switch binding.kind {
+                case .bluetooth where !alone:
+                    emit(.bindingUnavailable(binding: binding.kind.rawValue, reason: "\(error)"))
+                    continue
+                case .bluetooth:
+                    for other in started { await other.stop() }
+                    await closePort()
+                    throw NodeError.bluetoothUnavailable(reason: "\(error)")
+                case .wifi:
+                    for other in started { await other.stop() }
+                    await closePort()
+                    throw error
+                }
+            }
         }
-        discoveryBox.withLockedValue { $0 = service }
-        emit(.started(location: (await service.location()).description))
-        track(Task { [weak self] in
-            for await event in service.events { self?.discoveryEvent(event) }
-        })
+        bindingsBox.withLockedValue { $0 = started }
+        if let first = started.first { emit(.started(location: await first.location() ?? "")) }
     }
 
     /// Stops: byebye (no more announcements), every connection closed, every task ended.
@@ -228,8 +214,7 @@ public final class ThaliPeer: Sendable {
             defer { state.tasks.removeAll() }
             return Array(state.tasks.values)
         }
-        await discovery?.stop()
-        await bluetooth?.stop()
+        for binding in bindings { await binding.stop() }
         await closePort()
         let channels = state.withLockedValue { state -> [Channel] in
             defer { state.channels.removeAll() }
@@ -281,8 +266,7 @@ public final class ThaliPeer: Sendable {
 
     /// A snapshot for the status view.
     public func status() async -> PeerStatus {
-        var location = await discovery?.location().description ?? ""
-        if location.isEmpty, let address = bluetooth?.ownAddress { location = "bluetooth:\(address)" }
+        let location = await bindings.first?.location() ?? ""
         var port = portCounters.withLockedValue { $0 }
         port.admission = admission.counters
         let inbox = (try? store.inbox().count) ?? 0
@@ -303,43 +287,19 @@ public final class ThaliPeer: Sendable {
 
     // MARK: Discovery
 
-    private func discoveryEvent(_ event: SSDPDiscoveryEvent) {
+    private func bindingEvent(_ event: PeerBindingEvent) {
         switch event {
-        case .appeared(let peer):
-            let location = peer.location.description
-            let fresh = state.withLockedValue { $0.peersSeen.insert(location).inserted }
-            if fresh { emit(.peerAppeared(location: location)) }
-        case .left(let peer, let reason):
-            let location = peer.location.description
-            let known = state.withLockedValue { $0.peersSeen.remove(location) != nil }
-            if known { emit(.peerLeft(location: location, reason: reason.rawValue)) }
-        case .limitTriggered(let kind):
-            state.withLockedValue { $0.limitsTriggered[kind.rawValue, default: 0] += 1 }
-            emit(.limitTriggered(report(of: kind)))
-        case .changed, .beaconsFetched, .beaconFetchFailed:
-            break
-        }
-    }
-
-    /// What a fired limit switched off, for how long, and why; each is that limit's last resort.
-    private func report(of kind: SSDPDiscoveryEvent.LimitKind) -> PeerLimitReport {
-        let limits = configuration.discoveryLimits
-        let admission = configuration.admission
-        func duration(_ amount: TimeAmount) -> Duration { .nanoseconds(amount.nanoseconds) }
-        func seconds(_ amount: TimeAmount) -> String { "\(amount.nanoseconds / 1_000_000_000) s" }
-        switch kind {
-        case .announcementFlood:
-            return PeerLimitReport(kind: kind.rawValue, effect: .discoveryOff, period: duration(limits.discoveryCooldown),
-                                   detail: "SSDP discovery off for \(seconds(limits.discoveryCooldown)) (last resort: more than \(limits.maxDatagramsPerWindow) datagrams per \(seconds(limits.floodWindow)))")
-        case .peerCap:
-            return PeerLimitReport(kind: kind.rawValue, effect: .discoveryOff, period: duration(limits.discoveryCooldown),
-                                   detail: "SSDP discovery off for \(seconds(limits.discoveryCooldown)) (last resort: more than \(limits.maxTrackedPeers) peers tracked)")
-        case .unicastFailure:
-            return PeerLimitReport(kind: kind.rawValue, effect: .announcingPaused, period: duration(limits.unicastFailurePause),
-                                   detail: "announcing paused for \(seconds(limits.unicastFailurePause)) (last resort: \(limits.unicastFailureThreshold) unicast failures)")
-        case .httpOverload:
-            return PeerLimitReport(kind: kind.rawValue, effect: .portClosed, period: duration(admission.overloadClosePeriod),
-                                   detail: "beacon and PSK-TLS port closed and announcing paused for \(seconds(admission.overloadClosePeriod)) (last resort: more than \(admission.maxConnectionsGlobal) connections per \(seconds(admission.globalWindow)) from sources each within its own bounds)")
+        case .peerAppeared(let origin):
+            let fresh = state.withLockedValue { $0.peersSeen.insert(origin).inserted }
+            if fresh { emit(.peerAppeared(location: origin)) }
+        case .peerLeft(let origin, let reason):
+            let known = state.withLockedValue { $0.peersSeen.remove(origin) != nil }
+            if known { emit(.peerLeft(location: origin, reason: reason)) }
+        case .beaconsFetched(let origin, let location, let bytes):
+            beaconsFetched(origin: origin, location: location, bytes)
+        case .limitTriggered(let report):
+            state.withLockedValue { $0.limitsTriggered[report.kind, default: 0] += 1 }
+            emit(.limitTriggered(report))
         }
     }
 
@@ -413,14 +373,14 @@ public final class ThaliPeer: Sendable {
             if advertised.contacts != keys || !items.isSubset(of: advertised.items) { return true }
             return !keys.isEmpty && advertised.expiration < now + validityMs / 4
         }
-        guard needed, discovery != nil || bluetooth != nil else { return }
+        let bindings = self.bindings
+        guard needed, !bindings.isEmpty else { return }
         if contacts.isEmpty {
             state.withLockedValue {
                 $0.advertised = nil
                 $0.advertisingFor = []
             }
-            await discovery?.advertise(nil)
-            await bluetooth?.advertise(false)
+            for binding in bindings { await binding.advertise(nil, isRotation: false) }
             emit(.advertising(contacts: []))
             return
         }
@@ -448,9 +408,7 @@ public final class ThaliPeer: Sendable {
                                        streams: announcements.map(\.stream))
             $0.advertisingFor = names
         }
-        await discovery?.advertise(announcements.first?.stream)
-        // Re-registered on every change: Bluetooth scanners then see the advertisement anew.
-        await bluetooth?.advertise(true)
+        for binding in bindings { await binding.advertise(announcements.first?.stream, isRotation: false) }
         emit(.advertising(contacts: names))
     }
 
@@ -462,8 +420,8 @@ public final class ThaliPeer: Sendable {
             state.advertised = advertised
             return advertised.streams[advertised.serving]
         }
-        guard let next, let discovery else { return }
-        await discovery.advertise(next)
+        guard let next else { return }
+        for binding in bindings { await binding.advertise(next, isRotation: true) }
     }
 
     /// Applies `change` to `contact`'s link state machine (if the contact has a link) and returns its result.

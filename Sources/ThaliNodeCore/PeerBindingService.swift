@@ -1,0 +1,43 @@
+import NIOCore
+import ThaliSSDP
+
+/// What a binding reports to the peer.
+enum PeerBindingEvent: Sendable {
+    /// A peer was heard (`origin`: its SSDP location, or `bluetooth:` and its address).
+    case peerAppeared(origin: String)
+    /// A peer left (`byebye`, `expired`, ...).
+    case peerLeft(origin: String, reason: String)
+    /// A peer's beacons, fetched from `origin`; its one port is reached at `location`.
+    case beaconsFetched(origin: String, location: BeaconLocation, bytes: [UInt8])
+    /// A DoS limit of the binding fired and switched something off for a while.
+    case limitTriggered(PeerLimitReport)
+}
+
+/// A binding as the peer sees it: it discovers peers and hands their beacon streams to the one beacon
+/// receiver, makes the node's one port reachable to peers, and announces what the node advertises.
+/// Matching, PSK-TLS, the multiplexer and delivery are the peer's, the same over every binding
+/// (`PeerWiFiBinding`: SSDP; `PeerBluetoothBinding`: BLE and RFCOMM).
+protocol PeerBindingService: AnyObject, Sendable {
+    /// Which binding this is.
+    var kind: PeerBindingKind { get }
+
+    /// Starts discovery and makes `nodeHost:nodePort` (the node's one port) reachable; reports to
+    /// `events`. Throws, with a description naming the cause, when the binding cannot run.
+    func start(nodeHost: String, nodePort: Int, events: @escaping @Sendable (PeerBindingEvent) -> Void) async throws
+
+    /// Announces that the node serves `announcement` on its port (nil: nothing). `isRotation`: the same
+    /// contacts, the next of several announcements served in turn.
+    func advertise(_ announcement: [UInt8]?, isRotation: Bool) async
+
+    /// The port was closed for an overload: stop inviting connections for `period`.
+    func pauseAnnouncing(for period: TimeAmount)
+
+    /// Where peers find this node over the binding, once started.
+    func location() async -> String?
+
+    /// Whether `location`, a route this binding handed out, can never answer again.
+    func hasEnded(_ location: BeaconLocation) -> Bool
+
+    /// Stops: announcements withdrawn, connections closed.
+    func stop() async
+}

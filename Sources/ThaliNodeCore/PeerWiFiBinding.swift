@@ -1,0 +1,99 @@
+import Logging
+import ThaliAdmission
+import NIOConcurrencyHelpers
+import NIOCore
+import ThaliSSDP
+
+/// The Wi-Fi binding: SSDP discovery on the pinned interface, announcing the node's one port, and
+/// fetching the beacons of every peer heard (ThaliSSDP's `SSDPDiscoveryService`).
+final class PeerWiFiBinding: PeerBindingService {
+    let kind = PeerBindingKind.wifi
+    private let configuration: PeerConfiguration
+    private let group: any EventLoopGroup
+    private let logger: Logger
+    private let service = NIOLockedValueBox<SSDPDiscoveryService?>(nil)
+    private let eventsTask = NIOLockedValueBox<Task<Void, Never>?>(nil)
+
+    init(configuration: PeerConfiguration, group: any EventLoopGroup, logger: Logger) {
+        self.configuration = configuration
+        self.group = group
+        self.logger = logger
+    }
+
+    func start(nodeHost: String, nodePort: Int, events: @escaping @Sendable (PeerBindingEvent) -> Void) async throws {
+        var ssdp = SSDPDiscoveryConfiguration(interfaceAddress: nodeHost)
+        ssdp.groupAddress = configuration.ssdpGroup
+        ssdp.port = configuration.ssdpPort
+        ssdp.beaconServer = .external(port: nodePort)
+        ssdp.maxAge = configuration.maxAge
+        ssdp.foregroundAliveInterval = configuration.aliveInterval
+        ssdp.limits = configuration.discoveryLimits
+        let service = SSDPDiscoveryService(configuration: ssdp, group: group, logger: logger) { peer, bytes in
+            events(.beaconsFetched(origin: peer.location.description, location: peer.location, bytes: bytes))
+        }
+        do {
+            try await service.start(advertising: nil)
+        } catch SSDPDiscoveryService.StartError.noInterface {
+            throw NodeError.noUsableInterface(name: nodeHost)
+        }
+        self.service.withLockedValue { $0 = service }
+        let limits = (configuration.discoveryLimits, configuration.admission)
+        let task = Task {
+            for await event in service.events {
+                switch event {
+                case .appeared(let peer):
+                    events(.peerAppeared(origin: peer.location.description))
+                case .left(let peer, let reason):
+                    events(.peerLeft(origin: peer.location.description, reason: reason.rawValue))
+                case .limitTriggered(let kind):
+                    events(.limitTriggered(Self.report(of: kind, limits: limits.0, admission: limits.1)))
+                case .changed, .beaconsFetched, .beaconFetchFailed:
+                    break
+                }
+            }
+        }
+        eventsTask.withLockedValue { $0 = task }
+    }
+
+    func advertise(_ announcement: [UInt8]?, isRotation: Bool) async {
+        // Each new stream gets a new USN, so listeners fetch it (a rotation included).
+        await service.withLockedValue { $0 }?.advertise(announcement)
+    }
+
+    func pauseAnnouncing(for period: TimeAmount) {
+        service.withLockedValue { $0 }?.pauseAnnouncing(for: period)
+    }
+
+    func location() async -> String? {
+        guard let service = service.withLockedValue({ $0 }) else { return nil }
+        return await service.location().description
+    }
+
+    func hasEnded(_ location: BeaconLocation) -> Bool { false }
+
+    func stop() async {
+        await service.withLockedValue { $0 }?.stop()
+        eventsTask.withLockedValue { $0 }?.cancel()
+    }
+
+    /// What a fired limit switched off, for how long, and why; each is that limit's last resort.
+    static func report(of kind: SSDPDiscoveryEvent.LimitKind, limits: SSDPDiscoveryLimits,
+                       admission: AdmissionLimits) -> PeerLimitReport {
+        func duration(_ amount: TimeAmount) -> Duration { .nanoseconds(amount.nanoseconds) }
+        func seconds(_ amount: TimeAmount) -> String { "\(amount.nanoseconds / 1_000_000_000) s" }
+        switch kind {
+        case .announcementFlood:
+            return PeerLimitReport(kind: kind.rawValue, effect: .discoveryOff, period: duration(limits.discoveryCooldown),
+                                   detail: "SSDP discovery off for \(seconds(limits.discoveryCooldown)) (last resort: more than \(limits.maxDatagramsPerWindow) datagrams per \(seconds(limits.floodWindow)))")
+        case .peerCap:
+            return PeerLimitReport(kind: kind.rawValue, effect: .discoveryOff, period: duration(limits.discoveryCooldown),
+                                   detail: "SSDP discovery off for \(seconds(limits.discoveryCooldown)) (last resort: more than \(limits.maxTrackedPeers) peers tracked)")
+        case .unicastFailure:
+            return PeerLimitReport(kind: kind.rawValue, effect: .announcingPaused, period: duration(limits.unicastFailurePause),
+                                   detail: "announcing paused for \(seconds(limits.unicastFailurePause)) (last resort: \(limits.unicastFailureThreshold) unicast failures)")
+        case .httpOverload:
+            return PeerLimitReport(kind: kind.rawValue, effect: .portClosed, period: duration(admission.overloadClosePeriod),
+                                   detail: "beacon and PSK-TLS port closed and announcing paused for \(seconds(admission.overloadClosePeriod)) (last resort: more than \(admission.maxConnectionsGlobal) connections per \(seconds(admission.globalWindow)) from sources each within its own bounds)")
+        }
+    }
+}
