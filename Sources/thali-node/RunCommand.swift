@@ -148,7 +148,9 @@ struct Run: AsyncParsableCommand {
         try await ServiceGroup(configuration: group).run()
         output.status(await peer.status())
         let stopReason = reason.value ?? "end"
-        output.line(["event": "stopped", "reason": stopReason], text: "stopped (\(stopReason))")
+        var stopped = PeerEventRecord(event: "stopped", summary: "stopped (\(stopReason))")
+        stopped.reason = stopReason
+        output.print(stopped)
     }
 }
 
@@ -214,97 +216,26 @@ final class RunOutput: Sendable {
 
     init(json: Bool) { self.json = json }
 
-    func line(_ object: [String: Any], text: String) {
+    /// Prints `record`, stamped with the time since the start.
+    func print(_ record: PeerEventRecord) {
         let elapsed = Date().timeIntervalSince(start)
         if json {
-            var object = object
-            object["t"] = (elapsed * 1000).rounded() / 1000
-            guard let data = try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys, .withoutEscapingSlashes])
-            else { return }
+            var record = record
+            record.t = (elapsed * 1000).rounded() / 1000
+            guard let data = try? record.jsonLine() else { return }
             FileHandle.standardOutput.write(data + Data("\n".utf8))
         } else {
-            FileHandle.standardOutput.write(Data((String(format: "%8.3fs  ", elapsed) + text + "\n").utf8))
+            FileHandle.standardOutput.write(Data((String(format: "%8.3fs  ", elapsed) + record.summary + "\n").utf8))
         }
     }
 
     func status(_ status: PeerStatus) {
-        let matched = status.matchedContacts.map { contact -> [String: Any] in
-            var entry: [String: Any] = ["name": contact.name, "state": contact.state]
-            if let location = contact.location { entry["location"] = location }
-            if let binding = contact.binding { entry["binding"] = binding.rawValue }
-            if let port = contact.relayPort { entry["relay_port"] = port }
-            return entry
-        }
-        let summary = status.matchedContacts.map { "\($0.name) \($0.state)" + ($0.relayPort.map { " (relay port \($0))" } ?? "") }
-        line(["event": "status", "location": status.location, "advertising_for": status.advertisingFor,
-              "peers_seen": status.peersSeen, "matched_contacts": matched, "sessions_in_flight": status.sessionsInFlight,
-              "inbox": status.inboxCount, "outbox": status.outboxCount, "limits_triggered": status.limitsTriggered],
-             text: "status: \(status.peersSeen.count) peer(s) seen; advertising for [\(status.advertisingFor.joined(separator: ", "))]; "
-                + "matched contacts [\(summary.joined(separator: ", "))]; \(status.sessionsInFlight) session(s) in flight; "
-                + "inbox \(status.inboxCount), outbox \(status.outboxCount)"
-                + (status.limitsTriggered.isEmpty ? "" : "; limits fired: "
-                    + status.limitsTriggered.sorted { $0.key < $1.key }.map { "\($0.key) ×\($0.value)" }.joined(separator: ", ")))
+        print(PeerEventRecord(status))
     }
 
     func report(_ event: PeerEvent) {
-        switch event {
-        case .started(let location):
-            line(["event": "started", "location": location], text: "listening at \(location) (beacons and PSK-TLS)")
-        case .advertising(let contacts):
-            line(["event": "advertising", "contacts": contacts],
-                 text: contacts.isEmpty ? "nothing to announce" : "advertising beacons for \(contacts.joined(separator: ", "))")
-        case .peerAppeared(let location):
-            line(["event": "peer_appeared", "location": location], text: "peer appeared at \(location)")
-        case .peerLeft(let location, let reason):
-            line(["event": "peer_left", "location": location, "reason": reason], text: "peer at \(location) left (\(reason))")
-        case .beaconMatched(let contact, let location):
-            line(["event": "matched", "contact": contact, "location": location,
-                  "binding": PeerBindingKind(origin: location).rawValue],
-                 text: "beacon from \(contact) matched at \(location)")
-        case .connecting(let contact, let location, let attempt):
-            line(["event": "connecting", "contact": contact, "location": location, "attempt": attempt,
-                  "binding": PeerBindingKind(origin: location).rawValue],
-                 text: "connecting to \(contact) at \(location) (attempt \(attempt))")
-        case .connected(let contact, let role):
-            line(["event": "connected", "contact": contact, "role": role.rawValue],
-                 text: "PSK-TLS session with \(contact) up (\(role == .connecting ? "we connected" : "they connected"))")
-        case .connectionFailed(let contact, let reason, let retryIn):
-            var object: [String: Any] = ["event": "connection_failed", "contact": contact, "reason": reason]
-            if let retryIn { object["retry_in_ms"] = Int(retryIn.components.seconds * 1000 + retryIn.components.attoseconds / 1_000_000_000_000_000) }
-            line(object, text: "connection with \(contact) failed: \(reason)" + (retryIn.map { "; retrying in \($0)" } ?? "; giving up until the next announcement"))
-        case .delivery(let contact, let delivery):
-            report(delivery, contact: contact)
-        case .disconnected(let contact, let role, let reason):
-            line(["event": "disconnected", "contact": contact, "role": role.rawValue, "reason": reason],
-                 text: "PSK-TLS session with \(contact) ended: \(reason)")
-        case .sessionEnded(let contact, let role, let error):
-            var object: [String: Any] = ["event": "session_ended", "contact": contact, "role": role.rawValue]
-            if let error { object["error"] = error }
-            line(object, text: "session with \(contact) ended" + (error.map { ": \($0)" } ?? ""))
-        case .limitTriggered(let report):
-            line(["event": "limit_triggered", "kind": report.kind, "effect": report.effect.rawValue,
-                  "period_s": report.period.seconds, "detail": report.detail],
-                 text: "limit \(report.kind) fired: \(report.detail)")
-        case .relayListening(let contact, let port):
-            line(["event": "relay_listening", "contact": contact, "port": port],
-                 text: "relay: connections to 127.0.0.1:\(port) reach \(contact)'s app")
-        case .bindingUnavailable(let binding, let reason):
-            line(["event": "binding_unavailable", "binding": binding, "reason": reason],
-                 text: "\(binding) is not running: \(reason)")
-        case .stopped:
-            break
-        }
-    }
-
-    private func report(_ event: DeliveryEvent, contact: String) {
-        switch event {
-        case .offered(let offer):
-            line(["event": "offered", "contact": contact, "id": offer.id.uuidString, "kind": offer.kind.rawValue,
-                  "size": offer.size], text: "offering \(offer.kind == .text ? "a text" : "file \(offer.name)") (\(offer.size) bytes) to \(contact)")
-        case .transferStarted(let id, let offset, let total):
-            line(["event": "transfer_started", "contact": contact, "id": id.uuidString, "offset": offset, "total": total],
-                 text: "transfer of \(id.uuidString.prefix(8)) with \(contact) starts at \(offset)/\(total)")
-        case .progress(let id, let bytes, let total):
+        // Progress at most every 250 ms per item, and always at its end.
+        if case .delivery(_, .progress(let id, let bytes, let total)) = event {
             let now = Date()
             let due = lastProgress.withLock { last -> Bool in
                 if bytes < total, let previous = last[id], now.timeIntervalSince(previous) < 0.25 { return false }
@@ -312,29 +243,7 @@ final class RunOutput: Sendable {
                 return true
             }
             guard due else { return }
-            line(["event": "progress", "contact": contact, "id": id.uuidString, "bytes": bytes, "total": total],
-                 text: "  \(id.uuidString.prefix(8)) with \(contact): \(bytes)/\(total) bytes (\(total == 0 ? 100 : bytes * 100 / total) %)")
-        case .delivered(let id, let alreadyStored):
-            line(["event": "delivered", "contact": contact, "id": id.uuidString, "already_stored": alreadyStored],
-                 text: "delivered \(id.uuidString.prefix(8)) to \(contact)" + (alreadyStored ? " (it had it already)" : ""))
-        case .refused(let id, let refusal):
-            line(["event": "refused", "contact": contact, "id": id.uuidString, "reason": "\(refusal)"],
-                 text: "\(contact) refused \(id.uuidString.prefix(8)): \(refusal)")
-        case .rejected(let id, let failure):
-            line(["event": "rejected", "contact": contact, "id": id.uuidString, "reason": "\(failure)"],
-                 text: "\(contact) rejected \(id.uuidString.prefix(8)) as damaged in transit (\(failure)); it will be sent again")
-        case .discarded(let id, let failure):
-            line(["event": "discarded", "contact": contact, "id": id.uuidString, "reason": "\(failure)"],
-                 text: "\(id.uuidString.prefix(8)) with \(contact) arrived damaged (\(failure)); it will be sent again")
-        case .received(let item):
-            var object: [String: Any] = ["event": "received", "contact": contact, "id": item.itemID.uuidString,
-                                         "kind": item.kind.rawValue, "size": item.size]
-            if let text = item.text { object["text"] = text }
-            if let name = item.fileName { object["file_name"] = name }
-            line(object, text: "received from \(contact): " + (item.text.map { "\"\($0)\"" } ?? "\(item.fileName ?? "file") (\(item.size) bytes)"))
-        case .duplicate(let id):
-            line(["event": "duplicate", "contact": contact, "id": id.uuidString],
-                 text: "\(contact) offered \(id.uuidString.prefix(8)) again; already in the inbox")
         }
+        if let record = PeerEventRecord(event) { print(record) }
     }
 }

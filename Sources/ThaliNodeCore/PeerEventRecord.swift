@@ -1,0 +1,235 @@
+import Foundation
+
+/// One ``PeerEvent`` (or a ``PeerStatus``) as `thali-node run --json` prints it: one JSON object per
+/// line with `event`, `t` (seconds since the start) and the event's own fields in snake_case, absent
+/// when they do not apply; and as a readable line (``text``). The schema is this type: apps that read
+/// the output, and the command that prints it, share it.
+public struct PeerEventRecord: Encodable, Sendable, Hashable {
+    /// A matched contact in a `status` record.
+    public struct ContactRecord: Encodable, Sendable, Hashable {
+        /// The contact's name.
+        public var name: String
+        /// `idle`, `matched`, `connecting`, `connected`, `backoff` or `gave-up`.
+        public var state: String
+        /// Where the contact is reached, or was last found.
+        public var location: String?
+        /// `wifi` or `bluetooth`: the route in use or tried next.
+        public var binding: String?
+        /// Relay mode: the local port whose connections reach the contact's app.
+        public var relayPort: Int?
+
+        enum CodingKeys: String, CodingKey {
+            case name, state, location, binding
+            case relayPort = "relay_port"
+        }
+    }
+
+    /// The event's name (`started`, `matched`, `progress`, `status`, ...).
+    public var event: String
+    /// Seconds since the start, to the millisecond.
+    public var t: Double?
+    /// A peer's location (SSDP `LOCATION` or `bluetooth:` and an address), or ours.
+    public var location: String?
+    /// `advertising`: the contacts announced for.
+    public var contacts: [String]?
+    /// The contact the event concerns.
+    public var contact: String?
+    /// `wifi` or `bluetooth` (from the location), or the binding a `binding_unavailable` names.
+    public var binding: String?
+    /// `connecting`: failures in a row plus one.
+    public var attempt: Int?
+    /// `connecting` or `accepting`.
+    public var role: String?
+    /// Why a connection, a peer or an item ended as it did.
+    public var reason: String?
+    /// `connection_failed`: milliseconds until the next attempt; absent when giving up.
+    public var retryInMs: Int?
+    /// `session_ended`: the error, absent when the session completed.
+    public var error: String?
+    /// A limit's kind, or an item's kind (`text`, `file`).
+    public var kind: String?
+    /// `limit_triggered`: what the limit switched off.
+    public var effect: String?
+    /// `limit_triggered`: for how long, in seconds.
+    public var periodSeconds: Double?
+    /// `limit_triggered`: what was exceeded, in words.
+    public var detail: String?
+    /// `relay_listening`: the local port.
+    public var port: Int?
+    /// An item's id.
+    public var id: String?
+    /// An item's size in bytes.
+    public var size: Int64?
+    /// `transfer_started`: where the transfer starts (above 0 when resumed).
+    public var offset: UInt64?
+    /// An item's total bytes.
+    public var total: UInt64?
+    /// `progress`: the bytes moved so far.
+    public var bytes: UInt64?
+    /// `delivered`: the receiver had the item already.
+    public var alreadyStored: Bool?
+    /// `received`: a text item's text.
+    public var text: String?
+    /// `received`: a file item's name.
+    public var fileName: String?
+    /// `status`: the contacts advertised for.
+    public var advertisingFor: [String]?
+    /// `status`: the peers heard, by location.
+    public var peersSeen: [String]?
+    /// `status`: the contacts whose beacons matched, with their link state.
+    public var matchedContacts: [ContactRecord]?
+    /// `status`: delivery sessions running.
+    public var sessionsInFlight: Int?
+    /// `status`: items in the inbox.
+    public var inbox: Int?
+    /// `status`: items waiting in the outbox.
+    public var outbox: Int?
+    /// `status`: how often each DoS limit fired, by kind.
+    public var limitsTriggered: [String: Int]?
+
+    /// The readable line (not encoded).
+    public var summary: String = ""
+
+    enum CodingKeys: String, CodingKey {
+        case event, t, location, contacts, contact, binding, attempt, role, reason
+        case retryInMs = "retry_in_ms"
+        case error, kind, effect
+        case periodSeconds = "period_s"
+        case detail, port, id, size, offset, total, bytes
+        case alreadyStored = "already_stored"
+        case text
+        case fileName = "file_name"
+        case advertisingFor = "advertising_for"
+        case peersSeen = "peers_seen"
+        case matchedContacts = "matched_contacts"
+        case sessionsInFlight = "sessions_in_flight"
+        case inbox, outbox
+        case limitsTriggered = "limits_triggered"
+    }
+
+    /// An empty record of `event`.
+    public init(event: String, summary: String) {
+        self.event = event
+        self.summary = summary
+    }
+
+    /// The record of `event`; nil for events that are not printed (`stopped`: the command prints its own).
+    public init?(_ event: PeerEvent) {
+        switch event {
+        case .started(let location):
+            self.init(event: "started", summary: "listening at \(location) (beacons and PSK-TLS)")
+            self.location = location
+        case .advertising(let contacts):
+            self.init(event: "advertising",
+                      summary: contacts.isEmpty ? "nothing to announce" : "advertising beacons for \(contacts.joined(separator: ", "))")
+            self.contacts = contacts
+        case .peerAppeared(let location):
+            self.init(event: "peer_appeared", summary: "peer appeared at \(location)")
+            self.location = location
+        case .peerLeft(let location, let reason):
+            self.init(event: "peer_left", summary: "peer at \(location) left (\(reason))")
+            (self.location, self.reason) = (location, reason)
+        case .beaconMatched(let contact, let location):
+            self.init(event: "matched", summary: "beacon from \(contact) matched at \(location)")
+            (self.contact, self.location) = (contact, location)
+            binding = PeerBindingKind(origin: location).rawValue
+        case .connecting(let contact, let location, let attempt):
+            self.init(event: "connecting", summary: "connecting to \(contact) at \(location) (attempt \(attempt))")
+            (self.contact, self.location, self.attempt) = (contact, location, attempt)
+            binding = PeerBindingKind(origin: location).rawValue
+        case .connected(let contact, let role):
+            self.init(event: "connected",
+                      summary: "PSK-TLS session with \(contact) up (\(role == .connecting ? "we connected" : "they connected"))")
+            (self.contact, self.role) = (contact, role.rawValue)
+        case .connectionFailed(let contact, let reason, let retryIn):
+            self.init(event: "connection_failed", summary: "connection with \(contact) failed: \(reason)"
+                + (retryIn.map { "; retrying in \($0)" } ?? "; giving up until the next announcement"))
+            (self.contact, self.reason) = (contact, reason)
+            retryInMs = retryIn.map { Int($0.components.seconds * 1000 + $0.components.attoseconds / 1_000_000_000_000_000) }
+        case .delivery(let contact, let delivery):
+            self.init(delivery, contact: contact)
+        case .disconnected(let contact, let role, let reason):
+            self.init(event: "disconnected", summary: "PSK-TLS session with \(contact) ended: \(reason)")
+            (self.contact, self.role, self.reason) = (contact, role.rawValue, reason)
+        case .sessionEnded(let contact, let role, let error):
+            self.init(event: "session_ended", summary: "session with \(contact) ended" + (error.map { ": \($0)" } ?? ""))
+            (self.contact, self.role, self.error) = (contact, role.rawValue, error)
+        case .limitTriggered(let report):
+            self.init(event: "limit_triggered", summary: "limit \(report.kind) fired: \(report.detail)")
+            (kind, effect, detail) = (report.kind, report.effect.rawValue, report.detail)
+            periodSeconds = report.period.timeInterval
+        case .relayListening(let contact, let port):
+            self.init(event: "relay_listening", summary: "relay: connections to 127.0.0.1:\(port) reach \(contact)'s app")
+            (self.contact, self.port) = (contact, port)
+        case .bindingUnavailable(let binding, let reason):
+            self.init(event: "binding_unavailable", summary: "\(binding) is not running: \(reason)")
+            (self.binding, self.reason) = (binding, reason)
+        case .stopped:
+            return nil
+        }
+    }
+
+    private init(_ event: DeliveryEvent, contact: String) {
+        func short(_ id: UUID) -> Substring { id.uuidString.prefix(8) }
+        switch event {
+        case .offered(let offer):
+            self.init(event: "offered", summary: "offering \(offer.kind == .text ? "a text" : "file \(offer.name)") (\(offer.size) bytes) to \(contact)")
+            (id, kind, size) = (offer.id.uuidString, offer.kind.rawValue, Int64(clamping: offer.size))
+        case .transferStarted(let id, let offset, let total):
+            self.init(event: "transfer_started", summary: "transfer of \(short(id)) with \(contact) starts at \(offset)/\(total)")
+            (self.id, self.offset, self.total) = (id.uuidString, offset, total)
+        case .progress(let id, let bytes, let total):
+            self.init(event: "progress",
+                      summary: "  \(short(id)) with \(contact): \(bytes)/\(total) bytes (\(total == 0 ? 100 : bytes * 100 / total) %)")
+            (self.id, self.bytes, self.total) = (id.uuidString, bytes, total)
+        case .delivered(let id, let alreadyStored):
+            self.init(event: "delivered", summary: "delivered \(short(id)) to \(contact)" + (alreadyStored ? " (it had it already)" : ""))
+            (self.id, self.alreadyStored) = (id.uuidString, alreadyStored)
+        case .refused(let id, let refusal):
+            self.init(event: "refused", summary: "\(contact) refused \(short(id)): \(refusal)")
+            (self.id, reason) = (id.uuidString, "\(refusal)")
+        case .rejected(let id, let failure):
+            self.init(event: "rejected",
+                      summary: "\(contact) rejected \(short(id)) as damaged in transit (\(failure)); it will be sent again")
+            (self.id, reason) = (id.uuidString, "\(failure)")
+        case .discarded(let id, let failure):
+            self.init(event: "discarded", summary: "\(short(id)) with \(contact) arrived damaged (\(failure)); it will be sent again")
+            (self.id, reason) = (id.uuidString, "\(failure)")
+        case .received(let item):
+            self.init(event: "received", summary: "received from \(contact): "
+                + (item.text.map { "\"\($0)\"" } ?? "\(item.fileName ?? "file") (\(item.size) bytes)"))
+            (id, kind, size, text, fileName) = (item.itemID.uuidString, item.kind.rawValue, item.size, item.text, item.fileName)
+        case .duplicate(let id):
+            self.init(event: "duplicate", summary: "\(contact) offered \(short(id)) again; already in the inbox")
+            self.id = id.uuidString
+        }
+        self.contact = contact
+    }
+
+    /// The record of a status snapshot.
+    public init(_ status: PeerStatus) {
+        let summary = status.matchedContacts.map { "\($0.name) \($0.state)" + ($0.relayPort.map { " (relay port \($0))" } ?? "") }
+        self.init(event: "status", summary: "status: \(status.peersSeen.count) peer(s) seen; advertising for [\(status.advertisingFor.joined(separator: ", "))]; "
+            + "matched contacts [\(summary.joined(separator: ", "))]; \(status.sessionsInFlight) session(s) in flight; "
+            + "inbox \(status.inboxCount), outbox \(status.outboxCount)"
+            + (status.limitsTriggered.isEmpty ? "" : "; limits fired: "
+                + status.limitsTriggered.sorted { $0.key < $1.key }.map { "\($0.key) ×\($0.value)" }.joined(separator: ", ")))
+        location = status.location
+        advertisingFor = status.advertisingFor
+        peersSeen = status.peersSeen
+        matchedContacts = status.matchedContacts.map {
+            ContactRecord(name: $0.name, state: $0.state, location: $0.location, binding: $0.binding?.rawValue, relayPort: $0.relayPort)
+        }
+        sessionsInFlight = status.sessionsInFlight
+        inbox = status.inboxCount
+        outbox = status.outboxCount
+        limitsTriggered = status.limitsTriggered
+    }
+
+    /// The JSON line (no newline): keys sorted, slashes unescaped.
+    public func jsonLine() throws -> Data {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+        return try encoder.encode(self)
+    }
+}
