@@ -3,6 +3,7 @@ import Logging
 import NIOCore
 import ThaliBeacons
 import ThaliPSKTLS
+import ThaliSSDP
 
 /// The node's configuration, read from `config.json` in the data directory. Every key is optional and
 /// has a default; unknown keys are errors (a typo must not silently fall back to a default). The keys and
@@ -57,8 +58,8 @@ public struct NodeConfiguration: Sendable, Hashable {
         interface = nil
         deliveryPort = 0
         beaconPort = 0
-        ssdpMulticastAddress = "239.255.255.250"
-        ssdpPort = 1900
+        ssdpMulticastAddress = SSDPDiscoveryConfiguration.defaultGroupAddress
+        ssdpPort = SSDPDiscoveryConfiguration.defaultPort
         beaconProfile = .spec
         beaconValiditySeconds = 3600
         defaultItemExpirySeconds = 7 * 24 * 3600
@@ -112,7 +113,7 @@ public struct NodeConfiguration: Sendable, Hashable {
         configuration.ssdpMulticastAddress = try fields.string("ssdpMulticastAddress", default: configuration.ssdpMulticastAddress) {
             (try? SocketAddress(ipAddress: $0, port: 0)) != nil ? nil : "not an IP address"
         }
-        configuration.ssdpPort = try fields.integer("ssdpPort", default: 1900, range: 1...65535)
+        configuration.ssdpPort = try fields.integer("ssdpPort", default: configuration.ssdpPort, range: 1...65535)
         let profile = try fields.string("beaconProfile", default: BeaconProfile.spec.rawValue) {
             BeaconProfile(rawValue: $0) == nil ? "must be \"spec\" or \"cordova\"" : nil
         }

@@ -35,9 +35,9 @@ public struct PeerConfiguration: Sendable {
     /// The Bluetooth binding (BLE advertising and scanning through BlueZ, RFCOMM relay), or nil for none.
     public var bluetooth: BluetoothPeerConfiguration?
     /// SSDP multicast group.
-    public var ssdpGroup: String = "239.255.255.250"
+    public var ssdpGroup: String = SSDPDiscoveryConfiguration.defaultGroupAddress
     /// SSDP multicast port.
-    public var ssdpPort: Int = 1900
+    public var ssdpPort: Int = SSDPDiscoveryConfiguration.defaultPort
     /// The one TCP port serving `GET /NotificationBeacons` and PSK-TLS; 0 picks a free one.
     public var port: Int = 0
     /// SSDP `CACHE-CONTROL: max-age` announced, in seconds.

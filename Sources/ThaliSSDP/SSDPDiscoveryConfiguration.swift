@@ -3,13 +3,18 @@ import NIOCore
 /// Everything a discovery service needs to know: where to listen, how often to speak, and its limits.
 /// Defaults follow `spec/ssdp.md`.
 public struct SSDPDiscoveryConfiguration: Sendable {
+    /// SSDP's multicast group, the default everywhere (the peer, `config.json`).
+    public static let defaultGroupAddress = "239.255.255.250"
+    /// SSDP's multicast port, the default everywhere.
+    public static let defaultPort = 1900
+
     /// The IPv4 address of the interface discovery is pinned to (`IP_MULTICAST_IF`, group join, HTTP
     /// server and LOCATION). On `lo`, `127.0.0.1`.
     public var interfaceAddress: String
     /// The multicast group. Thali's deployed node-ssdp used 228.227.226.225; we use SSDP's own.
-    public var groupAddress: String = "239.255.255.250"
+    public var groupAddress: String = SSDPDiscoveryConfiguration.defaultGroupAddress
     /// The multicast port. Tests pick a random one so concurrent runs do not hear each other.
-    public var port: Int = 1900
+    public var port: Int = SSDPDiscoveryConfiguration.defaultPort
     /// The TCP port of the beacon server; 0 picks a free one.
     public var httpPort: Int = 0
     /// `NT` sent and the only `NT`/`ST` listened to.

@@ -77,40 +77,21 @@ struct Run: AsyncParsableCommand {
             handler.logLevel = level
             return handler
         }
+        var overrides = PeerConfiguration.NodeOverrides()
+        (overrides.interface, overrides.address) = (interface, address)
+        (overrides.ssdpPort, overrides.ssdpGroup, overrides.port, overrides.maxAge) = (ssdpPort, ssdpGroup, port, maxAge)
+        (overrides.appPort, overrides.sendThrottleBytesPerSecond) = (appPort, throttle)
+        overrides.maxConnectionsPerSource = perSourceLimit
         // The flags add to config.json's wifi, bluetooth and bluetoothAdapter.
-        let useBluetooth = bluetooth || nodeConfiguration.bluetooth
-        let useWiFi = !noWifi && nodeConfiguration.wifi
-        if !useWiFi && !useBluetooth { throw ValidationError("--no-wifi needs --bluetooth (or \"bluetooth\": true in config.json)") }
-        if adapter != nil && !useBluetooth { throw ValidationError("--adapter needs --bluetooth") }
-        let interfaceAddress: String
-        if !useWiFi {
-            interfaceAddress = address ?? "127.0.0.1"
-        } else if let address {
-            try NodeInterface.validateLocalAddress(address)
-            interfaceAddress = address
-        } else {
-            interfaceAddress = try NodeInterface.select(configured: interface ?? nodeConfiguration.interface).ipv4Address
+        (overrides.bluetooth, overrides.noWiFi, overrides.bluetoothAdapter) = (bluetooth, noWifi, adapter)
+        var configuration: PeerConfiguration
+        do {
+            configuration = try PeerConfiguration(node: nodeConfiguration, configurationPath: home.configurationPath,
+                                                  overrides: overrides)
+        } catch let error as PeerConfiguration.NodeResolutionError {
+            throw ValidationError(error.description)
         }
-        var configuration = PeerConfiguration(interfaceAddress: interfaceAddress)
-        configuration.ssdpGroup = ssdpGroup ?? nodeConfiguration.ssdpMulticastAddress
-        configuration.ssdpPort = ssdpPort ?? nodeConfiguration.ssdpPort
-        // One port serves beacons and PSK-TLS: the configuration may name it by either key, not two ports.
-        let (delivery, beacon) = (nodeConfiguration.deliveryPort, nodeConfiguration.beaconPort)
-        if port == nil, delivery != 0, beacon != 0, delivery != beacon {
-            throw ValidationError("\(home.configurationPath): deliveryPort \(delivery) and beaconPort \(beacon) differ, but the peer serves beacons and PSK-TLS on one port")
-        }
-        configuration.port = port ?? (delivery != 0 ? delivery : beacon)
-        configuration.maxAge = maxAge
-        configuration.beaconValidity = nodeConfiguration.beaconValidity
-        configuration.beaconProfile = nodeConfiguration.beaconProfile
-        configuration.deliveryLimits = nodeConfiguration.limits
-        configuration.tls.dhGroup = nodeConfiguration.dhGroup
-        configuration.appPort = appPort
-        configuration.sendThrottleBytesPerSecond = throttle
-        if let perSourceLimit { configuration.admission.maxConnectionsPerSource = perSourceLimit }
-        configuration.wifi = useWiFi
-        if useBluetooth {
-            var bluetoothConfiguration = BluetoothPeerConfiguration(adapter: adapter ?? nodeConfiguration.bluetoothAdapter)
+        if var bluetoothConfiguration = configuration.bluetooth {
             let environment = ProcessInfo.processInfo.environment
             if let bus = environment["DBUS_SYSTEM_BUS_ADDRESS"] { bluetoothConfiguration.busAddress = bus }
             // Test configuration only: host tests of whole processes, where there is no radio.
