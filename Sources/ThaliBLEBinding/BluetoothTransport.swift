@@ -64,6 +64,21 @@ public final class BluetoothSocket: @unchecked Sendable {
 @inline(__always)
 func closeDescriptor(_ descriptor: Int32) -> Int32 { close(descriptor) }
 
+/// Makes the socket `fd`, just bound to `channel` (`bindErrno`: 0, or why the bind failed), listen; on
+/// failure closes it and throws, naming the `kind` of socket.
+func listenOrClose(_ fd: Int32, bindErrno: Int32, channel: UInt8, kind: String) throws {
+    guard bindErrno == 0 else {
+        _ = closeDescriptor(fd)
+        if bindErrno == EADDRINUSE { throw BluetoothTransportError.channelInUse(channel) }
+        throw BluetoothTransportError.systemCallFailed(call: "bind(\(kind) channel \(channel))", errno: bindErrno)
+    }
+    guard listen(fd, 16) == 0 else {
+        let code = errno
+        _ = closeDescriptor(fd)
+        throw BluetoothTransportError.systemCallFailed(call: "listen(\(kind))", errno: code)
+    }
+}
+
 /// Accepts incoming Bluetooth streams on one channel.
 public protocol BluetoothListener: Sendable {
     /// Waits for the next incoming stream. Throws `BluetoothTransportError.listenerClosed` once closed.

@@ -56,17 +56,8 @@ public struct CrossProcessBluetoothTransport: BluetoothTransport {
 
     public func listen(channel: UInt8) async throws -> any BluetoothListener {
         let fd = try Self.openSocket()
-        guard Self.withAbstractAddress(name(localAddress, "\(channel)"), { bind(fd, $0, $1) }) == 0 else {
-            let code = errno
-            _ = closeDescriptor(fd)
-            if code == EADDRINUSE { throw BluetoothTransportError.channelInUse(channel) }
-            throw BluetoothTransportError.systemCallFailed(call: "bind(stand-in channel \(channel))", errno: code)
-        }
-        guard Glibc.listen(fd, 16) == 0 else {
-            let code = errno
-            _ = closeDescriptor(fd)
-            throw BluetoothTransportError.systemCallFailed(call: "listen(stand-in)", errno: code)
-        }
+        let bound = Self.withAbstractAddress(name(localAddress, "\(channel)")) { bind(fd, $0, $1) } == 0 ? 0 : errno
+        try listenOrClose(fd, bindErrno: bound, channel: channel, kind: "stand-in")
         let prefix = Self.prefix + "\(scope)/"
         return BlockingAcceptListener(descriptor: fd, name: "stand-in") { fd in
             var storage = sockaddr_un()

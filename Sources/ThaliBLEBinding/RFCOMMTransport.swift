@@ -88,17 +88,7 @@ public struct RFCOMMTransport: BluetoothTransport {
 
     public func listen(channel: UInt8) async throws -> any BluetoothListener {
         let fd = try Self.openSocket()
-        let code = bind(fd, channel: channel)
-        guard code == 0 else {
-            _ = closeDescriptor(fd)
-            if code == EADDRINUSE { throw BluetoothTransportError.channelInUse(channel) }
-            throw BluetoothTransportError.systemCallFailed(call: "bind(RFCOMM channel \(channel))", errno: code)
-        }
-        guard Glibc.listen(fd, 16) == 0 else {
-            let code = errno
-            _ = closeDescriptor(fd)
-            throw BluetoothTransportError.systemCallFailed(call: "listen(RFCOMM)", errno: code)
-        }
+        try listenOrClose(fd, bindErrno: bind(fd, channel: channel), channel: channel, kind: "RFCOMM")
         return BlockingAcceptListener(descriptor: fd, name: "RFCOMM") { fd in
             var address = [UInt8](repeating: 0, count: 6)
             let client = address.withUnsafeMutableBufferPointer { thali_rfcomm_accept(fd, $0.baseAddress) }

@@ -28,15 +28,7 @@ final class LinkWakeSignal: Sendable {
 
     /// Wakes the current wait, or the next one.
     func signal() {
-        let waiter = state.withLockedValue { state -> CheckedContinuation<Void, Never>? in
-            guard let waiter = state.waiter else {
-                state.signalled = true
-                return nil
-            }
-            state.waiter = nil
-            return waiter
-        }
-        waiter?.resume()
+        resumeWaiter { $0.signalled = true }
     }
 
     /// Returns after `delay`, at a signal, or when the task is cancelled, whichever comes first.
@@ -70,10 +62,16 @@ final class LinkWakeSignal: Sendable {
 
     /// Ends wait `id` (its time ran out, or its task was cancelled) without leaving a signal behind.
     private func expire(_ id: UInt64) {
+        resumeWaiter(if: { $0.waitID == id }) { $0.expiredBeforeInstalled = id }
+    }
+
+    /// Resumes the installed waiter when `condition` holds; with no waiter installed yet, applies
+    /// `otherwise` so that the wait about to install one returns at once.
+    private func resumeWaiter(if condition: (State) -> Bool = { _ in true }, otherwise: (inout State) -> Void) {
         let waiter = state.withLockedValue { state -> CheckedContinuation<Void, Never>? in
-            guard state.waitID == id else { return nil }
+            guard condition(state) else { return nil }
             guard let waiter = state.waiter else {
-                state.expiredBeforeInstalled = id
+                otherwise(&state)
                 return nil
             }
             state.waiter = nil
