@@ -126,9 +126,11 @@ public struct PeerEventRecord: Encodable, Sendable, Hashable {
         case .peerAppeared(let location):
             self.init(event: "peer_appeared", summary: "peer appeared at \(location)")
             self.location = location
+            binding = PeerBindingKind(origin: location).rawValue
         case .peerLeft(let location, let reason):
             self.init(event: "peer_left", summary: "peer at \(location) left (\(reason))")
             (self.location, self.reason) = (location, reason)
+            binding = PeerBindingKind(origin: location).rawValue
         case .beaconMatched(let contact, let location):
             self.init(event: "matched", summary: "beacon from \(contact) matched at \(location)")
             (self.contact, self.location) = (contact, location)

@@ -19,6 +19,8 @@ import Testing
         #expect(connecting["attempt"] as? Int == 2)
         let matched = try Self.object(PeerEventRecord(.beaconMatched(contact: "bob", location: "http://10.0.0.2:4000/NotificationBeacons")))
         #expect(matched["binding"] as? String == "wifi")
+        let appeared = try Self.object(PeerEventRecord(.peerAppeared(location: "bluetooth:00:AA:01:00:00:01")))
+        #expect(appeared["binding"] as? String == "bluetooth")
         // Slashes stay readable.
         #expect(String(decoding: try #require(PeerEventRecord(.started(location: "http://a/b"))).jsonLine(), as: UTF8.self)
             .contains("http://a/b"))
