@@ -116,8 +116,14 @@ struct ThreeHostDeliveryTests {
         #expect(try !carol.store.inbox().contains { $0.itemID == toCarol.id })
         bobPeer = try start(1, bob, label: "bob (restarted)")
         alicePeer = try start(0, alice, label: "alice (restarted)")
-        try await carolPeer.waitFor("the photo", timeout: .seconds(30)) { isEvent($0, "received", ["id": toCarol.id.uuidString]) }
-        try await bobPeer.waitFor("the report", timeout: .seconds(30)) { isEvent($0, "received", ["id": toBob.id.uuidString]) }
+        do {
+            try await carolPeer.waitFor("the photo", timeout: .seconds(30)) { isEvent($0, "received", ["id": toCarol.id.uuidString]) }
+            try await bobPeer.waitFor("the report", timeout: .seconds(30)) { isEvent($0, "received", ["id": toBob.id.uuidString]) }
+        } catch {
+            let outputs = [alicePeer, bobPeer, carolPeer].map { "--- \($0.label)\n" + String($0.output.suffix(8000)) }
+            Issue.record("the peers' events:\n\(outputs.joined(separator: "\n"))")
+            throw error
+        }
         // Both transfers resumed where the receiver's durable bytes ended, not from zero.
         for (peer, id) in [(carolPeer, toCarol.id), (bobPeer, toBob.id)] {
             #expect(peer.events.contains {
