@@ -48,13 +48,25 @@ public enum MultiplexerBridge {
     /// from the IP address the session's own connection came from (its remote address): a gateway whose
     /// sessions arrive from distinct loopback addresses keeps them distinct toward `host`.
     public static func connectingInitializer(host: String, port: Int, fromCarrierSource: Bool) -> MultiplexerHandler.StreamInitializer {
+        connectingInitializer(host: host, port: port) { stream in
+            fromCarrierSource ? stream.parent?.remoteAddress?.ipAddress : nil
+        }
+    }
+
+    /// Like ``connectingInitializer(host:port:)``, each connection leaving from `source` (a local IP
+    /// address; nil: the system's choice).
+    public static func connectingInitializer(host: String, port: Int, source: String?) -> MultiplexerHandler.StreamInitializer {
+        connectingInitializer(host: host, port: port) { _ in source }
+    }
+
+    private static func connectingInitializer(host: String, port: Int,
+                                              source: @escaping @Sendable (Channel) -> String?) -> MultiplexerHandler.StreamInitializer {
         return { stream in
             let (pairedTCPGlue, pairedStreamGlue) = StreamGlueHandler.pair()
             let tcpGlue = NIOLoopBound(pairedTCPGlue, eventLoop: stream.eventLoop)
             let streamGlue = NIOLoopBound(pairedStreamGlue, eventLoop: stream.eventLoop)
             var bootstrap = ClientBootstrap(group: stream.eventLoop)
-            if fromCarrierSource, let source = stream.parent?.remoteAddress?.ipAddress,
-               let local = try? SocketAddress(ipAddress: source, port: 0) {
+            if let source = source(stream), let local = try? SocketAddress(ipAddress: source, port: 0) {
                 bootstrap = bootstrap.bind(to: local)
             }
             return bootstrap

@@ -27,14 +27,18 @@ public struct MultiplexedBluetoothClient: Sendable {
 
     /// Connects to `address` on RFCOMM `channel`, runs the handshake, takes the relay's one localhost
     /// connection, runs a multiplexer client session over it and opens a local listener whose
-    /// connections each become a stream.
-    public func connect(to address: BluetoothAddress, channel: UInt8, hasNotifications: Bool) async throws
+    /// connections each become a stream. With `inboundStreamInitializer`, streams the peripheral opens
+    /// (through its gateway's ``MultiplexedAppGateway/Session/localPort``) are set up by it, so that one
+    /// Bluetooth link carries streams both ways; without, they are refused.
+    public func connect(to address: BluetoothAddress, channel: UInt8, hasNotifications: Bool,
+                        inboundStreamInitializer: MultiplexerHandler.StreamInitializer? = nil) async throws
         -> MultiplexedBluetoothConnection
     {
         let relay = try await relayClient.connect(to: address, channel: channel, hasNotifications: hasNotifications)
         do {
             let carrier = try await ClientBootstrap(group: group).connect(host: "127.0.0.1", port: relay.localPort).get()
-            let session = try await MultiplexerSession.configure(on: carrier, role: .client, configuration: configuration).get()
+            let session = try await MultiplexerSession.configure(on: carrier, role: .client, configuration: configuration,
+                                                                 inboundStreamInitializer: inboundStreamInitializer).get()
             let listener = try await MultiplexerBridge.listen(host: "127.0.0.1", port: 0, forwardingTo: session).get()
             // The Bluetooth stream ending ends the listener as well.
             relay.closeFuture.whenComplete { _ in listener.close(promise: nil) }
@@ -81,7 +85,20 @@ public struct MultiplexedBluetoothConnection: Sendable {
 /// The peripheral's side of the multiplexer: a localhost listener for `BluetoothRelayServer`'s
 /// connections. Each connection carries a multiplexer server session, and each stream the central opens
 /// is joined to a new TCP connection to the app's port (FIN carried as half-close, reset as reset).
+/// Started with `onSession`, each session also gets a local port whose connections become streams the
+/// other way, to the central (if it accepts them), so one Bluetooth link serves both directions.
 public final class MultiplexedAppGateway: Sendable {
+    /// One central's session, reported to `onSession`.
+    public struct Session: Sendable {
+        /// The address the relay's connection came from (with `BluetoothRelayServer`'s `sourcePerPeer`,
+        /// the central's ``BluetoothAddress/loopbackSource``).
+        public let source: String?
+        /// The 127.0.0.1 port whose every connection becomes a stream to the central.
+        public let localPort: Int
+        /// Completes when the session's connection (and with it the Bluetooth stream) has closed.
+        public let closeFuture: EventLoopFuture<Void>
+    }
+
     private let listener: any Channel
     /// The 127.0.0.1 port to give `BluetoothRelayServer` as its app port.
     public let port: Int
@@ -101,15 +118,26 @@ public final class MultiplexedAppGateway: Sendable {
     }
 
     /// Listens on 127.0.0.1 (a free port); `streamInitializer` sets up every stream the central opens.
+    /// With `onSession`, each session gets a local port for streams toward the central, reported there.
     public static func start(group: any EventLoopGroup, configuration: MultiplexerConfiguration = .beforeAuthentication,
-                             streamInitializer: @escaping MultiplexerHandler.StreamInitializer) async throws
+                             streamInitializer: @escaping MultiplexerHandler.StreamInitializer,
+                             onSession: (@Sendable (Session) -> Void)? = nil) async throws
         -> MultiplexedAppGateway
     {
         let listener = try await ServerBootstrap(group: group)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
             .childChannelInitializer { carrier in
                 MultiplexerSession.configure(on: carrier, role: .server, configuration: configuration,
-                                             inboundStreamInitializer: streamInitializer).map { _ in }
+                                             inboundStreamInitializer: streamInitializer).flatMap { session in
+                    guard let onSession else { return carrier.eventLoop.makeSucceededVoidFuture() }
+                    return MultiplexerBridge.listen(host: "127.0.0.1", port: 0, forwardingTo: session).map { reverse in
+                        carrier.closeFuture.whenComplete { _ in reverse.close(promise: nil) }
+                        if let port = reverse.localAddress?.port {
+                            onSession(Session(source: carrier.remoteAddress?.ipAddress, localPort: port,
+                                              closeFuture: carrier.closeFuture))
+                        }
+                    }
+                }
             }
             .bind(host: "127.0.0.1", port: 0).get()
         guard let port = listener.localAddress?.port else {

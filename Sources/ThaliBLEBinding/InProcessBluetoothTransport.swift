@@ -17,6 +17,10 @@ public final class InProcessBluetoothAir: Sendable {
     }
 
     private let listeners = NIOLockedValueBox<[Key: InProcessListener]>([:])
+    private let connections = NIOLockedValueBox(0)
+
+    /// How many connections listeners have taken in this air so far (what a test of link reuse counts).
+    public var connectionCount: Int { connections.withLockedValue { $0 } }
 
     /// Creates an empty air.
     public init() {}
@@ -36,6 +40,10 @@ public final class InProcessBluetoothAir: Sendable {
 
     fileprivate func unregister(address: BluetoothAddress, channel: UInt8) {
         _ = listeners.withLockedValue { $0.removeValue(forKey: Key(address: address, channel: channel)) }
+    }
+
+    fileprivate func connectionMade() {
+        connections.withLockedValue { $0 += 1 }
     }
 
     fileprivate func listener(address: BluetoothAddress, channel: UInt8) -> InProcessListener? {
@@ -67,6 +75,7 @@ public struct InProcessBluetoothTransport: BluetoothTransport {
             _ = closeDescriptor(fds[0])
             throw BluetoothTransportError.connectionRefused(address, channel: channel)
         }
+        air.connectionMade()
         return BluetoothSocket(adoptingDescriptor: fds[0], remoteAddress: address)
     }
 

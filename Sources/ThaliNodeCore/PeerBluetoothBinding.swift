@@ -61,6 +61,11 @@ final class PeerBluetoothBinding: PeerBindingService {
         var advertising = false
         /// Local relay ports handed out, newest last (the last 256): `hasEnded` tells ours from others.
         var issuedPorts: [Int] = []
+        /// Links peers made to us, by the source their relayed connections come from (their
+        /// `loopbackSource`): the local port that reaches their node over the same link, and its end.
+        var incoming: [String: (port: Int, closeFuture: EventLoopFuture<Void>)] = [:]
+        /// Our node's port, where streams from peers go.
+        var node: (host: String, port: Int)?
         var tasks: [UUID: Task<Void, Never>] = [:]
         var stopped = false
     }
@@ -99,12 +104,14 @@ final class PeerBluetoothBinding: PeerBindingService {
             }
             let gateway = try await MultiplexedAppGateway.start(
                 group: group, configuration: configuration.multiplexer,
-                streamInitializer: MultiplexerBridge.connectingInitializer(host: nodeHost, port: nodePort, fromCarrierSource: true))
+                streamInitializer: MultiplexerBridge.connectingInitializer(host: nodeHost, port: nodePort, fromCarrierSource: true),
+                onSession: { [weak self] session in self?.incomingLink(session) })
             // Each peer's relayed connections come from its own loopback address (and the gateway's
             // streams from the same one), so our port's per-source admission limits count peers apart.
             let server = BluetoothRelayServer(transport: configuration.transport(address), group: group,
                                               appPort: gateway.port, limits: configuration.limits, sourcePerPeer: true)
             state.withLockedValue {
+                $0.node = (nodeHost, nodePort)
                 $0.client = client
                 $0.ownAddress = address
                 $0.gateway = gateway
@@ -171,6 +178,7 @@ final class PeerBluetoothBinding: PeerBindingService {
         return state.withLockedValue { state in
             state.issuedPorts.contains(location.port)
                 && !state.connections.values.contains { $0.localPort == location.port }
+                && !state.incoming.values.contains { $0.port == location.port }
         }
     }
 
@@ -261,16 +269,41 @@ final class PeerBluetoothBinding: PeerBindingService {
         }
     }
 
-    /// Connects, then fetches the peer's beacons now and every `beaconRefetchInterval` while connected.
-    /// Returns whether it connected.
+    /// A peer connected to us: its link also reaches its node, through `session.localPort`, so reaching
+    /// that peer needs no second Bluetooth connection (``reach(_:from:)`` uses this one).
+    private func incomingLink(_ session: MultiplexedAppGateway.Session) {
+        guard let source = session.source else { return }
+        state.withLockedValue { state in
+            state.incoming[source] = (session.localPort, session.closeFuture)
+            state.issuedPorts.append(session.localPort)
+            if state.issuedPorts.count > 256 { state.issuedPorts.removeFirst() }
+        }
+        session.closeFuture.whenComplete { [weak self] _ in
+            self?.state.withLockedValue { state in
+                if state.incoming[source]?.port == session.localPort { state.incoming[source] = nil }
+            }
+        }
+    }
+
+    /// Reaches `peer` over the link it made to us if there is one, else connects (and that link carries
+    /// the peer's streams to us too); then fetches its beacons now and every `beaconRefetchInterval`
+    /// while the link lasts. Returns whether it had a link.
     private func reach(_ peer: BluetoothAddress, from own: BluetoothAddress) async -> Bool {
         let origin = "bluetooth:\(peer)"
-        let advertising = state.withLockedValue { $0.advertising }
+        let (advertising, incoming, node) = state.withLockedValue { ($0.advertising, $0.incoming[peer.loopbackSource], $0.node) }
+        if let incoming {
+            logger.debug("reaching a Bluetooth peer over the link it made", metadata: ["peer": "\(peer)"])
+            await fetchBeacons(of: peer, origin: origin, port: incoming.port, until: incoming.closeFuture)
+            return true
+        }
         let connection: MultiplexedBluetoothConnection
         do {
             let client = MultiplexedBluetoothClient(transport: configuration.transport(own), group: group,
                                                     limits: configuration.limits, configuration: configuration.multiplexer)
-            connection = try await client.connect(to: peer, channel: configuration.channel, hasNotifications: advertising)
+            // The peer's streams over this link reach our port from its own loopback source, as over its links.
+            let inbound = node.map { MultiplexerBridge.connectingInitializer(host: $0.host, port: $0.port, source: peer.loopbackSource) }
+            connection = try await client.connect(to: peer, channel: configuration.channel, hasNotifications: advertising,
+                                                  inboundStreamInitializer: inbound)
         } catch {
             logger.info("Bluetooth connect failed", metadata: ["peer": "\(peer)", "error": "\(error)"])
             return false
@@ -286,26 +319,32 @@ final class PeerBluetoothBinding: PeerBindingService {
             await connection.close()
             return true
         }
-        let location = BeaconLocation(host: "127.0.0.1", port: connection.localPort)
-        let ended = NIOLockedValueBox(false)
         connection.closeFuture.whenComplete { [weak self] _ in
-            ended.withLockedValue { $0 = true }
             // At once, so that a link failing on the dead port sees it ended (hasEnded).
             self?.state.withLockedValue { state in
                 if state.connections[peer]?.localPort == connection.localPort { state.connections[peer] = nil }
             }
         }
+        await fetchBeacons(of: peer, origin: origin, port: connection.localPort, until: connection.closeFuture)
+        await connection.close()
+        return true
+    }
+
+    /// Fetches the beacons behind local `port` now and every `beaconRefetchInterval`, until `end`.
+    private func fetchBeacons(of peer: BluetoothAddress, origin: String, port: Int, until end: EventLoopFuture<Void>) async {
+        let location = BeaconLocation(host: "127.0.0.1", port: port)
+        let ended = NIOLockedValueBox(false)
+        let wake = LinkWakeSignal()
+        end.whenComplete { _ in
+            ended.withLockedValue { $0 = true }
+            wake.signal()
+        }
         while !Task.isCancelled, !ended.withLockedValue({ $0 }) {
             if let bytes = try? await fetcher.fetch(location) {
                 report(.beaconsFetched(origin: origin, location: location, bytes: bytes))
             }
-            try? await Task.sleep(for: configuration.beaconRefetchInterval)
+            await wake.wait(upTo: configuration.beaconRefetchInterval)
         }
         logger.info("Bluetooth connection ended", metadata: ["peer": "\(peer)"])
-        state.withLockedValue { state in
-            if state.connections[peer]?.localPort == connection.localPort { state.connections[peer] = nil }
-        }
-        await connection.close()
-        return true
     }
 }

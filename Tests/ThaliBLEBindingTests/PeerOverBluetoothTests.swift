@@ -114,6 +114,9 @@ import ThaliTestSupport
         #expect(try alice.store.inbox().map(\.text) == ["to alice over Bluetooth"])
         #expect(try bob.store.inbox().map(\.text) == ["to bob over Bluetooth"])
         #expect(try alice.store.outbox().isEmpty && bob.store.outbox().isEmpty)
+        // Each advertised and each pursued the other, yet one link served both directions: the higher
+        // address waited, found the link the lower one made, and reached the lower one's node over it.
+        #expect(air.connectionCount == 1)
     }
 
     /// Both bindings reach the same contact: each side matches its contact's beacons over SSDP and over
