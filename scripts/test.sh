@@ -9,5 +9,12 @@ export THALI_REQUIRE_PEERS=1
 swift build --build-tests
 # DocC for every library module: no warnings, every public symbol documented.
 scripts/docs.sh
+# The failures are printed again at the end, where a log's tail shows them.
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
 # Serially: on 2 cores, bulk-transfer suites would starve the timing-bound discovery tests.
-swift test --skip-build --no-parallel "$@"
+if ! swift test --skip-build --no-parallel "$@" 2>&1 | tee "$log"; then
+    echo "=== failed tests and their issues ==="
+    grep -E "✘|error:|Fatal error|Crash|signal" "$log" | head -200
+    exit 1
+fi

@@ -64,6 +64,9 @@ final class PeerBluetoothBinding: PeerBindingService {
         /// Links peers made to us, by the source their relayed connections come from (their
         /// `loopbackSource`): the local port that reaches their node over the same link, and its end.
         var incoming: [String: (port: Int, closeFuture: EventLoopFuture<Void>)] = [:]
+        /// Peers that connected to us saying they hold notifications, by their `loopbackSource`, until
+        /// their session reaches the gateway: reaching them before that would open a second link.
+        var awaitingSession: [String: BluetoothAddress] = [:]
         /// Our node's port, where streams from peers go.
         var node: (host: String, port: Int)?
         var tasks: [UUID: Task<Void, Never>] = [:]
@@ -207,13 +210,21 @@ final class PeerBluetoothBinding: PeerBindingService {
             logger.debug("Bluetooth connection relayed to our port", metadata: ["peer": "\(peer)"])
         case .discoveredByConnection(let peer):
             // The seed's surprise connection: a peer that has beacons connected before we saw its
-            // advertisement; reach it as if we had.
-            pursueIfNew(peer, advertiser: nil)
+            // advertisement; reach it as if we had, over its link once the gateway has its session.
+            let ready = state.withLockedValue { state -> Bool in
+                // Bounded: past the cap, reach it at once (at worst over a second link).
+                guard state.incoming[peer.loopbackSource] == nil,
+                      state.awaitingSession.count < configuration.maxConnectedPeers else { return true }
+                state.awaitingSession[peer.loopbackSource] = peer
+                return false
+            }
+            if ready { pursueIfNew(peer, advertiser: nil) }
         case .refused(let decision):
             logger.info("Bluetooth connection refused", metadata: ["decision": "\(decision)"])
         case .handshakeFailed(let peer, let violation):
             logger.info("Bluetooth handshake failed", metadata: ["peer": "\(peer)", "violation": "\(violation)"])
         case .appUnreachable(let peer):
+            state.withLockedValue { _ = $0.awaitingSession.removeValue(forKey: peer.loopbackSource) }
             logger.error("our port was unreachable for a Bluetooth connection", metadata: ["peer": "\(peer)"])
         }
     }
@@ -273,16 +284,19 @@ final class PeerBluetoothBinding: PeerBindingService {
     /// that peer needs no second Bluetooth connection (``reach(_:from:)`` uses this one).
     private func incomingLink(_ session: MultiplexedAppGateway.Session) {
         guard let source = session.source else { return }
-        state.withLockedValue { state in
+        let announced = state.withLockedValue { state -> BluetoothAddress? in
             state.incoming[source] = (session.localPort, session.closeFuture)
             state.issuedPorts.append(session.localPort)
             if state.issuedPorts.count > 256 { state.issuedPorts.removeFirst() }
+            return state.awaitingSession.removeValue(forKey: source)
         }
         session.closeFuture.whenComplete { [weak self] _ in
             self?.state.withLockedValue { state in
                 if state.incoming[source]?.port == session.localPort { state.incoming[source] = nil }
+                state.awaitingSession[source] = nil
             }
         }
+        if let announced { pursueIfNew(announced, advertiser: nil) }
     }
 
     /// Reaches `peer` over the link it made to us if there is one, else connects (and that link carries

@@ -103,7 +103,9 @@ import ThaliTestSupport
         // start() announces what the outbox holds before it returns.
         #expect(try await mock.calls("/org/bluez/hci0", "RegisterAdvertisement").count >= 1)
         #expect(try await mock.calls("/org/bluez/hci1", "RegisterAdvertisement").count >= 1)
+        // Bob hears Alice first and connects; Alice, hearing Bob once that link is up, reaches him over it.
         try await Self.carry(advertiser: "hci0", to: "hci1", mock: mock)
+        try await Self.waitUntil("Bob's item from Alice") { try bob.store.inbox().count == 1 }
         try await Self.carry(advertiser: "hci1", to: "hci0", mock: mock)
 
         try await Self.waitUntil("both inboxes") {
@@ -114,8 +116,8 @@ import ThaliTestSupport
         #expect(try alice.store.inbox().map(\.text) == ["to alice over Bluetooth"])
         #expect(try bob.store.inbox().map(\.text) == ["to bob over Bluetooth"])
         #expect(try alice.store.outbox().isEmpty && bob.store.outbox().isEmpty)
-        // Each advertised and each pursued the other, yet one link served both directions: the higher
-        // address waited, found the link the lower one made, and reached the lower one's node over it.
+        // Each advertised and each pursued the other, yet one link served both directions: Alice found
+        // the link Bob made and reached Bob's node over it.
         #expect(air.connectionCount == 1)
     }
 
