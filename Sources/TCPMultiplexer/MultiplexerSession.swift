@@ -43,7 +43,9 @@ public final class MultiplexerSession: Sendable {
     }
 
     /// Opens a stream. `initializer` configures its pipeline before the stream goes live; the future
-    /// completes with the stream's channel. `name` is sent in `thali-multiplex` open frames (ignored by yamux).
+    /// completes with the stream's channel. The peer may send the moment it accepts, and bytes reaching
+    /// a pipeline before its handlers are dropped, so a stream that reads installs them in `initializer`,
+    /// not after the future completes. `name` is sent in `thali-multiplex` open frames (ignored by yamux).
     public func openStream(name: String? = nil,
                            initializer: MultiplexerHandler.StreamInitializer? = nil) -> EventLoopFuture<Channel> {
         onLoop(channel.eventLoop) {

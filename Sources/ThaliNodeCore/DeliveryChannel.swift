@@ -1,4 +1,6 @@
+import NIOConcurrencyHelpers
 import NIOCore
+import TCPMultiplexer
 
 /// Puts the delivery protocol on a byte-stream channel (a TCP connection, or a multiplexer stream inside
 /// PSK-TLS): an idle timeout, the frame decoder and encoder, and an async wrapper for the session drivers.
@@ -19,9 +21,26 @@ public enum DeliveryChannel {
         return try AsyncFrames(wrappingChannelSynchronously: channel)
     }
 
-    /// Adds the delivery handlers to `channel` (from any thread) and wraps it.
+    /// Adds the delivery handlers to `channel` (from any thread) and wraps it. Only for a channel whose
+    /// peer cannot send yet; for a multiplexer stream use ``openStream(on:limits:)``.
     public static func configure(_ channel: any Channel, limits: DeliveryLimits) -> EventLoopFuture<AsyncFrames> {
         channel.eventLoop.submit { try configureSynchronously(channel, limits: limits) }
+    }
+
+    /// Opens a stream on `session` and returns it configured for delivery (the connecting side, which
+    /// receives). The handlers are installed before the stream is live: the sender answers the open
+    /// with its first frame at once, and bytes that reach a stream's pipeline before its handlers are
+    /// dropped, which would leave the session waiting for a frame already lost.
+    public static func openStream(on session: MultiplexerSession, limits: DeliveryLimits) async throws -> AsyncFrames {
+        let configured = NIOLockedValueBox<AsyncFrames?>(nil)
+        _ = try await session.openStream(initializer: { stream in
+            stream.eventLoop.makeCompletedFuture {
+                let frames = try configureSynchronously(stream, limits: limits)
+                configured.withLockedValue { $0 = frames }
+            }
+        }).get()
+        guard let frames = configured.withLockedValue({ $0 }) else { throw MultiplexerError.sessionClosed }
+        return frames
     }
 }
 

@@ -105,10 +105,7 @@ extension ThaliPeer {
         sessionStarted()
         defer { sessionFinished() }
         do {
-            let stream = try await session.openStream().get()
-            let frames = try await stream.eventLoop.submit {
-                try DeliveryChannel.configureSynchronously(stream, limits: limits)
-            }.get()
+            let frames = try await DeliveryChannel.openStream(on: session, limits: limits)
             _ = try await DeliveryReceiver(store: store, authenticatedPeer: contact, limits: limits,
                                            events: { [emit] in emit(.delivery(contact: contact.name, $0)) },
                                            logger: logger).run(on: frames)

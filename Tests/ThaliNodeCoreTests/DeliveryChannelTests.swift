@@ -2,6 +2,7 @@ import Foundation
 import NIOCore
 import NIOEmbedded
 import NIOPosix
+import TCPMultiplexer
 import Testing
 @testable import ThaliNodeCore
 
@@ -103,5 +104,51 @@ struct DeliverySessionClaimTests {
         // Released when the first session ended.
         #expect(throws: Never.self) { try pair.bob.claimSession(.receiving, with: pair.aliceAtBob) }
         pair.bob.releaseSession(.receiving, with: pair.aliceAtBob)
+    }
+    @Test("a stream the receiving side opens has its handlers before it is live: a frame sent at once is not lost")
+    func openedStreamKeepsTheSendersImmediateFirstFrame() async throws {
+        let group = MultiThreadedEventLoopGroup.singleton
+        let limits = DeliveryLimits(idleTimeout: .seconds(5))
+        let server = try await ServerBootstrap(group: group).childChannelInitializer { child in
+            MultiplexerSession.configure(on: child, role: .server, inboundStreamInitializer: { stream in
+                stream.eventLoop.makeCompletedFuture { try stream.pipeline.syncOperations.addHandler(HelloOnActive()) }
+            }).map { _ in }
+        }.bind(host: "127.0.0.1", port: 0).get()
+        defer { server.close(promise: nil) }
+        let port = try #require(server.localAddress?.port)
+        let session = try await ClientBootstrap(group: group).connect(host: "127.0.0.1", port: port) { channel in
+            MultiplexerSession.configure(on: channel, role: .client)
+        }
+        defer { session.channel.close(promise: nil) }
+        // Every thread of the concurrency pool is held for a moment while the open is under way, so the
+        // event loop delivers the peer's hello before this task resumes, as under load: a stream
+        // configured only after the open returned would have dropped it and then idled out.
+        let busy = (0..<ProcessInfo.processInfo.activeProcessorCount * 2).map { _ in
+            Task.detached { holdThisThread(for: 0.3) }
+        }
+        let frames = try await DeliveryChannel.openStream(on: session, limits: limits)
+        for task in busy { await task.value }
+        let first = try await frames.executeThenClose { inbound, _ in
+            var iterator = inbound.makeAsyncIterator()
+            return try await iterator.next()
+        }
+        #expect(first == .hello(version: DeliveryFrame.protocolVersion))
+    }
+}
+
+/// Blocks the calling thread (in a task: one of the concurrency pool's threads).
+private func holdThisThread(for seconds: TimeInterval) {
+    Thread.sleep(forTimeInterval: seconds)
+}
+
+/// The sender's side of the test above: its hello the moment the stream is live.
+private final class HelloOnActive: ChannelInboundHandler {
+    typealias InboundIn = ByteBuffer
+
+    func channelActive(context: ChannelHandlerContext) {
+        var hello = context.channel.allocator.buffer(capacity: 8)
+        DeliveryFrame.hello(version: DeliveryFrame.protocolVersion).encode(into: &hello)
+        context.writeAndFlush(NIOAny(hello), promise: nil)
+        context.fireChannelActive()
     }
 }
