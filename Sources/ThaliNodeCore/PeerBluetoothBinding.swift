@@ -293,7 +293,6 @@ final class PeerBluetoothBinding: PeerBindingService {
         session.closeFuture.whenComplete { [weak self] _ in
             self?.state.withLockedValue { state in
                 if state.incoming[source]?.port == session.localPort { state.incoming[source] = nil }
-                state.awaitingSession[source] = nil
             }
         }
         if let announced { pursueIfNew(announced, advertiser: nil) }
