@@ -42,6 +42,9 @@ struct Run: AsyncParsableCommand {
     var bluetooth = false
     @Option(help: ArgumentHelp("The Bluetooth adapter (default: the first powered one).", valueName: "name"))
     var adapter: String?
+    @Argument(help: ArgumentHelp("With --bluetooth, the adapter may follow it: `run --bluetooth hci1` (as --adapter).",
+                                 valueName: "adapter"))
+    var bluetoothAdapter: String?
     @Flag(help: "Bluetooth only: no SSDP; the single port listens on 127.0.0.1, reached through the relay.")
     var noWifi = false
     @Flag(help: "Print one JSON object per line instead of readable lines.") var json = false
@@ -64,7 +67,12 @@ struct Run: AsyncParsableCommand {
         if let throttle, throttle < 1 { throw ValidationError("--throttle must be at least 1") }
         if let duration, duration <= 0 { throw ValidationError("--duration must be positive") }
         if statusInterval < 0 { throw ValidationError("--status-interval must not be negative") }
-
+        if let bluetoothAdapter {
+            guard bluetooth else { throw ValidationError("unexpected argument '\(bluetoothAdapter)': an adapter name follows --bluetooth") }
+            if let adapter, adapter != bluetoothAdapter {
+                throw ValidationError("two adapters given: '\(bluetoothAdapter)' and --adapter '\(adapter)'")
+            }
+        }
     }
 
     func run() async throws {
@@ -83,7 +91,7 @@ struct Run: AsyncParsableCommand {
         (overrides.appPort, overrides.sendThrottleBytesPerSecond) = (appPort, throttle)
         overrides.maxConnectionsPerSource = perSourceLimit
         // The flags add to config.json's wifi, bluetooth and bluetoothAdapter.
-        (overrides.bluetooth, overrides.noWiFi, overrides.bluetoothAdapter) = (bluetooth, noWifi, adapter)
+        (overrides.bluetooth, overrides.noWiFi, overrides.bluetoothAdapter) = (bluetooth, noWifi, adapter ?? bluetoothAdapter)
         var configuration: PeerConfiguration
         do {
             configuration = try PeerConfiguration(node: nodeConfiguration, configurationPath: home.configurationPath,

@@ -113,10 +113,12 @@ struct NodeProcessesOverBluetoothTests {
         let environment = ["DBUS_SYSTEM_BUS_ADDRESS": mock.busAddress, "THALI_BLUETOOTH_STANDIN": scope]
         let ssdpPort = String(Int.random(in: 20000...60000))
         func start(_ index: Int, wifi: Bool, label: String) throws -> RunningPeer {
-            let bindings = wifi ? ["--address", "127.0.0.1", "--ssdp-port", ssdpPort] : ["--no-wifi"]
+            // Both spellings of the adapter: `--bluetooth --adapter hciN`, and Carol's `--bluetooth hciN`
+            // (were it ignored, she would take the first adapter, Alice's).
+            let bindings = wifi ? ["--address", "127.0.0.1", "--ssdp-port", ssdpPort, "--bluetooth", "--adapter", adapters[index]]
+                : ["--bluetooth", adapters[index], "--no-wifi"]
             return try RunningPeer(label, executable, [
                 "run", "--home", people[index].directory, "--json", "--max-age", "5", "--throttle", String(throttle),
-                "--bluetooth", "--adapter", adapters[index],
             ] + bindings, environment: environment)
         }
         let alicePeer = try start(0, wifi: true, label: "alice")

@@ -107,6 +107,16 @@ struct RunCommandTests {
         try await holder.close()
     }
 
+    @Test("an adapter name is taken only right after --bluetooth, and only one")
+    func bluetoothAdapterArgument() async throws {
+        let people = try TestPeople(["fay"], label: "run-bt")
+        let home = try people["fay"].home.path
+        try await expectOneLineError(["run", "--home", home, "hci1"],
+                                     containing: "unexpected argument 'hci1': an adapter name follows --bluetooth")
+        try await expectOneLineError(["run", "--home", home, "--bluetooth", "hci1", "--adapter", "hci2"],
+                                     containing: "two adapters given: 'hci1' and --adapter 'hci2'")
+    }
+
     @Test("run on a missing interface or an address no interface has says so")
     func noUsableInterface() async throws {
         let people = try TestPeople(["erin"], label: "run-if")

@@ -19,9 +19,9 @@ head -c "$file_bytes" /dev/urandom >"$work/payload.bin"
 "$node" send --home "$work/alice" bob --file "$work/payload.bin" >/dev/null || exit 1
 "$node" send --home "$work/bob" alice "hello alice, over Bluetooth" >/dev/null || exit 1
 
-"$node" run --home "$work/alice" --bluetooth --adapter hci0 --no-wifi --json >"$work/alice.log" 2>"$work/alice.err" &
+"$node" run --home "$work/alice" --bluetooth hci0 --no-wifi --json >"$work/alice.log" 2>"$work/alice.err" &
 alice=$!
-"$node" run --home "$work/bob" --bluetooth --adapter hci1 --no-wifi --json >"$work/bob.log" 2>"$work/bob.err" &
+"$node" run --home "$work/bob" --bluetooth hci1 --no-wifi --json >"$work/bob.log" 2>"$work/bob.err" &
 bob=$!
 
 count() { "$node" inbox --home "$work/$1" --json | /usr/bin/python3 -c 'import json, sys; print(len(json.load(sys.stdin)))'; }
