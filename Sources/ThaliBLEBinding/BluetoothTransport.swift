@@ -105,6 +105,9 @@ public enum BluetoothTransportError: Error, Hashable, Sendable, CustomStringConv
     case systemCallFailed(call: String, errno: Int32)
     /// Nothing listens at that address and channel.
     case connectionRefused(BluetoothAddress, channel: UInt8)
+    /// The device did not answer the connect in time (RFCOMM: the kernel's own connect timeout, which a
+    /// blocking connect reports as EINPROGRESS).
+    case connectTimedOut(BluetoothAddress, channel: UInt8)
     /// Something already listens on that channel.
     case channelInUse(UInt8)
     /// The listener was closed.
@@ -121,6 +124,8 @@ public enum BluetoothTransportError: Error, Hashable, Sendable, CustomStringConv
             return "\(call) failed: \(errnoName(code)) (\(String(cString: strerror(code))))"
         case .connectionRefused(let address, let channel):
             return "no Bluetooth listener at \(address) channel \(channel)"
+        case .connectTimedOut(let address, let channel):
+            return "connecting to \(address) channel \(channel) timed out: the device did not answer"
         case .channelInUse(let channel): return "RFCOMM channel \(channel) is already in use"
         case .listenerClosed: return "the Bluetooth listener is closed"
         case .socketAlreadyUsed: return "the Bluetooth socket was already used"

@@ -80,10 +80,20 @@ public struct RFCOMMTransport: BluetoothTransport {
         }
         guard code == 0 else {
             _ = closeDescriptor(fd)
-            if code == ECONNREFUSED { throw BluetoothTransportError.connectionRefused(address, channel: channel) }
-            throw BluetoothTransportError.systemCallFailed(call: "connect(RFCOMM \(address) channel \(channel))", errno: code)
+            throw Self.connectError(errno: code, address: address, channel: channel)
         }
         return BluetoothSocket(adoptingDescriptor: fd, remoteAddress: address)
+    }
+
+    /// The typed error for a failed blocking RFCOMM `connect`. The kernel bounds a blocking connect by the
+    /// socket's send timeout (about 30 s in the guest), and one that runs out of it fails with EINPROGRESS:
+    /// a timeout, not a connect still under way.
+    static func connectError(errno code: Int32, address: BluetoothAddress, channel: UInt8) -> BluetoothTransportError {
+        switch code {
+        case ECONNREFUSED: return .connectionRefused(address, channel: channel)
+        case EINPROGRESS, ETIMEDOUT: return .connectTimedOut(address, channel: channel)
+        default: return .systemCallFailed(call: "connect(RFCOMM \(address) channel \(channel))", errno: code)
+        }
     }
 
     public func listen(channel: UInt8) async throws -> any BluetoothListener {

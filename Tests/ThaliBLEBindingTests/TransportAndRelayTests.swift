@@ -31,6 +31,21 @@ let channelNumber: UInt8 = 5
             _ = try await transport.listen(channel: channelNumber)
         }
     }
+
+    /// What real BlueZ showed: a blocking connect that outlives the kernel's RFCOMM connect timeout fails
+    /// with EINPROGRESS, which must read as a timeout, not as "operation now in progress".
+    @Test func connectFailuresAreTyped() {
+        #expect(RFCOMMTransport.connectError(errno: EINPROGRESS, address: serverAddress, channel: 9)
+            == .connectTimedOut(serverAddress, channel: 9))
+        #expect(RFCOMMTransport.connectError(errno: ETIMEDOUT, address: serverAddress, channel: 9)
+            == .connectTimedOut(serverAddress, channel: 9))
+        #expect(RFCOMMTransport.connectError(errno: ECONNREFUSED, address: serverAddress, channel: 9)
+            == .connectionRefused(serverAddress, channel: 9))
+        let other = RFCOMMTransport.connectError(errno: EACCES, address: serverAddress, channel: 9)
+        #expect(other == .systemCallFailed(call: "connect(RFCOMM \(serverAddress) channel 9)", errno: EACCES))
+        #expect(BluetoothTransportError.connectTimedOut(serverAddress, channel: 9).description
+            == "connecting to 00:1A:7D:DA:71:01 channel 9 timed out: the device did not answer")
+    }
 }
 
 /// The two stand-ins for the radio behave alike: the in-process air, and the cross-process transport
