@@ -10,6 +10,13 @@ public struct BluetoothAddress: Hashable, Sendable, CustomStringConvertible, Com
     /// The number of octets in a Bluetooth address.
     public static let octetCount = 6
 
+    /// `00:00:00:00:00:00`, the kernel's `BDADDR_ANY`: no particular adapter.
+    public static let any = BluetoothAddress(value: 0)
+
+    private init(value: UInt64) {
+        self.value = value
+    }
+
     /// Creates an address from its six octets in written order; `nil` unless there are exactly six.
     public init?(octets: some Collection<UInt8>) {
         guard octets.count == Self.octetCount else { return nil }

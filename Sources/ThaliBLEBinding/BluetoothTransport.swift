@@ -94,6 +94,14 @@ public protocol BluetoothTransport: Sendable {
     func connect(to address: BluetoothAddress, channel: UInt8) async throws -> BluetoothSocket
     /// Listens for streams on RFCOMM `channel`.
     func listen(channel: UInt8) async throws -> any BluetoothListener
+    /// Throws when this machine cannot carry the transport's streams at all (RFCOMM: a kernel without
+    /// Bluetooth sockets), so that a node says so before it registers anything with bluetoothd.
+    func checkAvailable() throws
+}
+
+extension BluetoothTransport {
+    /// Stand-in transports work wherever the process runs: nothing to check.
+    public func checkAvailable() throws {}
 }
 
 /// Failures of a Bluetooth transport.

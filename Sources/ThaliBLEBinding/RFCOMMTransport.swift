@@ -57,6 +57,11 @@ public struct RFCOMMTransport: BluetoothTransport {
         return fd
     }
 
+    /// Opens and closes an RFCOMM socket: throws `.bluetoothUnsupported` on a kernel without Bluetooth.
+    public func checkAvailable() throws {
+        _ = closeDescriptor(try Self.openSocket())
+    }
+
     public func connect(to address: BluetoothAddress, channel: UInt8) async throws -> BluetoothSocket {
         let fd = try Self.openSocket()
         if let localAddress {

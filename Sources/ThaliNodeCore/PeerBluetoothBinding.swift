@@ -94,10 +94,12 @@ final class PeerBluetoothBinding: PeerBindingService {
     /// Our adapter's address, once started.
     var ownAddress: BluetoothAddress? { state.withLockedValue { $0.ownAddress } }
 
-    /// Finds the adapter, listens on RFCOMM (streams joined to `nodeHost:nodePort`) and starts scanning.
-    /// Throws a `BlueZError` or `BluetoothTransportError` whose description says what is missing.
+    /// Checks that the kernel has Bluetooth, finds the adapter, listens on RFCOMM (streams joined to
+    /// `nodeHost:nodePort`) and starts scanning. Throws a `BluetoothTransportError` or `BlueZError` whose
+    /// description says what is missing, the most basic first: the kernel, the bus, bluetoothd, the adapter.
     func start(nodeHost: String, nodePort: Int, events: @escaping @Sendable (PeerBindingEvent) -> Void) async throws {
         self.events.withLockedValue { $0 = events }
+        try configuration.transport(.any).checkAvailable()
         var bluez = BlueZConfiguration(busAddress: configuration.busAddress, adapterName: configuration.adapter)
         bluez.limits = configuration.limits
         let client = try BlueZClient(configuration: bluez)

@@ -117,6 +117,33 @@ struct RunCommandTests {
                                      containing: "two adapters given: 'hci1' and --adapter 'hci2'")
     }
 
+    /// Whether this machine's kernel refuses Bluetooth sockets (as the test machines' kernels do).
+    static let kernelLacksBluetooth: Bool = {
+        let fd = socket(31 /* AF_BLUETOOTH */, Int32(SOCK_STREAM.rawValue), 3 /* BTPROTO_RFCOMM */)
+        if fd >= 0 { close(fd); return false }
+        return errno == EAFNOSUPPORT
+    }()
+
+    @Test("on a kernel without Bluetooth, --bluetooth alone fails in one line naming the kernel; beside Wi-Fi it is one event and Wi-Fi runs",
+          .enabled(if: kernelLacksBluetooth))
+    func kernelWithoutBluetooth() async throws {
+        let people = try TestPeople(["gus"], label: "run-bt-kernel")
+        let home = try people["gus"].home.path
+        let kernelLine = "this kernel has no Bluetooth sockets: socket(AF_BLUETOOTH, SOCK_STREAM, BTPROTO_RFCOMM) failed with EAFNOSUPPORT"
+        try await expectOneLineError(["run", "--home", home, "--bluetooth", "--no-wifi"],
+                                     containing: "error: Bluetooth cannot run: \(kernelLine)")
+        let peer = try RunningPeer("gus", thaliNodeExecutable, [
+            "run", "--home", home, "--address", "127.0.0.1", "--ssdp-port", String(randomSSDPPort()), "--json", "--bluetooth",
+        ])
+        let unavailable = try await peer.waitFor("binding_unavailable") { isEvent($0, "binding_unavailable", ["binding": "bluetooth"]) }
+        #expect((unavailable["reason"] as? String)?.hasPrefix(kernelLine) == true, "\(unavailable)")
+        let started = try await peer.waitFor("started") { isEvent($0, "started") }
+        #expect((started["location"] as? String)?.hasPrefix("http://127.0.0.1:") == true)
+        try await Task.sleep(for: .milliseconds(500))
+        #expect(!peer.hasExited)
+        #expect(peer.kill(signal: SIGINT) == 0)
+    }
+
     @Test("run on a missing interface or an address no interface has says so")
     func noUsableInterface() async throws {
         let people = try TestPeople(["erin"], label: "run-if")
