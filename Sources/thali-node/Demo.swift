@@ -16,7 +16,7 @@ struct Demo: AsyncParsableCommand {
 
     @Option(help: "Give up (exit non-zero) if not everything is delivered within this many seconds.")
     var timeout: Double = 60
-    @Option(help: "Size of the file Alice sends Carol, in bytes.")
+    @Option(help: "Size of the file Alice sends Carol (Bob, when Carol stays home), in bytes.")
     var fileSize: Int = 256 * 1024
     @Option(help: "Pace Alice's sending at this many bytes per second so the file's progress can be watched (0: full speed).")
     var pace: Int = 256 * 1024
@@ -24,14 +24,17 @@ struct Demo: AsyncParsableCommand {
     var keep = false
     @Flag(help: "Bluetooth only (no SSDP): each peer on its own adapter (see --adapters); scripts/bt-vm/demo.sh runs this in a guest with real BlueZ.")
     var bluetooth = false
-    @Option(help: ArgumentHelp("With --bluetooth: the adapters of Alice, Bob and Carol.", valueName: "a,b,c"))
+    @Option(help: ArgumentHelp("With --bluetooth: the adapters of Alice and Bob, and Carol's if a third is named (two adapters: Carol stays home).",
+                               valueName: "a,b[,c]"))
     var adapters = "hci0,hci1,hci2"
 
     func validate() throws {
         guard timeout > 0, (1...(64 << 20)).contains(fileSize), pace >= 0 else {
             throw ValidationError("--timeout must be positive, --file-size 1 byte to 64 MiB, --pace not negative")
         }
-        if bluetooth && adapterList.count != 3 { throw ValidationError("--adapters names three adapters, one per peer") }
+        if bluetooth && !(2...3).contains(adapterList.count) {
+            throw ValidationError("--adapters names two or three adapters, one per peer")
+        }
     }
 
     private var adapterList: [String] { adapters.split(separator: ",").map(String.init) }
@@ -61,8 +64,9 @@ struct Demo: AsyncParsableCommand {
         let clock = ContinuousClock()
         let setupStart = clock.now
 
-        // Three people, each with an identity and the other two as contacts.
-        let people = try ["Alice", "Bob", "Carol"].map { name -> Person in
+        // Three people (over Bluetooth, one per adapter), each with an identity and the others as contacts.
+        let names = ["Alice", "Bob", "Carol"].prefix(bluetooth ? adapterList.count : 3)
+        let people = try names.map { name -> Person in
             let home = NodeHome(path: root + "/" + name.lowercased())
             try home.create()
             let key = try NodeIdentity.create(in: home)
@@ -73,10 +77,11 @@ struct Demo: AsyncParsableCommand {
                 try person.store.addContact(name: other.name.lowercased(), publicKey: other.key.publicKey.hexString(compressed: true))
             }
         }
-        let (alice, bob, carol) = (people[0], people[1], people[2])
+        let (alice, bob, carol) = (people[0], people[1], people.count > 2 ? people[2] : nil)
         let expiry = Date().addingTimeInterval(3600)
         var expected: [Expected] = []
-        func text(_ text: String, from: Person, to: Person) throws {
+        func text(_ text: String, from: Person?, to: Person?) throws {
+            guard let from, let to else { return }
             let item = try from.store.enqueueText(text, to: to.name.lowercased(), expiresAt: expiry)
             expected.append(Expected(id: item.id, from: from.name, to: to.name, what: "text \"\(text)\"", sha256: item.sha256))
         }
@@ -89,13 +94,14 @@ struct Demo: AsyncParsableCommand {
         var bytes = [UInt8](repeating: 0, count: fileSize)
         for index in bytes.indices { bytes[index] = UInt8(truncatingIfNeeded: index &* 2654435761 >> 13) }
         try Data(bytes).write(to: URL(fileURLWithPath: filePath))
-        let file = try alice.store.enqueueFile(at: filePath, to: "carol", expiresAt: expiry)
-        expected.append(Expected(id: file.id, from: "Alice", to: "Carol", what: "file holiday-photo.jpg (\(fileSize) bytes)",
+        let fileRecipient = carol ?? bob
+        let file = try alice.store.enqueueFile(at: filePath, to: fileRecipient.name.lowercased(), expiresAt: expiry)
+        expected.append(Expected(id: file.id, from: "Alice", to: fileRecipient.name, what: "file holiday-photo.jpg (\(fileSize) bytes)",
                                  sha256: file.sha256))
         let setupTime = clock.now - setupStart
 
         if bluetooth {
-            print("Thali demo: three peers on Bluetooth adapters \(adapterList.joined(separator: ", ")) find each other with BLE and private beacons, then deliver over RFCOMM and PSK-TLS\n")
+            print("Thali demo: \(people.count == 3 ? "three" : "two") peers on Bluetooth adapters \(adapterList.joined(separator: ", ")) find each other with BLE and private beacons, then deliver over RFCOMM and PSK-TLS\n")
         } else {
             print("Thali demo: three peers on 127.0.0.1 find each other with SSDP and private beacons, then deliver over PSK-TLS\n")
         }
@@ -106,7 +112,7 @@ struct Demo: AsyncParsableCommand {
         for item in expected { print("  \(pad(item.from, 6)) → \(pad(item.to, 6)) \(item.what)") }
         print("")
 
-        // The three peers: real processes, multicast pinned to loopback on a random port.
+        // The peers: real processes, multicast pinned to loopback on a random port.
         let ssdpPort = Int.random(in: 20000...60000)
         let (events, sink) = AsyncStream.makeStream(of: DemoEvent.self)
         var peers: [SpawnedPeer] = []
@@ -142,7 +148,7 @@ struct Demo: AsyncParsableCommand {
         }
         defer { watchdog.cancel() }
 
-        var timings: [(String, Duration)] = [("set up 3 identities, contacts, 6 items", setupTime)]
+        var timings: [(String, Duration)] = [("set up \(people.count) identities, contacts, \(expected.count) items", setupTime)]
         var firstSeen: [String: Duration] = [:]
         var firstMatch: Duration?
         var received: [UUID: Duration] = [:]
@@ -167,7 +173,7 @@ struct Demo: AsyncParsableCommand {
             case "connected" where event.fields["role"] == "connecting":
                 print("\(stamp)  \(who) PSK-TLS session with \(contact) authenticated")
             case "progress" where byID[UUID(uuidString: event.fields["id"] ?? "") ?? UUID()]?.what.hasPrefix("file") == true
-                && event.person == "Carol":
+                && event.person == fileRecipient.name:
                 let done = Double(event.fields["bytes"] ?? "0") ?? 0, total = Double(event.fields["total"] ?? "1") ?? 1
                 print("\(stamp)  \(who) receiving the file from \(contact): \(Int(done))/\(Int(total)) bytes (\(Int(done * 100 / max(total, 1))) %)")
             case "received":
@@ -238,7 +244,7 @@ struct Demo: AsyncParsableCommand {
         for item in expected {
             if let at = received[item.id] { timings.append(("\(item.from) → \(item.to): \(item.what)", at)) }
         }
-        timings.append(("stop the 3 peers cleanly (SIGTERM: byebye, exit 0)", stopTime))
+        timings.append(("stop the \(people.count) peers cleanly (SIGTERM: byebye, exit 0)", stopTime))
         for (name, duration) in timings {
             print("  \(pad(name, 62)) \(String(format: "%8.3f s", seconds(duration)))")
         }

@@ -54,6 +54,21 @@ import ThaliTestSupport
         #expect(figures.rfcomm_connect_s > 0)
     }
 
+    /// `scripts/bt-vm/demo.sh`: `thali-node demo --bluetooth` in the guest, Alice and Bob on two emulated
+    /// controllers: it says the radio is emulated, and every item reaches its inbox once, intact.
+    @Test(.enabled(if: geteuid() == 0 && TestEnvironment.available(vmAvailable && PackagePaths.thaliNode() != nil)))
+    func theDemoRunsOverRealBlueZ() throws {
+        let node = try #require(PackagePaths.thaliNode())
+        let result = try ChildProcess.run("/bin/bash", ["\(Self.root)/scripts/bt-vm/demo.sh", node, "--timeout", "90", "--pace", "0"],
+                                          timeout: .seconds(300))
+        print(result.output)
+        #expect(result.status == 0)
+        #expect(result.output.contains("The radio is emulated"))
+        #expect(result.output.contains("two peers on Bluetooth adapters hci0, hci1"))
+        #expect(result.output.contains("3 of 3 items verified in the right inbox, exactly once, content intact"))
+        #expect(result.output.contains("Every item reached its contact, and only its contact."))
+    }
+
     struct NodePairFigures: Decodable {
         var node_pair_ok: Bool
         var alice_inbox: Int

@@ -8,7 +8,7 @@
 #   scripts/bt-vm/run.sh [--setup-only] COMMAND...   the command runs in the guest, in the current folder
 #
 # Exit status: the command's, or 100+ when the VM itself failed (no guest status: 103).
-# Environment: BT_VM_CONTROLLERS (2), BT_VM_MEMORY (MiB, 512), BT_VM_TIMEOUT (s, 180), BT_VM_JOB (the
+# Environment: BT_VM_CONTROLLERS (2), BT_VM_CPUS (2 when this machine has two cores, else 1), BT_VM_MEMORY (MiB, 512), BT_VM_TIMEOUT (s, 180), BT_VM_JOB (the
 # job folder; default a new temporary one, removed afterwards), BT_VM_BLUETOOTHD_ARGS (e.g. -d).
 # Logs: console.log, bluetoothd.log and btvirt.log in the job folder.
 set -euo pipefail
@@ -63,6 +63,10 @@ fi
 if [ "${1:-}" = --setup-only ]; then echo "[bt-vm] ready: $kernel"; exit 0; fi
 [ $# -gt 0 ] || { echo "usage: scripts/bt-vm/run.sh [--setup-only] COMMAND..." >&2; exit 2; }
 
+# Two vCPUs (TCG runs each on a host thread) keep btvirt, bluetoothd and the nodes from starving each
+# other: the two-node run takes a third of its one-vCPU time and controllers come up at the first try.
+cpus="${BT_VM_CPUS:-$(( $(nproc) >= 2 ? 2 : 1 ))}"
+
 job="${BT_VM_JOB:-$(mktemp -d /tmp/thali-bt-job.XXXXXX)}"
 mkdir -p "$job"
 rm -f "$job/status"
@@ -74,10 +78,10 @@ printf '%q ' "$@" >"$job/command.sh"; echo >>"$job/command.sh"
     printf 'export BT_VM_BLUETOOTHD_ARGS=%q\n' "${BT_VM_BLUETOOTHD_ARGS:-}"
 } >"$job/environment.sh"
 
-echo "[bt-vm] booting $kernel (${accelerator[1]}), job $job" >&2
+echo "[bt-vm] booting $kernel (${accelerator[1]}, $cpus vCPU), job $job" >&2
 started="$(date +%s.%N)"
 set +e
-timeout "${BT_VM_TIMEOUT:-180}" qemu-system-x86_64 "${accelerator[@]}" -smp 1 -m "${BT_VM_MEMORY:-512}" \
+timeout "${BT_VM_TIMEOUT:-180}" qemu-system-x86_64 "${accelerator[@]}" -smp "$cpus" -m "${BT_VM_MEMORY:-512}" \
     -nodefaults -no-user-config -nic none -display none -no-reboot -serial stdio -monitor none \
     -kernel "$kernel" -initrd "$initramfs" -append "console=ttyS0 quiet loglevel=3 panic=-1 rdinit=/init" \
     -fsdev local,id=host,path=/,security_model=none,readonly=on,multidevs=remap \
