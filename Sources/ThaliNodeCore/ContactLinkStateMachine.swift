@@ -38,9 +38,10 @@ struct ContactRoute: Sendable {
 /// - A completed session serves every route whose beacon it used or that was known when it began; a
 ///   route matched during it (new beacons, perhaps new items) gets a session of its own. Delivery itself
 ///   is exactly-once, so a redundant session costs a connection, never a duplicate.
-/// - `maxAttempts` failures in a row (over any binding) give up until the next match; so does a route
-///   that cannot succeed again (the contact no longer holds the PSK, its relay ended, its match expired)
-///   when no other route is left.
+/// - `maxAttempts` failures in a row (over any binding) make the link rest (a long backoff) before it
+///   tries the routes it holds again, `maxAttempts` at a time, for as long as they can succeed.
+/// - A route that cannot succeed again (the contact no longer holds the PSK, its relay ended, its match
+///   expired) is dropped; with no route left the link gives up until the next match.
 struct ContactLinkStateMachine: Sendable {
     enum State: Sendable, Hashable {
         /// No route to try: the last session completed, or nothing was matched yet.
@@ -51,9 +52,10 @@ struct ContactLinkStateMachine: Sendable {
         case connecting(PeerBindingKind, attempt: Int)
         /// An authenticated session over `binding` is up.
         case connected(PeerBindingKind)
-        /// Every route failed in this round: waiting `delay` (a new match ends the wait early).
+        /// Every route failed in this round, or `maxAttempts` in a row did (then `delay` is the rest):
+        /// waiting `delay` (a new match ends the wait early).
         case backoff(attempt: Int, delay: Duration)
-        /// Attempts exhausted, or no route can succeed: waiting for the next match.
+        /// No route can succeed: waiting for the next match.
         case gaveUp
 
         /// The name the status view shows.
@@ -107,12 +109,14 @@ struct ContactLinkStateMachine: Sendable {
     private var failedThisRound: Set<PeerBindingKind> = []
     private var failuresInARow = 0
     private let maxAttempts: Int
+    private let rest: Duration
     private let delay: @Sendable (Int) -> Duration
 
-    /// A machine that gives up after `maxAttempts` failures in a row and waits `delay(failures)` when
-    /// every route failed.
-    init(maxAttempts: Int, delay: @escaping @Sendable (Int) -> Duration) {
+    /// A machine that waits `delay(failures)` when every route failed, and `rest` after `maxAttempts`
+    /// failures in a row.
+    init(maxAttempts: Int, rest: Duration, delay: @escaping @Sendable (Int) -> Duration) {
         self.maxAttempts = max(1, maxAttempts)
+        self.rest = rest
         self.delay = delay
     }
 
@@ -181,7 +185,7 @@ struct ContactLinkStateMachine: Sendable {
     }
 
     /// The attempt (connection or session) failed; returns the delay before the next attempt: zero when
-    /// another binding is tried at once, nil when the link gives up.
+    /// another binding is tried at once, the rest after `maxAttempts` in a row, nil when the link gives up.
     mutating func attemptFailed(_ failure: Failure) -> Duration? {
         guard let binding = state.binding else { return nil }
         failuresInARow += 1
@@ -189,11 +193,16 @@ struct ContactLinkStateMachine: Sendable {
         let renewed = matchedDuringAttempt.contains(binding)
         matchedDuringAttempt = []
         if failure == .routeSpent && !renewed { routes[binding] = nil } else if !renewed { failedThisRound.insert(binding) }
-        if failuresInARow >= maxAttempts || routes.isEmpty {
-            routes = [:]
+        if routes.isEmpty {
             failedThisRound = []
             state = .gaveUp
             return nil
+        }
+        if failuresInARow >= maxAttempts {
+            // Rest, then a fresh round of attempts over the routes still held.
+            state = .backoff(attempt: failuresInARow, delay: rest)
+            failuresInARow = 0
+            return rest
         }
         if nextRoute != nil {
             state = .matched

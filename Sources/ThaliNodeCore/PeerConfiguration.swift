@@ -9,8 +9,13 @@ import ThaliSSDP
 public struct PeerConfiguration: Sendable {
     /// How a connecting peer retries a failed connection or delivery while the matched beacon is valid.
     public struct RetryPolicy: Sendable, Hashable {
-        /// Attempts per match, the first included; then the peer waits for a new announcement.
+        /// Failures in a row, the first attempt included, before the link rests (`restAfterMaxAttempts`).
         public var maxAttempts: Int = 6
+        /// After `maxAttempts` failures in a row, the pause before the link tries the same match again, as
+        /// often as that takes while the match is valid: a contact that was overloaded (a crowd, a flood)
+        /// answers later, and its beacons, whose change would bring a new match, may stay the same for up
+        /// to three quarters of their validity. A new match ends the pause at once.
+        public var restAfterMaxAttempts: Duration = .seconds(60)
         /// Delay before the first retry; doubled each time up to `maxDelay`, each with ±50 % jitter.
         public var initialDelay: Duration = .milliseconds(250)
         /// Longest delay between attempts.

@@ -341,6 +341,7 @@ public final class ThaliPeer: Sendable {
             guard !state.stopped else { return (.none, nil) }
             var link = state.links[contact.publicKey]
                 ?? Link(contact: contact, machine: ContactLinkStateMachine(maxAttempts: retry.maxAttempts,
+                                                                           rest: retry.restAfterMaxAttempts,
                                                                            delay: { retry.delay(after: $0) }))
             link.contact = contact
             let outcome = link.machine.matched(route)

@@ -19,7 +19,7 @@ import ThaliSSDP
     }
 
     static func machine(maxAttempts: Int = 4) -> ContactLinkStateMachine {
-        ContactLinkStateMachine(maxAttempts: maxAttempts, delay: { .milliseconds(100 * $0) })
+        ContactLinkStateMachine(maxAttempts: maxAttempts, rest: .seconds(60), delay: { .milliseconds(100 * $0) })
     }
 
     /// The binding of a `.connect` action, or nil for any other action.
@@ -61,14 +61,42 @@ import ThaliSSDP
         #expect(Self.connectBinding(machine.nextAction()) == .wifi)
     }
 
-    @Test func failuresInARowGiveUpUntilTheNextMatch() {
+    @Test func failuresInARowRestThenTryTheSameMatchAfresh() {
         var machine = Self.machine(maxAttempts: 3)
         _ = machine.matched(Self.route(.wifi))
-        for expected in [Duration?.some(.milliseconds(100)), .some(.milliseconds(200)), nil] {
+        for expected: Duration in [.milliseconds(100), .milliseconds(200), .seconds(60)] {
             _ = machine.nextAction()
             #expect(machine.attemptFailed(.retryable) == expected)
+            guard case .wait(let wait) = machine.nextAction() else { Issue.record("expected a wait"); return }
+            #expect(wait == expected)
             machine.backoffEnded()
         }
+        // The rest is over: the same match again, counted afresh.
+        guard case .connect(let route, let attempt) = machine.nextAction() else { Issue.record("expected connect"); return }
+        #expect(route.match.pskIdentity == "psk-1" && attempt == 1)
+        #expect(machine.attemptFailed(.retryable) == .milliseconds(100))
+    }
+
+    @Test func aNewMatchCutsTheRestShort() {
+        var machine = Self.machine(maxAttempts: 1)
+        _ = machine.matched(Self.route(.wifi))
+        _ = machine.nextAction()
+        #expect(machine.attemptFailed(.retryable) == .seconds(60))
+        #expect(machine.state == .backoff(attempt: 1, delay: .seconds(60)))
+        #expect(machine.matched(Self.route(.wifi, identity: "psk-2")) == .wake)
+        machine.backoffEnded()
+        guard case .connect(let route, let attempt) = machine.nextAction() else { Issue.record("expected connect"); return }
+        #expect(route.match.pskIdentity == "psk-2" && attempt == 1)
+    }
+
+    @Test func aRouteThatCannotSucceedGivesUpUntilTheNextMatch() {
+        var machine = Self.machine(maxAttempts: 3)
+        _ = machine.matched(Self.route(.wifi))
+        _ = machine.nextAction()
+        #expect(machine.attemptFailed(.retryable) == .milliseconds(100))
+        machine.backoffEnded()
+        _ = machine.nextAction()
+        #expect(machine.attemptFailed(.routeSpent) == nil)
         #expect(machine.state == .gaveUp)
         guard case .finish = machine.nextAction() else { Issue.record("expected finish"); return }
         #expect(machine.matched(Self.route(.wifi, identity: "psk-2")) == .startTask)
