@@ -3,7 +3,10 @@
 #include <sys/socket.h>
 #include <string.h>
 #include <unistd.h>
+#include <errno.h>
+#include <sys/ioctl.h>
 #include <bluetooth/bluetooth.h>
+#include <bluetooth/hci.h>
 #include <bluetooth/rfcomm.h>
 
 /* RFCOMM helpers: BlueZ spells these with macros (AF_BLUETOOTH, BTPROTO_RFCOMM, BDADDR_ANY) that
@@ -41,6 +44,21 @@ static inline int thali_rfcomm_accept(int fd, uint8_t address_le_out[6]) {
     int client = accept4(fd, (struct sockaddr *)&addr, &length, SOCK_CLOEXEC);
     if (client >= 0) memcpy(address_le_out, addr.rc_bdaddr.b, 6);
     return client;
+}
+
+/* Whether controller hci<dev_id> has page scan on (1: other devices can connect to it) or off (0), from
+   HCIGETDEVINFO as hciconfig reads it, without privilege; -1 and errno when it cannot be told. */
+static inline int thali_hci_page_scan(int dev_id) {
+    int fd = socket(AF_BLUETOOTH, SOCK_RAW | SOCK_CLOEXEC, BTPROTO_HCI);
+    if (fd < 0) return -1;
+    struct hci_dev_info info;
+    memset(&info, 0, sizeof(info));
+    info.dev_id = (uint16_t)dev_id;
+    int result = ioctl(fd, HCIGETDEVINFO, (void *)&info);
+    int saved = errno;
+    close(fd);
+    if (result < 0) { errno = saved; return -1; }
+    return (info.flags & (1u << HCI_PSCAN)) ? 1 : 0;
 }
 
 #endif

@@ -97,11 +97,16 @@ public protocol BluetoothTransport: Sendable {
     /// Throws when this machine cannot carry the transport's streams at all (RFCOMM: a kernel without
     /// Bluetooth sockets), so that a node says so before it registers anything with bluetoothd.
     func checkAvailable() throws
+    /// Whether other devices can open streams to adapter `hci<adapterIndex>` now (RFCOMM: whether the
+    /// controller has page scan on); nil when it cannot be told.
+    func acceptsIncomingStreams(adapterIndex: Int) -> Bool?
 }
 
 extension BluetoothTransport {
     /// Stand-in transports work wherever the process runs: nothing to check.
     public func checkAvailable() throws {}
+    /// A stand-in's listeners are always reachable.
+    public func acceptsIncomingStreams(adapterIndex: Int) -> Bool? { true }
 }
 
 /// Failures of a Bluetooth transport.

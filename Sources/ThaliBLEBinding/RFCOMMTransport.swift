@@ -62,6 +62,16 @@ public struct RFCOMMTransport: BluetoothTransport {
         _ = closeDescriptor(try Self.openSocket())
     }
 
+    /// Whether the controller has page scan on: without it every incoming connect ends in a page timeout
+    /// on the other device. Read as `hciconfig` reads it (HCIGETDEVINFO, no privilege needed).
+    public func acceptsIncomingStreams(adapterIndex: Int) -> Bool? {
+        switch thali_hci_page_scan(Int32(adapterIndex)) {
+        case 1: return true
+        case 0: return false
+        default: return nil
+        }
+    }
+
     public func connect(to address: BluetoothAddress, channel: UInt8) async throws -> BluetoothSocket {
         let fd = try Self.openSocket()
         if let localAddress {

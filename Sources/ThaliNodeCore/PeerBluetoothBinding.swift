@@ -32,6 +32,10 @@ public struct BluetoothPeerConfiguration: Sendable {
     public var reconnectDelay: Duration = .seconds(2)
     /// Connects to one peer that may fail in a row before it is left until its next advertisement report.
     public var maxConnectAttempts: Int = 4
+    /// Whether the node turns the adapter's page scan on when bluetoothd left it off (by making the adapter
+    /// discoverable for its `DiscoverableTimeout`; page scan stays on afterwards, until the node stops).
+    /// Without page scan no peer can connect to this node. Off: the node only warns.
+    public var makeConnectable = true
     /// Makes the RFCOMM streams, given our adapter's address: the kernel's RFCOMM bound to that adapter.
     /// Tests on machines without a radio put a stand-in transport here; nothing above it changes.
     public var transport: @Sendable (BluetoothAddress) -> any BluetoothTransport = { RFCOMMTransport(localAddress: $0) }
@@ -59,6 +63,8 @@ final class PeerBluetoothBinding: PeerBindingService {
         /// Peers being reached or connected (one task each).
         var pursued: Set<BluetoothAddress> = []
         var advertising = false
+        /// Whether we turned the adapter's `Discoverable` on (to get page scan): stop turns it off again.
+        var madeDiscoverable = false
         /// Local relay ports handed out, newest last (the last 256): `hasEnded` tells ours from others.
         var issuedPorts: [Int] = []
         /// Links peers made to us, by the source their relayed connections come from (their
@@ -104,16 +110,18 @@ final class PeerBluetoothBinding: PeerBindingService {
         bluez.limits = configuration.limits
         let client = try BlueZClient(configuration: bluez)
         do {
-            guard let address = try await client.adapter().address else {
+            let adapter = try await client.adapter()
+            guard let address = adapter.address else {
                 throw BlueZError.unexpectedReply("the adapter has no address")
             }
+            let transport = configuration.transport(address)
             let gateway = try await MultiplexedAppGateway.start(
                 group: group, configuration: configuration.multiplexer,
                 streamInitializer: MultiplexerBridge.connectingInitializer(host: nodeHost, port: nodePort, fromCarrierSource: true),
                 onSession: { [weak self] session in self?.incomingLink(session) })
             // Each peer's relayed connections come from its own loopback address (and the gateway's
             // streams from the same one), so our port's per-source admission limits count peers apart.
-            let server = BluetoothRelayServer(transport: configuration.transport(address), group: group,
+            let server = BluetoothRelayServer(transport: transport, group: group,
                                               appPort: gateway.port, limits: configuration.limits, sourcePerPeer: true)
             state.withLockedValue {
                 $0.node = (nodeHost, nodePort)
@@ -123,6 +131,7 @@ final class PeerBluetoothBinding: PeerBindingService {
                 $0.server = server
             }
             try await server.start(channel: configuration.channel)
+            await makeConnectable(client: client, adapter: adapter, transport: transport)
             let serving = Task { [weak self] in
                 for await event in server.events { self?.serverEvent(event) }
             }
@@ -140,6 +149,37 @@ final class PeerBluetoothBinding: PeerBindingService {
             await stop()
             client.close()
             throw error
+        }
+    }
+
+    /// Peers reach this node only if its controller has page scan on, which bluetoothd (with the kernel's
+    /// connection control) leaves off unless the adapter is discoverable or has paired devices, so on a
+    /// stock system nobody could connect to us. If it is off, turn `Discoverable` on: page scan comes on
+    /// with it and stays on after the discoverable period; `stop` turns both off again. If that does not
+    /// work, say what would.
+    private func makeConnectable(client: BlueZClient, adapter: BlueZAdapter, transport: any BluetoothTransport) async {
+        guard let index = adapter.index, transport.acceptsIncomingStreams(adapterIndex: index) == false else { return }
+        let remedy = "peers cannot connect to this node until it is on (btmgmt --index \(index) connectable on)"
+        guard configuration.makeConnectable else {
+            logger.warning("Bluetooth adapter hci\(index) has page scan off: \(remedy)")
+            return
+        }
+        do {
+            try await client.setDiscoverable(true)
+            state.withLockedValue { $0.madeDiscoverable = true }
+            for _ in 0..<30 {
+                if transport.acceptsIncomingStreams(adapterIndex: index) == true {
+                    logger.notice("""
+                        Bluetooth adapter hci\(index) had page scan off; made it discoverable, which turns page scan on \
+                        for as long as this node runs
+                        """)
+                    return
+                }
+                try await Task.sleep(for: .milliseconds(100))
+            }
+            logger.warning("Bluetooth adapter hci\(index) is discoverable but page scan is still off: \(remedy)")
+        } catch {
+            logger.warning("Bluetooth adapter hci\(index) has page scan off and could not be made discoverable (\(error)): \(remedy)")
         }
     }
 
@@ -199,6 +239,7 @@ final class PeerBluetoothBinding: PeerBindingService {
         for task in tasks { task.cancel() }
         try? await client?.stopScanning()
         try? await client?.stopAdvertising()
+        if state.withLockedValue({ $0.madeDiscoverable }) { try? await client?.setDiscoverable(false) }
         server?.stop()
         await gateway?.close()
         for connection in connections { await connection.close() }

@@ -234,6 +234,24 @@ private func first<S: AsyncSequence & Sendable>(_ sequence: S, timeout: Duration
         #expect(try await client.adapter().address == BluetoothAddress("00:01:02:03:04:05"))
     }
 
+    /// A node turns `Discoverable` on to get page scan, and off again when it stops.
+    @Test func discoverableIsSetOnTheChosenAdapter() async throws {
+        let mock = try await BlueZMock()
+        let adapter = try await mock.addAdapter("hci0")
+        let client = try makeClient(mock, adapter: "hci0")
+        defer { client.close() }
+        func discoverable() async throws -> Bool? {
+            try await mock.bluez(adapter, "org.freedesktop.DBus.Properties", "Get",
+                                 [.string("org.bluez.Adapter1"), .string("Discoverable")]).first?.unwrapped.bool
+        }
+        #expect(try await discoverable() == false)
+        #expect(try await client.adapter().index == 0)
+        try await client.setDiscoverable(true)
+        #expect(try await discoverable() == true)
+        try await client.setDiscoverable(false)
+        #expect(try await discoverable() == false)
+    }
+
     @Test func poweredOffAdapterIsAnError() async throws {
         let mock = try await BlueZMock()
         let adapter = try await mock.addAdapter()

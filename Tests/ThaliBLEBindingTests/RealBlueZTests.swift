@@ -14,15 +14,17 @@ import ThaliTestSupport
     }
 
     /// Runs `scripts/bt-vm/<script>` in the guest with the built `thali-node` and `arguments`; expects
-    /// it to succeed, and returns the figures line that starts with `{"<firstKey>"`.
+    /// it to succeed, and returns the figures line that starts with `{"<firstKey>"` and the guest's output.
+    /// With `harnessConnectable` false the harness leaves page scan as bluetoothd set it (off).
     static func runInGuest<Figures: Decodable>(_ script: String, _ arguments: [String], figures: Figures.Type,
-                                               firstKey: String) throws -> Figures {
+                                               firstKey: String, harnessConnectable: Bool = true) throws -> (Figures, String) {
         let node = try #require(PackagePaths.thaliNode())
         let job = FileManager.default.temporaryDirectory.appendingPathComponent("thali-bt-vm-\(UUID().uuidString)").path
         defer { try? FileManager.default.removeItem(atPath: job) }
         var environment = ProcessInfo.processInfo.environment
         environment["BT_VM_JOB"] = job
         environment["BT_VM_TIMEOUT"] = "240"
+        environment["BT_VM_CONNECTABLE"] = harnessConnectable ? "1" : "0"
         let result = try ChildProcess.run("/bin/bash", ["\(root)/scripts/bt-vm/run.sh", "bash", "\(root)/scripts/bt-vm/\(script)", node]
                                               + arguments,
                                           environment: environment, timeout: .seconds(300))
@@ -32,7 +34,7 @@ import ThaliTestSupport
         // The guest's console ends lines with CR LF.
         let line = try #require(result.output.split(whereSeparator: \.isNewline).first { $0.hasPrefix("{\"\(firstKey)\"") },
                                 "no figures from \(script)")
-        return try JSONDecoder().decode(Figures.self, from: Data(line.utf8))
+        return (try JSONDecoder().decode(Figures.self, from: Data(line.utf8)), result.output)
     }
 
     struct RadioFigures: Decodable {
@@ -47,7 +49,7 @@ import ThaliTestSupport
     /// controller is found by a scan on the other, then the relay carries 64 KiB over kernel RFCOMM.
     @Test(.enabled(if: geteuid() == 0 && TestEnvironment.available(vmAvailable && PackagePaths.thaliNode() != nil)))
     func advertiseScanAndRelay64KiBOverRealBlueZ() throws {
-        let figures = try Self.runInGuest("radio-bench.sh", ["65536"], figures: RadioFigures.self, firstKey: "advertiser")
+        let (figures, _) = try Self.runInGuest("radio-bench.sh", ["65536"], figures: RadioFigures.self, firstKey: "advertiser")
         #expect(figures.relay_bytes == 65536)
         #expect(figures.relay_intact)
         #expect(figures.ble_discovery_s > 0)
@@ -78,9 +80,13 @@ import ThaliTestSupport
 
     /// Two `thali-node run --bluetooth --no-wifi` processes, one per virtual controller, exchange texts
     /// both ways and a 64 KiB file over real BlueZ and kernel RFCOMM; each inbox holds its items once.
+    /// The controllers start as bluetoothd leaves them, page scan off: the nodes turn it on themselves.
     @Test(.enabled(if: geteuid() == 0 && TestEnvironment.available(vmAvailable && PackagePaths.thaliNode() != nil)))
     func twoNodesDeliverOverRealBluetooth() throws {
-        let figures = try Self.runInGuest("node-pair.sh", ["65536", "90"], figures: NodePairFigures.self, firstKey: "alice_inbox")
+        let (figures, output) = try Self.runInGuest("node-pair.sh", ["65536", "90"], figures: NodePairFigures.self,
+                                                    firstKey: "alice_inbox", harnessConnectable: false)
+        #expect(output.contains("Bluetooth adapter hci0 had page scan off; made it discoverable"), "alice did not make hci0 connectable")
+        #expect(output.contains("Bluetooth adapter hci1 had page scan off; made it discoverable"), "bob did not make hci1 connectable")
         #expect(figures.node_pair_ok)
         #expect(figures.alice_inbox == 1)
         #expect(figures.bob_inbox == 2)

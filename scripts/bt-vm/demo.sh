@@ -15,5 +15,6 @@ node="${1:-$root/.build/debug/thali-node}"
 [ -x "$node" ] || { echo "no thali-node at $node: build it first (swift build)" >&2; exit 2; }
 adapters="hci0,hci1"; [ "$controllers" = 3 ] && adapters="hci0,hci1,hci2"
 echo "The radio is emulated: BlueZ's btvirt controllers in a QEMU guest; the kernel, bluetoothd and thali-node are real."
-export BT_VM_CONTROLLERS="$controllers" BT_VM_TIMEOUT="${BT_VM_TIMEOUT:-240}"
+# The controllers start as bluetoothd leaves them (page scan off): each node turns page scan on itself.
+export BT_VM_CONTROLLERS="$controllers" BT_VM_TIMEOUT="${BT_VM_TIMEOUT:-240}" BT_VM_CONNECTABLE="${BT_VM_CONNECTABLE:-0}"
 exec "$root/scripts/bt-vm/run.sh" "$node" demo --bluetooth --adapters "$adapters" "$@"

@@ -33,8 +33,8 @@ done
 kill -TERM "$alice" "$bob" 2>/dev/null
 wait "$alice" "$bob" 2>/dev/null
 
-echo "--- alice"; cat "$work/alice.log"; tail -5 "$work/alice.err"
-echo "--- bob"; cat "$work/bob.log"; tail -5 "$work/bob.err"
+echo "--- alice"; cat "$work/alice.log"; grep "page scan" "$work/alice.err"; tail -5 "$work/alice.err"
+echo "--- bob"; cat "$work/bob.log"; grep "page scan" "$work/bob.err"; tail -5 "$work/bob.err"
 /usr/bin/python3 - "$node" "$work" <<'EOF'
 import hashlib, json, subprocess, sys
 node, work = sys.argv[1], sys.argv[2]

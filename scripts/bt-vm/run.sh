@@ -9,7 +9,8 @@
 #
 # Exit status: the command's, or 100+ when the VM itself failed (no guest status: 103).
 # Environment: BT_VM_CONTROLLERS (2), BT_VM_CPUS (2 when this machine has two cores, else 1), BT_VM_MEMORY (MiB, 512), BT_VM_TIMEOUT (s, 180), BT_VM_JOB (the
-# job folder; default a new temporary one, removed afterwards), BT_VM_BLUETOOTHD_ARGS (e.g. -d).
+# job folder; default a new temporary one, removed afterwards), BT_VM_BLUETOOTHD_ARGS (e.g. -d),
+# BT_VM_CONNECTABLE (1: the harness turns page scan on; 0: leaves the adapters as bluetoothd set them).
 # Logs: console.log, bluetoothd.log and btvirt.log in the job folder.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -76,6 +77,7 @@ printf '%q ' "$@" >"$job/command.sh"; echo >>"$job/command.sh"
     printf 'export BT_VM_DIRECTORY=%q\n' "$PWD"
     printf 'export BT_VM_CONTROLLERS=%q\n' "${BT_VM_CONTROLLERS:-2}"
     printf 'export BT_VM_BLUETOOTHD_ARGS=%q\n' "${BT_VM_BLUETOOTHD_ARGS:-}"
+    printf 'export BT_VM_CONNECTABLE=%q\n' "${BT_VM_CONNECTABLE:-1}"
 } >"$job/environment.sh"
 
 echo "[bt-vm] booting $kernel (${accelerator[1]}, $cpus vCPU), job $job" >&2

@@ -52,7 +52,8 @@ for index in $(seq 0 $last); do
     adapter "$index" Set string:Powered variant:boolean:true >/dev/null || { echo "[stage2] cannot power hci$index"; finish 92; }
     until adapter "$index" Get string:Powered 2>/dev/null | grep -q 'boolean true' || [ "$(uptime_s)" -gt $deadline ]; do sleep 0.1; done
     # bluetoothd 5.66 leaves page scan off: without it incoming RFCOMM connects time out (EHOSTDOWN).
-    btmgmt --index "$index" connectable on >/dev/null
+    # Nodes turn it on themselves; BT_VM_CONNECTABLE=0 leaves that to them.
+    [ "${BT_VM_CONNECTABLE:-1}" = 1 ] && btmgmt --index "$index" connectable on >/dev/null
     btmgmt --index "$index" bondable on >/dev/null
 done
 echo "[stage2] bluetooth ready at uptime $(cut -d' ' -f1 /proc/uptime) s: $(hciconfig | awk '/BD Address/ { printf "%s ", $3 }')"

@@ -73,6 +73,12 @@ public struct BlueZAdapter: Hashable, Sendable {
     public var address: BluetoothAddress?
     /// Whether it is powered.
     public var powered: Bool
+
+    /// The kernel's index of the adapter (`N` of `hciN`, the last component of the path), if it has one.
+    public var index: Int? {
+        guard let name = path.split(separator: "/").last, name.hasPrefix("hci") else { return nil }
+        return Int(name.dropFirst(3))
+    }
 }
 
 /// A Thali peer found by scanning.
@@ -227,6 +233,17 @@ public final class BlueZClient: Sendable {
             if let device = interfaces[Self.deviceInterface] { deviceReport(path: path, properties: device) }
         }
         return adapter
+    }
+
+    /// Sets the adapter's `Discoverable` property. With the kernel's connection control (every kernel
+    /// since 3.17) bluetoothd keeps an adapter connectable (page scan on) only while it is discoverable:
+    /// turning `Discoverable` on turns page scan on, and page scan stays on when the discoverable period
+    /// (`DiscoverableTimeout`, 180 s unless configured) ends; turning it off by hand turns page scan off
+    /// too (measured with bluetoothd 5.66, spec/ble-binding.md §7).
+    public func setDiscoverable(_ discoverable: Bool) async throws {
+        let adapter = try await adapter()
+        _ = try await call(adapter.path, Self.propertiesInterface, "Set",
+                           [.string(Self.adapterInterface), .string("Discoverable"), .variant(.boolean(discoverable))])
     }
 
     /// `ObjectManager.GetManagedObjects` as path → interface → property → value.
