@@ -13,6 +13,7 @@ extension ThaliPeer {
     func acceptSecureConnection(_ channel: Channel, onAuthenticated: @escaping @Sendable () -> Void) -> EventLoopFuture<Void> {
         let table = self.table
         let contacts = self.contactsByKey
+        let binding = bindingCarrying(channel)
         register(channel)
         return AuthenticatedSession.configureServer(on: channel, context: serverContext, lookup: { identity in
             // On the event loop, during the handshake: tables only, no store.
@@ -26,13 +27,25 @@ extension ThaliPeer {
         }).flatMapThrowing { [emit] server in
             server.peer.whenSuccess { contact in
                 onAuthenticated()
-                emit(.connected(contact: contact.name, role: .accepting))
+                emit(.connected(contact: contact.name, role: .accepting, binding: binding))
             }
             // Reported only for a connection that authenticated a contact.
             try channel.pipeline.syncOperations.addHandler(ConnectionEndRecorder { reason in
-                server.peer.whenSuccess { contact in emit(.disconnected(contact: contact.name, role: .accepting, reason: reason)) }
+                server.peer.whenSuccess { contact in
+                    emit(.disconnected(contact: contact.name, role: .accepting, binding: binding, reason: reason))
+                }
             })
         }
+    }
+
+    /// The binding an accepted connection came over: the one that recognises its source (a Bluetooth
+    /// peer's relayed connections come from its own loopback address), else Wi-Fi when it runs.
+    private func bindingCarrying(_ channel: Channel) -> PeerBindingKind {
+        let bindings = self.bindings
+        if let host = channel.remoteAddress?.ipAddress, let carrier = bindings.first(where: { $0.carries(remoteHost: host) }) {
+            return carrier.kind
+        }
+        return bindings.contains { $0.kind == .wifi } ? .wifi : .bluetooth
     }
 
     private func serveStream(_ stream: Channel, for contact: Contact) -> EventLoopFuture<Void> {

@@ -38,6 +38,9 @@ protocol PeerBindingService: AnyObject, Sendable {
     /// Whether `location`, a route this binding handed out, can never answer again.
     func hasEnded(_ location: BeaconLocation) -> Bool
 
+    /// Whether a connection to the node's port from `remoteHost` came over this binding.
+    func carries(remoteHost: String) -> Bool
+
     /// Stops: announcements withdrawn, connections closed.
     func stop() async
 }

@@ -227,6 +227,14 @@ final class PeerBluetoothBinding: PeerBindingService {
         }
     }
 
+    /// A Bluetooth peer's streams reach our port from its `loopbackSource`, over its link to us or ours to it.
+    func carries(remoteHost: String) -> Bool {
+        state.withLockedValue { state in
+            state.incoming[remoteHost] != nil || state.connections.keys.contains { $0.loopbackSource == remoteHost }
+                || state.pursued.contains { $0.loopbackSource == remoteHost }
+        }
+    }
+
     func stop() async {
         let (tasks, connections, server, gateway, client) = state.withLockedValue { state in
             state.stopped = true

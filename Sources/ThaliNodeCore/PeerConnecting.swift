@@ -77,7 +77,7 @@ extension ThaliPeer {
                         // Reported only once the handshake authenticated the contact.
                         try channel.pipeline.syncOperations.addHandler(ConnectionEndRecorder { reason in
                             client.handshake.whenSuccess { _ in
-                                emit(.disconnected(contact: contact.name, role: .connecting, reason: reason))
+                                emit(.disconnected(contact: contact.name, role: .connecting, binding: route.binding, reason: reason))
                             }
                         })
                         return client
@@ -91,7 +91,7 @@ extension ThaliPeer {
             try? await session.channel.close()
             throw error
         }
-        emit(.connected(contact: contact.name, role: .connecting))
+        emit(.connected(contact: contact.name, role: .connecting, binding: route.binding))
         updateLink(contact) { $0.connected() }
         if configuration.appPort != nil {
             try await relay(contact, over: session)

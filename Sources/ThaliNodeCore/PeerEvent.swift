@@ -23,15 +23,16 @@ public enum PeerEvent: Sendable, Hashable {
     /// Connecting to a contact (attempt ≥ 1) found at `location` (an SSDP location, or `bluetooth:` and
     /// its address: the location names the binding).
     case connecting(contact: String, location: String, attempt: Int)
-    /// A PSK-TLS session with a contact is up.
-    case connected(contact: String, role: Role)
+    /// A PSK-TLS session with a contact is up, over `binding`.
+    case connected(contact: String, role: Role, binding: PeerBindingKind)
     /// A connection or delivery failed; `retryIn` is the delay before the next attempt, nil when giving up.
     case connectionFailed(contact: String, reason: String, retryIn: Duration?)
     /// Delivery progress with a contact.
     case delivery(contact: String, DeliveryEvent)
-    /// An authenticated connection with a contact ended (every ``connected(contact:role:)`` gets one):
-    /// `reason` is the first error on it (TLS, a multiplexer protocol error) or `closed`.
-    case disconnected(contact: String, role: Role, reason: String)
+    /// An authenticated connection with a contact over `binding` ended (every
+    /// ``connected(contact:role:binding:)`` gets one): `reason` is the first error on it (TLS, a
+    /// multiplexer protocol error) or `closed`.
+    case disconnected(contact: String, role: Role, binding: PeerBindingKind, reason: String)
     /// A delivery session ended (`error` nil: it completed).
     case sessionEnded(contact: String, role: Role, error: String?)
     /// A DoS limit fired and this peer switched something off for a while: the last resort of that limit.

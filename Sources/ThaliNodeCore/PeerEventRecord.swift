@@ -34,7 +34,8 @@ public struct PeerEventRecord: Encodable, Sendable, Hashable {
     public var contacts: [String]?
     /// The contact the event concerns.
     public var contact: String?
-    /// `wifi` or `bluetooth` (from the location), or the binding a `binding_unavailable` names.
+    /// `wifi` or `bluetooth`: the binding a peer was found over (from the location), a connection runs
+    /// over (`connecting`, `connected`, `disconnected`), or a `binding_unavailable` names.
     public var binding: String?
     /// `connecting`: failures in a row plus one.
     public var attempt: Int?
@@ -139,10 +140,10 @@ public struct PeerEventRecord: Encodable, Sendable, Hashable {
             self.init(event: "connecting", summary: "connecting to \(contact) at \(location) (attempt \(attempt))")
             (self.contact, self.location, self.attempt) = (contact, location, attempt)
             binding = PeerBindingKind(origin: location).rawValue
-        case .connected(let contact, let role):
-            self.init(event: "connected",
-                      summary: "PSK-TLS session with \(contact) up (\(role == .connecting ? "we connected" : "they connected"))")
-            (self.contact, self.role) = (contact, role.rawValue)
+        case .connected(let contact, let role, let binding):
+            self.init(event: "connected", summary: "PSK-TLS session with \(contact) up over \(binding.rawValue) "
+                + "(\(role == .connecting ? "we connected" : "they connected"))")
+            (self.contact, self.role, self.binding) = (contact, role.rawValue, binding.rawValue)
         case .connectionFailed(let contact, let reason, let retryIn):
             self.init(event: "connection_failed", summary: "connection with \(contact) failed: \(reason)"
                 + (retryIn.map { "; retrying in \($0)" } ?? "; giving up until the next announcement"))
@@ -150,9 +151,9 @@ public struct PeerEventRecord: Encodable, Sendable, Hashable {
             retryInMs = retryIn.map { Int($0.components.seconds * 1000 + $0.components.attoseconds / 1_000_000_000_000_000) }
         case .delivery(let contact, let delivery):
             self.init(delivery, contact: contact)
-        case .disconnected(let contact, let role, let reason):
-            self.init(event: "disconnected", summary: "PSK-TLS session with \(contact) ended: \(reason)")
-            (self.contact, self.role, self.reason) = (contact, role.rawValue, reason)
+        case .disconnected(let contact, let role, let binding, let reason):
+            self.init(event: "disconnected", summary: "PSK-TLS session with \(contact) over \(binding.rawValue) ended: \(reason)")
+            (self.contact, self.role, self.binding, self.reason) = (contact, role.rawValue, binding.rawValue, reason)
         case .sessionEnded(let contact, let role, let error):
             self.init(event: "session_ended", summary: "session with \(contact) ended" + (error.map { ": \($0)" } ?? ""))
             (self.contact, self.role, self.error) = (contact, role.rawValue, error)

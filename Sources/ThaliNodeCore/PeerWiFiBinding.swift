@@ -71,6 +71,9 @@ final class PeerWiFiBinding: PeerBindingService {
 
     func hasEnded(_ location: BeaconLocation) -> Bool { false }
 
+    /// Wi-Fi peers come from anywhere on the segment: this binding claims no source (it is the default).
+    func carries(remoteHost: String) -> Bool { false }
+
     func stop() async {
         await service.withLockedValue { $0 }?.stop()
         eventsTask.withLockedValue { $0 }?.cancel()

@@ -95,8 +95,14 @@ import ThaliTestSupport
         _ = try alice.store.enqueueText("to bob over Bluetooth", to: "bob", expiresAt: later)
         _ = try bob.store.enqueueText("to alice over Bluetooth", to: "alice", expiresAt: later)
 
-        let alicePeer = try Self.peer(alice, adapter: "hci0", mock: mock, air: air)
-        let bobPeer = try Self.peer(bob, adapter: "hci1", mock: mock, air: air)
+        let sessions = NIOLockedValueBox<[String]>([])
+        func recorder(_ who: String) -> PeerEventHandler {
+            { event in
+                if case .connected(_, let role, let binding) = event { sessions.withLockedValue { $0.append("\(who) \(role.rawValue) \(binding.rawValue)") } }
+            }
+        }
+        let alicePeer = try Self.peer(alice, adapter: "hci0", mock: mock, air: air, events: recorder("alice"))
+        let bobPeer = try Self.peer(bob, adapter: "hci1", mock: mock, air: air, events: recorder("bob"))
         try await alicePeer.start()
         try await bobPeer.start()
         // Each holds an item, so each advertises through BlueZ on its own adapter.
@@ -119,6 +125,9 @@ import ThaliTestSupport
         // Each advertised and each pursued the other, yet one link served both directions: Alice found
         // the link Bob made and reached Bob's node over it.
         #expect(air.connectionCount == 1)
+        // Every session, on either side, is named as Bluetooth.
+        #expect(Set(sessions.withLockedValue { $0 }) == ["alice connecting bluetooth", "alice accepting bluetooth",
+                                                         "bob connecting bluetooth", "bob accepting bluetooth"])
     }
 
     /// Both bindings reach the same contact: each side matches its contact's beacons over SSDP and over
@@ -133,12 +142,18 @@ import ThaliTestSupport
             _ = try bob.store.enqueueText("bob \(index)", to: "alice", expiresAt: later)
         }
         let matches = NIOLockedValueBox<[String]>([])
-        let record: PeerEventHandler = { event in
-            if case .beaconMatched(_, let location) = event { matches.withLockedValue { $0.append(location) } }
+        let sessions = NIOLockedValueBox<[String: Int]>([:])
+        func record(_ who: String) -> PeerEventHandler {
+            { event in
+                if case .beaconMatched(_, let location) = event { matches.withLockedValue { $0.append(location) } }
+                if case .connected(_, let role, let binding) = event {
+                    sessions.withLockedValue { $0["\(who) \(role.rawValue) \(binding.rawValue)", default: 0] += 1 }
+                }
+            }
         }
         let ssdpPort = Int.random(in: 20000...60000)
-        let alicePeer = try Self.peer(alice, adapter: "hci0", mock: mock, air: air, ssdpPort: ssdpPort, events: record)
-        let bobPeer = try Self.peer(bob, adapter: "hci1", mock: mock, air: air, ssdpPort: ssdpPort, events: record)
+        let alicePeer = try Self.peer(alice, adapter: "hci0", mock: mock, air: air, ssdpPort: ssdpPort, events: record("alice"))
+        let bobPeer = try Self.peer(bob, adapter: "hci1", mock: mock, air: air, ssdpPort: ssdpPort, events: record("bob"))
         try await alicePeer.start()
         try await bobPeer.start()
         try await Self.carry(advertiser: "hci0", to: "hci1", mock: mock)
@@ -156,6 +171,13 @@ import ThaliTestSupport
         #expect(try alice.store.inbox().compactMap(\.text).sorted() == ["bob 0", "bob 1", "bob 2"])
         #expect(try bob.store.inbox().compactMap(\.text).sorted() == ["alice 0", "alice 1", "alice 2"])
         #expect(try alice.store.outbox().isEmpty && bob.store.outbox().isEmpty)
+        // Each session is named by the same binding on both sides: the accepting side tells a relayed
+        // Bluetooth connection (from the peer's loopback source) from a Wi-Fi one.
+        let counted = sessions.withLockedValue { $0 }
+        for binding in ["wifi", "bluetooth"] {
+            #expect(counted["alice connecting \(binding)"] == counted["bob accepting \(binding)"], "\(counted)")
+            #expect(counted["bob connecting \(binding)"] == counted["alice accepting \(binding)"], "\(counted)")
+        }
     }
 
     @Test func withoutBlueZBluetoothAloneFailsInOneLine() async throws {

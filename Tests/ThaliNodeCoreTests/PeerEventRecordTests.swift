@@ -21,6 +21,10 @@ import Testing
         #expect(matched["binding"] as? String == "wifi")
         let appeared = try Self.object(PeerEventRecord(.peerAppeared(location: "bluetooth:00:AA:01:00:00:01")))
         #expect(appeared["binding"] as? String == "bluetooth")
+        let connected = try Self.object(PeerEventRecord(.connected(contact: "bob", role: .accepting, binding: .bluetooth)))
+        #expect(connected as NSDictionary == ["event": "connected", "contact": "bob", "role": "accepting", "binding": "bluetooth"] as NSDictionary)
+        let ended = try Self.object(PeerEventRecord(.disconnected(contact: "bob", role: .connecting, binding: .wifi, reason: "closed")))
+        #expect(ended["binding"] as? String == "wifi" && ended["reason"] as? String == "closed")
         // Slashes stay readable.
         #expect(String(decoding: try #require(PeerEventRecord(.started(location: "http://a/b"))).jsonLine(), as: UTF8.self)
             .contains("http://a/b"))

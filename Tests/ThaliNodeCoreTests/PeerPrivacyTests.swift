@@ -46,7 +46,7 @@ struct PeerPrivacyTests {
         }
         #expect(!malloryActed)
         #expect(!log.contains { who, event in
-            if who == "alice", case .connected("mallory", _) = event { return true } else { return false }
+            if who == "alice", case .connected("mallory", _, _) = event { return true } else { return false }
         })
     }
 }

@@ -76,7 +76,7 @@ struct PeerRelayTests {
         }
         #expect(events.withLockedValue { list in
             list.contains { who, event in
-                if who == "alice", case .connected("bob", .accepting) = event { return true } else { return false }
+                if who == "alice", case .connected("bob", .accepting, .wifi) = event { return true } else { return false }
             }
         })
         for peer in peers { await peer.stop() }
