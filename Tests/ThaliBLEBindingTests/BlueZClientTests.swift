@@ -259,6 +259,12 @@ private func first<S: AsyncSequence & Sendable>(_ sequence: S, timeout: Duration
         let client = try makeClient(mock)
         defer { client.close() }
         await #expect(throws: BlueZError.adapterPoweredOff(adapter: adapter)) { _ = try await client.scan() }
+        // Unnamed, the first powered adapter is the one; named, a powered-off one is still an error.
+        let second = try await mock.addAdapter("hci1")
+        #expect(try await client.adapter().path == second)
+        let named = try makeClient(mock, adapter: "hci0")
+        defer { named.close() }
+        await #expect(throws: BlueZError.adapterPoweredOff(adapter: adapter)) { _ = try await named.adapter() }
     }
 
     @Test func noBluetoothdIsAnError() async throws {

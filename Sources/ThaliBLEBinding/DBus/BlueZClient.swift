@@ -211,8 +211,9 @@ public final class BlueZClient: Sendable {
 
     // MARK: Adapter
 
-    /// Finds the adapter (the named one, or the first) and checks that it is powered.
-    /// - Throws: `.bluezNotRunning`, `.noAdapter`, `.adapterPoweredOff`, `.timedOut`.
+    /// Finds the adapter (the named one, or else the first powered one) and checks that it is powered.
+    /// - Throws: `.bluezNotRunning`, `.noAdapter`, `.adapterPoweredOff` (naming the first adapter when
+    ///   none is powered), `.timedOut`.
     public func adapter() async throws -> BlueZAdapter {
         let objects = try await managedObjects()
         let adapters = objects.compactMap { path, interfaces -> BlueZAdapter? in
@@ -224,7 +225,7 @@ public final class BlueZClient: Sendable {
         if let name = configuration.adapterName {
             chosen = adapters.first { $0.path.hasSuffix("/" + name) }
         } else {
-            chosen = adapters.first
+            chosen = adapters.first { $0.powered } ?? adapters.first
         }
         guard let adapter = chosen else { throw BlueZError.noAdapter(named: configuration.adapterName) }
         guard adapter.powered else { throw BlueZError.adapterPoweredOff(adapter: adapter.path) }
