@@ -8,8 +8,9 @@
 #   scripts/bt-vm/run.sh [--setup-only] COMMAND...   the command runs in the guest, in the current folder
 #
 # Exit status: the command's, or 100+ when the VM itself failed (no guest status: 103).
-# Environment: BT_VM_CONTROLLERS (2), BT_VM_CPUS (2 when this machine has two cores, else 1), BT_VM_MEMORY (MiB, 512), BT_VM_TIMEOUT (s, 180), BT_VM_JOB (the
-# job folder; default a new temporary one, removed afterwards), BT_VM_BLUETOOTHD_ARGS (e.g. -d),
+# Environment: BT_VM_CONTROLLERS (2), BT_VM_CPUS (2 when this machine has two cores, else 1),
+# BT_VM_MEMORY (MiB, 512), BT_VM_TIMEOUT (s, 180), BT_VM_JOB (the job folder; default a new temporary
+# one, removed afterwards), BT_VM_BLUETOOTHD_ARGS (e.g. -d),
 # BT_VM_CONNECTABLE (1: the harness turns page scan on; 0: leaves the adapters as bluetoothd set them).
 # Logs: console.log, bluetoothd.log and btvirt.log in the job folder.
 set -euo pipefail
@@ -65,7 +66,7 @@ if [ "${1:-}" = --setup-only ]; then echo "[bt-vm] ready: $kernel"; exit 0; fi
 [ $# -gt 0 ] || { echo "usage: scripts/bt-vm/run.sh [--setup-only] COMMAND..." >&2; exit 2; }
 
 # Two vCPUs (TCG runs each on a host thread) keep btvirt, bluetoothd and the nodes from starving each
-# other: the two-node run takes a third of its one-vCPU time and controllers come up at the first try.
+# other: the two-node run takes about a third of its one-vCPU time.
 cpus="${BT_VM_CPUS:-$(( $(nproc) >= 2 ? 2 : 1 ))}"
 
 job="${BT_VM_JOB:-$(mktemp -d /tmp/thali-bt-job.XXXXXX)}"
