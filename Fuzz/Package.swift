@@ -4,7 +4,7 @@ import PackageDescription
 /// Coverage-guided fuzzing of every input surface of the suite, with libFuzzer. Built apart from the main
 /// package so that sanitizer flags never touch it:
 ///
-///     swift build -c debug -Xswiftc -sanitize=fuzzer,address -Xswiftc -parse-as-library
+///     swift build -c release -Xswiftc -sanitize=fuzzer,address -Xswiftc -parse-as-library
 ///
 /// (`scripts/fuzz.sh` does this). One executable per harness; the harness bodies live in the main
 /// package's `ThaliFuzzHarnesses` library, whose corpus replay runs in the tests.

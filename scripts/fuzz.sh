@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Coverage-guided fuzzing with libFuzzer (the Fuzz/ package, built with -sanitize=fuzzer,address).
+# Coverage-guided fuzzing with libFuzzer (the Fuzz/ package, built with -sanitize=fuzzer,address, optimised:
+# 5.4 times the executions per second of a debug build through NIO's HTTP pipeline, measured 2026-11-25;
+# FUZZ_CONFIGURATION=debug builds without optimisation, with swift-nio's debug-only assertions).
 #
 #   scripts/fuzz.sh --list              the harness names, one per line
 #   scripts/fuzz.sh --seed              (re)write every harness's seeds into Fuzz/Corpus/<name>/
@@ -16,6 +18,9 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 fuzz="$root/Fuzz"
 cd "$root"
+configuration="${FUZZ_CONFIGURATION:-release}"
+case "$configuration" in release|debug) ;; *) echo "fuzz.sh: FUZZ_CONFIGURATION is release or debug" >&2; exit 2 ;; esac
+binaries="$fuzz/.build/$configuration"
 
 harness_table() { sed -n 's/^    ("\([a-z0-9-]*\)", "\([A-Za-z0-9]*\)"),$/\1 \2/p' "$fuzz/Package.swift"; }
 list() { harness_table | cut -d' ' -f1; }
@@ -26,10 +31,10 @@ build() {
     bash "$root/scripts/bootstrap.sh" >/dev/null
     # SwiftPM kept a stale build plan for the path dependency once (a source file new in the main
     # package was not compiled): plan afresh every time.
-    rm -f "$fuzz/.build/debug.yaml"
+    rm -f "$fuzz/.build/$configuration.yaml"
     local log status=0
     log="$(mktemp)"
-    (cd "$fuzz" && swift build -c debug -Xswiftc -sanitize=fuzzer,address -Xswiftc -parse-as-library) >"$log" 2>&1 || status=$?
+    (cd "$fuzz" && swift build -c "$configuration" -Xswiftc -sanitize=fuzzer,address -Xswiftc -parse-as-library) >"$log" 2>&1 || status=$?
     grep -Ev "ld.gold: warning: Cannot export local symbol|^\[|^Build complete|^Building for" "$log" >&2 || true
     rm -f "$log"
     # A failed build must not fall back to the binaries of an earlier one.
@@ -41,13 +46,13 @@ export SWIFT_BACKTRACE="enable=no"  # libFuzzer and ASan report crashes; the Swi
 
 case "${1:-}" in
 --list) list; exit 0 ;;
---seed) build; "$fuzz/.build/debug/FuzzSeeds" "$fuzz/Corpus"; exit 0 ;;
+--seed) build; "$binaries/FuzzSeeds" "$fuzz/Corpus"; exit 0 ;;
 --merge)
     name="${2:?usage: scripts/fuzz.sh --merge TARGET}"
     target="$(target_of "$name")"; [ -n "$target" ] || { echo "fuzz.sh: no harness $name" >&2; exit 2; }
     build
     merged="$(mktemp -d)"
-    "$fuzz/.build/debug/$target" -merge=1 "$merged" "$fuzz/Corpus/$name" "$fuzz/.work/$name" >/dev/null 2>&1
+    "$binaries/$target" -merge=1 "$merged" "$fuzz/Corpus/$name" "$fuzz/.work/$name" >/dev/null 2>&1
     rm -f "$fuzz/Corpus/$name"/[0-9a-f]*  # earlier minimised units; seeds and regressions stay
     for file in "$merged"/*; do
         # A unit equal to a seed or regression file is that file already.
@@ -73,7 +78,7 @@ for name in $targets; do
     mkdir -p "$fuzz/.work/$name" "$fuzz/Findings/$name"
     log="$fuzz/.work/$name.log"
     before="$(ls "$fuzz/Findings/$name" | wc -l)"
-    nice -n 10 "$fuzz/.build/debug/$target" "$fuzz/.work/$name" "$fuzz/Corpus/$name" \
+    nice -n 10 "$binaries/$target" "$fuzz/.work/$name" "$fuzz/Corpus/$name" \
         -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 -print_pcs=0 \
         -artifact_prefix="$fuzz/Findings/$name/" -close_fd_mask=1 >"$log" 2>&1 || true
     executions="$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)"

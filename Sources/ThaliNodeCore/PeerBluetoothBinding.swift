@@ -178,13 +178,13 @@ final class PeerBluetoothBinding: PeerBindingService {
                 try await Task.sleep(for: .milliseconds(100))
             }
             logger.warning("Bluetooth adapter hci\(index) is discoverable but page scan is still off: \(remedy)")
+        } catch is CancellationError {
+            return
         } catch {
             logger.warning("Bluetooth adapter hci\(index) has page scan off and could not be made discoverable (\(error)): \(remedy)")
         }
     }
 
-    /// Advertises our address over BLE (`true`) or stops (`false`); repeated calls re-register the
-    /// advertisement, so scanners see it anew when our beacons changed (the seed's rule).
     /// Advertises our adapter's address while the node has an announcement, re-registered on every
     /// change so that scanners report it anew (a rotation changes nothing on the air: peers refetch).
     func advertise(_ announcement: [UInt8]?, isRotation: Bool) async {
