@@ -648,8 +648,13 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
         stream.finRequested = false
         stream.finPromise?.succeed(())
         stream.finPromise = nil
-        if stream.closeAfterFINRequested || stream.state.isFinished {
+        if stream.closeAfterFINRequested {
             stream.tearDown(error: nil)
+        } else if stream.state.isFinished {
+            // Over on the wire; but the peer's last bytes and its end may still wait for a read (they can
+            // arrive in the same read as the window update that let our FIN out): the channel ends once
+            // they are delivered.
+            if stream.hasUndeliveredInput { detach(stream) } else { stream.tearDown(error: nil) }
         }
     }
 

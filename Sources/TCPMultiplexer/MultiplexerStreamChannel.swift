@@ -293,6 +293,9 @@ public final class MultiplexerStreamChannel: Channel, ChannelCore, @unchecked Se
         remoteEndPending = true
     }
 
+    /// Whether received bytes or the peer's end still wait for the pipeline to read them.
+    var hasUndeliveredInput: Bool { !inbound.isEmpty || remoteEndPending }
+
     /// Hands buffered bytes (and a pending end) to the pipeline if a read is pending.
     func deliverIfReadPending() {
         if activated && readPending && !delivering { deliverPendingReads() }

@@ -12,6 +12,8 @@ final class StreamLog: ChannelInboundHandler, @unchecked Sendable {
     var readAfterClose = false
     /// The session reset this stream because its reader fell behind (thali-multiplex has no flow control).
     var overflowed = false
+    /// The first error the stream's pipeline saw.
+    var error: (any Error)?
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         if inactive || inputClosed { readAfterClose = true }
@@ -22,6 +24,7 @@ final class StreamLog: ChannelInboundHandler, @unchecked Sendable {
     }
     func channelInactive(context: ChannelHandlerContext) { inactive = true }
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        self.error = self.error ?? error
         if case MultiplexerError.receiveBufferOverflow = error { overflowed = true }
     }
 }

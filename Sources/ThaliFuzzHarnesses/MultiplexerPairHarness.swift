@@ -1,3 +1,4 @@
+import Foundation
 import NIOCore
 import NIOEmbedded
 import TCPMultiplexer
@@ -14,6 +15,9 @@ import TCPMultiplexer
 enum MultiplexerPairHarness {
     static let yamux = harness(.yamux)
     static let thaliMultiplex = harness(.thaliMultiplex)
+    /// `FUZZ_TRACE=1` prints each operation as it runs: for reading a finding.
+    static let tracing = ProcessInfo.processInfo.environment["FUZZ_TRACE"] != nil
+    static func trace(_ line: @autoclosure () -> String) { if tracing { FileHandle.standardError.write(Data((line() + "\n").utf8)) } }
 
     /// One logical stream as both ends see it.
     final class Pair: @unchecked Sendable {
@@ -83,6 +87,7 @@ enum MultiplexerPairHarness {
                         let pair = Pair(opener: side, index: pairs.count)
                         pair.ends[side] = stream
                         pairs.append(pair)
+                        trace("side \(side) opens stream \(pair.index)")
                     }
                 case 1, 2:
                     guard let pair, let end = pair.ends[side], !pair.halfClosed[side], !pair.reset else { break }
@@ -90,22 +95,28 @@ enum MultiplexerPairHarness {
                     let start = pair.written[side].count
                     let bytes = (start..<(start + count)).map { pattern(pair.index, side, $0) }
                     pair.written[side] += bytes
+                    trace("side \(side) writes \(count) on stream \(pair.index) (\(pair.written[side].count) in all)")
                     end.channel.writeAndFlush(ByteBuffer(bytes: bytes)).whenFailure { _ in pair.writeFailed[side] = true }
                 case 3:
                     guard let pair, let end = pair.ends[side], !pair.reset else { break }
                     pair.halfClosed[side] = true
+                    trace("side \(side) half-closes stream \(pair.index)")
                     end.channel.close(mode: .output, promise: nil)
                 case 4:
                     guard let pair, let end = pair.ends[side], input.byte() < 32 else { break }  // resets are rare
                     pair.reset = true
+                    trace("side \(side) resets stream \(pair.index)")
                     end.channel.close(promise: nil)
                 case 5:
                     guard let pair, let end = pair.ends[side] else { break }
                     let reading = input.bool()
+                    trace("side \(side) \(reading ? "resumes" : "stops") reading stream \(pair.index)")
                     try? end.channel.syncOptions?.setOption(.autoRead, value: reading)
                     if reading { end.channel.read() }
                 default:
-                    pump(from: side, limit: 1 + Int(input.uint16()))
+                    let limit = 1 + Int(input.uint16())
+                    trace("side \(side) sends up to \(limit) wire bytes (\(inFlight[side].count) held + new)")
+                    pump(from: side, limit: limit)
                 }
                 client.channel.embeddedEventLoop.run()
                 server.channel.embeddedEventLoop.run()
@@ -130,6 +141,14 @@ enum MultiplexerPairHarness {
             if broken {
                 throw FuzzInvariantViolation(harness: name, detail:
                     "the connection ended between two honest sessions: \(client.sessionError ?? client.catcher.error ?? server.sessionError ?? server.catcher.error as Any)")
+            }
+            for pair in pairs {
+                for side in 0..<2 {
+                    guard let end = pair.ends[side] else { trace("stream \(pair.index) side \(side): never accepted"); continue }
+                    trace("stream \(pair.index) side \(side): active \(end.channel.isActive), received \(end.log.received.count), "
+                          + "input closed \(end.log.inputClosed), inactive \(end.log.inactive), error \(end.log.error.map { "\($0)" } ?? "none"), "
+                          + "write failed \(pair.writeFailed[side])")
+                }
             }
             for pair in pairs {
                 for writer in 0..<2 {

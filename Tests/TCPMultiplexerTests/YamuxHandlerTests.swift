@@ -231,3 +231,36 @@ final class PendingInitializers: @unchecked Sendable {
         #expect(!channel.isActive)
     }
 }
+
+/// Found by the yamux-pair fuzz harness: the peer's last data and FIN arrive in one read with the window
+/// update that lets our own queued data and FIN go out. Our FIN finishes the stream, but what the peer
+/// sent is still waiting for the pipeline: it must be delivered, not dropped with the channel.
+@Suite struct FinishedStreamDeliveryTests {
+    @Test func thePeersLastBytesArriveEvenWhenOurFINFinishesTheStreamFirst() throws {
+        let accepted = AcceptedStreams(halfClosure: true)
+        let (channel, _) = try EmbeddedChannel.withSession(role: .server, configuration: quietConfiguration(.yamux),
+                                                           initializer: accepted.initializer)
+        try channel.writeInbound(yamux(.windowUpdate, .syn, id: 1, length: 0))
+        let stream = try #require(accepted.all.first)
+        // We write past the peer's window and half-close: the FIN waits behind the queued bytes.
+        let window = YamuxHeader.initialWindowSize
+        stream.channel.write(ByteBuffer(repeating: 7, count: window + 1000), promise: nil)
+        stream.channel.close(mode: .output, promise: nil)
+        stream.channel.flush()
+        _ = try channel.drainOutbound()
+        // One read: the peer's last bytes with its FIN, then the window update that frees our rest.
+        var read = yamux(.data, .fin, id: 1, length: 5, payload: Array("last!".utf8))
+        var update = yamux(.windowUpdate, id: 1, length: UInt32(window))
+        read.writeBuffer(&update)
+        try channel.writeInbound(read)
+        channel.pipeline.fireChannelReadComplete()
+        // Our rest went out with our FIN (the stream is finished on the wire) ...
+        var sent = try channel.drainOutbound()
+        #expect(sent.readableBytes == YamuxHeader.size + 1000)
+        #expect(try YamuxHeader.read(from: &sent)?.flags.contains(.fin) == true)
+        // ... and the peer's bytes and its end still reached the pipeline.
+        #expect(stream.recorder.receivedString == "last!")
+        #expect(stream.recorder.inputClosed)
+        try stream.channel.closeFuture.wait()
+    }
+}
