@@ -52,6 +52,10 @@ public struct NodeConfiguration: Sendable, Hashable {
     /// `bluetoothAdapter`: the adapter `run` uses for Bluetooth (e.g. `"hci0"`); `null` picks the first
     /// powered one. Default `null` (`run --adapter`).
     public var bluetoothAdapter: String?
+    /// `bluetoothMakeConnectable`: whether `run` makes the adapter discoverable when bluetoothd left its
+    /// page scan off, so that peers can connect (``BluetoothPeerConfiguration/makeConnectable``). Default
+    /// `true`; `false` only warns.
+    public var bluetoothMakeConnectable: Bool
 
     /// The defaults.
     public init() {
@@ -69,6 +73,7 @@ public struct NodeConfiguration: Sendable, Hashable {
         wifi = true
         bluetooth = false
         bluetoothAdapter = nil
+        bluetoothMakeConnectable = true
     }
 
     /// Every key the file may contain.
@@ -76,7 +81,7 @@ public struct NodeConfiguration: Sendable, Hashable {
         "interface", "deliveryPort", "beaconPort", "ssdpMulticastAddress", "ssdpPort", "beaconProfile",
         "beaconValiditySeconds", "defaultItemExpirySeconds", "logLevel", "dhGroup", "maxFramePayloadBytes", "chunkBytes",
         "maxNameBytes", "maxItemBytes", "maxTextBytes", "idleTimeoutSeconds", "partialRetentionSeconds",
-        "wifi", "bluetooth", "bluetoothAdapter",
+        "wifi", "bluetooth", "bluetoothAdapter", "bluetoothMakeConnectable",
     ]
 
     /// Loads the configuration of `home`: the defaults when `config.json` does not exist, else the file.
@@ -146,6 +151,7 @@ public struct NodeConfiguration: Sendable, Hashable {
         configuration.wifi = try fields.bool("wifi", default: true)
         configuration.bluetooth = try fields.bool("bluetooth", default: false)
         configuration.bluetoothAdapter = try fields.optionalString("bluetoothAdapter")
+        configuration.bluetoothMakeConnectable = try fields.bool("bluetoothMakeConnectable", default: true)
         if !configuration.wifi && !configuration.bluetooth {
             throw ConfigurationError(path: path, key: "wifi", problem: .invalidValue("false needs \"bluetooth\": true (a node needs a binding)"))
         }
@@ -197,6 +203,7 @@ public struct NodeConfiguration: Sendable, Hashable {
             "idleTimeoutSeconds": limits.idleTimeout.nanoseconds / 1_000_000_000,
             "partialRetentionSeconds": limits.partialRetention.nanoseconds / 1_000_000_000,
             "wifi": wifi, "bluetooth": bluetooth, "bluetoothAdapter": bluetoothAdapter.map { $0 as Any } ?? NSNull(),
+            "bluetoothMakeConnectable": bluetoothMakeConnectable,
         ]
     }
 }

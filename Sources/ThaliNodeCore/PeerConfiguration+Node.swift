@@ -81,7 +81,9 @@ extension PeerConfiguration {
         if let perSource = overrides.maxConnectionsPerSource { admission.maxConnectionsPerSource = perSource }
         wifi = useWiFi
         if useBluetooth {
-            bluetooth = BluetoothPeerConfiguration(adapter: overrides.bluetoothAdapter ?? node.bluetoothAdapter)
+            var configuration = BluetoothPeerConfiguration(adapter: overrides.bluetoothAdapter ?? node.bluetoothAdapter)
+            configuration.makeConnectable = node.bluetoothMakeConnectable
+            bluetooth = configuration
         }
     }
 }

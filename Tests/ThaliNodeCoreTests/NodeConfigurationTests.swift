@@ -23,6 +23,7 @@ struct NodeConfigurationTests {
         #expect(configuration.logLevel == .info)
         #expect(configuration.limits == DeliveryLimits())
         #expect(configuration.wifi && !configuration.bluetooth && configuration.bluetoothAdapter == nil)
+        #expect(configuration.bluetoothMakeConnectable)
         #expect(Set(configuration.jsonObject.keys) == Set(NodeConfiguration.keys))
     }
 
@@ -34,7 +35,8 @@ struct NodeConfigurationTests {
              "ssdpPort": 1901, "beaconProfile": "cordova", "beaconValiditySeconds": 60, "defaultItemExpirySeconds": 120,
              "logLevel": "debug", "maxFramePayloadBytes": 8192, "chunkBytes": 4096, "maxNameBytes": 100,
              "maxItemBytes": 1000000, "maxTextBytes": 500, "idleTimeoutSeconds": 5,
-             "partialRetentionSeconds": 3600, "wifi": false, "bluetooth": true, "bluetoothAdapter": "hci1"}
+             "partialRetentionSeconds": 3600, "wifi": false, "bluetooth": true, "bluetoothAdapter": "hci1",
+             "bluetoothMakeConnectable": false}
             """, in: temporary)
         let configuration = try NodeConfiguration.load(home: temporary.home)
         #expect(configuration.interface == "lo")
@@ -47,6 +49,7 @@ struct NodeConfigurationTests {
         #expect(configuration.defaultItemExpirySeconds == 120)
         #expect(configuration.logLevel == .debug)
         #expect(!configuration.wifi && configuration.bluetooth && configuration.bluetoothAdapter == "hci1")
+        #expect(!configuration.bluetoothMakeConnectable)
         #expect(configuration.limits == DeliveryLimits(maxFramePayloadBytes: 8192, chunkBytes: 4096, maxNameBytes: 100,
                                                        maxItemBytes: 1_000_000, maxTextBytes: 500, idleTimeout: .seconds(5),
                                                        partialRetention: .seconds(3600)))

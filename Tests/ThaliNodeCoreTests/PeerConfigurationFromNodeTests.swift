@@ -50,6 +50,9 @@ import ThaliSSDP
         #expect(configuration.interfaceAddress == "127.0.0.1")
         #expect(!configuration.wifi)
         #expect(configuration.bluetooth?.adapter == "hci2")
+        #expect(configuration.bluetooth?.makeConnectable == true)
+        node.bluetoothMakeConnectable = false
+        #expect(try PeerConfiguration(node: node, configurationPath: Self.path, overrides: overrides).bluetooth?.makeConnectable == false)
     }
 
     @Test func contradictionsAreNamed() throws {
