@@ -21,9 +21,13 @@ public final class InProcessBluetoothAir: Sendable {
 
     /// How many connections listeners have taken in this air so far (what a test of link reuse counts).
     public var connectionCount: Int { connections.withLockedValue { $0 } }
+    /// How long a connect takes to reach the listener (a page and the link setup).
+    public let connectLatency: Duration
 
-    /// Creates an empty air.
-    public init() {}
+    /// Creates an empty air whose connects take `connectLatency`.
+    public init(connectLatency: Duration = .zero) {
+        self.connectLatency = connectLatency
+    }
 
     /// A transport for a device with `address` in this air.
     public func transport(for address: BluetoothAddress) -> InProcessBluetoothTransport {
@@ -59,6 +63,7 @@ public struct InProcessBluetoothTransport: BluetoothTransport {
     public let localAddress: BluetoothAddress
 
     public func connect(to address: BluetoothAddress, channel: UInt8) async throws -> BluetoothSocket {
+        if air.connectLatency > .zero { try await Task.sleep(for: air.connectLatency) }
         guard let listener = air.listener(address: address, channel: channel) else {
             throw BluetoothTransportError.connectionRefused(address, channel: channel)
         }

@@ -28,8 +28,13 @@ public struct BluetoothPeerConfiguration: Sendable {
     public var maxConnectedPeers: Int = 8
     /// After a connection to a peer ended or failed, the pause before reaching it again (doubled, up to
     /// 16 times, after each failure in a row; jittered); also how long the higher of two addresses lets
-    /// the lower connect first.
+    /// the lower connect first when the lower cannot know about it (we do not advertise).
     public var reconnectDelay: Duration = .seconds(2)
+    /// While this node advertises, how long the higher of two addresses waits for the lower one's link
+    /// before connecting itself: the lower one sees our advertisement and connects at once, and two
+    /// connects that cross collide and both fail after the kernel's connect timeout (about 30 s; seen on
+    /// emulated controllers). The lower one's link ends the wait.
+    public var yieldToLowerAddress: Duration = .seconds(5)
     /// Connects to one peer that may fail in a row before it is left until its next advertisement report.
     public var maxConnectAttempts: Int = 4
     /// Whether the node turns the adapter's page scan on when bluetoothd left it off (by making the adapter
@@ -65,6 +70,8 @@ final class PeerBluetoothBinding: PeerBindingService {
         var advertising = false
         /// Whether we turned the adapter's `Discoverable` on (to get page scan): stop turns it off again.
         var madeDiscoverable = false
+        /// Turning page scan on, if it was off: advertising waits for it.
+        var connectable: Task<Void, Never>?
         /// Local relay ports handed out, newest last (the last 256): `hasEnded` tells ours from others.
         var issuedPorts: [Int] = []
         /// Links peers made to us, by the source their relayed connections come from (their
@@ -73,6 +80,8 @@ final class PeerBluetoothBinding: PeerBindingService {
         /// Peers that connected to us saying they hold notifications, by their `loopbackSource`, until
         /// their session reaches the gateway: reaching them before that would open a second link.
         var awaitingSession: [String: BluetoothAddress] = [:]
+        /// Pursuits of a lower address waiting for its link to us, by its `loopbackSource`.
+        var linkWaiters: [String: LinkWakeSignal] = [:]
         /// Our node's port, where streams from peers go.
         var node: (host: String, port: Int)?
         var tasks: [UUID: Task<Void, Never>] = [:]
@@ -131,7 +140,13 @@ final class PeerBluetoothBinding: PeerBindingService {
                 $0.server = server
             }
             try await server.start(channel: configuration.channel)
-            await makeConnectable(client: client, adapter: adapter, transport: transport)
+            // Beside the scan, not before it: the kernel takes a moment to turn page scan on. Advertising
+            // waits for it, so that peers who see us can connect.
+            let connectable = Task { [weak self] in _ = await self?.makeConnectable(client: client, adapter: adapter, transport: transport) }
+            state.withLockedValue {
+                $0.tasks[UUID()] = connectable
+                $0.connectable = connectable
+            }
             let serving = Task { [weak self] in
                 for await event in server.events { self?.serverEvent(event) }
             }
@@ -189,6 +204,7 @@ final class PeerBluetoothBinding: PeerBindingService {
     /// change so that scanners report it anew (a rotation changes nothing on the air: peers refetch).
     func advertise(_ announcement: [UInt8]?, isRotation: Bool) async {
         guard !isRotation else { return }
+        if let connectable = state.withLockedValue({ $0.connectable }) { await connectable.value }
         let on = announcement != nil
         let (client, address, was) = state.withLockedValue { ($0.client, $0.ownAddress, $0.advertising) }
         guard let client, let address else { return }
@@ -317,9 +333,25 @@ final class PeerBluetoothBinding: PeerBindingService {
         guard let own = state.withLockedValue({ $0.ownAddress }) else { return }
         // Two peers that find each other connect to each other at once; under emulation (and on some
         // controllers) the crossing pages collide and both connects time out. The higher address lets
-        // the lower one go first, so its own connect then rides on the link that already exists.
+        // the lower one go first, so its own connect then rides on the link that already exists. While
+        // we advertise the lower one sees us and will come: wait for its link (up to a bound); if we do
+        // not, it may never come: a short pause.
         if own.octets.lexicographicallyPrecedes(peer.octets) == false {
-            try? await Task.sleep(for: configuration.reconnectDelay * Double.random(in: 0.75...1.25))
+            let source = peer.loopbackSource
+            let waiter = state.withLockedValue { state -> LinkWakeSignal? in
+                guard state.advertising, state.incoming[source] == nil else { return nil }
+                let signal = LinkWakeSignal()
+                state.linkWaiters[source] = signal
+                return signal
+            }
+            if let waiter {
+                await waiter.wait(upTo: configuration.yieldToLowerAddress)
+                state.withLockedValue { state in
+                    if state.linkWaiters[source] === waiter { state.linkWaiters[source] = nil }
+                }
+            } else {
+                try? await Task.sleep(for: configuration.reconnectDelay * Double.random(in: 0.75...1.25))
+            }
         }
         var failures = 0
         while !Task.isCancelled, !state.withLockedValue({ $0.stopped }) {
@@ -335,12 +367,13 @@ final class PeerBluetoothBinding: PeerBindingService {
     /// that peer needs no second Bluetooth connection (``reach(_:from:)`` uses this one).
     private func incomingLink(_ session: MultiplexedAppGateway.Session) {
         guard let source = session.source else { return }
-        let announced = state.withLockedValue { state -> BluetoothAddress? in
+        let (announced, waiter) = state.withLockedValue { state -> (BluetoothAddress?, LinkWakeSignal?) in
             state.incoming[source] = (session.localPort, session.closeFuture)
             state.issuedPorts.append(session.localPort)
             if state.issuedPorts.count > 256 { state.issuedPorts.removeFirst() }
-            return state.awaitingSession.removeValue(forKey: source)
+            return (state.awaitingSession.removeValue(forKey: source), state.linkWaiters.removeValue(forKey: source))
         }
+        waiter?.signal()
         session.closeFuture.whenComplete { [weak self] _ in
             self?.state.withLockedValue { state in
                 if state.incoming[source]?.port == session.localPort { state.incoming[source] = nil }

@@ -38,6 +38,7 @@ import ThaliTestSupport
         bluetooth.transport = { air.transport(for: $0) }
         bluetooth.beaconRefetchInterval = .milliseconds(500)
         bluetooth.reconnectDelay = .milliseconds(200)
+        bluetooth.yieldToLowerAddress = .seconds(5)
         configuration.bluetooth = bluetooth
         var logger = Logger(label: "test.bluetooth.\(person.name)")
         logger.logLevel = .critical
@@ -128,6 +129,28 @@ import ThaliTestSupport
         // Every session, on either side, is named as Bluetooth.
         #expect(Set(sessions.withLockedValue { $0 }) == ["alice connecting bluetooth", "alice accepting bluetooth",
                                                          "bob connecting bluetooth", "bob accepting bluetooth"])
+    }
+
+    /// Both advertise and see each other at once, and a connect takes longer than the higher address's
+    /// short pause: the higher one waits for the lower one's link instead of crossing it (crossing pages
+    /// collide on real controllers), so one link carries both directions.
+    @Test func theHigherAddressWaitsForTheLowerOnesLinkInsteadOfCrossingIt() async throws {
+        let (mock, air) = (try await Self.twoAdapters(), InProcessBluetoothAir(connectLatency: .seconds(1)))
+        let (alice, bob) = try Self.contacts()
+        defer { for person in [alice, bob] { try? FileManager.default.removeItem(atPath: person.directory) } }
+        let later = Date().addingTimeInterval(3600)
+        _ = try alice.store.enqueueText("to bob", to: "bob", expiresAt: later)
+        _ = try bob.store.enqueueText("to alice", to: "alice", expiresAt: later)
+        let alicePeer = try Self.peer(alice, adapter: "hci0", mock: mock, air: air)
+        let bobPeer = try Self.peer(bob, adapter: "hci1", mock: mock, air: air)
+        try await alicePeer.start()
+        try await bobPeer.start()
+        try await Self.carry(advertiser: "hci0", to: "hci1", mock: mock)
+        try await Self.carry(advertiser: "hci1", to: "hci0", mock: mock)
+        try await Self.waitUntil("both inboxes") { try alice.store.inbox().count == 1 && bob.store.inbox().count == 1 }
+        await alicePeer.stop()
+        await bobPeer.stop()
+        #expect(air.connectionCount == 1)
     }
 
     /// Both bindings reach the same contact: each side matches its contact's beacons over SSDP and over
