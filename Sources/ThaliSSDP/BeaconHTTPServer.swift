@@ -237,15 +237,20 @@ final class BeaconRequestHandler: ChannelInboundHandler {
 
     private let beacons: @Sendable () -> [UInt8]?
     private var head: HTTPRequestHead?
+    /// One answer per connection (`Connection: close`): requests pipelined behind the first are dropped
+    /// unread, or one small packet could draw the stream many times over before the close.
+    private var answered = false
 
     init(beacons: @escaping @Sendable () -> [UInt8]?) { self.beacons = beacons }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        guard !answered else { return }
         switch unwrapInboundIn(data) {
         case .head(let head): self.head = self.head ?? head
         case .body: break  // a GET has none; whatever arrives is dropped, not buffered
         case .end:
             guard let head else { return }
+            answered = true
             respond(context: context, to: head)
         }
     }

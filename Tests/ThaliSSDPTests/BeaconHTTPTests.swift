@@ -306,4 +306,20 @@ struct BeaconRequestHandlerTests {
         let head = try exchange("HEAD /NotificationBeacons HTTP/1.1\r\nHost: x\r\n\r\n", beacons: [1])
         #expect(head.hasPrefix("HTTP/1.1 405 Method Not Allowed") && head.contains("Allow: GET"))
     }
+
+    /// Found by the beacon-http-request fuzz harness: requests pipelined behind the first were each
+    /// answered before the close took effect, so one small packet drew the beacon stream many times.
+    /// A connection gets one answer.
+    @Test func pipelinedRequestsGetOneAnswer() throws {
+        let get = "GET /NotificationBeacons HTTP/1.1\r\nHost: x\r\n\r\n"
+        let stream = [UInt8](repeating: 0x42, count: 184)
+        let channel = EmbeddedChannel()
+        try BeaconHTTPServer.configureRequestHandling(on: channel, beacons: { stream })
+        try channel.writeInbound(ByteBuffer(string: String(repeating: get, count: 20)))
+        var text = ""
+        while let buffer = try channel.readOutbound(as: ByteBuffer.self) { text += String(buffer: buffer) }
+        _ = try? channel.finish()
+        #expect(text.components(separatedBy: "HTTP/1.1 200 OK").count == 2, "\(text.count) bytes answered")
+        #expect(text.hasSuffix(String(repeating: "B", count: 184)))
+    }
 }
