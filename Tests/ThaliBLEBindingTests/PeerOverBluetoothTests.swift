@@ -1,9 +1,12 @@
 import Foundation
 import Logging
 import NIOConcurrencyHelpers
+import NIOCore
+import NIOPosix
 import Testing
 import ThaliBeacons
 import ThaliNodeCore
+import ThaliSSDP
 import ThaliTestSupport
 @testable import ThaliBLEBinding
 
@@ -28,7 +31,8 @@ import ThaliTestSupport
     }
 
     static func peer(_ person: Person, adapter: String, mock: BlueZMock, air: InProcessBluetoothAir,
-                     ssdpPort: Int? = nil, events: @escaping PeerEventHandler = { _ in }) throws -> ThaliPeer {
+                     ssdpPort: Int? = nil, events: @escaping PeerEventHandler = { _ in },
+                     configure: (inout PeerConfiguration) -> Void = { _ in }) throws -> ThaliPeer {
         var configuration = PeerConfiguration(interfaceAddress: "127.0.0.1")
         // With an SSDP port: Wi-Fi (SSDP on loopback) as well.
         configuration.wifi = ssdpPort != nil
@@ -40,6 +44,7 @@ import ThaliTestSupport
         bluetooth.reconnectDelay = .milliseconds(200)
         bluetooth.yieldToLowerAddress = .seconds(5)
         configuration.bluetooth = bluetooth
+        configure(&configuration)
         var logger = Logger(label: "test.bluetooth.\(person.name)")
         logger.logLevel = .critical
         return try ThaliPeer(store: person.store, identity: person.key, configuration: configuration, logger: logger,
@@ -201,6 +206,89 @@ import ThaliTestSupport
             #expect(counted["alice connecting \(binding)"] == counted["bob accepting \(binding)"], "\(counted)")
             #expect(counted["bob connecting \(binding)"] == counted["alice accepting \(binding)"], "\(counted)")
         }
+    }
+
+    /// The faster binding fails while the other holds a route: a host on the LAN re-serves a copy of
+    /// Bob's announcement over SSDP and then stalls the handshakes it accepts, so Alice's Wi-Fi attempt
+    /// hangs while she matches Bob over Bluetooth, and fails when that host drops it. Her link falls back
+    /// to Bluetooth at once (no backoff) and Bob's items arrive there, once.
+    @Test func aFailedWiFiAttemptFallsBackToBluetoothAtOnce() async throws {
+        let (mock, air) = (try await Self.twoAdapters(), InProcessBluetoothAir())
+        let (alice, bob) = try Self.contacts()
+        defer { for person in [alice, bob] { try? FileManager.default.removeItem(atPath: person.directory) } }
+        let later = Date().addingTimeInterval(3600)
+        for index in 0..<2 { _ = try bob.store.enqueueText("bob \(index)", to: "alice", expiresAt: later) }
+
+        // The hostile host: Bob's beacons for Alice served from its own port, its TLS connections held
+        // open and silent until the test lets them go.
+        let copy = try BeaconGenerator(identity: bob.key).makeAnnouncement(for: [alice.key.publicKey], validity: .seconds(600)).stream
+        let held = NIOLockedValueBox<[Channel]>([])
+        let hostilePort = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+            .childChannelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.addHandler(ConnectionKindSniffer(
+                        http: { try BeaconHTTPServer.configureRequestHandling(on: $0) { copy } },
+                        secure: { channel in
+                            held.withLockedValue { $0.append(channel) }
+                            return channel.eventLoop.makeSucceededVoidFuture()
+                        }))
+                }
+            }
+            .bind(host: "127.0.0.1", port: 0).get()
+        defer { hostilePort.close(promise: nil) }
+        let ssdpPort = Int.random(in: 20000...60000)
+        var ssdp = SSDPDiscoveryConfiguration(interfaceAddress: "127.0.0.1")
+        ssdp.port = ssdpPort
+        ssdp.beaconServer = .external(port: try #require(hostilePort.localAddress?.port))
+        let hostile = SSDPDiscoveryService(configuration: ssdp, group: MultiThreadedEventLoopGroup.singleton,
+                                           logger: Logger(label: "test.hostile")) { _, _ in }
+        try await hostile.start(advertising: copy)
+        let hostileLocation = await hostile.location().description
+
+        let events = NIOLockedValueBox<[PeerEvent]>([])
+        // Bob: Bluetooth only. Alice: Wi-Fi on the hostile host's SSDP group, and Bluetooth.
+        let bobPeer = try Self.peer(bob, adapter: "hci1", mock: mock, air: air)
+        let alicePeer = try Self.peer(alice, adapter: "hci0", mock: mock, air: air, ssdpPort: ssdpPort,
+                                      events: { event in events.withLockedValue { $0.append(event) } })
+        try await bobPeer.start()
+        try await alicePeer.start()
+        func contains(_ predicate: (PeerEvent) -> Bool) -> Bool { events.withLockedValue { $0.contains(where: predicate) } }
+
+        // Alice tries the faster binding first and hangs in the hostile host's handshake.
+        try await Self.waitUntil("Alice connecting to the hostile host") {
+            contains { if case .connecting("bob", hostileLocation, 1) = $0 { true } else { false } }
+        }
+        try await Self.waitUntil("Alice holding a connection at the hostile host") { !held.withLockedValue { $0 }.isEmpty }
+        // Meanwhile she hears Bob over Bluetooth and matches him there.
+        try await Self.carry(advertiser: "hci1", to: "hci0", mock: mock)
+        try await Self.waitUntil("Alice matching Bob over Bluetooth") {
+            contains { if case .beaconMatched("bob", let location) = $0 { location.hasPrefix("bluetooth:") } else { false } }
+        }
+        // One attempt at a time: nothing has gone over Bluetooth yet.
+        #expect(!contains { if case .connecting(_, let location, _) = $0 { location.hasPrefix("bluetooth:") } else { false } })
+        // The hostile host drops the handshake: the attempt fails, and the link falls back at once.
+        for channel in held.withLockedValue({ $0 }) { channel.close(promise: nil) }
+        try await Self.waitUntil("Bob's items in Alice's inbox") { try alice.store.inbox().count == 2 }
+        await alicePeer.stop()
+        await bobPeer.stop()
+        await hostile.stop()
+
+        let linkEvents = events.withLockedValue { $0 }.compactMap { event -> String? in
+            switch event {
+            case .connecting("bob", let location, let attempt):
+                "connecting \(location.hasPrefix("bluetooth:") ? "bluetooth" : location == hostileLocation ? "hostile" : location) \(attempt)"
+            case .connectionFailed("bob", _, let retryIn):
+                "failed, retry in \(retryIn.map { "\($0)" } ?? "never")"
+            case .connected("bob", .connecting, let binding):
+                "connected \(binding.rawValue)"
+            default:
+                nil
+            }
+        }
+        #expect(Array(linkEvents.prefix(4)) == ["connecting hostile 1", "failed, retry in 0.0 seconds", "connecting bluetooth 2",
+                                                "connected bluetooth"], "\(linkEvents)")
+        #expect(try alice.store.inbox().compactMap(\.text).sorted() == ["bob 0", "bob 1"])
+        #expect(try bob.store.outbox().isEmpty)
     }
 
     @Test func withoutBlueZBluetoothAloneFailsInOneLine() async throws {
