@@ -42,9 +42,13 @@ extension PeerConfiguration {
     /// errors) with `overrides` on top, the interface resolved (the named one, else the configuration's,
     /// else the first up with IPv4; Bluetooth alone pins to 127.0.0.1), and the one-port rule: beacons
     /// and PSK-TLS share one port, which `deliveryPort` or `beaconPort` may name, not two different ones.
+    /// With Bluetooth asked for too, an interface that is missing, down or without IPv4 (Wi-Fi off, no
+    /// network) does not stop the node: Wi-Fi is left out with the reason in ``wifiUnavailableReason``
+    /// and Bluetooth runs alone, on 127.0.0.1.
     ///
     /// Throws ``NodeResolutionError`` for contradictions (no binding, an adapter without Bluetooth, two
-    /// ports), and `NodeError` when the interface or address is not usable.
+    /// ports), and `NodeError` when the address is not usable, or the interface is not and Wi-Fi is the
+    /// only binding.
     public init(node: NodeConfiguration, configurationPath: String, overrides: NodeOverrides = NodeOverrides()) throws {
         let useBluetooth = overrides.bluetooth || node.bluetooth
         let useWiFi = !overrides.noWiFi && node.wifi
@@ -54,16 +58,22 @@ extension PeerConfiguration {
         if overrides.bluetoothAdapter != nil && !useBluetooth {
             throw NodeResolutionError(description: "--adapter needs --bluetooth")
         }
-        let interfaceAddress: String
-        if !useWiFi {
-            interfaceAddress = overrides.address ?? "127.0.0.1"
-        } else if let address = overrides.address {
-            try NodeInterface.validateLocalAddress(address)
-            interfaceAddress = address
-        } else {
-            interfaceAddress = try NodeInterface.select(configured: overrides.interface ?? node.interface).ipv4Address
+        var interfaceAddress = overrides.address ?? "127.0.0.1"
+        var wifiUnavailableReason: String?
+        if useWiFi {
+            if let address = overrides.address {
+                try NodeInterface.validateLocalAddress(address)
+            } else {
+                do {
+                    interfaceAddress = try NodeInterface.select(configured: overrides.interface ?? node.interface).ipv4Address
+                } catch let error as NodeError where useBluetooth {
+                    guard case .noUsableInterface = error else { throw error }
+                    wifiUnavailableReason = "\(error)"
+                }
+            }
         }
         self.init(interfaceAddress: interfaceAddress)
+        self.wifiUnavailableReason = wifiUnavailableReason
         ssdpGroup = overrides.ssdpGroup ?? node.ssdpMulticastAddress
         ssdpPort = overrides.ssdpPort ?? node.ssdpPort
         let (delivery, beacon) = (node.deliveryPort, node.beaconPort)
@@ -79,7 +89,7 @@ extension PeerConfiguration {
         appPort = overrides.appPort
         sendThrottleBytesPerSecond = overrides.sendThrottleBytesPerSecond
         if let perSource = overrides.maxConnectionsPerSource { admission.maxConnectionsPerSource = perSource }
-        wifi = useWiFi
+        wifi = useWiFi && wifiUnavailableReason == nil
         if useBluetooth {
             var configuration = BluetoothPeerConfiguration(adapter: overrides.bluetoothAdapter ?? node.bluetoothAdapter)
             configuration.makeConnectable = node.bluetoothMakeConnectable

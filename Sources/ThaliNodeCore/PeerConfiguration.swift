@@ -39,6 +39,11 @@ public struct PeerConfiguration: Sendable {
     public var wifi: Bool = true
     /// The Bluetooth binding (BLE advertising and scanning through BlueZ, RFCOMM relay), or nil for none.
     public var bluetooth: BluetoothPeerConfiguration?
+    /// Why Wi-Fi, asked for beside Bluetooth, cannot run, or nil: no usable network interface when the
+    /// configuration was resolved (a device whose Wi-Fi is off or that is on no network). `wifi` is then
+    /// false and the peer runs Bluetooth alone, reporting this as ``PeerEvent/bindingUnavailable(binding:reason:)``
+    /// when it starts.
+    public var wifiUnavailableReason: String?
     /// SSDP multicast group.
     public var ssdpGroup: String = SSDPDiscoveryConfiguration.defaultGroupAddress
     /// SSDP multicast port.

@@ -169,17 +169,20 @@ public final class ThaliPeer: Sendable {
         })
     }
 
-    /// Starts the configured bindings, faster first. Wi-Fi that cannot start fails the start; so does
-    /// Bluetooth when it is the only binding, otherwise it is reported (`bindingUnavailable`) and the
-    /// others go on.
+    /// Starts the configured bindings, faster first. A binding that cannot start is reported
+    /// (`bindingUnavailable`) and the others go on; when none can, the start fails with the last one's
+    /// reason (Bluetooth's as ``NodeError/bluetoothUnavailable(reason:)``).
     private func startBindings(port: Int) async throws {
         var planned: [any PeerBindingService] = []
         if configuration.wifi { planned.append(PeerWiFiBinding(configuration: configuration, group: group, logger: logger)) }
         if let bluetooth = configuration.bluetooth {
             planned.append(PeerBluetoothBinding(configuration: bluetooth, group: group, logger: logger))
         }
+        if let reason = configuration.wifiUnavailableReason {
+            emit(.bindingUnavailable(binding: PeerBindingKind.wifi.rawValue, reason: reason))
+        }
         var started: [any PeerBindingService] = []
-        for binding in planned {
+        for (index, binding) in planned.enumerated() {
             do {
                 try await binding.start(nodeHost: configuration.interfaceAddress, nodePort: port) { [weak self] event in
                     self?.bindingEvent(event)
@@ -187,20 +190,12 @@ public final class ThaliPeer: Sendable {
                 started.append(binding)
             } catch {
                 await binding.stop()
-                let alone = planned.count == 1
-                switch binding.kind {
-                case .bluetooth where !alone:
-                    emit(.bindingUnavailable(binding: binding.kind.rawValue, reason: "\(error)"))
-                    continue
-                case .bluetooth:
-                    for other in started { await other.stop() }
+                let reported: any Error = binding.kind == .bluetooth ? NodeError.bluetoothUnavailable(reason: "\(error)") : error
+                if started.isEmpty && index == planned.count - 1 {
                     await closePort()
-                    throw NodeError.bluetoothUnavailable(reason: "\(error)")
-                case .wifi:
-                    for other in started { await other.stop() }
-                    await closePort()
-                    throw error
+                    throw reported
                 }
+                emit(.bindingUnavailable(binding: binding.kind.rawValue, reason: "\(error)"))
             }
         }
         bindingsBox.withLockedValue { $0 = started }

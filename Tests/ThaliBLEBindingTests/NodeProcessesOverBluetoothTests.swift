@@ -176,4 +176,50 @@ struct NodeProcessesOverBluetoothTests {
             }
         }
     }
+
+    /// A device on no network at all (a namespace with only loopback): `run --bluetooth`, without
+    /// `--no-wifi`, reports Wi-Fi unavailable in one event and goes on with Bluetooth alone; two such
+    /// nodes deliver to each other over it.
+    @Test(.enabled(if: TestEnvironment.available(TestEnvironment.canUseNetworkNamespaces)))
+    func withNoNetworkRunBluetoothGoesOnAlone() async throws {
+        let executable = try #require(PackagePaths.thaliNode(), "thali-node is not built")
+        let ip = try #require(ChildProcess.which("ip"))
+        let namespace = "tnonet\(getpid())"
+        _ = try? ChildProcess.run(ip, ["netns", "del", namespace], timeout: .seconds(10))  // a crashed run's leftover
+        #expect(try ChildProcess.run(ip, ["netns", "add", namespace], timeout: .seconds(10)).status == 0)
+        defer { _ = try? ChildProcess.run(ip, ["netns", "del", namespace], timeout: .seconds(10)) }
+        #expect(try ChildProcess.run(ip, ["netns", "exec", namespace, ip, "link", "set", "lo", "up"], timeout: .seconds(10)).status == 0)
+
+        let mock = try await BlueZMock()
+        let adapters = ["hci0", "hci1"]
+        for adapter in adapters { try await mock.addAdapter(adapter) }
+        let air = MockAir(mock: mock, adapters: adapters)
+        air.start()
+        defer { air.stop() }
+        let (alice, bob) = try PeerOverBluetoothTests.contacts()
+        defer { for person in [alice, bob] { try? FileManager.default.removeItem(atPath: person.directory) } }
+        let expiry = Date().addingTimeInterval(600)
+        let toBob = try alice.store.enqueueText("alice to bob, no network", to: "bob", expiresAt: expiry).id
+        let toAlice = try bob.store.enqueueText("bob to alice, no network", to: "alice", expiresAt: expiry).id
+
+        // The stand-in radio's sockets are abstract UNIX sockets, which belong to a network namespace:
+        // both nodes share this one, as two devices share the air.
+        let environment = ["DBUS_SYSTEM_BUS_ADDRESS": mock.busAddress, "THALI_BLUETOOTH_STANDIN": "nonet-\(getpid())"]
+        let peers = try [(alice, "hci0"), (bob, "hci1")].map { person, adapter in
+            try RunningPeer(person.name, ip, ["netns", "exec", namespace, executable, "run", "--home", person.directory, "--json",
+                                             "--bluetooth", adapter], environment: environment)
+        }
+        for peer in peers {
+            let unavailable = try await peer.waitFor("Wi-Fi unavailable") { isEvent($0, "binding_unavailable", ["binding": "wifi"]) }
+            #expect(unavailable["reason"] as? String == "no usable network interface (up, with an IPv4 address)", "\(unavailable)")
+            let started = try await peer.waitFor("started") { isEvent($0, "started") }
+            #expect((started["location"] as? String)?.hasPrefix("bluetooth:") == true, "\(started)")
+        }
+        try await peers[1].waitFor("Alice's text") { isEvent($0, "received", ["id": toBob.uuidString]) }
+        try await peers[0].waitFor("Bob's text") { isEvent($0, "received", ["id": toAlice.uuidString]) }
+        for peer in peers { #expect(peer.kill(signal: SIGTERM) == 0, "\(peer.label): \(peer.output.suffix(4000))") }
+        #expect(try alice.store.inbox().map(\.itemID) == [toAlice])
+        #expect(try bob.store.inbox().map(\.itemID) == [toBob])
+        #expect(try alice.store.outbox().isEmpty && bob.store.outbox().isEmpty)
+    }
 }

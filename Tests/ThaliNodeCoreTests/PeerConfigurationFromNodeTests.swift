@@ -55,6 +55,30 @@ import ThaliSSDP
         #expect(try PeerConfiguration(node: node, configurationPath: Self.path, overrides: overrides).bluetooth?.makeConnectable == false)
     }
 
+    /// A device whose Wi-Fi is off, or that is on no network, still runs Bluetooth: with Bluetooth asked
+    /// for, an unusable interface leaves Wi-Fi out with its reason; with Wi-Fi alone it is the error.
+    @Test func anUnusableInterfaceLeavesWiFiOutWhenBluetoothRuns() throws {
+        var node = NodeConfiguration()
+        node.interface = "nosuch0"
+        #expect(throws: NodeError.noUsableInterface(name: "nosuch0")) {
+            try PeerConfiguration(node: node, configurationPath: Self.path)
+        }
+        var overrides = PeerConfiguration.NodeOverrides()
+        overrides.bluetooth = true
+        let configuration = try PeerConfiguration(node: node, configurationPath: Self.path, overrides: overrides)
+        #expect(!configuration.wifi)
+        #expect(configuration.bluetooth != nil)
+        #expect(configuration.interfaceAddress == "127.0.0.1")
+        #expect(configuration.wifiUnavailableReason == "network interface \"nosuch0\" is missing, down or has no IPv4 address")
+        // An address to pin to is explicit: one that no interface has stays an error.
+        overrides.address = "192.0.2.77"
+        #expect(throws: NodeError.self) { try PeerConfiguration(node: node, configurationPath: Self.path, overrides: overrides) }
+        // A usable interface: Wi-Fi runs beside Bluetooth, nothing to report.
+        overrides.address = "127.0.0.1"
+        let both = try PeerConfiguration(node: node, configurationPath: Self.path, overrides: overrides)
+        #expect(both.wifi && both.wifiUnavailableReason == nil)
+    }
+
     @Test func contradictionsAreNamed() throws {
         var node = NodeConfiguration()
         node.deliveryPort = 4000
