@@ -24,8 +24,14 @@ public struct BluetoothPeerConfiguration: Sendable {
     /// While connected to a peer, how often its beacons are fetched again: its BLE advertisement carries
     /// only its address, which does not change when its beacons do.
     public var beaconRefetchInterval: Duration = .seconds(5)
-    /// The most peers connected at once (each holds one RFCOMM link and its relay).
+    /// The most peers connected at once (each holds one RFCOMM link and its relay). In a crowd, peers
+    /// heard while every slot is taken wait in turn (`maxWaitingPeers`), and a link gives its slot up
+    /// to the first of them whenever it would wait: idle after a beacon fetch (no stream open on it), or
+    /// pausing after a failed connect; its peer then queues again at the back.
     public var maxConnectedPeers: Int = 8
+    /// The most peers remembered, oldest first, while they wait for a link slot. One heard when this
+    /// many already wait is not remembered: its next advertisement report offers it again.
+    public var maxWaitingPeers: Int = 64
     /// After a connection to a peer ended or failed, the pause before reaching it again (doubled, up to
     /// 16 times, after each failure in a row; jittered); also how long the higher of two addresses lets
     /// the lower connect first when the lower cannot know about it (we do not advertise).
@@ -59,6 +65,32 @@ public struct BluetoothPeerConfiguration: Sendable {
 final class PeerBluetoothBinding: PeerBindingService {
     let kind = PeerBindingKind.bluetooth
 
+    /// A peer waiting for a link slot: the advertiser BlueZ reported it as (nil for a peer that connected
+    /// to us), and its failed connects in a row so far (a peer that went away still runs out of attempts).
+    private struct WaitingPeer {
+        var peer: BluetoothAddress
+        var advertiser: BluetoothAddress?
+        var failures = 0
+    }
+
+    /// How a pursuit of a peer ended.
+    private enum PursuitEnd {
+        /// `maxConnectAttempts` connects failed in a row, or the binding stopped.
+        case gaveUp
+        /// It gave its slot to a waiting peer, with this many failed connects in a row.
+        case yielded(failures: Int)
+    }
+
+    /// How one attempt to reach a peer ended.
+    private enum ReachOutcome {
+        /// No link: the connect failed.
+        case failed
+        /// The link came up and has ended.
+        case ended
+        /// The link was idle while another peer waited for a slot: closed (or left to its owner).
+        case yielded
+    }
+
     private struct State {
         var client: BlueZClient?
         var ownAddress: BluetoothAddress?
@@ -67,6 +99,8 @@ final class PeerBluetoothBinding: PeerBindingService {
         var connections: [BluetoothAddress: MultiplexedBluetoothConnection] = [:]
         /// Peers being reached or connected (one task each).
         var pursued: Set<BluetoothAddress> = []
+        /// Peers heard while every link slot was taken, in the order they get one.
+        var waiting: [WaitingPeer] = []
         var advertising = false
         /// Whether we turned the adapter's `Discoverable` on (to get page scan): stop turns it off again.
         var madeDiscoverable = false
@@ -302,35 +336,56 @@ final class PeerBluetoothBinding: PeerBindingService {
         pursueIfNew(peer, advertiser: discovery.advertiserAddress)
     }
 
-    private func pursueIfNew(_ peer: BluetoothAddress, advertiser: BluetoothAddress?) {
-        let start = state.withLockedValue { state -> Bool in
-            guard !state.stopped, peer != state.ownAddress, !state.pursued.contains(peer),
-                  state.pursued.count < configuration.maxConnectedPeers
-            else { return false }
+    private func pursueIfNew(_ peer: BluetoothAddress, advertiser: BluetoothAddress?, failures: Int = 0) {
+        enum Start { case now, queued, notRemembered, no }
+        let start = state.withLockedValue { state -> Start in
+            guard !state.stopped, peer != state.ownAddress, !state.pursued.contains(peer) else { return .no }
+            guard state.pursued.count < configuration.maxConnectedPeers else {
+                // A crowd: wait for a slot, in turn.
+                if state.waiting.contains(where: { $0.peer == peer }) { return .queued }
+                guard state.waiting.count < configuration.maxWaitingPeers else { return .notRemembered }
+                state.waiting.append(WaitingPeer(peer: peer, advertiser: advertiser, failures: failures))
+                return .queued
+            }
             state.pursued.insert(peer)
-            return true
+            return .now
         }
-        guard start else { return }
+        switch start {
+        case .now: break
+        case .notRemembered:
+            // BlueZ reports an unchanged advertisement once: let its next report offer this peer again.
+            if let advertiser { state.withLockedValue { $0.client }?.forget(advertiser) }
+            return
+        case .queued, .no: return
+        }
         let id = UUID()
         let task = Task { [weak self] in
-            await self?.pursue(peer)
-            guard let self else { return }
-            state.withLockedValue { state in
+            guard let end = await self?.pursue(peer, failures: failures), let self else { return }
+            let next = state.withLockedValue { state -> WaitingPeer? in
                 state.pursued.remove(peer)
                 state.tasks.removeValue(forKey: id)
+                if case .yielded(let failures) = end, !state.stopped {
+                    state.waiting.append(WaitingPeer(peer: peer, advertiser: advertiser, failures: failures))
+                }
+                return state.waiting.isEmpty ? nil : state.waiting.removeFirst()
             }
             // Reports of an unchanged advertisement are not discoveries: forget this one, so that the
             // peer's next report starts over if it is still there.
-            if let advertiser { state.withLockedValue { $0.client }?.forget(advertiser) }
+            if case .gaveUp = end, let advertiser { state.withLockedValue { $0.client }?.forget(advertiser) }
+            if let next { pursueIfNew(next.peer, advertiser: next.advertiser, failures: next.failures) }
         }
         state.withLockedValue { $0.tasks[id] = task }
     }
 
+    /// Whether a peer waits for a link slot.
+    private var peerWaiting: Bool { state.withLockedValue { !$0.waiting.isEmpty } }
+
     /// Reaches `peer` and keeps reaching it when the connection ends, until `maxConnectAttempts`
-    /// attempts in a row fail (each after a doubling, jittered pause from `reconnectDelay`).
-    private func pursue(_ peer: BluetoothAddress) async {
+    /// attempts in a row fail (each after a doubling, jittered pause from `reconnectDelay`), or until it
+    /// gives its slot to a waiting peer: when its link is idle, or instead of a pause.
+    private func pursue(_ peer: BluetoothAddress, failures: Int) async -> PursuitEnd {
         report(.peerAppeared(origin: "bluetooth:\(peer)"))
-        guard let own = state.withLockedValue({ $0.ownAddress }) else { return }
+        guard let own = state.withLockedValue({ $0.ownAddress }) else { return .gaveUp }
         // Two peers that find each other connect to each other at once; under emulation (and on some
         // controllers) the crossing pages collide and both connects time out. The higher address lets
         // the lower one go first, so its own connect then rides on the link that already exists. While
@@ -353,14 +408,19 @@ final class PeerBluetoothBinding: PeerBindingService {
                 try? await Task.sleep(for: configuration.reconnectDelay * Double.random(in: 0.75...1.25))
             }
         }
-        var failures = 0
+        var failures = failures
         while !Task.isCancelled, !state.withLockedValue({ $0.stopped }) {
-            let connected = await reach(peer, from: own)
-            failures = connected ? 0 : failures + 1
-            if failures >= configuration.maxConnectAttempts { return }
+            switch await reach(peer, from: own) {
+            case .yielded: return .yielded(failures: 0)
+            case .ended: failures = 0
+            case .failed: failures += 1
+            }
+            if failures >= configuration.maxConnectAttempts { return .gaveUp }
+            if peerWaiting { return .yielded(failures: failures) }
             let pause = configuration.reconnectDelay * Double(1 << min(failures, 4)) * Double.random(in: 0.5...1.5)
             try? await Task.sleep(for: pause)
         }
+        return .gaveUp
     }
 
     /// A peer connected to us: its link also reaches its node, through `session.localPort`, so reaching
@@ -384,14 +444,15 @@ final class PeerBluetoothBinding: PeerBindingService {
 
     /// Reaches `peer` over the link it made to us if there is one, else connects (and that link carries
     /// the peer's streams to us too); then fetches its beacons now and every `beaconRefetchInterval`
-    /// while the link lasts. Returns whether it had a link.
-    private func reach(_ peer: BluetoothAddress, from own: BluetoothAddress) async -> Bool {
+    /// while the link lasts, or until it is idle while another peer waits for a slot.
+    private func reach(_ peer: BluetoothAddress, from own: BluetoothAddress) async -> ReachOutcome {
         let origin = "bluetooth:\(peer)"
         let (advertising, incoming, node) = state.withLockedValue { ($0.advertising, $0.incoming[peer.loopbackSource], $0.node) }
         if let incoming {
             logger.debug("reaching a Bluetooth peer over the link it made", metadata: ["peer": "\(peer)"])
-            await fetchBeacons(of: peer, origin: origin, port: incoming.port, until: incoming.closeFuture)
-            return true
+            // The link is the peer's: giving our slot up only stops our fetches, its streams go on.
+            let yielded = await fetchBeacons(of: peer, origin: origin, port: incoming.port, until: incoming.closeFuture) { true }
+            return yielded ? .yielded : .ended
         }
         let connection: MultiplexedBluetoothConnection
         do {
@@ -403,7 +464,7 @@ final class PeerBluetoothBinding: PeerBindingService {
                                                   inboundStreamInitializer: inbound)
         } catch {
             logger.info("Bluetooth connect failed", metadata: ["peer": "\(peer)", "error": "\(error)"])
-            return false
+            return .failed
         }
         let kept = state.withLockedValue { state -> Bool in
             guard !state.stopped else { return false }
@@ -414,7 +475,7 @@ final class PeerBluetoothBinding: PeerBindingService {
         }
         guard kept else {
             await connection.close()
-            return true
+            return .ended
         }
         connection.closeFuture.whenComplete { [weak self] _ in
             // At once, so that a link failing on the dead port sees it ended (hasEnded).
@@ -422,13 +483,19 @@ final class PeerBluetoothBinding: PeerBindingService {
                 if state.connections[peer]?.localPort == connection.localPort { state.connections[peer] = nil }
             }
         }
-        await fetchBeacons(of: peer, origin: origin, port: connection.localPort, until: connection.closeFuture)
+        // Idle: no stream open in either direction (a PSK-TLS session, the peer's fetch of our beacons).
+        let yielded = await fetchBeacons(of: peer, origin: origin, port: connection.localPort, until: connection.closeFuture) {
+            (try? await connection.session.metrics().get().openStreams) == 0
+        }
         await connection.close()
-        return true
+        return yielded ? .yielded : .ended
     }
 
-    /// Fetches the beacons behind local `port` now and every `beaconRefetchInterval`, until `end`.
-    private func fetchBeacons(of peer: BluetoothAddress, origin: String, port: Int, until end: EventLoopFuture<Void>) async {
+    /// Fetches the beacons behind local `port` now and every `beaconRefetchInterval`, until `end`; or,
+    /// while another peer waits for a link slot, until the link `isIdle` between two fetches. Returns
+    /// whether it stopped to give the slot up.
+    private func fetchBeacons(of peer: BluetoothAddress, origin: String, port: Int, until end: EventLoopFuture<Void>,
+                              isIdle: @Sendable () async -> Bool) async -> Bool {
         let location = BeaconLocation(host: "127.0.0.1", port: port)
         let ended = NIOLockedValueBox(false)
         let wake = LinkWakeSignal()
@@ -441,7 +508,12 @@ final class PeerBluetoothBinding: PeerBindingService {
                 report(.beaconsFetched(origin: origin, location: location, bytes: bytes))
             }
             await wake.wait(upTo: configuration.beaconRefetchInterval)
+            if !ended.withLockedValue({ $0 }), peerWaiting, await isIdle() {
+                logger.info("Bluetooth link idle while another peer waits: giving its slot up", metadata: ["peer": "\(peer)"])
+                return true
+            }
         }
         logger.info("Bluetooth connection ended", metadata: ["peer": "\(peer)"])
+        return false
     }
 }

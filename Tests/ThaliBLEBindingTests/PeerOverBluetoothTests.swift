@@ -208,6 +208,43 @@ import ThaliTestSupport
         }
     }
 
+    /// More advertisers in range than link slots (a crowd): Alice may hold one link. Bob, whose beacons
+    /// are for someone else, is heard first and takes it; Carol, whose beacons are for Alice, is heard
+    /// while it is taken and waits. Bob's idle link gives way to her, and Bob, queued again, gets his turn
+    /// back: an item he queues for Alice later arrives too.
+    @Test func aCrowdLargerThanTheLinkSlotsIsServedInTurn() async throws {
+        let mock = try await BlueZMock()
+        for adapter in ["hci0", "hci1", "hci2"] { try await mock.addAdapter(adapter) }
+        let air = InProcessBluetoothAir()
+        let (alice, bob, carol) = (try Self.person("alice"), try Self.person("bob"), try Self.person("carol"))
+        defer { for person in [alice, bob, carol] { try? FileManager.default.removeItem(atPath: person.directory) } }
+        let dave = PrivateKey().publicKey.hexString(compressed: true)
+        for (person, contacts) in [(alice, [bob, carol]), (bob, [alice]), (carol, [alice])] {
+            for contact in contacts { try person.store.addContact(name: contact.name, publicKey: contact.key.publicKey.hexString(compressed: true)) }
+        }
+        try bob.store.addContact(name: "dave", publicKey: dave)
+        let later = Date().addingTimeInterval(3600)
+        _ = try bob.store.enqueueText("bob to dave", to: "dave", expiresAt: later)
+        _ = try carol.store.enqueueText("carol to alice", to: "alice", expiresAt: later)
+
+        let alicePeer = try Self.peer(alice, adapter: "hci0", mock: mock, air: air, configure: { $0.bluetooth?.maxConnectedPeers = 1 })
+        let bobPeer = try Self.peer(bob, adapter: "hci1", mock: mock, air: air, configure: { $0.outboxPollInterval = .milliseconds(200) })
+        let carolPeer = try Self.peer(carol, adapter: "hci2", mock: mock, air: air)
+        for peer in [alicePeer, bobPeer, carolPeer] { try await peer.start() }
+        try await Self.carry(advertiser: "hci1", to: "hci0", mock: mock)
+        try await Self.waitUntil("Alice's link to Bob") { air.connectionCount == 1 }
+        try await Self.carry(advertiser: "hci2", to: "hci0", mock: mock)
+        try await Self.waitUntil("Carol's item, over the slot Bob's idle link gave up") { try alice.store.inbox().count == 1 }
+        #expect(try alice.store.inbox().map(\.text) == ["carol to alice"])
+
+        _ = try bob.store.enqueueText("bob to alice", to: "alice", expiresAt: later)
+        try await Self.waitUntil("Bob's item, on his next turn") { try alice.store.inbox().count == 2 }
+        for peer in [alicePeer, bobPeer, carolPeer] { await peer.stop() }
+        #expect(try alice.store.inbox().compactMap(\.text).sorted() == ["bob to alice", "carol to alice"])
+        #expect(try carol.store.outbox().isEmpty)
+        #expect(try bob.store.outbox().map(\.text) == ["bob to dave"])
+    }
+
     /// The faster binding fails while the other holds a route: a host on the LAN re-serves a copy of
     /// Bob's announcement over SSDP and then stalls the handshakes it accepts, so Alice's Wi-Fi attempt
     /// hangs while she matches Bob over Bluetooth, and fails when that host drops it. Her link falls back
