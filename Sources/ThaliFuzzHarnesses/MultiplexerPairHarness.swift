@@ -31,14 +31,6 @@ enum MultiplexerPairHarness {
         init(opener: Int, index: Int) { self.opener = opener; self.index = index }
     }
 
-    /// The byte at `offset` of what `side` writes on stream `index`: distinct per stream and direction,
-    /// so that a byte delivered to the wrong stream, twice, or out of order is seen.
-    static func pattern(_ index: Int, _ side: Int, _ offset: Int) -> UInt8 {
-        var x = UInt64(truncatingIfNeeded: offset) &* 0x9E37_79B9_7F4A_7C15 ^ UInt64(index * 2 + side) &* 0xBF58_476D_1CE4_E5B9
-        x ^= x >> 29
-        return UInt8(truncatingIfNeeded: x)
-    }
-
     static func harness(_ framing: MultiplexerFraming) -> FuzzHarness {
         let name = framing == .yamux ? "yamux-pair" : "thali-multiplex-pair"
         let configuration = fuzzMultiplexerConfiguration(framing)
@@ -93,7 +85,7 @@ enum MultiplexerPairHarness {
                     guard let pair, let end = pair.ends[side], !pair.halfClosed[side], !pair.reset else { break }
                     let count = 1 + Int(input.uint16()) % (operation & 1 == 0 ? 512 : 96 * 1024)
                     let start = pair.written[side].count
-                    let bytes = (start..<(start + count)).map { pattern(pair.index, side, $0) }
+                    let bytes = WrittenBytes.content(stream: pair.index * 2 + side, offset: start, count: count)
                     pair.written[side] += bytes
                     trace("side \(side) writes \(count) on stream \(pair.index) (\(pair.written[side].count) in all)")
                     end.channel.writeAndFlush(ByteBuffer(bytes: bytes)).whenFailure { _ in pair.writeFailed[side] = true }
@@ -163,10 +155,10 @@ enum MultiplexerPairHarness {
                     try check(!readEnd.log.readAfterClose, name, "stream \(pair.index) received data after it ended")
                     let overflowed = pair.ends.contains { $0?.log.overflowed == true }
                     if pair.reset || pair.writeFailed[writer] || overflowed {
-                        try check(received.count <= sent.count && Array(sent.prefix(received.count)) == received, name,
+                        try check(WrittenBytes.isPrefix(received, of: sent), name,
                                   "stream \(pair.index), side \(writer)→\(reader): received \(received.count) bytes that are not a prefix of the \(sent.count) written")
                     } else {
-                        try check(received == sent, name,
+                        try check(WrittenBytes.same(received, sent), name,
                                   "stream \(pair.index) (opened by side \(pair.opener)), side \(writer)→\(reader): received \(received.count) bytes, wrote \(sent.count)"
                                     + (received.count == sent.count ? " (contents differ)" : "") + origin(of: received, among: pairs))
                         if pair.halfClosed[writer] {
