@@ -60,11 +60,12 @@ public struct MultiplexerConfiguration: Sendable {
     /// flow control). Default 4 MiB.
     public var maxStreamReceiveBuffer: Int = 4 << 20
 
-    /// `thali-multiplex`: how many of our stream ids may wait, after we reset their streams, before they
-    /// are used again. That framing reuses the lowest free id, and a reset is not acknowledged: bytes the
-    /// peer sent before it saw our reset would otherwise land on the next stream we open with that id.
-    /// An id leaves the quarantine when the peer's own close or reset for it arrives (nothing of the old
-    /// stream can follow), or, oldest first, when more than this many wait. Default 256.
+    /// `thali-multiplex`: how many ids of our ended streams may wait before they are used again. That
+    /// framing reuses the lowest free id and acknowledges nothing: what the peer sent before it saw our
+    /// reset, or a reset of its own that crossed our close, would otherwise land on the next stream we
+    /// open with that id. An id leaves the quarantine when the peer's reset for it arrives (nothing of
+    /// the old stream can follow), or, oldest first, when more than this many wait; a stream the peer
+    /// reset is not quarantined. Default 256.
     public var maxQuarantinedStreamIDs: Int = 256
 
     /// Bytes a stream's channel may queue for sending before it reports itself not writable. Default

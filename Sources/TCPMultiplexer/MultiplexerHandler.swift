@@ -39,7 +39,7 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
     private var needsFlush = false
     private var nextYamuxStreamID: UInt64
     private var usedLocalThaliIDs = Set<UInt64>()
-    /// `thali-multiplex` ids of streams we reset while the peer could still send on them, oldest first
+    /// `thali-multiplex` ids of our ended streams the peer could still send a frame for, oldest first
     /// (see ``MultiplexerConfiguration/maxQuarantinedStreamIDs``).
     private var quarantinedLocalThaliIDs = Set<UInt64>()
     private var quarantineOrder: [UInt64] = []
@@ -309,8 +309,6 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
     func resetStream(_ stream: MultiplexerStreamChannel, message: String?, error: Error?) {
         guard !stream.tornDown else { return }
         if !stream.state.isFinished && !session.isClosed {
-            // The peer may still send on it until it sees the reset (unless it already closed its side).
-            stream.peerMaySendAfterDetach = stream.state.state != .remoteClosed
             sendReset(streamID: stream.streamID, locallyInitiated: stream.isLocallyInitiated, message: message)
             metrics.resetsSent += 1
         }
@@ -347,7 +345,7 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
         }
     }
 
-    /// The peer's close or reset for one of our quarantined ids: nothing of the old stream can follow it.
+    /// The peer's reset for one of our quarantined ids: nothing of the old stream can follow it.
     private func releaseQuarantine(_ streamID: UInt64) {
         guard quarantinedLocalThaliIDs.remove(streamID) != nil else { return }
         quarantineOrder.removeAll { $0 == streamID }
@@ -499,10 +497,8 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
                 }
                 currentDataStream = stream
             case .close:
-                guard let stream = streams[key] else {
-                    if !header.flag.fromInitiator { releaseQuarantine(header.streamID) }
-                    return
-                }
+                // For a quarantined id: the peer may still reset it after its close.
+                guard let stream = streams[key] else { return }
                 receiveFIN(stream)
             case .reset:
                 guard let stream = streams[key] else {
@@ -572,6 +568,7 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
 
     private func receiveReset(_ stream: MultiplexerStreamChannel, message: String?) {
         metrics.resetsReceived += 1
+        stream.peerMaySendAfterDetach = false
         stream.state.reset()
         stream.tearDown(error: MultiplexerError.streamReset(message: message))
     }

@@ -80,8 +80,10 @@ public final class MultiplexerStreamChannel: Channel, ChannelCore, @unchecked Se
     var isQueuedForWrite = false
     /// The session has forgotten the stream's id (it is over on the wire).
     var isDetached = false
-    /// We reset the stream while the peer could still send on it (its id waits before reuse).
-    var peerMaySendAfterDetach = false
+    /// The peer may still send a frame for the stream after it is over for us: anything that crosses
+    /// our reset, or a reset that crosses our close. Only the peer's own reset ends that (its id then
+    /// needs no wait before reuse).
+    var peerMaySendAfterDetach = true
     /// The stream counts against the accept backlog (accepted, initializer still running).
     var isInAcceptBacklog = false
 

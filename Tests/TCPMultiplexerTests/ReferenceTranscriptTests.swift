@@ -151,7 +151,7 @@ struct ReferenceTranscript {
 
     /// After we reset a stream, the peer may still send on it until it sees the reset, and the reference
     /// reuses ids at once: those bytes would land on our next stream with that id. The id waits until the
-    /// peer's own reset (or close) for it arrives; what arrives for it meanwhile is dropped.
+    /// peer's own reset for it arrives; what arrives for it meanwhile is dropped.
     @Test func aResetIDWaitsUntilThePeerCannotSendOnIt() throws {
         let (channel, session) = try EmbeddedChannel.withSession(
             role: .client, configuration: quietConfiguration(.thaliMultiplex), initializer: nil)
@@ -171,6 +171,29 @@ struct ReferenceTranscript {
         try channel.writeInbound(bytes(hex: "0500"))  // the peer's reset for 0: nothing more of it can come
         let third = try session.openStream(initializer: nil).wait()
         #expect((third as? MultiplexerStreamChannel)?.streamID == 0)
+    }
+
+    /// A stream closed both ways is over for us, but the peer may still reset it: its reset can cross our
+    /// close. Reused at once, the id would take that reset on our next stream (found by the
+    /// thali-multiplex-pair harness: a stream nobody reset lost its end). It waits like a reset one.
+    @Test func anIDClosedBothWaysWaitsForALateReset() throws {
+        let (channel, session) = try EmbeddedChannel.withSession(
+            role: .client, configuration: quietConfiguration(.thaliMultiplex), initializer: nil)
+        let first = try session.openStream(initializer: nil).wait()
+        #expect((first as? MultiplexerStreamChannel)?.streamID == 0)
+        try first.close(mode: .output).wait()
+        try channel.writeInbound(bytes(hex: "0300"))  // the peer's close for 0: closed both ways
+        try first.closeFuture.wait()
+        _ = try channel.drainOutbound()
+
+        let second = try session.openStream(initializer: nil).wait()
+        #expect((second as? MultiplexerStreamChannel)?.streamID == 1)
+        try channel.writeInbound(bytes(hex: "0500"))  // the peer's reset for 0, sent before our close reached it
+        #expect(second.isActive)
+        // After the peer's reset nothing more of 0 can come: the id is free again.
+        let third = try session.openStream(initializer: nil).wait()
+        #expect((third as? MultiplexerStreamChannel)?.streamID == 0)
+        #expect(channel.isActive)
     }
 
     @Test func theQuarantineIsBounded() throws {
