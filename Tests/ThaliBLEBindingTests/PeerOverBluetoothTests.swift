@@ -211,7 +211,7 @@ import ThaliTestSupport
     /// More advertisers in range than link slots (a crowd): Alice may hold one link. Bob, whose beacons
     /// are for someone else, is heard first and takes it; Carol, whose beacons are for Alice, is heard
     /// while it is taken and waits. Bob's idle link gives way to her, and Bob, queued again, gets his turn
-    /// back: an item he queues for Alice later arrives too.
+    /// back: an item he queues for Alice later arrives too. Each appears once, however many turns.
     @Test func aCrowdLargerThanTheLinkSlotsIsServedInTurn() async throws {
         let mock = try await BlueZMock()
         for adapter in ["hci0", "hci1", "hci2"] { try await mock.addAdapter(adapter) }
@@ -227,7 +227,10 @@ import ThaliTestSupport
         _ = try bob.store.enqueueText("bob to dave", to: "dave", expiresAt: later)
         _ = try carol.store.enqueueText("carol to alice", to: "alice", expiresAt: later)
 
-        let alicePeer = try Self.peer(alice, adapter: "hci0", mock: mock, air: air, configure: { $0.bluetooth?.maxConnectedPeers = 1 })
+        let appeared = NIOLockedValueBox<[String]>([])
+        let alicePeer = try Self.peer(alice, adapter: "hci0", mock: mock, air: air, events: { event in
+            if case .peerAppeared(let location) = event { appeared.withLockedValue { $0.append(location) } }
+        }, configure: { $0.bluetooth?.maxConnectedPeers = 1 })
         let bobPeer = try Self.peer(bob, adapter: "hci1", mock: mock, air: air, configure: { $0.outboxPollInterval = .milliseconds(200) })
         let carolPeer = try Self.peer(carol, adapter: "hci2", mock: mock, air: air)
         for peer in [alicePeer, bobPeer, carolPeer] { try await peer.start() }
@@ -243,6 +246,8 @@ import ThaliTestSupport
         #expect(try alice.store.inbox().compactMap(\.text).sorted() == ["bob to alice", "carol to alice"])
         #expect(try carol.store.outbox().isEmpty)
         #expect(try bob.store.outbox().map(\.text) == ["bob to dave"])
+        let (bobAddress, carolAddress) = (try await Self.address(of: "hci1", mock: mock), try await Self.address(of: "hci2", mock: mock))
+        #expect(appeared.withLockedValue { $0 }.sorted() == ["bluetooth:\(bobAddress)", "bluetooth:\(carolAddress)"].sorted())
     }
 
     /// The faster binding fails while the other holds a route: a host on the LAN re-serves a copy of
