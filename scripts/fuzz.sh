@@ -54,11 +54,11 @@ case "${1:-}" in
     merged="$(mktemp -d)"
     "$binaries/$target" -merge=1 "$merged" "$fuzz/Corpus/$name" "$fuzz/.work/$name" >/dev/null 2>&1
     rm -f "$fuzz/Corpus/$name"/[0-9a-f]*  # earlier minimised units; seeds and regressions stay
+    # libFuzzer names a merged unit by the SHA-1 of its content: one whose name is the SHA-1 of a seed or
+    # regression file is that file already.
+    kept="$(cd "$fuzz/Corpus/$name" && sha1sum -- * | cut -d' ' -f1)"
     for file in "$merged"/*; do
-        # A unit equal to a seed or regression file is that file already.
-        duplicate=0
-        for kept in "$fuzz/Corpus/$name"/*; do cmp -s "$file" "$kept" && { duplicate=1; break; }; done
-        [ "$duplicate" = 1 ] || cp "$file" "$fuzz/Corpus/$name/$(basename "$file")"
+        grep -qxF "$(basename "$file")" <<<"$kept" || cp "$file" "$fuzz/Corpus/$name/"
     done
     rm -rf "$merged"
     echo "$name: $(ls "$fuzz/Corpus/$name" | wc -l) corpus files"
