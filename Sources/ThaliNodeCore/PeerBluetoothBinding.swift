@@ -65,9 +65,10 @@ public struct BluetoothPeerConfiguration: Sendable {
 final class PeerBluetoothBinding: PeerBindingService {
     let kind = PeerBindingKind.bluetooth
 
-    /// A peer waiting for a link slot: the advertiser BlueZ reported it as (nil for a peer that connected
-    /// to us), and its failed connects in a row so far (a peer that went away still runs out of attempts).
-    private struct WaitingPeer {
+    /// A peer to reach, or waiting for a link slot: the advertiser BlueZ reported it as (nil for a peer
+    /// that connected to us), and its failed connects in a row so far (carried across its turns, so that
+    /// a peer that went away still runs out of attempts).
+    private struct Candidate {
         var peer: BluetoothAddress
         var advertiser: BluetoothAddress?
         var failures = 0
@@ -100,7 +101,7 @@ final class PeerBluetoothBinding: PeerBindingService {
         /// Peers being reached or connected (one task each).
         var pursued: Set<BluetoothAddress> = []
         /// Peers heard while every link slot was taken, in the order they get one.
-        var waiting: [WaitingPeer] = []
+        var waiting: [Candidate] = []
         var advertising = false
         /// Whether we turned the adapter's `Discoverable` on (to get page scan): stop turns it off again.
         var madeDiscoverable = false
@@ -120,6 +121,14 @@ final class PeerBluetoothBinding: PeerBindingService {
         var node: (host: String, port: Int)?
         var tasks: [UUID: Task<Void, Never>] = [:]
         var stopped = false
+
+        /// Queues `candidate` for a slot unless it waits already; false when `limit` peers wait.
+        mutating func enqueue(_ candidate: Candidate, limit: Int) -> Bool {
+            if waiting.contains(where: { $0.peer == candidate.peer }) { return true }
+            guard waiting.count < limit else { return false }
+            waiting.append(candidate)
+            return true
+        }
     }
 
     let configuration: BluetoothPeerConfiguration
@@ -319,7 +328,7 @@ final class PeerBluetoothBinding: PeerBindingService {
                 state.awaitingSession[peer.loopbackSource] = peer
                 return false
             }
-            if ready { pursueIfNew(peer, advertiser: nil) }
+            if ready { pursueIfNew(Candidate(peer: peer)) }
         case .refused(let decision):
             logger.info("Bluetooth connection refused", metadata: ["decision": "\(decision)"])
         case .handshakeFailed(let peer, let violation):
@@ -333,46 +342,47 @@ final class PeerBluetoothBinding: PeerBindingService {
     /// A Thali advertisement: pursue the peer unless we already do.
     private func discovered(_ discovery: ThaliPeerDiscovery) {
         guard let peer = discovery.peerAddress else { return }  // no address to connect to (iOS form)
-        pursueIfNew(peer, advertiser: discovery.advertiserAddress)
+        pursueIfNew(Candidate(peer: peer, advertiser: discovery.advertiserAddress))
     }
 
-    private func pursueIfNew(_ peer: BluetoothAddress, advertiser: BluetoothAddress?, failures: Int = 0) {
+    /// Pursues `candidate` if a link slot is free, else queues it (a crowd: peers take turns).
+    private func pursueIfNew(_ candidate: Candidate) {
         enum Start { case now, queued, notRemembered, no }
         let start = state.withLockedValue { state -> Start in
-            guard !state.stopped, peer != state.ownAddress, !state.pursued.contains(peer) else { return .no }
+            guard !state.stopped, candidate.peer != state.ownAddress, !state.pursued.contains(candidate.peer) else { return .no }
             guard state.pursued.count < configuration.maxConnectedPeers else {
-                // A crowd: wait for a slot, in turn.
-                if state.waiting.contains(where: { $0.peer == peer }) { return .queued }
-                guard state.waiting.count < configuration.maxWaitingPeers else { return .notRemembered }
-                state.waiting.append(WaitingPeer(peer: peer, advertiser: advertiser, failures: failures))
-                return .queued
+                return state.enqueue(candidate, limit: configuration.maxWaitingPeers) ? .queued : .notRemembered
             }
-            state.pursued.insert(peer)
+            state.pursued.insert(candidate.peer)
+            state.waiting.removeAll { $0.peer == candidate.peer }  // reached now, not on a later turn
             return .now
         }
         switch start {
         case .now: break
         case .notRemembered:
             // BlueZ reports an unchanged advertisement once: let its next report offer this peer again.
-            if let advertiser { state.withLockedValue { $0.client }?.forget(advertiser) }
+            if let advertiser = candidate.advertiser { state.withLockedValue { $0.client }?.forget(advertiser) }
             return
         case .queued, .no: return
         }
         let id = UUID()
         let task = Task { [weak self] in
-            guard let end = await self?.pursue(peer, failures: failures), let self else { return }
-            let next = state.withLockedValue { state -> WaitingPeer? in
-                state.pursued.remove(peer)
+            guard let end = await self?.pursue(candidate.peer, failures: candidate.failures), let self else { return }
+            let (next, remembered) = state.withLockedValue { state -> (Candidate?, Bool) in
+                state.pursued.remove(candidate.peer)
                 state.tasks.removeValue(forKey: id)
-                if case .yielded(let failures) = end, !state.stopped {
-                    state.waiting.append(WaitingPeer(peer: peer, advertiser: advertiser, failures: failures))
-                }
-                return state.waiting.isEmpty ? nil : state.waiting.removeFirst()
+                let next = state.waiting.isEmpty ? nil : state.waiting.removeFirst()
+                guard case .yielded(let failures) = end, !state.stopped else { return (next, false) }
+                var again = candidate
+                again.failures = failures
+                // Nobody waits any more: it takes its slot straight back. Otherwise to the back of the queue.
+                guard let next else { return (again, true) }
+                return (next, state.enqueue(again, limit: configuration.maxWaitingPeers))
             }
-            // Reports of an unchanged advertisement are not discoveries: forget this one, so that the
-            // peer's next report starts over if it is still there.
-            if case .gaveUp = end, let advertiser { state.withLockedValue { $0.client }?.forget(advertiser) }
-            if let next { pursueIfNew(next.peer, advertiser: next.advertiser, failures: next.failures) }
+            // Reports of an unchanged advertisement are not discoveries: a peer neither pursued nor waiting
+            // is forgotten, so that its next report starts over if it is still there.
+            if !remembered, let advertiser = candidate.advertiser { state.withLockedValue { $0.client }?.forget(advertiser) }
+            if let next { pursueIfNew(next) }
         }
         state.withLockedValue { $0.tasks[id] = task }
     }
@@ -439,7 +449,7 @@ final class PeerBluetoothBinding: PeerBindingService {
                 if state.incoming[source]?.port == session.localPort { state.incoming[source] = nil }
             }
         }
-        if let announced { pursueIfNew(announced, advertiser: nil) }
+        if let announced { pursueIfNew(Candidate(peer: announced)) }
     }
 
     /// Reaches `peer` over the link it made to us if there is one, else connects (and that link carries
