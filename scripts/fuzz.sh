@@ -56,9 +56,10 @@ case "${1:-}" in
     rm -f "$fuzz/Corpus/$name"/[0-9a-f]*  # earlier minimised units; seeds and regressions stay
     # libFuzzer names a merged unit by the SHA-1 of its content: one whose name is the SHA-1 of a seed or
     # regression file is that file already.
-    kept="$(cd "$fuzz/Corpus/$name" && sha1sum -- * | cut -d' ' -f1)"
+    declare -A kept=()
+    while read -r sum _; do kept[$sum]=1; done < <(cd "$fuzz/Corpus/$name" && sha1sum -- *)
     for file in "$merged"/*; do
-        grep -qxF "$(basename "$file")" <<<"$kept" || cp "$file" "$fuzz/Corpus/$name/"
+        [ -n "${kept[${file##*/}]:-}" ] || cp "$file" "$fuzz/Corpus/$name/"
     done
     rm -rf "$merged"
     echo "$name: $(ls "$fuzz/Corpus/$name" | wc -l) corpus files"
