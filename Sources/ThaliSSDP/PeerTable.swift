@@ -14,6 +14,11 @@ struct PeerTable {
     struct Entry {
         var peer: SSDPPeer
         var state: State
+        /// Fetches of this location that failed in a row (whatever the USN); the wait before a refetch
+        /// doubles with each.
+        var fetchFailures = 0
+        /// After a failed fetch: when the next alive of the same USN fetches it again.
+        var refetchAt: NIODeadline?
     }
 
     /// What the service must do after an input.
@@ -27,24 +32,36 @@ struct PeerTable {
 
     let maxPeers: Int
     let byebyeGrace: TimeAmount
+    /// The wait after a first failed fetch before the same USN is fetched again, and its ceiling.
+    let refetchDelay: TimeAmount
+    let maxRefetchDelay: TimeAmount
     private(set) var entries: [BeaconLocation: Entry] = [:]
     private var locationByServiceName: [String: BeaconLocation] = [:]
 
-    init(maxPeers: Int, byebyeGrace: TimeAmount) {
+    init(maxPeers: Int, byebyeGrace: TimeAmount,
+         refetchDelay: TimeAmount = SSDPDiscoveryLimits().failedFetchRetryDelay,
+         maxRefetchDelay: TimeAmount = SSDPDiscoveryLimits().maxFailedFetchRetryDelay) {
         self.maxPeers = maxPeers
         self.byebyeGrace = byebyeGrace
+        self.refetchDelay = refetchDelay
+        self.maxRefetchDelay = maxRefetchDelay
     }
 
     var count: Int { entries.count }
     var peers: [SSDPPeer] { entries.values.map(\.peer) }
 
-    /// An alive announcement or a search answer.
+    /// An alive announcement or a search answer. The same USN again is only a refresh, unless fetching
+    /// its beacons failed and the wait since is over: then it is fetched again (a peer whose beacons do not
+    /// change, holding an item for us, would otherwise stay unread).
     mutating func alive(serviceName: String, location: BeaconLocation, maxAge: Int, now: NIODeadline) -> [Action] {
         let expiry = now + .seconds(Int64(max(0, maxAge)))
         if let known = locationByServiceName[serviceName], known == location, var entry = entries[location] {
             entry.state = .active(expiry: expiry)
-            entries[location] = entry
-            return []
+            defer { entries[location] = entry }
+            guard entry.peer.beaconState == .failed, let due = entry.refetchAt, due <= now else { return [] }
+            entry.peer.beaconState = .fetching
+            entry.refetchAt = nil
+            return [.fetch(location, serviceName: serviceName)]
         }
         if var entry = entries[location] {
             let previous = entry.peer.uniqueServiceName
@@ -53,6 +70,7 @@ struct PeerTable {
             entry.peer.uniqueServiceName = serviceName
             entry.peer.beaconState = .fetching
             entry.state = .active(expiry: expiry)
+            entry.refetchAt = nil
             entries[location] = entry
             return [.emit(.changed(entry.peer, previousServiceName: previous)), .fetch(location, serviceName: serviceName)]
         }
@@ -79,15 +97,29 @@ struct PeerTable {
         return []
     }
 
-    /// The result of fetching `serviceName`'s beacons; ignored if the peer moved on to another USN.
-    mutating func fetched(serviceName: String, result: SSDPPeer.BeaconState, reason: String? = nil) -> [Action] {
+    /// The result of fetching `serviceName`'s beacons at `now` (a fetch not made, its source ignored,
+    /// is a failure too); ignored if the peer moved on to another USN. After a failure the USN is fetched
+    /// again on an alive `refetchDelay` later, doubling per failure in a row up to `maxRefetchDelay`.
+    mutating func fetched(serviceName: String, result: SSDPPeer.BeaconState, reason: String? = nil,
+                          now: NIODeadline) -> [Action] {
         guard let location = locationByServiceName[serviceName], var entry = entries[location] else { return [] }
+        defer { entries[location] = entry }
         entry.peer.beaconState = result
-        entries[location] = entry
         if case .failed = result {
+            entry.fetchFailures += 1
+            entry.refetchAt = now + refetchWait(afterFailures: entry.fetchFailures)
             return [.emit(.beaconFetchFailed(entry.peer, reason: reason ?? "failed"))]
         }
+        entry.fetchFailures = 0
+        entry.refetchAt = nil
         return [.emit(.beaconsFetched(entry.peer))]
+    }
+
+    /// `refetchDelay` × 2^(failures − 1), at most `maxRefetchDelay`.
+    func refetchWait(afterFailures failures: Int) -> TimeAmount {
+        var wait = refetchDelay
+        for _ in 1..<max(1, failures) where wait < maxRefetchDelay { wait = wait * 2 }
+        return min(wait, maxRefetchDelay)
     }
 
     /// Removes peers whose byebye grace or max-age ran out by `now`.

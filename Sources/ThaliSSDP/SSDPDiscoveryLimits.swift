@@ -42,6 +42,14 @@ public struct SSDPDiscoveryLimits: Sendable {
     /// How long announcements pause when unicast to many sources fails, and how long a source whose
     /// fetches keep failing is ignored.
     public var unicastFailurePause: TimeAmount = .seconds(60)
+    /// After a peer's beacon fetch failed (every attempt of it, or not made because its source was being
+    /// ignored), how long until an alive of the same USN fetches it again; doubled per failure in a row
+    /// up to `maxFailedFetchRetryDelay`. A USN is otherwise fetched once: a peer whose beacons do not
+    /// change (one item left for us) would stay unread after one failure in a crowd.
+    public var failedFetchRetryDelay: TimeAmount = .seconds(2)
+    /// The longest wait before a failed fetch is tried again (a location that never answers costs one
+    /// fetch per this period, and its source's refusal, `sourceFetchFailureThreshold`, comes first).
+    public var maxFailedFetchRetryDelay: TimeAmount = .seconds(60)
     /// Beacon fetches in flight at once; others wait in a queue no longer than `maxTrackedPeers`.
     public var maxConcurrentFetches: Int = 4
     /// Search answers waiting for their random delay at once; more M-SEARCHes are not answered.

@@ -88,7 +88,9 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
                                        location: BeaconLocation(host: configuration.interfaceAddress, port: 0))
         self.searcher = SSDPSearcher(interval: configuration.searchInterval)
         self.table = PeerTable(maxPeers: configuration.limits.maxTrackedPeers,
-                               byebyeGrace: configuration.byebyeGracePeriod)
+                               byebyeGrace: configuration.byebyeGracePeriod,
+                               refetchDelay: configuration.limits.failedFetchRetryDelay,
+                               maxRefetchDelay: configuration.limits.maxFailedFetchRetryDelay)
         self.flood = RateWindow(limit: configuration.limits.maxDatagramsPerWindow,
                                 length: configuration.limits.floodWindow)
         self.sources = SSDPSourceBudgets(limits: configuration.limits)
@@ -505,7 +507,10 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
                 }
                 eventSink.yield(event)
             case .fetch(let location, let serviceName):
-                guard fetchQueue.count < configuration.limits.maxTrackedPeers else { continue }
+                guard fetchQueue.count < configuration.limits.maxTrackedPeers else {
+                    perform(table.fetched(serviceName: serviceName, result: .failed, reason: "fetch queue full", now: .now()))
+                    continue
+                }
                 fetchQueue.append((location, serviceName))
                 startFetches()
             case .capExceeded:
@@ -524,6 +529,8 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
             guard table.isCurrent(serviceName) else { continue }  // superseded while queued
             guard !sources.isRefused(location.host, now: .now()) else {
                 counters.fetchesSkippedForIgnoredSources += 1
+                // Not fetched is failed: a later alive, once the wait is over, fetches it again.
+                perform(table.fetched(serviceName: serviceName, result: .failed, reason: "source ignored", now: .now()))
                 continue
             }
             fetchesInFlight += 1
@@ -549,14 +556,14 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
             counters.beaconFetchesSucceeded += 1
             failingSources.removeAll()
             if let host = table.location(of: serviceName)?.host { sources.fetchSucceeded(at: host) }
-            let actions = table.fetched(serviceName: serviceName, result: .fetched(bytes))
+            let actions = table.fetched(serviceName: serviceName, result: .fetched(bytes), now: .now())
             perform(actions)
             for case .emit(.beaconsFetched(let peer)) in actions { return (peer, bytes) }
             return nil
         case .failure(let error):
             counters.beaconFetchesFailed += 1
             let host = table.location(of: serviceName)?.host
-            perform(table.fetched(serviceName: serviceName, result: .failed, reason: "\(error.reason)"))
+            perform(table.fetched(serviceName: serviceName, result: .failed, reason: "\(error.reason)", now: .now()))
             guard let host else { return nil }
             // Per source first: a host whose locations keep failing is ignored alone.
             if sources.fetchFailed(at: host, now: .now()) {
@@ -609,6 +616,8 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
             ("searchInterval", configuration.searchInterval),
             ("housekeepingInterval", configuration.housekeepingInterval),
             ("floodWindow", configuration.limits.floodWindow),
+            ("failedFetchRetryDelay", configuration.limits.failedFetchRetryDelay),
+            ("maxFailedFetchRetryDelay", configuration.limits.maxFailedFetchRetryDelay),
         ]
         for (name, value) in positiveTimes where value <= .zero { throw .invalidConfiguration(name) }
         let positiveCounts: [(String, Int)] = [

@@ -23,14 +23,42 @@ struct PeerTableTests {
     @Test func byebyeThenNewServiceNameIsAChange() {
         var table = PeerTable(maxPeers: 10, byebyeGrace: .milliseconds(300))
         _ = table.alive(serviceName: "uuid:1", location: a, maxAge: 60, now: start)
-        _ = table.fetched(serviceName: "uuid:1", result: .fetched([1]))
+        _ = table.fetched(serviceName: "uuid:1", result: .fetched([1]), now: start)
         #expect(table.byebye(serviceName: "uuid:1", source: "10.0.0.1", now: start).isEmpty)
         let actions = table.alive(serviceName: "uuid:2", location: a, maxAge: 60, now: start + .milliseconds(1))
         let peer = SSDPPeer(location: a, uniqueServiceName: "uuid:2", beaconState: .fetching)
         #expect(actions == [.emit(.changed(peer, previousServiceName: "uuid:1")), .fetch(a, serviceName: "uuid:2")])
         #expect(table.expire(now: start + .seconds(1)).isEmpty)
         // A late result for the old USN is dropped.
-        #expect(table.fetched(serviceName: "uuid:1", result: .fetched([9])).isEmpty)
+        #expect(table.fetched(serviceName: "uuid:1", result: .fetched([9]), now: start).isEmpty)
+    }
+
+    @Test("a failed fetch is tried again on a later alive of the same USN, the waits doubling, until it succeeds")
+    func aFailedFetchIsRetriedOnALaterAlive() {
+        var table = PeerTable(maxPeers: 10, byebyeGrace: .milliseconds(300), refetchDelay: .seconds(2),
+                              maxRefetchDelay: .seconds(5))
+        _ = table.alive(serviceName: "uuid:1", location: a, maxAge: 60, now: start)
+        let failed = table.fetched(serviceName: "uuid:1", result: .failed, reason: "timed out", now: start)
+        #expect(failed == [.emit(.beaconFetchFailed(SSDPPeer(location: a, uniqueServiceName: "uuid:1", beaconState: .failed),
+                                                     reason: "timed out"))])
+        // Alives within the wait only refresh; the first one after it fetches again, once.
+        #expect(table.alive(serviceName: "uuid:1", location: a, maxAge: 60, now: start + .milliseconds(1999)).isEmpty)
+        #expect(table.alive(serviceName: "uuid:1", location: a, maxAge: 60, now: start + .seconds(2))
+                == [.fetch(a, serviceName: "uuid:1")])
+        #expect(table.alive(serviceName: "uuid:1", location: a, maxAge: 60, now: start + .seconds(3)).isEmpty)
+        // A second failure in a row waits twice as long; a third is capped at the ceiling.
+        _ = table.fetched(serviceName: "uuid:1", result: .failed, now: start + .seconds(3))
+        #expect(table.alive(serviceName: "uuid:1", location: a, maxAge: 60, now: start + .milliseconds(6999)).isEmpty)
+        #expect(table.alive(serviceName: "uuid:1", location: a, maxAge: 60, now: start + .seconds(7)) == [.fetch(a, serviceName: "uuid:1")])
+        _ = table.fetched(serviceName: "uuid:1", result: .failed, now: start + .seconds(7))
+        #expect(table.alive(serviceName: "uuid:1", location: a, maxAge: 60, now: start + .milliseconds(11999)).isEmpty)
+        #expect(table.alive(serviceName: "uuid:1", location: a, maxAge: 60, now: start + .seconds(12)) == [.fetch(a, serviceName: "uuid:1")])
+        // Success: the USN is not fetched again, and the next failure starts from the first wait.
+        _ = table.fetched(serviceName: "uuid:1", result: .fetched([1]), now: start + .seconds(12))
+        #expect(table.alive(serviceName: "uuid:1", location: a, maxAge: 60, now: start + .seconds(40)).isEmpty)
+        _ = table.alive(serviceName: "uuid:2", location: a, maxAge: 60, now: start + .seconds(41))
+        _ = table.fetched(serviceName: "uuid:2", result: .failed, now: start + .seconds(41))
+        #expect(table.alive(serviceName: "uuid:2", location: a, maxAge: 60, now: start + .seconds(43)) == [.fetch(a, serviceName: "uuid:2")])
     }
 
     @Test func byebyeAloneIsADepartureAfterTheGrace() {

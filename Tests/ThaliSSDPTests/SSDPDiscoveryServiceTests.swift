@@ -292,6 +292,57 @@ struct SSDPDiscoveryServiceTests {
         await bob.stop()
     }
 
+    /// A USN is fetched once; a fetch that failed (or was not made, its source ignored) must still be
+    /// retried, or a peer whose beacons never change (one item left for us, in a crowd) stays unread.
+    @Test("a peer whose fetch failed, or was skipped while its source was ignored, is fetched on a later alive")
+    func aFailedOrSkippedFetchIsRetriedOnALaterAlive() async throws {
+        let port = try freeUDPPort()
+        var configuration = loopbackConfiguration(port: port)
+        configuration.client.maxAttempts = 1
+        configuration.limits.maxConcurrentFetches = 1  // the second location waits behind the first
+        configuration.limits.sourceFetchFailureThreshold = 1
+        configuration.limits.unicastFailurePause = .milliseconds(600)
+        configuration.limits.failedFetchRetryDelay = .milliseconds(200)
+        let consumed = ConsumerLog()
+        let bob = SSDPDiscoveryService(configuration: configuration, group: group) { peer, bytes in consumed.record(peer, bytes) }
+        let bobEvents = EventLog(bob)
+        try await bob.start()
+        let host = "127.0.0.72"
+        let open = BeaconHTTPServer(host: host, group: group)
+        let openPort = try await open.start()
+        open.setBeacons([7])
+        let closedPort = try closedTCPPort()
+        let raw = try await RawSSDPSocket(host: host, groupPort: port)
+        let (down, up) = (ThaliServiceName.makeUniqueServiceName(), ThaliServiceName.makeUniqueServiceName())
+        func announceBoth() async throws {
+            try await raw.send(aliveText(port: port, usn: down, location: "http://\(host):\(closedPort)/NotificationBeacons"))
+            try await raw.send(aliveText(port: port, usn: up, location: "http://\(host):\(openPort)/NotificationBeacons"))
+        }
+        try await announceBoth()
+        // The closed port fails, which makes bob ignore the host, so the queued fetch of the open one is skipped.
+        try await bobEvents.wait(timeout: .seconds(3), "the closed port fails") {
+            if case .beaconFetchFailed(let peer, _) = $0 { return peer.uniqueServiceName == down } else { return false }
+        }
+        try await bobEvents.wait(timeout: .seconds(3), "the open port's fetch is skipped") {
+            if case .beaconFetchFailed(let peer, "source ignored") = $0 { return peer.uniqueServiceName == up } else { return false }
+        }
+        // The closed port opens; both keep announcing the same USNs.
+        let late = BeaconHTTPServer(host: host, group: group)
+        _ = try await late.start(port: closedPort)
+        late.setBeacons([8])
+        let deadline = ContinuousClock.now + .seconds(5)
+        while ContinuousClock.now < deadline, consumed.entries.count < 2 {
+            try await announceBoth()
+            try await Task.sleep(for: .milliseconds(100))
+        }
+        try await Task.sleep(for: .milliseconds(300))  // more alives: fetched USNs are not fetched again
+        #expect(consumed.entries.filter { $0.0 == down }.map(\.1) == [[8]], "\(bobEvents.events)")
+        #expect(consumed.entries.filter { $0.0 == up }.map(\.1) == [[7]], "\(bobEvents.events)")
+        await bob.stop()
+        await open.stop()
+        await late.stop()
+    }
+
     @Test func thePeerCapRefusesNewPeersAndSwitchesDiscoveryOff() async throws {
         let port = try freeUDPPort()
         var configuration = loopbackConfiguration(port: port)
