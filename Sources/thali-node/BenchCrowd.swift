@@ -105,6 +105,7 @@ struct BenchCrowd: AsyncParsableCommand {
             }
         }
         let usageAfter = BenchNamespace.usage()
+        if allDelivered == nil { await reportUndelivered(expected: expected, stores: stores, running: running) }
         for peer in running { await peer.stop() }
 
         // Exactly once, from the inboxes.
@@ -132,5 +133,32 @@ struct BenchCrowd: AsyncParsableCommand {
                          discoveryOff.withLockedValue { $0 }, cpuPerPeer, rssPerPeer))
         }
         if allDelivered == nil || delivered != items { throw ExitCode(1) }
+    }
+
+    /// What each item still missing at the timeout is waiting for: one line per item, with the receiver's
+    /// link to the sender and what the sender advertises (so a failed run says where delivery stopped).
+    private func reportUndelivered(expected: [Int: Set<String>], stores: [NodeStore], running: [ThaliPeer]) async {
+        let shown = 20
+        var missing = 0
+        for (receiver, texts) in expected.sorted(by: { $0.key < $1.key }) {
+            let inbox = Set(((try? stores[receiver].inbox()) ?? []).compactMap(\.text))
+            for text in texts.sorted() where !inbox.contains(text) {
+                missing += 1
+                guard missing <= shown else { continue }
+                // "from pS to pR"
+                guard let sender = text.split(separator: " ").dropFirst().first.flatMap({ Int($0.dropFirst()) }),
+                      running.indices.contains(sender) else { continue }
+                let receiverStatus = await running[receiver].status()
+                let senderStatus = await running[sender].status()
+                let link = receiverStatus.matchedContacts.first { $0.name == "p\(sender)" }
+                let heard = receiverStatus.peersSeen.contains(senderStatus.location)
+                print("crowd: undelivered \"\(text)\": p\(receiver) "
+                      + (heard ? "hears" : "does not hear") + " p\(sender) at \(senderStatus.location); its link: "
+                      + (link.map { "\($0.state) via \($0.location ?? "-")" } ?? "none (no match)")
+                      + "; p\(sender) advertises for \(senderStatus.advertisingFor), limits fired \(senderStatus.limitsTriggered)"
+                      + ", p\(receiver)'s \(receiverStatus.limitsTriggered)")
+            }
+        }
+        if missing > shown { print("crowd: and \(missing - shown) more undelivered") }
     }
 }
