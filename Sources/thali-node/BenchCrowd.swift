@@ -38,7 +38,8 @@ struct BenchCrowd: AsyncParsableCommand {
         BenchNamespace.raiseOpenFileLimit()
         let root = FileManager.default.temporaryDirectory.appendingPathComponent("thali-crowd-\(getpid())").path
         defer { try? FileManager.default.removeItem(atPath: root) }
-        let quiet = Logger(label: "crowd") { _ in SwiftLogNoOpLogHandler() }
+        // THALI_CROWD_DEBUG: each peer's failures and its notices (limits, ignored sources) on standard output.
+        let debug = ProcessInfo.processInfo.environment["THALI_CROWD_DEBUG"] != nil
         let ssdpPort = Int.random(in: 20000...60000)
         let expiry = Date().addingTimeInterval(3600)
 
@@ -75,13 +76,13 @@ struct BenchCrowd: AsyncParsableCommand {
             var configuration = PeerConfiguration(interfaceAddress: BenchNamespace.address(index))
             configuration.ssdpPort = ssdpPort
             let peer = try ThaliPeer(store: stores[index], identity: keys[index], configuration: configuration,
-                                     logger: quiet, events: { event in
+                                     logger: Self.logger(peer: index, debug: debug), events: { event in
                 switch event {
                 case .delivery(_, .received): received.withLockedValue { $0 += 1 }
                 case .limitTriggered(let report) where report.effect == .discoveryOff:
                     discoveryOff.withLockedValue { $0 += report.period.seconds }
                 case .connectionFailed, .sessionEnded(_, _, .some), .disconnected, .beaconMatched, .connecting:
-                    if ProcessInfo.processInfo.environment["THALI_CROWD_DEBUG"] != nil { print("p\(index): \(event)") }
+                    if debug { print("p\(index): \(event)") }
                 default: break
                 }
             })
@@ -133,6 +134,16 @@ struct BenchCrowd: AsyncParsableCommand {
                          discoveryOff.withLockedValue { $0 }, cpuPerPeer, rssPerPeer))
         }
         if allDelivered == nil || delivered != items { throw ExitCode(1) }
+    }
+
+    /// Silent, or with `debug` notices and worse on standard output, labelled with the peer.
+    private static func logger(peer index: Int, debug: Bool) -> Logger {
+        Logger(label: "p\(index)") { label in
+            guard debug else { return SwiftLogNoOpLogHandler() }
+            var handler = StreamLogHandler.standardOutput(label: label)
+            handler.logLevel = .notice
+            return handler
+        }
     }
 
     /// What each item still missing at the timeout is waiting for: one line per item, with the receiver's
