@@ -1,4 +1,5 @@
 import Foundation
+import NIOConcurrencyHelpers
 import Testing
 @testable import ThaliBLEBinding
 
@@ -69,5 +70,36 @@ import Testing
         let reply = try await bus.control.call(destination: "org.freedesktop.DBus", path: "/org/freedesktop/DBus",
                                                interface: "org.freedesktop.DBus", member: "GetId")
         #expect(reply.first?.string?.count == 32)
+    }
+
+    /// `close()` while calls are queued for the connection's thread: every call ends, with its reply or
+    /// `.disconnected`; none is left suspended (a call that never returns hangs whoever awaits it, such as
+    /// a Bluetooth binding stopping).
+    @Test func everyCallRacingCloseEnds() async throws {
+        let bus = try await BlueZMock(startBlueZ: false)
+        let (started, ended) = (NIOLockedValueBox(0), NIOLockedValueBox(0))
+        for round in 0..<40 {
+            let client = try DBusClient(address: bus.busAddress)
+            for _ in 0..<4 {
+                started.withLockedValue { $0 += 1 }
+                Task {
+                    do {
+                        _ = try await client.call(destination: "org.freedesktop.DBus", path: "/org/freedesktop/DBus",
+                                                  interface: "org.freedesktop.DBus", member: "GetId")
+                    } catch {
+                        #expect(error as? DBusClientError == .disconnected, "\(error)")
+                    }
+                    ended.withLockedValue { $0 += 1 }
+                }
+            }
+            // Close at varying points: before, while and after the calls reach the connection's thread.
+            try await Task.sleep(for: .microseconds(250 * (round % 20)))
+            client.close()
+        }
+        let deadline = ContinuousClock.now + .seconds(5)
+        while ContinuousClock.now < deadline, ended.withLockedValue({ $0 }) < started.withLockedValue({ $0 }) {
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        #expect(ended.withLockedValue { $0 } == started.withLockedValue { $0 }, "calls still waiting after close()")
     }
 }

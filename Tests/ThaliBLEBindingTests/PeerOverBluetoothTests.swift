@@ -15,7 +15,7 @@ import ThaliTestSupport
 /// data) the test reports to the other adapter as a device, as bluetoothd would. Everything else is the
 /// node's real code: advertising through D-Bus, scanning, the RFCOMM relay and multiplexer, PSK-TLS and
 /// delivery.
-@Suite(.serialized, .enabled(if: BlueZMock.peersPresent)) struct PeerOverBluetoothTests {
+@Suite(.serialized, .enabled(if: BlueZMock.peersPresent), .timeLimit(.minutes(2))) struct PeerOverBluetoothTests {
     struct Person {
         let name: String
         let key: PrivateKey

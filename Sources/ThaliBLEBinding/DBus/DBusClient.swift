@@ -326,8 +326,10 @@ final class DBusConnectionLoop: @unchecked Sendable {
                 defer { state.jobs.removeAll() }
                 return (state.jobs, state.running)
             }
-            guard running else { break }
+            // Every job taken is run, even when close() came after it was queued: a call's job holds its
+            // continuation, and its call is failed below with the rest of the pending ones.
             for job in jobs { job(connection) }
+            guard running else { break }
             if dbus_connection_read_write(connection, Self.pollMilliseconds) == 0 {
                 dropped = true
                 break
