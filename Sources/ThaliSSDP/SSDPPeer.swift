@@ -14,7 +14,8 @@ public struct SSDPPeer: Hashable, Sendable {
         case fetching
         /// Fetched: the stream bytes (empty when the peer answered 204, nothing advertised).
         case fetched([UInt8])
-        /// Every attempt failed.
+        /// Every attempt failed, or the fetch was not made (its source ignored, the queue full); a later
+        /// alive fetches it again (`SSDPDiscoveryLimits.failedFetchRetryDelay`).
         case failed
     }
 }
@@ -27,7 +28,7 @@ public enum SSDPDiscoveryEvent: Hashable, Sendable {
     case changed(SSDPPeer, previousServiceName: String)
     /// The beacons for the peer's current USN were fetched and handed to the consumer.
     case beaconsFetched(SSDPPeer)
-    /// Fetching the beacons for the peer's current USN failed after all retries.
+    /// Fetching the beacons for the peer's current USN failed after all retries, or was not made.
     case beaconFetchFailed(SSDPPeer, reason: String)
     /// A peer left: by byebye, or because its max-age ran out without a new alive.
     case left(SSDPPeer, reason: DepartureReason)
