@@ -12,6 +12,13 @@ import Glibc
 /// dirent` while scanning /proc/self/fd), and every test target shares one process. The child starts
 /// with an empty signal mask: the test runner's threads block SIGTERM, and a blocked mask survives exec.
 public final class ChildProcess: @unchecked Sendable {
+    /// glibc's `posix_spawn_file_actions_addclosefrom_np` (2.34 and later), which Swift's Glibc module
+    /// does not import (it is declared for `_GNU_SOURCE` only); nil on an older C library.
+    private static let addCloseFrom: (@convention(c) (UnsafeMutablePointer<posix_spawn_file_actions_t>, Int32) -> Int32)? = {
+        guard let symbol = dlsym(UnsafeMutableRawPointer(bitPattern: 0), "posix_spawn_file_actions_addclosefrom_np") else { return nil }
+        return unsafeBitCast(symbol, to: (@convention(c) (UnsafeMutablePointer<posix_spawn_file_actions_t>, Int32) -> Int32).self)
+    }()
+
     /// Raised when a child does not produce what a test waits for in time.
     public struct Timeout: Error, CustomStringConvertible {
         public let waitingFor: String
@@ -54,6 +61,10 @@ public final class ChildProcess: @unchecked Sendable {
         posix_spawn_file_actions_adddup2(&actions, outputPipe[1], 1)
         posix_spawn_file_actions_adddup2(&actions, outputPipe[1], 2)
         for fd in inputPipe + outputPipe { posix_spawn_file_actions_addclose(&actions, fd) }
+        // Nothing else of ours: NIO opens sockets without close-on-exec, and a daemon started here (dbus-daemon,
+        // dbusmock) would otherwise keep a test's listening port, or another child's output pipe, open after
+        // its owner closed it (the port still accepting, the pipe never ending).
+        _ = Self.addCloseFrom?(&actions, 3)
 
         var attributes = posix_spawnattr_t()
         posix_spawnattr_init(&attributes)
