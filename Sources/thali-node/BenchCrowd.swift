@@ -52,7 +52,7 @@ struct BenchCrowd: AsyncParsableCommand {
             stores.append(try NodeStore(home: home))
         }
         let name = { (index: Int) in "p\(index)" }
-        var expected: [Int: Set<String>] = [:]  // receiver → texts
+        var expected: [Int: [String: Int]] = [:]  // receiver → text → sender
         for index in 0..<peers {
             for step in 1...contacts {
                 let next = (index + step) % peers
@@ -63,7 +63,7 @@ struct BenchCrowd: AsyncParsableCommand {
                 }
                 let text = "from \(name(index)) to \(name(next))"
                 _ = try stores[index].enqueueText(text, to: name(next), expiresAt: expiry)
-                expected[next, default: []].insert(text)
+                expected[next, default: [:]][text] = index
             }
         }
         let items = peers * contacts
@@ -113,7 +113,7 @@ struct BenchCrowd: AsyncParsableCommand {
         var delivered = 0
         for (receiver, texts) in expected {
             let inbox = try stores[receiver].inbox().compactMap(\.text)
-            for text in texts where inbox.filter({ $0 == text }).count == 1 { delivered += 1 }
+            for text in texts.keys where inbox.filter({ $0 == text }).count == 1 { delivered += 1 }
         }
         let cpuPerPeer = (usageAfter.cpuSeconds - usageBefore.cpuSeconds) / Double(peers)
         let rssPerPeer = usageAfter.peakRSSMiB / Double(peers)
@@ -129,7 +129,7 @@ struct BenchCrowd: AsyncParsableCommand {
             print(String(decoding: data, as: UTF8.self))
         } else {
             print("crowd: \(delivered)/\(items) items delivered exactly once"
-                  + (allDelivered.map { String(format: " in %.1f s", $0) } ?? " (not all within \(Int(timeout)) s)"))
+                  + (allDelivered.map { String(format: " in %.1f s", $0) } ?? String(format: " (not all within %g s)", timeout)))
             print(String(format: "crowd: discovery off %.0f s in total; %.3f CPU s per peer; peak RSS %.2f MiB per peer",
                          discoveryOff.withLockedValue { $0 }, cpuPerPeer, rssPerPeer))
         }
@@ -148,17 +148,14 @@ struct BenchCrowd: AsyncParsableCommand {
 
     /// What each item still missing at the timeout is waiting for: one line per item, with the receiver's
     /// link to the sender and what the sender advertises (so a failed run says where delivery stopped).
-    private func reportUndelivered(expected: [Int: Set<String>], stores: [NodeStore], running: [ThaliPeer]) async {
+    private func reportUndelivered(expected: [Int: [String: Int]], stores: [NodeStore], running: [ThaliPeer]) async {
         let shown = 20
         var missing = 0
         for (receiver, texts) in expected.sorted(by: { $0.key < $1.key }) {
             let inbox = Set(((try? stores[receiver].inbox()) ?? []).compactMap(\.text))
-            for text in texts.sorted() where !inbox.contains(text) {
+            for (text, sender) in texts.sorted(by: { $0.key < $1.key }) where !inbox.contains(text) {
                 missing += 1
                 guard missing <= shown else { continue }
-                // "from pS to pR"
-                guard let sender = text.split(separator: " ").dropFirst().first.flatMap({ Int($0.dropFirst()) }),
-                      running.indices.contains(sender) else { continue }
                 let receiverStatus = await running[receiver].status()
                 let senderStatus = await running[sender].status()
                 let link = receiverStatus.matchedContacts.first { $0.name == "p\(sender)" }
