@@ -99,8 +99,7 @@ public struct BeaconHTTPClient: Sendable {
 
     /// The delay before attempt `n` (n >= 2): initial × 2^(n-2), capped, spread by `jitter`.
     func backoff(beforeAttempt attempt: Int) -> Duration {
-        let base = Double(configuration.initialBackoff.nanoseconds) * Double(1 << min(attempt - 2, 20))
-        let capped = min(base, Double(configuration.maxBackoff.nanoseconds))
+        let capped = Double(configuration.initialBackoff.doubled(attempt - 2, upTo: configuration.maxBackoff).nanoseconds)
         let spread = configuration.jitter > 0 ? Double.random(in: (1 - configuration.jitter)...(1 + configuration.jitter)) : 1
         return .nanoseconds(Int64(capped * spread))
     }

@@ -117,9 +117,7 @@ struct PeerTable {
 
     /// `refetchDelay` × 2^(failures − 1), at most `maxRefetchDelay`.
     func refetchWait(afterFailures failures: Int) -> TimeAmount {
-        var wait = refetchDelay
-        for _ in 1..<max(1, failures) where wait < maxRefetchDelay { wait = wait * 2 }
-        return min(wait, maxRefetchDelay)
+        refetchDelay.doubled(failures - 1, upTo: maxRefetchDelay)
     }
 
     /// Removes peers whose byebye grace or max-age ran out by `now`.
