@@ -81,7 +81,7 @@ struct ProbeCommandTests {
     }
 
     @Test("a host name, or a burst beyond its bound, is refused before any traffic",
-          arguments: [["http://localhost:8080"], ["http://127.0.0.1:9", "--burst-requests", "10001"]])
+          arguments: [["http://localhost:8080"], ["http://127.0.0.1:9", "--burst", "--burst-requests", "10001"]])
     func validation(arguments: [String]) async throws {
         let (status, output) = try await runProbe(arguments)
         #expect(status == 64, "\(output)")
