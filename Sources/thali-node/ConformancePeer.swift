@@ -109,9 +109,9 @@ struct ConformancePeerCommand: AsyncParsableCommand {
         let conformanceRun = ConformanceRun(target: "peer \(peer.hexString(compressed: true))", catalog: requirements,
                                             baseline: expected) { result in
             let line = ConformanceReport.progressLine(result)
-            if json { FileHandle.standardError.write(Data((line + "\n").utf8)) } else { print(line) }
+            if json { FileHandle.standardError.write(Data((line + "\n").utf8)) } else { printNow(line) }
         }
-        if !json { print("conformance peer: \(ConformancePeerCommand.announcement(configuration))") }
+        if !json { printNow("conformance peer: \(ConformancePeerCommand.announcement(configuration))") }
         let outputs = ConformanceOutputs(json: json, jsonOut: jsonOut, junitOut: junitOut)
         // SIGINT: print what the run has and leave; the cases still running are abandoned.
         signal(SIGINT, SIG_IGN)
@@ -138,6 +138,13 @@ struct ConformancePeerCommand: AsyncParsableCommand {
         return "finding the implementation \(finding); "
             + (configuration.senderRole ? "it will also connect to the suite and receive one item" : "receiver role only")
     }
+}
+
+/// Prints `line` and flushes standard output at once: progress must show while a run goes on, also when
+/// the output is a pipe (block-buffered).
+func printNow(_ line: String) {
+    print(line)
+    fflush(nil)  // all streams: naming stdout is not concurrency-safe in Swift 6
 }
 
 /// Where a report goes: the table (or JSON) on standard output, and the files asked for.

@@ -88,10 +88,10 @@ struct ConformanceProbeCommand: AsyncParsableCommand {
         guard let location = BeaconLocation(parsing: url) else { throw ValidationError("bad URL") }
         let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         let json = self.json
-        if !json { print("probe \(location)") }
+        if !json { printNow("probe \(location)") }
         let report = await ConformanceProbe(location: location, configuration: probeConfiguration, group: group).run(
-            progress: { check in if !json { print("\(check.verdict.rawValue.padding(toLength: 4, withPad: " ", startingAt: 0)) \(check.id): \(check.reason)") } },
-            notice: { text in if !json { print("NOTE \(text)") } })
+            progress: { check in if !json { printNow("\(check.verdict.rawValue.padding(toLength: 4, withPad: " ", startingAt: 0)) \(check.id): \(check.reason)") } },
+            notice: { text in if !json { printNow("NOTE \(text)") } })
         try? await group.shutdownGracefully()
         if json {
             print(report.json())

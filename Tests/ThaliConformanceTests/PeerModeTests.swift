@@ -74,6 +74,25 @@ struct PeerModeTests {
         #expect(peer.kill(signal: SIGTERM) == 0)
     }
 
+    @Test("SIGINT mid-run prints the cases that ended, marked interrupted, and exits 130")
+    func interrupted() async throws {
+        let (suite, _) = try Self.home("sigint")
+        defer { try? FileManager.default.removeItem(atPath: suite) }
+        // A location nobody answers at: the run waits there for the whole discovery timeout.
+        let run = try ChildProcess(try Self.node(), [
+            "conformance", "peer", "--peer-key", PrivateKey().publicKey.hexString(compressed: true),
+            "--identity", suite + "/identity.key", "--ssdp-port", String(Int.random(in: 20_000...40_000)),
+            "--location", "http://127.0.0.1:9", "--discovery-timeout-s", "60",
+        ])
+        try await run.waitForOutput(containing: "peer/ssdp/discovered", timeout: .seconds(20))
+        let status = run.terminate(signal: SIGINT, grace: .seconds(10))
+        try? await run.waitForOutput(containing: "conform", timeout: .seconds(2))
+        #expect(status == 130, "\(run.output)")
+        #expect(run.output.contains("(interrupted)"), "\(run.output)")
+        #expect(run.output.contains("N/A          MUST    peer/ssdp/discovered"), "the progress line: \(run.output)")
+        #expect(run.output.split(separator: "\n").last?.hasPrefix("1 PASS") == false, "\(run.output)")
+    }
+
     /// Runs peer mode (negative cases only: nothing there serves beacons) against `host:port`.
     static func gradeBroken(port: Int) async throws -> ConformanceReport {
         var configuration = PeerConformanceConfiguration(peerKey: PrivateKey().publicKey, identity: PrivateKey(), address: "127.0.0.1")
