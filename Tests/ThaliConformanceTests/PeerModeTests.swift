@@ -112,6 +112,13 @@ struct PeerModeTests {
         return try #require(Int(line.split(separator: ":").last ?? ""))
     }
 
+    /// A new empty directory for one test's files.
+    static func scratchDirectory(_ label: String) throws -> String {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("thali-conf-\(label)-\(UUID().uuidString)").path
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        return directory
+    }
+
     static func openssl(_ arguments: [String]) async throws {
         let tool = try ChildProcess("openssl", arguments)
         #expect(try await tool.waitForExit() == 0, "openssl \(arguments): \(tool.output)")
@@ -120,8 +127,7 @@ struct PeerModeTests {
     @Test("an openssl s_server with a 1536-bit group: dh-group-size FAILs, the unknown identity only WARNs",
           .enabled(if: TestEnvironment.available(ChildProcess.which("openssl") != nil)))
     func smallGroupServer() async throws {
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("thali-conf-dh-\(UUID().uuidString)").path
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        let directory = try Self.scratchDirectory("dh")
         defer { try? FileManager.default.removeItem(atPath: directory) }
         try await Self.openssl(["genpkey", "-genparam", "-algorithm", "DH", "-pkeyopt", "group:modp_1536", "-out", directory + "/dh.pem"])
         let server = try ChildProcess("openssl", [
@@ -146,8 +152,7 @@ struct PeerModeTests {
     @Test("a TLS 1.3-only openssl s_server: tls13-refused and dh-group-size FAIL",
           .enabled(if: TestEnvironment.available(ChildProcess.which("openssl") != nil)))
     func tls13OnlyServer() async throws {
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("thali-conf-13-\(UUID().uuidString)").path
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        let directory = try Self.scratchDirectory("13")
         defer { try? FileManager.default.removeItem(atPath: directory) }
         try await Self.openssl(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "1",
                                 "-subj", "/CN=conformance", "-keyout", directory + "/key.pem", "-out", directory + "/cert.pem"])
