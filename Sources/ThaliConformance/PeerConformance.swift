@@ -87,6 +87,10 @@ public struct PeerConformance: Sendable {
         public static let senderStream = ConformanceCase("peer/sender/opens-stream", "it opens a delivery stream and answers our offer",
                                                          ["NODE-1.19", "NODE-1.3", "MUX-1.1"])
         public static let senderAck = ConformanceCase("peer/sender/ack", "it acknowledges the item after end", ["NODE-1.10"])
+        public static let refusesExpired = ConformanceCase("peer/sender/refuses-expired", "an item already expired is refused (reason 3)",
+                                                           ["NODE-1.16", "NODE-1.20"])
+        public static let rejectsDamaged = ConformanceCase("peer/sender/rejects-damaged", "content that misses its SHA-256 gets reject",
+                                                           ["NODE-1.11"])
         public static let senderClose = ConformanceCase("peer/sender/closes-after-done", "it closes the stream after done", ["NODE-1.13"])
         public static let senderInbox = ConformanceCase("peer/sender/inbox", "the item is in its inbox once, from us, intact",
                                                         ["NODE-1.15", "NODE-3.4"])
@@ -99,14 +103,18 @@ public struct PeerConformance: Sendable {
         public static let otherSuites = ConformanceCase("peer/psk-tls/other-suites-refused", "a hello without 0x00AB gets handshake_failure",
                                                         ["PSK-5.1", "PSK-1.2"])
         public static let dhSize = ConformanceCase("peer/psk-tls/dh-group-size", "the DH prime has at least 2048 bits", ["PSK-2.1"])
+        public static let noCompression = ConformanceCase("peer/psk-tls/no-compression", "offered DEFLATE and none, it picks none",
+                                                          ["PSK-1.8"])
+        public static let noTickets = ConformanceCase("peer/psk-tls/no-session-tickets", "asked for a session ticket, it sends no ticket extension",
+                                                      ["PSK-1.4"])
         public static let dhFresh = ConformanceCase("peer/psk-tls/dh-fresh", "two handshakes carry different dh_Ys", ["PSK-2.2"])
 
         /// Every case of peer mode.
         public static let all = [discovered, beaconFetch, beaconMatch, expiration, handshake, openStream, hello, offer,
-                                 transfer, done, senderConnects, senderStream, senderAck, senderClose, senderInbox,
-                                 noHint, unknownIdentity, wrongPSK, tls13, otherSuites, dhSize, dhFresh]
+                                 transfer, done, senderConnects, senderStream, senderAck, refusesExpired, rejectsDamaged, senderClose, senderInbox,
+                                 noHint, noCompression, noTickets, unknownIdentity, wrongPSK, tls13, otherSuites, dhSize, dhFresh]
         static let receiverRole = [openStream, hello, offer, transfer, done]
-        static let senderRole = [senderConnects, senderStream, senderAck, senderClose, senderInbox]
+        static let senderRole = [senderConnects, senderStream, senderAck, refusesExpired, rejectsDamaged, senderClose, senderInbox]
     }
 
     /// Bounds and keys.
@@ -390,6 +398,8 @@ public struct PeerConformance: Sendable {
                 }
                 acknowledged = true
                 run.record(Cases.senderAck, .pass, expected: Cases.senderAck.title, actual: "ack", started: ackStarted)
+                try await offerExpired(run, content: content, inbound: &iterator, outbound: outbound)
+                try await sendDamaged(run, content: content, inbound: &iterator, outbound: outbound)
                 let closeStarted = NIODeadline.now()
                 try await outbound.write(.done)
                 // The receiver closes the stream; spec/node.md allows an end of input or a multiplexer
@@ -407,9 +417,68 @@ public struct PeerConformance: Sendable {
                           actual: after ?? "ended", started: closeStarted)
             }
         } catch {
-            run.recordRemaining([Cases.senderStream, Cases.senderAck, Cases.senderClose], .fail, because: "\(error)")
+            run.recordRemaining([Cases.senderStream, Cases.senderAck, Cases.refusesExpired, Cases.rejectsDamaged, Cases.senderClose],
+                                .fail, because: "\(error)")
         }
         await checkInbox(run, offer: offer, text: String(decoding: content, as: UTF8.self), acknowledged: acknowledged)
+    }
+
+    /// Offers an item that expired a minute ago: the receiver must refuse it (reason 3), not take it.
+    private func offerExpired(_ run: ConformanceRun, content: [UInt8],
+                              inbound: inout NIOAsyncChannelInboundStream<DeliveryFrame>.AsyncIterator,
+                              outbound: NIOAsyncChannelOutboundWriter<DeliveryFrame>) async throws {
+        let started = NIODeadline.now()
+        let now = DeliveryClock.nowMilliseconds
+        let offer = ItemOffer(id: UUID(), kind: .text, size: UInt64(content.count), sha256: Array(SHA256.hash(data: content)),
+                              createdMilliseconds: now - 120_000, expiresMilliseconds: now - 60_000, name: "")
+        try await outbound.write(.offer(offer))
+        let answer = try await inbound.next()
+        let refused: Bool
+        if case .answer(offer.id, .refused(.expired))? = answer { refused = true } else { refused = false }
+        run.grade(Cases.refusesExpired, holds: refused, expected: "answer refused(expired)",
+                  actual: answer.map(Self.describe) ?? "the stream ended", started: started)
+        // Taken after all: finish it as the protocol says, so the session can go on.
+        if case .answer(offer.id, .nothing)? = answer {
+            try await outbound.write(.start(id: offer.id, offset: 0))
+            try await outbound.write(.data(ByteBuffer(bytes: content)))
+            try await outbound.write(.end(id: offer.id))
+            _ = try await inbound.next()
+        }
+    }
+
+    /// Sends an item whose content does not match its offered SHA-256: the receiver must reject it.
+    private func sendDamaged(_ run: ConformanceRun, content: [UInt8],
+                             inbound: inout NIOAsyncChannelInboundStream<DeliveryFrame>.AsyncIterator,
+                             outbound: NIOAsyncChannelOutboundWriter<DeliveryFrame>) async throws {
+        let started = NIODeadline.now()
+        let now = DeliveryClock.nowMilliseconds
+        let damaged = content.map { $0 ^ 0x20 }  // same size, other bytes
+        let offer = ItemOffer(id: UUID(), kind: .text, size: UInt64(content.count), sha256: Array(SHA256.hash(data: content)),
+                              createdMilliseconds: now, expiresMilliseconds: now + 600_000, name: "")
+        try await outbound.write(.offer(offer))
+        let answer = try await inbound.next()
+        guard case .answer(offer.id, .nothing)? = answer else {
+            run.record(Cases.rejectsDamaged, .inconclusive, expected: "answer nothing to a new item",
+                       actual: answer.map(Self.describe) ?? "the stream ended", started: started)
+            return
+        }
+        try await outbound.write(.start(id: offer.id, offset: 0))
+        try await outbound.write(.data(ByteBuffer(bytes: damaged)))
+        try await outbound.write(.end(id: offer.id))
+        let reply = try await inbound.next()
+        let rejected: Bool
+        if case .reject(offer.id, .digestMismatch)? = reply { rejected = true } else { rejected = false }
+        run.grade(Cases.rejectsDamaged, holds: rejected, expected: "reject(digest mismatch)",
+                  actual: reply.map(Self.describe) ?? "the stream ended", started: started)
+    }
+
+    /// A frame with what matters for grading (the answer or reason, not just the type).
+    static func describe(_ frame: DeliveryFrame) -> String {
+        switch frame {
+        case .answer(_, let answer): "answer \(answer)"
+        case .reject(_, let reason): "reject \(reason)"
+        default: frame.name
+        }
     }
 
     private func checkInbox(_ run: ConformanceRun, offer: ItemOffer, text: String, acknowledged: Bool) async {
@@ -445,6 +514,11 @@ public struct PeerConformance: Sendable {
                       actual: "\(exchange.primeBits) bits", started: started)
             run.grade(Cases.noHint, holds: exchange.identityHint.isEmpty, expected: "an empty psk_identity_hint",
                       actual: exchange.identityHint.isEmpty ? "empty" : "\(exchange.identityHint.count) bytes")
+            run.grade(Cases.noCompression, holds: flight.compressionMethod == 0, expected: "compression method 0 (none)",
+                      actual: "compression method \(flight.compressionMethod)")
+            let ticket = flight.extensions.contains(0x0023)
+            run.grade(Cases.noTickets, holds: !ticket, expected: "no session_ticket extension in the ServerHello",
+                      actual: ticket ? "session_ticket extension sent" : "none")
             started = NIODeadline.now()
             let second = await TLSHelloProbe.send(.thaliSuite, host: location.host, port: location.port, timeout: timeout, group: group)
             if case .serverHello(let again) = second, let other = again.keyExchange {
@@ -454,7 +528,7 @@ public struct PeerConformance: Sendable {
                 run.record(Cases.dhFresh, .inconclusive, expected: "a second ServerKeyExchange", actual: second.description, started: started)
             }
         } else {
-            for testCase in [Cases.dhSize, Cases.noHint, Cases.dhFresh] {
+            for testCase in [Cases.dhSize, Cases.noHint, Cases.noCompression, Cases.noTickets, Cases.dhFresh] {
                 run.record(testCase, .fail, expected: "ServerHello with 0x00AB and a DHE-PSK ServerKeyExchange",
                            actual: first.description, started: started)
             }

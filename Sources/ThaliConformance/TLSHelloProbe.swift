@@ -41,6 +41,10 @@ public enum TLSHelloProbe {
         public var version: UInt16
         /// The chosen cipher suite.
         public var cipherSuite: UInt16
+        /// The chosen compression method (0: none).
+        public var compressionMethod: UInt8 = 0
+        /// The extension types of the ServerHello, in order.
+        public var extensions: [UInt16] = []
         /// The DHE-PSK ServerKeyExchange, when the flight had one.
         public var keyExchange: DHEKeyExchange?
     }
@@ -64,12 +68,14 @@ public enum TLSHelloProbe {
     }
 
     /// Which hello to send.
-    public enum Hello: Sendable {
+    public enum Hello: Sendable, Hashable {
         /// TLS 1.3 only: `supported_versions` = {TLS 1.3}, the three TLS 1.3 suites, an X25519 key share.
         case tls13Only
         /// TLS 1.2 offering only suites other than 0x00AB: ECDHE/DHE-RSA, plain PSK and DHE-PSK with AES-128.
         case otherSuitesOnly
-        /// TLS 1.2 offering only TLS_DHE_PSK_WITH_AES_256_GCM_SHA384.
+        /// TLS 1.2 offering only TLS_DHE_PSK_WITH_AES_256_GCM_SHA384, with DEFLATE compression before none
+        /// and an empty session ticket extension: a conforming server picks no compression and sends no
+        /// ticket extension back.
         case thaliSuite
     }
 
@@ -95,10 +101,12 @@ public enum TLSHelloProbe {
             extensions += ext(0x000B, [1, 0])  // ec_point_formats: uncompressed
         case .thaliSuite:
             suites = [0x00AB]
+            extensions += ext(0x0023, [])  // session_ticket: asks for a ticket
         }
+        let compression: [UInt8] = hello == .thaliSuite ? [2, 1, 0] : [1, 0]  // DEFLATE, null / null only
         var body: [UInt8] = [0x03, 0x03] + randomBytes(32) + [0]  // legacy version, random, no session id
         body += u16(suites.count * 2) + suites.flatMap { u16($0) }
-        body += [1, 0]  // compression: null only
+        body += compression
         body += u16(extensions.count) + extensions
         let handshake: [UInt8] = [1] + u24(body.count) + body
         return [0x16, 0x03, 0x01] + u16(handshake.count) + handshake
@@ -193,7 +201,9 @@ public enum TLSHelloProbe {
                     guard body.count >= 35, body.count >= 38 + Int(body[34]) else { return .malformed("short ServerHello") }
                     let suiteAt = 35 + Int(body[34])
                     flight = ServerFlight(version: UInt16(body[0]) << 8 | UInt16(body[1]),
-                                          cipherSuite: UInt16(body[suiteAt]) << 8 | UInt16(body[suiteAt + 1]))
+                                          cipherSuite: UInt16(body[suiteAt]) << 8 | UInt16(body[suiteAt + 1]),
+                                          compressionMethod: body[suiteAt + 2],
+                                          extensions: TLSHelloProbe.extensionTypes(body.dropFirst(suiteAt + 3)))
                 case 12:  // ServerKeyExchange
                     guard flight != nil else { return .malformed("ServerKeyExchange before ServerHello") }
                     var reader = VectorReader(bytes: body)
@@ -212,6 +222,20 @@ public enum TLSHelloProbe {
             }
             return nil
         }
+    }
+
+    /// The types of an extensions block (`length ‖ (type ‖ length ‖ data)*`); stops at the first damage.
+    static func extensionTypes(_ block: ArraySlice<UInt8>) -> [UInt16] {
+        let bytes = Array(block)
+        guard bytes.count >= 2 else { return [] }
+        var types: [UInt16] = []
+        var offset = 2
+        let end = min(bytes.count, 2 + (Int(bytes[0]) << 8 | Int(bytes[1])))
+        while offset + 4 <= end {
+            types.append(UInt16(bytes[offset]) << 8 | UInt16(bytes[offset + 1]))
+            offset += 4 + (Int(bytes[offset + 2]) << 8 | Int(bytes[offset + 3]))
+        }
+        return types
     }
 
     private struct VectorReader {
