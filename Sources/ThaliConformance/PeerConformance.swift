@@ -363,6 +363,7 @@ public struct PeerConformance: Sendable {
         run.recordRemaining([Cases.senderConnects], .pass, because: "it opened a stream, so it authenticated")
         let streamStarted = NIODeadline.now()
         var acknowledged = false
+        var unwanted: [UUID] = []  // items it must not keep: the expired one and the damaged one
         do {
             try await frames.executeThenClose { inbound, outbound in
                 try await outbound.write(.hello(version: DeliveryFrame.protocolVersion))
@@ -398,8 +399,8 @@ public struct PeerConformance: Sendable {
                 }
                 acknowledged = true
                 run.record(Cases.senderAck, .pass, expected: Cases.senderAck.title, actual: "ack", started: ackStarted)
-                try await offerExpired(run, content: content, inbound: &iterator, outbound: outbound)
-                try await sendDamaged(run, content: content, inbound: &iterator, outbound: outbound)
+                unwanted.append(try await offerExpired(run, content: content, inbound: &iterator, outbound: outbound))
+                unwanted.append(try await sendDamaged(run, content: content, inbound: &iterator, outbound: outbound))
                 let closeStarted = NIODeadline.now()
                 try await outbound.write(.done)
                 // The receiver closes the stream; spec/node.md allows an end of input or a multiplexer
@@ -420,13 +421,14 @@ public struct PeerConformance: Sendable {
             run.recordRemaining([Cases.senderStream, Cases.senderAck, Cases.refusesExpired, Cases.rejectsDamaged, Cases.senderClose],
                                 .fail, because: "\(error)")
         }
-        await checkInbox(run, offer: offer, text: String(decoding: content, as: UTF8.self), acknowledged: acknowledged)
+        await checkInbox(run, offer: offer, text: String(decoding: content, as: UTF8.self), acknowledged: acknowledged,
+                         unwanted: unwanted)
     }
 
     /// Offers an item that expired a minute ago: the receiver must refuse it (reason 3), not take it.
     private func offerExpired(_ run: ConformanceRun, content: [UInt8],
                               inbound: inout NIOAsyncChannelInboundStream<DeliveryFrame>.AsyncIterator,
-                              outbound: NIOAsyncChannelOutboundWriter<DeliveryFrame>) async throws {
+                              outbound: NIOAsyncChannelOutboundWriter<DeliveryFrame>) async throws -> UUID {
         let started = NIODeadline.now()
         let now = DeliveryClock.nowMilliseconds
         let offer = ItemOffer(id: UUID(), kind: .text, size: UInt64(content.count), sha256: Array(SHA256.hash(data: content)),
@@ -444,12 +446,13 @@ public struct PeerConformance: Sendable {
             try await outbound.write(.end(id: offer.id))
             _ = try await inbound.next()
         }
+        return offer.id
     }
 
     /// Sends an item whose content does not match its offered SHA-256: the receiver must reject it.
     private func sendDamaged(_ run: ConformanceRun, content: [UInt8],
                              inbound: inout NIOAsyncChannelInboundStream<DeliveryFrame>.AsyncIterator,
-                             outbound: NIOAsyncChannelOutboundWriter<DeliveryFrame>) async throws {
+                             outbound: NIOAsyncChannelOutboundWriter<DeliveryFrame>) async throws -> UUID {
         let started = NIODeadline.now()
         let now = DeliveryClock.nowMilliseconds
         let damaged = content.map { $0 ^ 0x20 }  // same size, other bytes
@@ -460,7 +463,7 @@ public struct PeerConformance: Sendable {
         guard case .answer(offer.id, .nothing)? = answer else {
             run.record(Cases.rejectsDamaged, .inconclusive, expected: "answer nothing to a new item",
                        actual: answer.map(Self.describe) ?? "the stream ended", started: started)
-            return
+            return offer.id
         }
         try await outbound.write(.start(id: offer.id, offset: 0))
         try await outbound.write(.data(ByteBuffer(bytes: damaged)))
@@ -470,6 +473,7 @@ public struct PeerConformance: Sendable {
         if case .reject(offer.id, .digestMismatch)? = reply { rejected = true } else { rejected = false }
         run.grade(Cases.rejectsDamaged, holds: rejected, expected: "reject(digest mismatch)",
                   actual: reply.map(Self.describe) ?? "the stream ended", started: started)
+        return offer.id
     }
 
     /// A frame with what matters for grading (the answer or reason, not just the type).
@@ -481,7 +485,8 @@ public struct PeerConformance: Sendable {
         }
     }
 
-    private func checkInbox(_ run: ConformanceRun, offer: ItemOffer, text: String, acknowledged: Bool) async {
+    private func checkInbox(_ run: ConformanceRun, offer: ItemOffer, text: String, acknowledged: Bool,
+                            unwanted: [UUID]) async {
         guard let adapter = configuration.adapter else {
             run.record(Cases.senderInbox, .notApplicable, expected: Cases.senderInbox.title, actual: "no adapter to read the inbox with")
             return
@@ -492,11 +497,14 @@ public struct PeerConformance: Sendable {
         }
         let started = NIODeadline.now()
         do {
-            let ours = try await adapter.inbox().filter { UUID(uuidString: $0.id) == offer.id }
+            let inbox = try await adapter.inbox()
+            let ours = inbox.filter { UUID(uuidString: $0.id) == offer.id }
+            let kept = inbox.filter { item in unwanted.contains { UUID(uuidString: item.id) == $0 } }.count
             let fromUs = ours.allSatisfy { (try? ContactKey.parse($0.fromPublicKey)) == configuration.identity.publicKey }
-            run.grade(Cases.senderInbox, holds: ours.count == 1 && fromUs && ours.first?.text == text,
-                      expected: "one item \(offer.id) from us with our text",
-                      actual: "\(ours.count) item(s)" + (ours.first.map { ", text \($0.text == text ? "intact" : "differs"), sender \(fromUs ? "us" : "someone else")" } ?? ""),
+            run.grade(Cases.senderInbox, holds: ours.count == 1 && fromUs && ours.first?.text == text && kept == 0,
+                      expected: "one item \(offer.id) from us with our text, not the expired or damaged one",
+                      actual: "\(ours.count) item(s)" + (ours.first.map { ", text \($0.text == text ? "intact" : "differs"), sender \(fromUs ? "us" : "someone else")" } ?? "")
+                        + (kept > 0 ? ", and \(kept) it should have refused or rejected" : ""),
                       started: started)
         } catch {
             run.record(Cases.senderInbox, .inconclusive, expected: Cases.senderInbox.title, actual: "\(error)", started: started)
