@@ -65,7 +65,10 @@ public struct PeerConformance: Sendable {
     /// The cases, in the order they run.
     public enum Cases {
         public static let discovered = ConformanceCase("peer/ssdp/discovered", "announces itself over SSDP with a LOCATION we can fetch",
-                                                       ["SSDP-2.2", "SSDP-2.4", "SSDP-3.5"])
+                                                       ["SSDP-2.1", "SSDP-2.2", "SSDP-2.4", "SSDP-3.5"])
+        public static let usn = ConformanceCase("peer/ssdp/usn", "its USN is uuid: and a UUID in lower case", ["SSDP-2.3"])
+        public static let byebye = ConformanceCase("peer/ssdp/byebye", "once nothing is left for us it withdraws its announcement with a byebye",
+                                                   ["SSDP-2.5", "SSDP-4.2", "NODE-3.1"])
         public static let beaconFetch = ConformanceCase("peer/http/beacons", "GET /NotificationBeacons answers 200 with the beacon stream",
                                                         ["SSDP-6.2", "SSDP-6.5"])
         public static let beaconMatch = ConformanceCase("peer/beacons/match", "its announcement has a beacon for us that matches",
@@ -111,7 +114,7 @@ public struct PeerConformance: Sendable {
 
         /// Every case of peer mode.
         public static let all = [discovered, beaconFetch, beaconMatch, expiration, handshake, openStream, hello, offer,
-                                 transfer, done, senderConnects, senderStream, senderAck, refusesExpired, rejectsDamaged, senderClose, senderInbox,
+                                 transfer, done, usn, byebye, senderConnects, senderStream, senderAck, refusesExpired, rejectsDamaged, senderClose, senderInbox,
                                  noHint, noCompression, noTickets, unknownIdentity, wrongPSK, tls13, otherSuites, dhSize, dhFresh]
         static let receiverRole = [openStream, hello, offer, transfer, done]
         static let senderRole = [senderConnects, senderStream, senderAck, refusesExpired, rejectsDamaged, senderClose, senderInbox]
@@ -168,6 +171,7 @@ public struct PeerConformance: Sendable {
         }
 
         await receiverRole(run, fetched: fetched, queuedID: queuedID, limits: limits)
+        await gradeWithdrawal(run, events: discovery.events)
         if configuration.senderRole && !Task.isCancelled {
             await senderRole(run, server: server, discovery: discovery, limits: limits)
         } else {
@@ -181,6 +185,9 @@ public struct PeerConformance: Sendable {
         }
         run.recordRemaining(Cases.all, .inconclusive, because: Task.isCancelled ? "interrupted" : "an earlier step failed")
     }
+
+    /// The USN under which SSDP found the implementation's announcement for us.
+    private let usn = NIOLockedValueBox<String?>(nil)
 
     /// The beacon match of the receiver role and where it was found (the negative cases use both).
     private let lastMatch = NIOLockedValueBox<(BeaconMatch, BeaconLocation)?>(nil)
@@ -247,13 +254,40 @@ public struct PeerConformance: Sendable {
         try? await client.session.close().get()
     }
 
+    /// After the receiver role the implementation has nothing left for us: it withdraws the announcement
+    /// it made for us with a byebye from its own address (ThaliSSDP reports `left(byebye)` only for a
+    /// well-formed byebye of the tracked USN from the peer's address). Also grades that USN's form.
+    private func gradeWithdrawal(_ run: ConformanceRun, events: AsyncStream<SSDPDiscoveryEvent>) async {
+        guard let usn = usn.withLockedValue({ $0 }), let location = lastMatch.withLockedValue({ $0 })?.1 else {
+            let why = configuration.location == nil ? "not found over SSDP" : "location given: SSDP not used to find it"
+            run.record(Cases.usn, .notApplicable, expected: Cases.usn.title, actual: why)
+            run.record(Cases.byebye, .notApplicable, expected: Cases.byebye.title, actual: why)
+            return
+        }
+        let uuid = usn.hasPrefix("uuid:") ? UUID(uuidString: String(usn.dropFirst(5))) : nil
+        run.grade(Cases.usn, holds: uuid != nil && usn == usn.lowercased(), expected: "uuid:<UUID> in lower case", actual: usn)
+        let started = NIODeadline.now()
+        let left = await withDeadline(configuration.stepTimeout) { () async -> SSDPDiscoveryEvent.DepartureReason? in
+            for await event in events {
+                if case .left(let peer, let reason) = event, peer.location == location, peer.uniqueServiceName == usn {
+                    return reason
+                }
+            }
+            return nil
+        }
+        run.grade(Cases.byebye, holds: left == .byebye, expected: "a byebye for \(usn) within \(Self.text(configuration.stepTimeout))",
+                  actual: left.map { "left: \($0.rawValue)" } ?? "still announced", started: started)
+    }
+
     /// Waits for SSDP to fetch an announcement from anyone that matches the peer's key.
     private func firstMatch(in fetched: AsyncStream<(SSDPPeer, [UInt8])>,
                             receiver: BeaconReceiver) async -> (BeaconMatch, BeaconLocation)? {
         let peerKey = configuration.peerKey
+        let usn = self.usn
         return await withDeadline(configuration.discoveryTimeout) {
             for await (peer, bytes) in fetched {
                 if let match = try? receiver.receive(bytes, from: peer.location.description), match.sender == peerKey {
+                    usn.withLockedValue { $0 = peer.uniqueServiceName }
                     return (match, peer.location)
                 }
             }
