@@ -3,6 +3,7 @@ import Logging
 import NIOConcurrencyHelpers
 import NIOCore
 import TCPMultiplexer
+import ThaliAdmission
 import ThaliBLEBinding
 import ThaliSSDP
 
@@ -50,6 +51,18 @@ public struct BluetoothPeerConfiguration: Sendable {
     /// Makes the RFCOMM streams, given our adapter's address: the kernel's RFCOMM bound to that adapter.
     /// Tests on machines without a radio put a stand-in transport here; nothing above it changes.
     public var transport: @Sendable (BluetoothAddress) -> any BluetoothTransport = { RFCOMMTransport(localAddress: $0) }
+
+    /// The pause before reaching a peer again after its connection ended (retry 1) or after `n` failed
+    /// connects in a row (retry n + 1): `reconnectDelay` doubling up to 16 times it, ±50 %.
+    public var reconnectBackoff: Backoff {
+        Backoff(base: reconnectDelay, cap: reconnectDelay * 16, jitter: 0.5)
+    }
+
+    /// The short pause of the higher address when it cannot wait for the lower one's link:
+    /// `reconnectDelay` ±25 %.
+    public var yieldPause: Backoff {
+        Backoff(base: reconnectDelay, cap: reconnectDelay, jitter: 0.25)
+    }
 
     /// Bluetooth on `adapter` (nil: the first powered one), defaults elsewhere.
     public init(adapter: String? = nil) {
@@ -415,7 +428,7 @@ final class PeerBluetoothBinding: PeerBindingService {
                     if state.linkWaiters[source] === waiter { state.linkWaiters[source] = nil }
                 }
             } else {
-                try? await Task.sleep(for: configuration.reconnectDelay * Double.random(in: 0.75...1.25))
+                try? await Task.sleep(for: configuration.yieldPause.delay(beforeRetry: 1))
             }
         }
         var failures = failures
@@ -427,8 +440,7 @@ final class PeerBluetoothBinding: PeerBindingService {
             }
             if failures >= configuration.maxConnectAttempts { return .gaveUp }
             if peerWaiting { return .yielded(failures: failures) }
-            let pause = configuration.reconnectDelay * Double(1 << min(failures, 4)) * Double.random(in: 0.5...1.5)
-            try? await Task.sleep(for: pause)
+            try? await Task.sleep(for: configuration.reconnectBackoff.delay(beforeRetry: failures + 1))
         }
         return .gaveUp
     }
