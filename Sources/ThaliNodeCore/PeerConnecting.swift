@@ -74,9 +74,10 @@ extension ThaliPeer {
                                                      psk: match.psk)
                     .flatMapThrowing { client in
                         // Reported only once the handshake authenticated the contact.
-                        try channel.pipeline.syncOperations.addHandler(ConnectionEndRecorder { reason in
+                        try channel.pipeline.syncOperations.addHandler(ConnectionEndRecorder { error in
                             client.handshake.whenSuccess { _ in
-                                emit(.disconnected(contact: contact.name, role: .connecting, binding: route.binding, reason: reason))
+                                emit(.disconnected(contact: contact.name, role: .connecting, binding: route.binding,
+                                                   reason: error.map { PeerConnectionError($0, connectingTo: location) }))
                             }
                         })
                         return client

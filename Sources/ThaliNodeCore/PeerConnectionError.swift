@@ -47,7 +47,12 @@ public struct PeerConnectionError: Error, Sendable, Hashable, CustomStringConver
     /// The failure of a connection to `location`, from whatever the network stack, PSK-TLS, the
     /// multiplexer or the delivery protocol threw.
     public init(_ error: any Error, connectingTo location: BeaconLocation) {
-        let address = "\(location.host):\(location.port)"
+        self.init(error, address: "\(location.host):\(location.port)")
+    }
+
+    /// The failure of a connection with `address` (`host:port`), from whatever the network stack,
+    /// PSK-TLS, the multiplexer or the delivery protocol threw.
+    public init(_ error: any Error, address: String) {
         switch error {
         case let error as PeerConnectionError:
             self = error
@@ -60,7 +65,7 @@ public struct PeerConnectionError: Error, Sendable, Hashable, CustomStringConver
         case let error as NIOConnectionError:
             // One target (an IPv4 literal): its failure is the one that counts.
             if let first = error.connectionErrors.first {
-                self.init(first.error, connectingTo: location)
+                self.init(first.error, address: address)
             } else {
                 self.init(.other, address: address, detail: "\(error)")
             }

@@ -35,8 +35,8 @@ public enum PeerEvent: Sendable, Hashable {
     case delivery(contact: String, DeliveryEvent)
     /// An authenticated connection with a contact over `binding` ended (every
     /// ``connected(contact:role:binding:)`` gets one): `reason` is the first error on it (TLS, a
-    /// multiplexer protocol error) or `closed`.
-    case disconnected(contact: String, role: Role, binding: PeerBindingKind, reason: String)
+    /// multiplexer protocol error), nil when it simply closed.
+    case disconnected(contact: String, role: Role, binding: PeerBindingKind, reason: PeerConnectionError?)
     /// A delivery session ended (`error` nil: it completed).
     case sessionEnded(contact: String, role: Role, error: String?)
     /// A DoS limit fired and this peer switched something off for a while: the last resort of that limit.

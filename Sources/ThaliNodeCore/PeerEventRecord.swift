@@ -151,7 +151,8 @@ public struct PeerEventRecord: Encodable, Sendable, Hashable {
             retryInMs = retryIn.map { Int($0.components.seconds * 1000 + $0.components.attoseconds / 1_000_000_000_000_000) }
         case .delivery(let contact, let delivery):
             self.init(delivery, contact: contact)
-        case .disconnected(let contact, let role, let binding, let reason):
+        case .disconnected(let contact, let role, let binding, let error):
+            let reason = error?.description ?? "closed"
             self.init(event: "disconnected", summary: "PSK-TLS session with \(contact) over \(binding.rawValue) ended: \(reason)")
             (self.contact, self.role, self.binding, self.reason) = (contact, role.rawValue, binding.rawValue, reason)
         case .sessionEnded(let contact, let role, let error):
