@@ -45,7 +45,8 @@ let package = Package(
             providers: [.apt(["libbluetooth-dev"])]),
 
         // MARK: Library modules
-        /// Admission of incoming connections (per source before global), shared by every listener.
+        /// Admission of incoming connections (per source before global), shared by every listener; and the
+        /// pacing every module shares: the fixed-window rate counter and the jittered exponential backoff.
         .target(
             name: "ThaliAdmission",
             dependencies: [
@@ -123,7 +124,7 @@ let package = Package(
             name: "thali-node",
             dependencies: [
                 "ThaliAdmission", "ThaliBeacons", "ThaliPSKTLS", "ThaliSSDP", "TCPMultiplexer", "ThaliBLEBinding",
-                "ThaliConformance", "ThaliNodeCore",
+                "ThaliConformance", "ThaliNodeCore", "ThaliProcess",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),
@@ -173,14 +174,19 @@ let package = Package(
                 .product(name: "Crypto", package: "swift-crypto"),
             ]),
 
+        /// Child processes started with posix_spawn, inheriting no descriptor beyond 0–2 and killed and
+        /// reaped on every exit path: the CLI's demo and benchmark peers, and the tests' independent peers.
+        .target(name: "ThaliProcess"),
+
         // MARK: Tests (mirror Sources/<Module>)
-        /// Helpers shared by the test targets: child processes of independent peers, package paths.
-        .target(name: "ThaliTestSupport", path: "Sources/ThaliTestSupport"),
+        /// Helpers shared by the test targets: child processes of independent peers (``ThaliProcess``,
+        /// re-exported), package paths.
+        .target(name: "ThaliTestSupport", dependencies: ["ThaliProcess"], path: "Sources/ThaliTestSupport"),
         .testTarget(name: "ThaliBeaconsTests", dependencies: ["ThaliBeacons", "ThaliTestSupport"]),
         .testTarget(
             name: "ThaliAdmissionTests",
             dependencies: [
-                "ThaliAdmission",
+                "ThaliAdmission", "ThaliTestSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
             ]),

@@ -47,8 +47,7 @@ public enum AdmissionDecision: Sendable, Hashable {
 /// the standalone beacon and PSK-TLS servers, and incoming Bluetooth connections.
 public struct AdmissionGate<Source: Hashable & Sendable>: Sendable {
     private struct SourceState: Sendable {
-        var windowStart: NIODeadline
-        var count = 0
+        var window: RateWindow
         var refusedUntil: NIODeadline?
         var open = 0
         var unauthenticated = 0
@@ -66,12 +65,12 @@ public struct AdmissionGate<Source: Hashable & Sendable>: Sendable {
     public private(set) var closedUntil: NIODeadline?
 
     private var sources: [Source: SourceState] = [:]
-    private var globalWindowStart: NIODeadline = .uptimeNanoseconds(0)
-    private var globalCount = 0
+    private var globalWindow: RateWindow
 
     /// A gate with `limits` (see ``AdmissionLimits/problem`` for limits that cannot work).
     public init(limits: AdmissionLimits = AdmissionLimits()) {
         self.limits = limits
+        globalWindow = RateWindow(limit: limits.maxConnectionsGlobal, length: limits.globalWindow)
     }
 
     /// Sources remembered now (at most ``AdmissionLimits/maxTrackedSources``).
@@ -94,23 +93,20 @@ public struct AdmissionGate<Source: Hashable & Sendable>: Sendable {
             closedUntil = nil
         }
         // Per source, before anything global is touched.
-        var state = sources[source] ?? SourceState(windowStart: now)
+        var state = sources[source]
+            ?? SourceState(window: RateWindow(limit: limits.maxConnectionsPerSource, length: limits.sourceWindow))
         if let until = state.refusedUntil {
             if now < until {
                 sources[source] = state
                 return refuse(.sourceRate)
             }
             state.refusedUntil = nil
-            state.windowStart = now
-            state.count = 0
+            state.window.restart()
         }
-        if now - state.windowStart >= limits.sourceWindow {
-            state.windowStart = now
-            state.count = 0
-        }
-        guard state.count < limits.maxConnectionsPerSource else {
+        state.window.advance(to: now)
+        guard !state.window.isFull else {
             let period = limits.sourceRefusalPeriod > .zero ? limits.sourceRefusalPeriod
-                : limits.sourceWindow - (now - state.windowStart)
+                : limits.sourceWindow - (now - (state.window.start ?? now))
             state.refusedUntil = now + period
             counters.sourcesRefused += 1
             remember(source, state, now: now)
@@ -133,19 +129,16 @@ public struct AdmissionGate<Source: Hashable & Sendable>: Sendable {
             remember(source, state, now: now)
             return refuse(.globalOpen)
         }
-        if now - globalWindowStart >= limits.globalWindow {
-            globalWindowStart = now
-            globalCount = 0
-        }
-        guard globalCount < limits.maxConnectionsGlobal else {
+        globalWindow.advance(to: now)
+        guard !globalWindow.isFull else {
             closedUntil = now + limits.overloadClosePeriod
             counters.overloads += 1
-            globalCount = 0
+            globalWindow.empty()
             remember(source, state, now: now)
             return refuse(.overloaded)
         }
-        globalCount += 1
-        state.count += 1
+        globalWindow.add()
+        state.window.add()
         state.open += 1
         state.unauthenticated += 1
         open += 1
@@ -196,10 +189,10 @@ public struct AdmissionGate<Source: Hashable & Sendable>: Sendable {
         if sources[source] == nil, sources.count >= limits.maxTrackedSources {
             let before = sources.count
             sources = sources.filter { _, entry in
-                entry.open > 0 || now - entry.windowStart < limits.sourceWindow || (entry.refusedUntil.map { now < $0 } ?? false)
+                entry.open > 0 || entry.window.start.map { now - $0 < limits.sourceWindow } ?? false || (entry.refusedUntil.map { now < $0 } ?? false)
             }
             if sources.count >= limits.maxTrackedSources {
-                let idle = sources.filter { $0.value.open == 0 }.sorted { $0.value.windowStart < $1.value.windowStart }
+                let idle = sources.filter { $0.value.open == 0 }.sorted { ($0.value.window.start ?? now) < ($1.value.window.start ?? now) }
                 let excess = sources.count - limits.maxTrackedSources + 1
                 for (key, _) in idle.prefix(max(excess, limits.maxTrackedSources / 8)) { sources[key] = nil }
             }

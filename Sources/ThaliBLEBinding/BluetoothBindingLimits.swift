@@ -166,8 +166,7 @@ public struct AdvertisementRateGate: Sendable {
     }
 
     private let limits: BluetoothBindingLimits
-    private var windowStart: NIODeadline?
-    private var count = 0
+    private var window: RateWindow
     /// When the current cool-down ends, if one is running.
     public private(set) var coolingDownUntil: NIODeadline?
     /// What the gate has done so far.
@@ -176,6 +175,7 @@ public struct AdvertisementRateGate: Sendable {
     /// A gate with these limits.
     public init(limits: BluetoothBindingLimits) {
         self.limits = limits
+        window = RateWindow(limit: limits.maxAdvertisementsPerWindow, length: limits.advertisementWindow)
     }
 
     /// Decides about one advertisement received at `now`.
@@ -186,15 +186,9 @@ public struct AdvertisementRateGate: Sendable {
                 return .coolingDown
             }
             coolingDownUntil = nil
-            windowStart = nil
+            window.restart()
         }
-        if let start = windowStart, now - start < limits.advertisementWindow {
-            count += 1
-        } else {
-            windowStart = now
-            count = 1
-        }
-        if count > limits.maxAdvertisementsPerWindow {
+        if !window.record(now: now) {
             let until = now + limits.discoveryCoolDown
             coolingDownUntil = until
             counters.coolDowns += 1

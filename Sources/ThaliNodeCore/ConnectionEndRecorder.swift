@@ -7,16 +7,17 @@ import NIOCore
 final class ConnectionEndRecorder: ChannelInboundHandler, Sendable {
     typealias InboundIn = Any
 
-    private let firstError = NIOLockedValueBox<String?>(nil)
+    private let firstError = NIOLockedValueBox<(any Error)?>(nil)
     private let ended = NIOLockedValueBox(false)
-    private let onEnd: @Sendable (_ reason: String) -> Void
+    private let onEnd: @Sendable (_ error: (any Error)?) -> Void
 
-    init(onEnd: @escaping @Sendable (_ reason: String) -> Void) {
+    /// A recorder that calls `onEnd` once, with the first error on the connection or nil for a plain close.
+    init(onEnd: @escaping @Sendable (_ error: (any Error)?) -> Void) {
         self.onEnd = onEnd
     }
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
-        firstError.withLockedValue { if $0 == nil { $0 = "\(error)" } }
+        firstError.withLockedValue { if $0 == nil { $0 = error } }
         context.fireErrorCaught(error)
     }
 
@@ -31,6 +32,6 @@ final class ConnectionEndRecorder: ChannelInboundHandler, Sendable {
 
     private func report() {
         guard ended.withLockedValue({ ended in defer { ended = true }; return !ended }) else { return }
-        onEnd(firstError.withLockedValue { $0 } ?? "closed")
+        onEnd(firstError.withLockedValue { $0 })
     }
 }

@@ -13,24 +13,29 @@ public enum ContactKey {
         let prefixed = trimmed.hasPrefix("0x") || trimmed.hasPrefix("0X")
         if prefixed { trimmed.removeFirst(2) }
         var failures: [String] = []
-        switch hexDiagnosis(trimmed) {
-        case .success(let bytes):
+        /// The key in `bytes`, or nil with the reason noted under `encoding`.
+        func key(_ bytes: [UInt8], as encoding: String) -> PublicKey? {
             do {
                 return try PublicKey(sec1: bytes)
             } catch {
-                failures.append("as hex, \(bytes.count) bytes: \(error.detail)")
+                failures.append("as \(encoding), \(bytes.count) bytes: \(error.detail)")
+                return nil
             }
-        case .failure(let reason):
-            failures.append("as hex: \(reason)")
+        }
+        do throws(Hex.DecodingError) {
+            let bytes = try Hex.decoding(trimmed)
+            if bytes.isEmpty {
+                failures.append("as hex: empty")
+            } else if let key = key(bytes, as: "hex") {
+                return key
+            }
+        } catch {
+            failures.append("as hex: \(error)")
         }
         // A 0x prefix says hex; base64 is not tried then.
         if !prefixed {
             if let bytes = decodeBase64(trimmed) {
-                do {
-                    return try PublicKey(sec1: bytes)
-                } catch {
-                    failures.append("as base64, \(bytes.count) bytes: \(error.detail)")
-                }
+                if let key = key(bytes, as: "base64") { return key }
             } else {
                 failures.append("as base64: not base64")
             }
@@ -38,49 +43,13 @@ public enum ContactKey {
         throw NodeError.invalidPublicKey(text, reason: failures.joined(separator: "; "))
     }
 
-    private struct HexProblem: Error, CustomStringConvertible {
-        let description: String
-    }
-
-    /// Decodes hex digits, or says what is wrong with them (the first non-digit, or an odd count).
-    private static func hexDiagnosis(_ text: String) -> Result<[UInt8], HexProblem> {
-        if text.isEmpty { return .failure(HexProblem(description: "empty")) }
-        for (offset, character) in text.enumerated() where !character.isHexDigit {
-            return .failure(HexProblem(description: "'\(character)' at position \(offset + 1) is not a hex digit"))
-        }
-        guard let bytes = decodeHex(text) else {
-            return .failure(HexProblem(description: "\(text.count) digits, an odd number"))
-        }
-        return .success(bytes)
-    }
-
     /// The canonical stored form of `text`: the compressed SEC1 point as lowercase hex.
     public static func normalize(_ text: String) throws -> String {
         try parse(text).hexString(compressed: true)
     }
 
-    static func decodeHex(_ text: String) -> [UInt8]? {
-        let digits = Array(text.utf8)
-        guard !digits.isEmpty, digits.count % 2 == 0 else { return nil }
-        var bytes: [UInt8] = []
-        bytes.reserveCapacity(digits.count / 2)
-        var index = 0
-        while index < digits.count {
-            guard let high = hexValue(digits[index]), let low = hexValue(digits[index + 1]) else { return nil }
-            bytes.append(high << 4 | low)
-            index += 2
-        }
-        return bytes
-    }
-
-    private static func hexValue(_ digit: UInt8) -> UInt8? {
-        switch digit {
-        case UInt8(ascii: "0")...UInt8(ascii: "9"): digit - UInt8(ascii: "0")
-        case UInt8(ascii: "a")...UInt8(ascii: "f"): digit - UInt8(ascii: "a") + 10
-        case UInt8(ascii: "A")...UInt8(ascii: "F"): digit - UInt8(ascii: "A") + 10
-        default: nil
-        }
-    }
+    /// Hex digits as bytes; nil for empty text or anything that is not hex.
+    static func decodeHex(_ text: String) -> [UInt8]? { text.isEmpty ? nil : Hex.decode(text) }
 
     static func decodeBase64(_ text: String) -> [UInt8]? {
         var standard = text.replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")

@@ -3,29 +3,28 @@ import ThaliSSDP
 
 /// A binding through which the peer finds contacts and reaches their port, in the order a link tries
 /// them: the faster first.
-public enum PeerBindingKind: String, Sendable, Hashable, CaseIterable, Codable {
+public enum PeerBindingKind: String, Sendable, Hashable, CaseIterable, Codable, CustomStringConvertible {
     /// SSDP on the pinned interface; the contact's port over IP.
     case wifi
     /// BLE discovery through bluetoothd; the contact's port through an RFCOMM relay.
     case bluetooth
 
-    /// The binding whose beacons came from `origin` (`bluetooth:` and an address, else an SSDP location).
-    public init(origin: String) {
-        self = origin.hasPrefix("bluetooth:") ? .bluetooth : .wifi
-    }
+    /// `wifi` or `bluetooth`.
+    public var description: String { rawValue }
 }
 
 /// One way to reach a matched contact: the beacon match (PSK identity, key, expiry) and where the
 /// contact's port is, over one binding.
 struct ContactRoute: Sendable {
-    /// The binding that carried the beacons.
-    var binding: PeerBindingKind
-    /// What events and the status name: the SSDP location, or `bluetooth:` and the address.
-    var origin: String
+    /// Where the beacons came from: the peer's SSDP location, or its Bluetooth address.
+    var origin: PeerLocation
     /// Where the contact's port is reached (over Bluetooth: the relay's local port).
     var location: BeaconLocation
     /// The match that authenticates the connection.
     var match: BeaconMatch
+
+    /// The binding that carried the beacons.
+    var binding: PeerBindingKind { origin.binding }
 }
 
 /// The connecting side of one contact as an explicit state machine: which route to try next, when to
@@ -58,15 +57,15 @@ struct ContactLinkStateMachine: Sendable {
         /// No route can succeed: waiting for the next match.
         case gaveUp
 
-        /// The name the status view shows.
-        var name: String {
+        /// What the status view shows.
+        var phase: ContactLinkPhase {
             switch self {
-            case .idle: "idle"
-            case .matched: "matched"
-            case .connecting: "connecting"
-            case .connected: "connected"
-            case .backoff: "backoff"
-            case .gaveUp: "gave-up"
+            case .idle: .idle
+            case .matched: .matched
+            case .connecting: .connecting
+            case .connected: .connected
+            case .backoff: .backoff
+            case .gaveUp: .gaveUp
             }
         }
 
@@ -101,7 +100,7 @@ struct ContactLinkStateMachine: Sendable {
     /// Whether a link task is driving this machine.
     private(set) var isRunning = false
     /// Where the contact was last found (its newest match's origin).
-    private(set) var lastOrigin: String?
+    private(set) var lastOrigin: PeerLocation?
     private var routes: [PeerBindingKind: ContactRoute] = [:]
     /// Bindings matched since the current attempt began.
     private var matchedDuringAttempt: Set<PeerBindingKind> = []

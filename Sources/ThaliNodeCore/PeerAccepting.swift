@@ -30,9 +30,11 @@ extension ThaliPeer {
                 emit(.connected(contact: contact.name, role: .accepting, binding: binding))
             }
             // Reported only for a connection that authenticated a contact.
-            try channel.pipeline.syncOperations.addHandler(ConnectionEndRecorder { reason in
+            let address = channel.remoteAddress.map { "\($0.ipAddress ?? "?"):\($0.port ?? 0)" } ?? "?"
+            try channel.pipeline.syncOperations.addHandler(ConnectionEndRecorder { error in
                 server.peer.whenSuccess { contact in
-                    emit(.disconnected(contact: contact.name, role: .accepting, binding: binding, reason: reason))
+                    emit(.disconnected(contact: contact.name, role: .accepting, binding: binding,
+                                       reason: error.map { PeerConnectionError($0, address: address) }))
                 }
             })
         }

@@ -3,12 +3,12 @@ import ThaliSSDP
 
 /// What a binding reports to the peer.
 enum PeerBindingEvent: Sendable {
-    /// A peer was heard (`origin`: its SSDP location, or `bluetooth:` and its address).
-    case peerAppeared(origin: String)
+    /// A peer was heard (`origin`: its SSDP location, or its Bluetooth address).
+    case peerAppeared(origin: PeerLocation)
     /// A peer left (`byebye`, `expired`, ...).
-    case peerLeft(origin: String, reason: String)
+    case peerLeft(origin: PeerLocation, reason: String)
     /// A peer's beacons, fetched from `origin`; its one port is reached at `location`.
-    case beaconsFetched(origin: String, location: BeaconLocation, bytes: [UInt8])
+    case beaconsFetched(origin: PeerLocation, location: BeaconLocation, bytes: [UInt8])
     /// A DoS limit of the binding fired and switched something off for a while.
     case limitTriggered(PeerLimitReport)
 }
@@ -33,9 +33,10 @@ protocol PeerBindingService: AnyObject, Sendable {
     func pauseAnnouncing(for period: TimeAmount)
 
     /// Where peers find this node over the binding, once started.
-    func location() async -> String?
+    func location() async -> PeerLocation?
 
-    /// Whether `location`, a route this binding handed out, can never answer again.
+    /// Whether `location`, a route this binding handed out (the caller asks the route's binding only),
+    /// can never answer again.
     func hasEnded(_ location: BeaconLocation) -> Bool
 
     /// Whether a connection to the node's port from `remoteHost` came over this binding.

@@ -3,6 +3,7 @@ import Logging
 import NIOConcurrencyHelpers
 import NIOCore
 import TCPMultiplexer
+import ThaliAdmission
 import ThaliBLEBinding
 import ThaliSSDP
 
@@ -50,6 +51,18 @@ public struct BluetoothPeerConfiguration: Sendable {
     /// Makes the RFCOMM streams, given our adapter's address: the kernel's RFCOMM bound to that adapter.
     /// Tests on machines without a radio put a stand-in transport here; nothing above it changes.
     public var transport: @Sendable (BluetoothAddress) -> any BluetoothTransport = { RFCOMMTransport(localAddress: $0) }
+
+    /// The pause before reaching a peer again after its connection ended (retry 1) or after `n` failed
+    /// connects in a row (retry n + 1): `reconnectDelay` doubling up to 16 times it, ±50 %.
+    public var reconnectBackoff: Backoff {
+        Backoff(base: reconnectDelay, cap: reconnectDelay * 16, jitter: 0.5)
+    }
+
+    /// The short pause of the higher address when it cannot wait for the lower one's link:
+    /// `reconnectDelay` ±25 %.
+    public var yieldPause: Backoff {
+        Backoff(base: reconnectDelay, cap: reconnectDelay, jitter: 0.25)
+    }
 
     /// Bluetooth on `adapter` (nil: the first powered one), defaults elsewhere.
     public init(adapter: String? = nil) {
@@ -267,8 +280,8 @@ final class PeerBluetoothBinding: PeerBindingService {
     /// refused, and the binding's own rate limits apply before that.
     func pauseAnnouncing(for period: TimeAmount) {}
 
-    func location() async -> String? {
-        ownAddress.map { "bluetooth:\($0)" }
+    func location() async -> PeerLocation? {
+        ownAddress.map(PeerLocation.bluetooth)
     }
 
     private func report(_ event: PeerBindingEvent) {
@@ -278,8 +291,7 @@ final class PeerBluetoothBinding: PeerBindingService {
     /// Whether `location` was one of our relay ports whose Bluetooth connection has ended: nothing will
     /// answer there again, so a link should wait for the peer's next match instead of retrying it.
     func hasEnded(_ location: BeaconLocation) -> Bool {
-        guard location.host == "127.0.0.1" else { return false }
-        return state.withLockedValue { state in
+        state.withLockedValue { state in
             state.issuedPorts.contains(location.port)
                 && !state.connections.values.contains { $0.localPort == location.port }
                 && !state.incoming.values.contains { $0.port == location.port }
@@ -394,7 +406,7 @@ final class PeerBluetoothBinding: PeerBindingService {
     /// attempts in a row fail (each after a doubling, jittered pause from `reconnectDelay`), or until it
     /// gives its slot to a waiting peer: when its link is idle, or instead of a pause.
     private func pursue(_ peer: BluetoothAddress, failures: Int) async -> PursuitEnd {
-        report(.peerAppeared(origin: "bluetooth:\(peer)"))
+        report(.peerAppeared(origin: .bluetooth(peer)))
         guard let own = state.withLockedValue({ $0.ownAddress }) else { return .gaveUp }
         // Two peers that find each other connect to each other at once; under emulation (and on some
         // controllers) the crossing pages collide and both connects time out. The higher address lets
@@ -415,7 +427,7 @@ final class PeerBluetoothBinding: PeerBindingService {
                     if state.linkWaiters[source] === waiter { state.linkWaiters[source] = nil }
                 }
             } else {
-                try? await Task.sleep(for: configuration.reconnectDelay * Double.random(in: 0.75...1.25))
+                try? await Task.sleep(for: configuration.yieldPause.delay(beforeRetry: 1))
             }
         }
         var failures = failures
@@ -427,8 +439,7 @@ final class PeerBluetoothBinding: PeerBindingService {
             }
             if failures >= configuration.maxConnectAttempts { return .gaveUp }
             if peerWaiting { return .yielded(failures: failures) }
-            let pause = configuration.reconnectDelay * Double(1 << min(failures, 4)) * Double.random(in: 0.5...1.5)
-            try? await Task.sleep(for: pause)
+            try? await Task.sleep(for: configuration.reconnectBackoff.delay(beforeRetry: failures + 1))
         }
         return .gaveUp
     }
@@ -456,7 +467,7 @@ final class PeerBluetoothBinding: PeerBindingService {
     /// the peer's streams to us too); then fetches its beacons now and every `beaconRefetchInterval`
     /// while the link lasts, or until it is idle while another peer waits for a slot.
     private func reach(_ peer: BluetoothAddress, from own: BluetoothAddress) async -> ReachOutcome {
-        let origin = "bluetooth:\(peer)"
+        let origin = PeerLocation.bluetooth(peer)
         let (advertising, incoming, node) = state.withLockedValue { ($0.advertising, $0.incoming[peer.loopbackSource], $0.node) }
         if let incoming {
             logger.debug("reaching a Bluetooth peer over the link it made", metadata: ["peer": "\(peer)"])
@@ -504,7 +515,7 @@ final class PeerBluetoothBinding: PeerBindingService {
     /// Fetches the beacons behind local `port` now and every `beaconRefetchInterval`, until `end`; or,
     /// while another peer waits for a link slot, until the link `isIdle` between two fetches. Returns
     /// whether it stopped to give the slot up.
-    private func fetchBeacons(of peer: BluetoothAddress, origin: String, port: Int, until end: EventLoopFuture<Void>,
+    private func fetchBeacons(of peer: BluetoothAddress, origin: PeerLocation, port: Int, until end: EventLoopFuture<Void>,
                               isIdle: @Sendable () async -> Bool) async -> Bool {
         let location = BeaconLocation(host: "127.0.0.1", port: port)
         let ended = NIOLockedValueBox(false)

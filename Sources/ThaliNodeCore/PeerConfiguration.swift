@@ -23,12 +23,13 @@ public struct PeerConfiguration: Sendable {
         /// The defaults above.
         public init() {}
 
-        /// The delay before attempt `attempt + 1` (attempt ≥ 1), jittered so peers do not retry in step.
+        /// The delays between attempts: `initialDelay` doubling up to `maxDelay`, ±50 % so that peers do
+        /// not retry in step.
+        public var backoff: Backoff { Backoff(base: initialDelay, cap: maxDelay, jitter: 0.5) }
+
+        /// The delay before attempt `attempt + 1` (attempt ≥ 1).
         func delay(after attempt: Int) -> Duration {
-            var base = initialDelay
-            for _ in 1..<max(1, attempt) where base < maxDelay { base *= 2 }
-            base = min(base, maxDelay)
-            return base * Double.random(in: 0.5...1.5)
+            backoff.delay(beforeRetry: attempt)
         }
     }
 

@@ -6,11 +6,6 @@ import ThaliBeacons
 import ThaliPSKTLS
 import ThaliSSDP
 
-/// Why a link to a matched peer ended before its work was done.
-struct LinkFailure: Error, CustomStringConvertible {
-    let description: String
-}
-
 extension ThaliPeer {
     /// The connecting side of one contact: performs what its ``ContactLinkStateMachine`` decides
     /// (connect over the preferred route, fall back, back off, give up) until it has nothing left to do.
@@ -37,14 +32,18 @@ extension ThaliPeer {
                     try await connect(contact, route)
                     updateLink(contact) { $0.sessionCompleted() }
                 } catch {
+                    // Stopping cancels the link and closes its connection: that is no failure to report,
+                    // and the retry it would announce will not happen (the loop ends the link).
+                    if isStopped || Task.isCancelled { continue }
                     let nowMs = UInt64(Date().timeIntervalSince1970 * 1000)
                     // unknown_psk_identity: the peer at that location no longer holds (or never held) this
                     // beacon's PSK; retrying cannot help (spec/psk-tls.md), only a new announcement can.
                     // Nor can a Bluetooth relay port whose connection ended: the next match brings a new one.
                     let spent = route.match.expiration <= nowMs || Self.isUnknownIdentity(error)
-                        || bindings.contains { $0.hasEnded(route.location) }
+                        || bindings.contains { $0.kind == route.binding && $0.hasEnded(route.location) }
                     let retryIn = updateLink(contact) { $0.attemptFailed(spent ? .routeSpent : .retryable) } ?? nil
-                    emit(.connectionFailed(contact: contact.name, reason: "\(error)", retryIn: retryIn))
+                    emit(.connectionFailed(contact: contact.name, reason: PeerConnectionError(error, connectingTo: route.location),
+                                           retryIn: retryIn))
                 }
             }
         }
@@ -65,7 +64,7 @@ extension ThaliPeer {
         // peer's per-source admission sees.
         var bootstrap = ClientBootstrap(group: group)
         // A Bluetooth peer's port appears on 127.0.0.1 (its relay): that one is reached from loopback.
-        if location.host != "127.0.0.1" {
+        if route.binding == .wifi {
             bootstrap = bootstrap.bind(to: try SocketAddress(ipAddress: configuration.interfaceAddress, port: 0))
         }
         let client = try await bootstrap
@@ -75,9 +74,10 @@ extension ThaliPeer {
                                                      psk: match.psk)
                     .flatMapThrowing { client in
                         // Reported only once the handshake authenticated the contact.
-                        try channel.pipeline.syncOperations.addHandler(ConnectionEndRecorder { reason in
+                        try channel.pipeline.syncOperations.addHandler(ConnectionEndRecorder { error in
                             client.handshake.whenSuccess { _ in
-                                emit(.disconnected(contact: contact.name, role: .connecting, binding: route.binding, reason: reason))
+                                emit(.disconnected(contact: contact.name, role: .connecting, binding: route.binding,
+                                                   reason: error.map { PeerConnectionError($0, connectingTo: location) }))
                             }
                         })
                         return client
@@ -94,7 +94,7 @@ extension ThaliPeer {
         emit(.connected(contact: contact.name, role: .connecting, binding: route.binding))
         updateLink(contact) { $0.connected() }
         if configuration.appPort != nil {
-            try await relay(contact, over: session)
+            try await relay(contact, over: session, at: route.location)
         } else {
             try await receive(from: contact, over: session)
         }
@@ -120,7 +120,7 @@ extension ThaliPeer {
 
     /// Relay mode: connections to a local port become streams to the contact's app, until the session
     /// ends (then the link retries while the contact's beacon is valid).
-    private func relay(_ contact: Contact, over session: MultiplexerSession) async throws {
+    private func relay(_ contact: Contact, over session: MultiplexerSession, at location: BeaconLocation) async throws {
         let listener = try await MultiplexerBridge.listen(host: "127.0.0.1", port: 0, forwardingTo: session).get()
         let port = listener.localAddress?.port ?? 0
         setRelayPort(contact, port)
@@ -132,6 +132,6 @@ extension ThaliPeer {
         }
         try? await listener.close()
         setRelayPort(contact, nil)
-        throw LinkFailure(description: "relay session with \(contact.name) closed")
+        throw PeerConnectionError(.relayClosed, address: "\(location.host):\(location.port)")
     }
 }

@@ -1,46 +1,50 @@
 import Foundation
+import ThaliSSDP
 
 /// What a ``ThaliPeer`` reports as it runs, for logs, `--json` lines and the status view.
 public enum PeerEvent: Sendable, Hashable {
     /// Which side of a connection this peer is.
-    public enum Role: String, Sendable, Hashable {
+    public enum Role: String, Sendable, Hashable, CustomStringConvertible {
         /// This peer matched a beacon and connected (it receives, or relays from a local listener).
         case connecting
         /// This peer advertised and accepted the connection (it sends, or relays to the app port).
         case accepting
+
+        /// `connecting` or `accepting`.
+        public var description: String { rawValue }
     }
 
-    /// Listening at `location` (the SSDP LOCATION: beacons and PSK-TLS on one port).
-    case started(location: String)
+    /// Listening; peers find us at `location` over the first binding running (over Wi-Fi the SSDP
+    /// LOCATION: beacons and PSK-TLS on one port).
+    case started(location: PeerLocation)
     /// Advertising beacons for these contacts (empty: nothing announced).
     case advertising(contacts: [String])
     /// A peer was heard on the network (by its location).
-    case peerAppeared(location: String)
+    case peerAppeared(location: PeerLocation)
     /// A peer left (`byebye`, `expired` or `stopped`).
-    case peerLeft(location: String, reason: String)
+    case peerLeft(location: PeerLocation, reason: String)
     /// A peer's beacons named us, from this contact.
-    case beaconMatched(contact: String, location: String)
-    /// Connecting to a contact (attempt ≥ 1) found at `location` (an SSDP location, or `bluetooth:` and
-    /// its address: the location names the binding).
-    case connecting(contact: String, location: String, attempt: Int)
+    case beaconMatched(contact: String, location: PeerLocation)
+    /// Connecting to a contact (attempt ≥ 1) found at `location` (its binding is the location's).
+    case connecting(contact: String, location: PeerLocation, attempt: Int)
     /// A PSK-TLS session with a contact is up, over `binding`.
     case connected(contact: String, role: Role, binding: PeerBindingKind)
     /// A connection or delivery failed; `retryIn` is the delay before the next attempt, nil when giving up.
-    case connectionFailed(contact: String, reason: String, retryIn: Duration?)
+    case connectionFailed(contact: String, reason: PeerConnectionError, retryIn: Duration?)
     /// Delivery progress with a contact.
     case delivery(contact: String, DeliveryEvent)
     /// An authenticated connection with a contact over `binding` ended (every
     /// ``connected(contact:role:binding:)`` gets one): `reason` is the first error on it (TLS, a
-    /// multiplexer protocol error) or `closed`.
-    case disconnected(contact: String, role: Role, binding: PeerBindingKind, reason: String)
+    /// multiplexer protocol error), nil when it simply closed.
+    case disconnected(contact: String, role: Role, binding: PeerBindingKind, reason: PeerConnectionError?)
     /// A delivery session ended (`error` nil: it completed).
     case sessionEnded(contact: String, role: Role, error: String?)
     /// A DoS limit fired and this peer switched something off for a while: the last resort of that limit.
     case limitTriggered(PeerLimitReport)
     /// Relay mode: connections to this local port reach the contact's app.
     case relayListening(contact: String, port: Int)
-    /// A binding that was asked for cannot run (`binding` is `bluetooth` or `wifi`); the others go on.
-    case bindingUnavailable(binding: String, reason: String)
+    /// A binding that was asked for cannot run; the others go on.
+    case bindingUnavailable(binding: PeerBindingKind, reason: String)
     /// The peer stopped.
     case stopped
 }
@@ -48,17 +52,20 @@ public enum PeerEvent: Sendable, Hashable {
 /// What a fired DoS limit did (``PeerEvent/limitTriggered(_:)``).
 public struct PeerLimitReport: Sendable, Hashable {
     /// What the peer switched off.
-    public enum Effect: String, Sendable, Hashable {
+    public enum Effect: String, Sendable, Hashable, CustomStringConvertible {
         /// SSDP discovery: the multicast socket is closed, nothing is heard.
         case discoveryOff = "discovery-off"
         /// Announcing: byebye sent, no alives.
         case announcingPaused = "announcing-paused"
         /// The single port is closed (and announcing paused with it).
         case portClosed = "port-closed"
+
+        /// `discovery-off`, `announcing-paused` or `port-closed`.
+        public var description: String { rawValue }
     }
 
-    /// The limit (ThaliSSDP's `SSDPDiscoveryEvent.LimitKind`: `announcementFlood`, `peerCap`, ...).
-    public var kind: String
+    /// The limit that fired.
+    public var kind: PeerLimitKind
     /// What it switched off.
     public var effect: Effect
     /// For how long.
@@ -67,12 +74,46 @@ public struct PeerLimitReport: Sendable, Hashable {
     public var detail: String
 
     /// A report of `kind` switching `effect` off for `period`.
-    public init(kind: String, effect: Effect, period: Duration, detail: String) {
+    public init(kind: PeerLimitKind, effect: Effect, period: Duration, detail: String) {
         self.kind = kind
         self.effect = effect
         self.period = period
         self.detail = detail
     }
+}
+
+/// A DoS limit of a peer whose last resort switches something off (``PeerLimitReport/kind``,
+/// ``PeerStatus/limitsTriggered``).
+public enum PeerLimitKind: String, Sendable, Hashable, Codable, CodingKeyRepresentable, Comparable, CaseIterable,
+    CustomStringConvertible {
+    /// Too many SSDP datagrams: discovery off for a cool-down.
+    case announcementFlood
+    /// More peers than discovery tracks: discovery off for a cool-down.
+    case peerCap
+    /// Every unicast answer failed: announcing paused.
+    case unicastFailure
+    /// The single port was overloaded: it is closed and announcing paused.
+    case httpOverload
+
+    /// The node-level kind of an SSDP discovery limit.
+    public init(_ kind: SSDPDiscoveryEvent.LimitKind) {
+        switch kind {
+        case .announcementFlood: self = .announcementFlood
+        case .peerCap: self = .peerCap
+        case .unicastFailure: self = .unicastFailure
+        case .httpOverload: self = .httpOverload
+        }
+    }
+
+    /// The name as `thali-node` prints it (`announcementFlood`, ...).
+    public var description: String { rawValue }
+
+    public static func < (lhs: PeerLimitKind, rhs: PeerLimitKind) -> Bool { lhs.rawValue < rhs.rawValue }
+}
+
+extension PeerEvent: CustomStringConvertible {
+    /// The event in words, as `thali-node run` prints it.
+    public var description: String { PeerEventRecord(self)?.summary ?? "stopped" }
 }
 
 /// A callback for ``PeerEvent``s; called from the peer's tasks and event loops, so keep it short.

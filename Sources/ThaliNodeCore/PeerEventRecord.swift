@@ -119,27 +119,27 @@ public struct PeerEventRecord: Encodable, Sendable, Hashable {
         switch event {
         case .started(let location):
             self.init(event: "started", summary: "listening at \(location) (beacons and PSK-TLS)")
-            self.location = location
+            self.location = location.description
         case .advertising(let contacts):
             self.init(event: "advertising",
                       summary: contacts.isEmpty ? "nothing to announce" : "advertising beacons for \(contacts.joined(separator: ", "))")
             self.contacts = contacts
         case .peerAppeared(let location):
             self.init(event: "peer_appeared", summary: "peer appeared at \(location)")
-            self.location = location
-            binding = PeerBindingKind(origin: location).rawValue
+            self.location = location.description
+            binding = location.binding.rawValue
         case .peerLeft(let location, let reason):
             self.init(event: "peer_left", summary: "peer at \(location) left (\(reason))")
-            (self.location, self.reason) = (location, reason)
-            binding = PeerBindingKind(origin: location).rawValue
+            (self.location, self.reason) = (location.description, reason)
+            binding = location.binding.rawValue
         case .beaconMatched(let contact, let location):
             self.init(event: "matched", summary: "beacon from \(contact) matched at \(location)")
-            (self.contact, self.location) = (contact, location)
-            binding = PeerBindingKind(origin: location).rawValue
+            (self.contact, self.location) = (contact, location.description)
+            binding = location.binding.rawValue
         case .connecting(let contact, let location, let attempt):
             self.init(event: "connecting", summary: "connecting to \(contact) at \(location) (attempt \(attempt))")
-            (self.contact, self.location, self.attempt) = (contact, location, attempt)
-            binding = PeerBindingKind(origin: location).rawValue
+            (self.contact, self.location, self.attempt) = (contact, location.description, attempt)
+            binding = location.binding.rawValue
         case .connected(let contact, let role, let binding):
             self.init(event: "connected", summary: "PSK-TLS session with \(contact) up over \(binding.rawValue) "
                 + "(\(role == .connecting ? "we connected" : "they connected"))")
@@ -147,11 +147,12 @@ public struct PeerEventRecord: Encodable, Sendable, Hashable {
         case .connectionFailed(let contact, let reason, let retryIn):
             self.init(event: "connection_failed", summary: "connection with \(contact) failed: \(reason)"
                 + (retryIn.map { "; retrying in \($0)" } ?? "; giving up until the next announcement"))
-            (self.contact, self.reason) = (contact, reason)
+            (self.contact, self.reason) = (contact, reason.description)
             retryInMs = retryIn.map { Int($0.components.seconds * 1000 + $0.components.attoseconds / 1_000_000_000_000_000) }
         case .delivery(let contact, let delivery):
             self.init(delivery, contact: contact)
-        case .disconnected(let contact, let role, let binding, let reason):
+        case .disconnected(let contact, let role, let binding, let error):
+            let reason = error?.description ?? "closed"
             self.init(event: "disconnected", summary: "PSK-TLS session with \(contact) over \(binding.rawValue) ended: \(reason)")
             (self.contact, self.role, self.binding, self.reason) = (contact, role.rawValue, binding.rawValue, reason)
         case .sessionEnded(let contact, let role, let error):
@@ -159,14 +160,14 @@ public struct PeerEventRecord: Encodable, Sendable, Hashable {
             (self.contact, self.role, self.error) = (contact, role.rawValue, error)
         case .limitTriggered(let report):
             self.init(event: "limit_triggered", summary: "limit \(report.kind) fired: \(report.detail)")
-            (kind, effect, detail) = (report.kind, report.effect.rawValue, report.detail)
+            (kind, effect, detail) = (report.kind.rawValue, report.effect.rawValue, report.detail)
             periodSeconds = report.period.timeInterval
         case .relayListening(let contact, let port):
             self.init(event: "relay_listening", summary: "relay: connections to 127.0.0.1:\(port) reach \(contact)'s app")
             (self.contact, self.port) = (contact, port)
         case .bindingUnavailable(let binding, let reason):
             self.init(event: "binding_unavailable", summary: "\(binding) is not running: \(reason)")
-            (self.binding, self.reason) = (binding, reason)
+            (self.binding, self.reason) = (binding.rawValue, reason)
         case .stopped:
             return nil
         }
@@ -217,16 +218,17 @@ public struct PeerEventRecord: Encodable, Sendable, Hashable {
             + "inbox \(status.inboxCount), outbox \(status.outboxCount)"
             + (status.limitsTriggered.isEmpty ? "" : "; limits fired: "
                 + status.limitsTriggered.sorted { $0.key < $1.key }.map { "\($0.key) ×\($0.value)" }.joined(separator: ", ")))
-        location = status.location
+        location = status.location?.description ?? ""
         advertisingFor = status.advertisingFor
-        peersSeen = status.peersSeen
+        peersSeen = status.peersSeen.map(\.description)
         matchedContacts = status.matchedContacts.map {
-            ContactRecord(name: $0.name, state: $0.state, location: $0.location, binding: $0.binding?.rawValue, relayPort: $0.relayPort)
+            ContactRecord(name: $0.name, state: $0.state.rawValue, location: $0.location?.description,
+                          binding: $0.binding?.rawValue, relayPort: $0.relayPort)
         }
         sessionsInFlight = status.sessionsInFlight
         inbox = status.inboxCount
         outbox = status.outboxCount
-        limitsTriggered = status.limitsTriggered
+        limitsTriggered = Dictionary(uniqueKeysWithValues: status.limitsTriggered.map { ($0.key.rawValue, $0.value) })
     }
 
     /// The JSON line (no newline): keys sorted, slashes unescaped.
@@ -235,4 +237,9 @@ public struct PeerEventRecord: Encodable, Sendable, Hashable {
         encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
         return try encoder.encode(self)
     }
+}
+
+extension PeerStatus: CustomStringConvertible {
+    /// The snapshot in words, as `thali-node run` prints it.
+    public var description: String { PeerEventRecord(self).summary }
 }

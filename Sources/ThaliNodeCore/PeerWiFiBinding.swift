@@ -29,7 +29,7 @@ final class PeerWiFiBinding: PeerBindingService {
         ssdp.foregroundAliveInterval = configuration.aliveInterval
         ssdp.limits = configuration.discoveryLimits
         let service = SSDPDiscoveryService(configuration: ssdp, group: group, logger: logger) { peer, bytes in
-            events(.beaconsFetched(origin: peer.location.description, location: peer.location, bytes: bytes))
+            events(.beaconsFetched(origin: .wifi(peer.location), location: peer.location, bytes: bytes))
         }
         do {
             try await service.start(advertising: nil)
@@ -42,9 +42,9 @@ final class PeerWiFiBinding: PeerBindingService {
             for await event in service.events {
                 switch event {
                 case .appeared(let peer):
-                    events(.peerAppeared(origin: peer.location.description))
+                    events(.peerAppeared(origin: .wifi(peer.location)))
                 case .left(let peer, let reason):
-                    events(.peerLeft(origin: peer.location.description, reason: reason.rawValue))
+                    events(.peerLeft(origin: .wifi(peer.location), reason: reason.rawValue))
                 case .limitTriggered(let kind):
                     events(.limitTriggered(Self.report(of: kind, limits: limits.0, admission: limits.1)))
                 case .changed, .beaconsFetched, .beaconFetchFailed:
@@ -64,9 +64,9 @@ final class PeerWiFiBinding: PeerBindingService {
         service.withLockedValue { $0 }?.pauseAnnouncing(for: period)
     }
 
-    func location() async -> String? {
+    func location() async -> PeerLocation? {
         guard let service = service.withLockedValue({ $0 }) else { return nil }
-        return await service.location().description
+        return .wifi(await service.location())
     }
 
     func hasEnded(_ location: BeaconLocation) -> Bool { false }
@@ -86,16 +86,16 @@ final class PeerWiFiBinding: PeerBindingService {
         func seconds(_ amount: TimeAmount) -> String { "\(amount.nanoseconds / 1_000_000_000) s" }
         switch kind {
         case .announcementFlood:
-            return PeerLimitReport(kind: kind.rawValue, effect: .discoveryOff, period: duration(limits.discoveryCooldown),
+            return PeerLimitReport(kind: PeerLimitKind(kind), effect: .discoveryOff, period: duration(limits.discoveryCooldown),
                                    detail: "SSDP discovery off for \(seconds(limits.discoveryCooldown)) (last resort: more than \(limits.maxDatagramsPerWindow) datagrams per \(seconds(limits.floodWindow)))")
         case .peerCap:
-            return PeerLimitReport(kind: kind.rawValue, effect: .discoveryOff, period: duration(limits.discoveryCooldown),
+            return PeerLimitReport(kind: PeerLimitKind(kind), effect: .discoveryOff, period: duration(limits.discoveryCooldown),
                                    detail: "SSDP discovery off for \(seconds(limits.discoveryCooldown)) (last resort: more than \(limits.maxTrackedPeers) peers tracked)")
         case .unicastFailure:
-            return PeerLimitReport(kind: kind.rawValue, effect: .announcingPaused, period: duration(limits.unicastFailurePause),
+            return PeerLimitReport(kind: PeerLimitKind(kind), effect: .announcingPaused, period: duration(limits.unicastFailurePause),
                                    detail: "announcing paused for \(seconds(limits.unicastFailurePause)) (last resort: \(limits.unicastFailureThreshold) unicast failures)")
         case .httpOverload:
-            return PeerLimitReport(kind: kind.rawValue, effect: .portClosed, period: duration(admission.overloadClosePeriod),
+            return PeerLimitReport(kind: PeerLimitKind(kind), effect: .portClosed, period: duration(admission.overloadClosePeriod),
                                    detail: "beacon and PSK-TLS port closed and announcing paused for \(seconds(admission.overloadClosePeriod)) (last resort: more than \(admission.maxConnectionsGlobal) connections per \(seconds(admission.globalWindow)) from sources each within its own bounds)")
         }
     }

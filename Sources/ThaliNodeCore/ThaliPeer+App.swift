@@ -8,10 +8,13 @@ import ServiceLifecycle
 extension ThaliPeer: Service {
     /// Starts the peer, keeps it running until graceful shutdown (`ServiceGroup`'s signals, or
     /// `triggerGracefulShutdown()`) or cancellation, then stops it: byebye, connections closed, tasks ended.
-    /// Throws what ``start()`` throws; a peer that failed to start is stopped before the error returns.
+    /// Throws what ``start()`` throws; a peer that failed to start is stopped before the error returns
+    /// (one that was started or stopped already is left as it is).
     public func run() async throws {
         do {
             try await start()
+        } catch let error as StartError where error == .alreadyStarted || error == .stopped {
+            throw error
         } catch {
             await stop()
             throw error

@@ -24,13 +24,20 @@ import ThaliSSDP
 /// See <doc:RunningAPeerInYourApp> for an app embedding a peer.
 public final class ThaliPeer: Sendable {
     /// Errors of `start`.
-    public enum StartError: Error, CustomStringConvertible {
+    public enum StartError: Error, Hashable, CustomStringConvertible {
         /// The node's key cannot serve as a beacon identity, or TLS cannot be set up.
         case setup(String)
+        /// ``ThaliPeer/start()`` was called before on this peer: a peer starts once.
+        case alreadyStarted
+        /// The peer was stopped: its event streams have ended and its port is closed. Make a new
+        /// `ThaliPeer` to run again.
+        case stopped
 
         public var description: String {
             switch self {
             case .setup(let reason): "cannot start the peer: \(reason)"
+            case .alreadyStarted: "cannot start the peer: it was started already (a peer starts once)"
+            case .stopped: "cannot start the peer: it was stopped (make a new peer to run again)"
             }
         }
     }
@@ -58,10 +65,12 @@ public final class ThaliPeer: Sendable {
         var advertised: Advertised?
         var advertisingFor: [String] = []
         var addressBookKeys: Set<String> = []
-        var peersSeen: Set<String> = []
+        var peersSeen: Set<PeerLocation> = []
         var links: [String: Link] = [:]
         var sessionsInFlight = 0
-        var limitsTriggered: [String: Int] = [:]
+        /// Whether `start()` was called (a peer starts once).
+        var started = false
+        var limitsTriggered: [PeerLimitKind: Int] = [:]
         var stopped = false
         var tasks: [UUID: Task<Void, Never>] = [:]
         var channels: [ObjectIdentifier: Channel] = [:]
@@ -135,8 +144,16 @@ public final class ThaliPeer: Sendable {
 
     /// Starts discovery and the single port, then keeps announcing what the outbox holds. Throws
     /// ``NodeError/portInUse(host:port:)`` when the port is taken, ``NodeError/addressNotLocal(_:reason:)``
-    /// when no interface carries the configured address.
+    /// when no interface carries the configured address. A peer starts once: a second call throws
+    /// ``StartError/alreadyStarted``, and one after ``stop()`` ``StartError/stopped``, changing nothing.
     public func start() async throws {
+        let refusal = state.withLockedValue { state -> StartError? in
+            if state.stopped { return .stopped }
+            if state.started { return .alreadyStarted }
+            state.started = true
+            return nil
+        }
+        if let refusal { throw refusal }
         try refreshAddressBook()
         try NodeInterface.validateLocalAddress(configuration.interfaceAddress)
         // The node owns its one port (beacons and PSK-TLS behind one admission gate); discovery only
@@ -179,7 +196,7 @@ public final class ThaliPeer: Sendable {
             planned.append(PeerBluetoothBinding(configuration: bluetooth, group: group, logger: logger))
         }
         if let reason = configuration.wifiUnavailableReason {
-            emit(.bindingUnavailable(binding: PeerBindingKind.wifi.rawValue, reason: reason))
+            emit(.bindingUnavailable(binding: .wifi, reason: reason))
         }
         var started: [any PeerBindingService] = []
         for (index, binding) in planned.enumerated() {
@@ -195,11 +212,11 @@ public final class ThaliPeer: Sendable {
                     await closePort()
                     throw reported
                 }
-                emit(.bindingUnavailable(binding: binding.kind.rawValue, reason: "\(error)"))
+                emit(.bindingUnavailable(binding: binding.kind, reason: "\(error)"))
             }
         }
         bindingsBox.withLockedValue { $0 = started }
-        if let first = started.first { emit(.started(location: await first.location() ?? "")) }
+        if let first = started.first, let location = await first.location() { emit(.started(location: location)) }
     }
 
     /// Stops: byebye (no more announcements), every connection closed, every task ended.
@@ -261,17 +278,17 @@ public final class ThaliPeer: Sendable {
 
     /// A snapshot for the status view.
     public func status() async -> PeerStatus {
-        let location = await bindings.first?.location() ?? ""
+        let location = await bindings.first?.location()
         var port = portCounters.withLockedValue { $0 }
         port.admission = admission.counters
         let inbox = (try? store.inbox().count) ?? 0
         let outbox = (try? store.outbox().count) ?? 0
         return state.withLockedValue { state in
             PeerStatus(location: location, advertisingFor: state.advertisingFor,
-                       peersSeen: state.peersSeen.sorted(),
+                       peersSeen: state.peersSeen.sorted { $0.description < $1.description },
                        matchedContacts: state.links.values.map {
                            let route = $0.machine.currentRoute
-                           return PeerStatus.ContactState(name: $0.contact.name, state: $0.machine.state.name,
+                           return PeerStatus.ContactState(name: $0.contact.name, state: $0.machine.state.phase,
                                                           location: route?.origin ?? $0.machine.lastOrigin,
                                                           binding: route?.binding, relayPort: $0.relayPort)
                        }.sorted { $0.name < $1.name },
@@ -316,9 +333,8 @@ public final class ThaliPeer: Sendable {
 
     /// A fetched beacon stream: a match from a known contact starts (or re-targets) the link to it; anything
     /// else — not for us, from a stranger, a replay — is ignored without a word.
-    /// `origin` names where the beacons came from (an SSDP location, or `bluetooth:` and the peer's
-    /// address); `location` is where its single port is reached (over Bluetooth: the relay's local port).
-    private func beaconsFetched(origin: String, location: BeaconLocation, _ bytes: [UInt8]) {
+    /// `origin` names where the beacons came from (an SSDP location, or the peer's Bluetooth address); `location` is where its single port is reached (over Bluetooth: the relay's local port).
+    private func beaconsFetched(origin: PeerLocation, location: BeaconLocation, _ bytes: [UInt8]) {
         let match: BeaconMatch
         do throws(BeaconRejection) {
             // Keyed by where it was fetched: a copy re-served from elsewhere cannot make the genuine
@@ -330,7 +346,7 @@ public final class ThaliPeer: Sendable {
         }
         guard let contact = try? store.contact(for: match.sender) else { return }
         emit(.beaconMatched(contact: contact.name, location: origin))
-        let route = ContactRoute(binding: PeerBindingKind(origin: origin), origin: origin, location: location, match: match)
+        let route = ContactRoute(origin: origin, location: location, match: match)
         let retry = configuration.retry
         let (outcome, wake) = state.withLockedValue { state -> (ContactLinkStateMachine.MatchOutcome, LinkWakeSignal?) in
             guard !state.stopped else { return (.none, nil) }

@@ -1,6 +1,7 @@
 import NIOCore
 import NIOHTTP1
 import NIOPosix
+import ThaliAdmission
 
 /// Bounds and retry policy of beacon fetches (the seed: clients "MUST put in place protections to ensure
 /// that the response is not excessively long").
@@ -26,6 +27,11 @@ public struct BeaconHTTPClientConfiguration: Sendable {
     /// interface's address, so a peer's fetches come from the address it announces: on a host with
     /// several addresses, the peer's own is the source that other peers' per-source limits see.
     public var sourceAddress: String?
+
+    /// The retry delays: `initialBackoff` doubling up to `maxBackoff`, spread by `jitter`.
+    public var backoff: Backoff {
+        Backoff(base: Duration(initialBackoff), cap: Duration(maxBackoff), jitter: jitter)
+    }
 
     /// The defaults above.
     public init() {}
@@ -97,11 +103,9 @@ public struct BeaconHTTPClient: Sendable {
         }
     }
 
-    /// The delay before attempt `n` (n >= 2): initial × 2^(n-2), capped, spread by `jitter`.
+    /// The delay before attempt `n` (n >= 2, the retry n − 1): initial × 2^(n-2), capped, spread by `jitter`.
     func backoff(beforeAttempt attempt: Int) -> Duration {
-        let capped = Double(configuration.initialBackoff.doubled(attempt - 2, upTo: configuration.maxBackoff).nanoseconds)
-        let spread = configuration.jitter > 0 ? Double.random(in: (1 - configuration.jitter)...(1 + configuration.jitter)) : 1
-        return .nanoseconds(Int64(capped * spread))
+        configuration.backoff.delay(beforeRetry: attempt - 1)
     }
 
     private func fetchOnce(_ location: BeaconLocation) async throws(BeaconFetchError.Reason) -> [UInt8] {

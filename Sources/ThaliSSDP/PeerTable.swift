@@ -1,4 +1,5 @@
 import NIOCore
+import ThaliAdmission
 
 /// The peers discovery tracks, as a state machine with explicit inputs (alive, byebye, fetch results,
 /// time) and outputs (`Action`s the service performs). No I/O, so tests drive it directly.
@@ -32,9 +33,9 @@ struct PeerTable {
 
     let maxPeers: Int
     let byebyeGrace: TimeAmount
-    /// The wait after a first failed fetch before the same USN is fetched again, and its ceiling.
-    let refetchDelay: TimeAmount
-    let maxRefetchDelay: TimeAmount
+    /// The wait after a failed fetch before the same USN is fetched again: from the first failure's
+    /// delay, doubling per failure in a row up to its ceiling, without jitter (an alive paces it anyway).
+    let refetchBackoff: Backoff
     private(set) var entries: [BeaconLocation: Entry] = [:]
     private var locationByServiceName: [String: BeaconLocation] = [:]
 
@@ -43,8 +44,7 @@ struct PeerTable {
          maxRefetchDelay: TimeAmount = SSDPDiscoveryLimits().maxFailedFetchRetryDelay) {
         self.maxPeers = maxPeers
         self.byebyeGrace = byebyeGrace
-        self.refetchDelay = refetchDelay
-        self.maxRefetchDelay = maxRefetchDelay
+        refetchBackoff = Backoff(base: Duration(refetchDelay), cap: Duration(maxRefetchDelay))
     }
 
     var count: Int { entries.count }
@@ -117,7 +117,7 @@ struct PeerTable {
 
     /// `refetchDelay` × 2^(failures − 1), at most `maxRefetchDelay`.
     func refetchWait(afterFailures failures: Int) -> TimeAmount {
-        refetchDelay.doubled(failures - 1, upTo: maxRefetchDelay)
+        TimeAmount(refetchBackoff.nominalDelay(beforeRetry: failures))
     }
 
     /// Removes peers whose byebye grace or max-age ran out by `now`.

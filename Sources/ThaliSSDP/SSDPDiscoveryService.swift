@@ -2,6 +2,7 @@ import Logging
 import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
+import ThaliAdmission
 
 #if canImport(Glibc)
 import Glibc

@@ -159,10 +159,10 @@ struct BenchCrowd: AsyncParsableCommand {
                 let receiverStatus = await running[receiver].status()
                 let senderStatus = await running[sender].status()
                 let link = receiverStatus.matchedContacts.first { $0.name == "p\(sender)" }
-                let heard = receiverStatus.peersSeen.contains(senderStatus.location)
+                let heard = senderStatus.location.map(receiverStatus.peersSeen.contains) ?? false
                 print("crowd: undelivered \"\(text)\": p\(receiver) "
-                      + (heard ? "hears" : "does not hear") + " p\(sender) at \(senderStatus.location); its link: "
-                      + (link.map { "\($0.state) via \($0.location ?? "-")" } ?? "none (no match)")
+                      + (heard ? "hears" : "does not hear") + " p\(sender) at \(senderStatus.location.map { "\($0)" } ?? "-"); its link: "
+                      + (link.map { "\($0.state) via \($0.location.map { "\($0)" } ?? "-")" } ?? "none (no match)")
                       + "; p\(sender) advertises for \(senderStatus.advertisingFor), limits fired \(senderStatus.limitsTriggered)"
                       + ", p\(receiver)'s \(receiverStatus.limitsTriggered)")
             }

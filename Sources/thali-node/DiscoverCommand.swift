@@ -3,6 +3,7 @@ import Foundation
 import Logging
 import NIOCore
 import NIOPosix
+import ThaliBeacons
 import ThaliSSDP
 
 /// `thali-node discover`: runs SSDP discovery on one interface and prints what it sees as JSON lines.
@@ -92,7 +93,7 @@ struct Discover: AsyncParsableCommand {
 
         var beacons: [UInt8]?
         if let beaconsHex {
-            guard let bytes = DiscoverHex.decode(beaconsHex) else { throw ValidationError("--beacons-hex is not hex") }
+            guard let bytes = Hex.decode(beaconsHex) else { throw ValidationError("--beacons-hex is not hex") }
             beacons = bytes
         } else if let beaconsFile {
             beacons = [UInt8](try Data(contentsOf: URL(fileURLWithPath: beaconsFile)))
@@ -102,7 +103,7 @@ struct Discover: AsyncParsableCommand {
         let service = SSDPDiscoveryService(configuration: configuration, group: MultiThreadedEventLoopGroup.singleton) {
             peer, bytes in
             output.print(["event": "beacons", "usn": peer.uniqueServiceName, "location": peer.location.description,
-                          "beacons_hex": DiscoverHex.encode(bytes)])
+                          "beacons_hex": Hex.encode(bytes)])
         }
         try await service.start(advertising: beacons)
         output.print(["event": "started", "location": (await service.location()).description,
@@ -128,7 +129,7 @@ struct Discover: AsyncParsableCommand {
                 switch words.first {
                 case "stop": stopSignal.continuation.yield("stdin")
                 case "beacons" where words.count == 2:
-                    let bytes = words[1] == "none" ? nil : DiscoverHex.decode(words[1])
+                    let bytes = words[1] == "none" ? nil : Hex.decode(words[1])
                     Task {
                         await service.advertise(bytes)
                         output.print(["event": "advertising", "usn": await service.uniqueServiceName() ?? ""])
@@ -184,43 +185,6 @@ final class DiscoverJSONLines: Sendable {
         else { return }
         lock.withLock {
             FileHandle.standardOutput.write(data + Data("\n".utf8))
-        }
-    }
-}
-
-/// Lower-case hex.
-enum DiscoverHex {
-    static func encode(_ bytes: [UInt8]) -> String {
-        let digits = Array("0123456789abcdef".utf8)
-        var out: [UInt8] = []
-        out.reserveCapacity(bytes.count * 2)
-        for byte in bytes {
-            out.append(digits[Int(byte >> 4)])
-            out.append(digits[Int(byte & 0x0F)])
-        }
-        return String(decoding: out, as: UTF8.self)
-    }
-
-    static func decode(_ text: String) -> [UInt8]? {
-        let utf8 = Array(text.utf8)
-        guard utf8.count % 2 == 0 else { return nil }
-        var out: [UInt8] = []
-        out.reserveCapacity(utf8.count / 2)
-        var index = 0
-        while index < utf8.count {
-            guard let high = nibble(utf8[index]), let low = nibble(utf8[index + 1]) else { return nil }
-            out.append(high << 4 | low)
-            index += 2
-        }
-        return out
-    }
-
-    private static func nibble(_ c: UInt8) -> UInt8? {
-        switch c {
-        case UInt8(ascii: "0")...UInt8(ascii: "9"): return c - UInt8(ascii: "0")
-        case UInt8(ascii: "a")...UInt8(ascii: "f"): return c - UInt8(ascii: "a") + 10
-        case UInt8(ascii: "A")...UInt8(ascii: "F"): return c - UInt8(ascii: "A") + 10
-        default: return nil
         }
     }
 }

@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import ThaliBeacons
 import ThaliNodeCore
 
 /// Options every command that touches the data directory shares.
@@ -66,4 +67,4 @@ func formatMilliseconds(_ milliseconds: Int64) -> String {
 }
 
 /// Lowercase hex of `data`.
-func hex(_ data: Data) -> String { data.map { String(format: "%02x", $0) }.joined() }
+func hex(_ data: Data) -> String { Hex.encode(data) }

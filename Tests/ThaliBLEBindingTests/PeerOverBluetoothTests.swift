@@ -169,7 +169,7 @@ import ThaliTestSupport
             _ = try alice.store.enqueueText("alice \(index)", to: "bob", expiresAt: later)
             _ = try bob.store.enqueueText("bob \(index)", to: "alice", expiresAt: later)
         }
-        let matches = NIOLockedValueBox<[String]>([])
+        let matches = NIOLockedValueBox<[PeerLocation]>([])
         let sessions = NIOLockedValueBox<[String: Int]>([:])
         func record(_ who: String) -> PeerEventHandler {
             { event in
@@ -190,7 +190,7 @@ import ThaliTestSupport
         try await Self.waitUntil("every item, and matches over both bindings") {
             let locations = matches.withLockedValue { $0 }
             return try alice.store.inbox().count >= 3 && bob.store.inbox().count >= 3
-                && locations.contains { $0.hasPrefix("bluetooth:") } && locations.contains { $0.hasPrefix("http://") }
+                && locations.contains { $0.binding == .bluetooth } && locations.contains { $0.binding == .wifi }
         }
         // Let any racing link finish before counting.
         try await Task.sleep(for: .seconds(2))
@@ -227,7 +227,7 @@ import ThaliTestSupport
         _ = try bob.store.enqueueText("bob to dave", to: "dave", expiresAt: later)
         _ = try carol.store.enqueueText("carol to alice", to: "alice", expiresAt: later)
 
-        let appeared = NIOLockedValueBox<[String]>([])
+        let appeared = NIOLockedValueBox<[PeerLocation]>([])
         let alicePeer = try Self.peer(alice, adapter: "hci0", mock: mock, air: air, events: { event in
             if case .peerAppeared(let location) = event { appeared.withLockedValue { $0.append(location) } }
         }, configure: { $0.bluetooth?.maxConnectedPeers = 1 })
@@ -247,7 +247,7 @@ import ThaliTestSupport
         #expect(try carol.store.outbox().isEmpty)
         #expect(try bob.store.outbox().map(\.text) == ["bob to dave"])
         let (bobAddress, carolAddress) = (try await Self.address(of: "hci1", mock: mock), try await Self.address(of: "hci2", mock: mock))
-        #expect(appeared.withLockedValue { $0 }.sorted() == ["bluetooth:\(bobAddress)", "bluetooth:\(carolAddress)"].sorted())
+        #expect(Set(appeared.withLockedValue { $0 }) == [.bluetooth(bobAddress), .bluetooth(carolAddress)])
     }
 
     /// The faster binding fails while the other holds a route: a host on the LAN re-serves a copy of
@@ -285,7 +285,7 @@ import ThaliTestSupport
         let hostile = SSDPDiscoveryService(configuration: ssdp, group: MultiThreadedEventLoopGroup.singleton,
                                            logger: Logger(label: "test.hostile")) { _, _ in }
         try await hostile.start(advertising: copy)
-        let hostileLocation = await hostile.location().description
+        let hostileLocation = PeerLocation.wifi(await hostile.location())
 
         let events = NIOLockedValueBox<[PeerEvent]>([])
         // Bob: Bluetooth only. Alice: Wi-Fi on the hostile host's SSDP group, and Bluetooth.
@@ -304,10 +304,10 @@ import ThaliTestSupport
         // Meanwhile she hears Bob over Bluetooth and matches him there.
         try await Self.carry(advertiser: "hci1", to: "hci0", mock: mock)
         try await Self.waitUntil("Alice matching Bob over Bluetooth") {
-            contains { if case .beaconMatched("bob", let location) = $0 { location.hasPrefix("bluetooth:") } else { false } }
+            contains { if case .beaconMatched("bob", let location) = $0 { location.binding == .bluetooth } else { false } }
         }
         // One attempt at a time: nothing has gone over Bluetooth yet.
-        #expect(!contains { if case .connecting(_, let location, _) = $0 { location.hasPrefix("bluetooth:") } else { false } })
+        #expect(!contains { if case .connecting(_, let location, _) = $0 { location.binding == .bluetooth } else { false } })
         // The hostile host drops the handshake: the attempt fails, and the link falls back at once.
         for channel in held.withLockedValue({ $0 }) { channel.close(promise: nil) }
         try await Self.waitUntil("Bob's items in Alice's inbox") { try alice.store.inbox().count == 2 }
@@ -318,7 +318,7 @@ import ThaliTestSupport
         let linkEvents = events.withLockedValue { $0 }.compactMap { event -> String? in
             switch event {
             case .connecting("bob", let location, let attempt):
-                "connecting \(location.hasPrefix("bluetooth:") ? "bluetooth" : location == hostileLocation ? "hostile" : location) \(attempt)"
+                "connecting \(location.binding == .bluetooth ? "bluetooth" : location == hostileLocation ? "hostile" : "\(location)") \(attempt)"
             case .connectionFailed("bob", _, let retryIn):
                 "failed, retry in \(retryIn.map { "\($0)" } ?? "never")"
             case .connected("bob", .connecting, let binding):

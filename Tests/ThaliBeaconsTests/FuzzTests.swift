@@ -1,17 +1,7 @@
 import Testing
 import ThaliBeacons
-
-/// A small deterministic generator (SplitMix64) so that a failing fuzz input can be reproduced.
-struct SplitMix64: RandomNumberGenerator {
-    var state: UInt64
-    mutating func next() -> UInt64 {
-        state &+= 0x9e37_79b9_7f4a_7c15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xbf58_476d_1ce4_e5b9
-        z = (z ^ (z >> 27)) &* 0x94d0_49bb_1331_11eb
-        return z ^ (z >> 31)
-    }
-}
+// SplitMix64: a deterministic generator, so that a failing fuzz input can be reproduced.
+import ThaliTestSupport
 
 /// Thousands of random and mutated streams: every one ends in a match or a typed rejection whose
 /// reason fits the input, never a crash or a hang.

@@ -1,6 +1,7 @@
 import Crypto
 import Foundation
 import Testing
+import ThaliTestSupport
 @testable import ThaliBeacons
 
 /// The module's own HMAC/HKDF helper against swift-crypto's `HMAC` and `HKDF`, and RFC test vectors.

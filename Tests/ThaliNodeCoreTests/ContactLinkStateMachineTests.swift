@@ -11,9 +11,9 @@ import ThaliSSDP
     static let later = UInt64.max / 2
 
     static func route(_ binding: PeerBindingKind, identity: String = "psk-1", port: Int = 5000) -> ContactRoute {
-        let origin = binding == .wifi ? "http://10.0.0.2:\(port)/NotificationBeacons" : "bluetooth:00:AA:01:00:00:0\(port % 10)"
         let location = binding == .wifi ? BeaconLocation(host: "10.0.0.2", port: port) : BeaconLocation(host: "127.0.0.1", port: port)
-        return ContactRoute(binding: binding, origin: origin, location: location,
+        let origin = binding == .wifi ? PeerLocation.wifi(location) : PeerLocation("bluetooth:00:AA:01:00:00:0\(port % 10)")!
+        return ContactRoute(origin: origin, location: location,
                             match: BeaconMatch(sender: sender, beaconIndex: 0, pskIdentity: identity, psk: [1, 2, 3],
                                                expiration: later))
     }

@@ -4,30 +4,35 @@ import Testing
 
 /// The `--json` schema: snake_case keys, absent fields left out, the binding named from the location.
 @Suite struct PeerEventRecordTests {
+    static let bluetoothPeer = PeerLocation("bluetooth:00:AA:01:00:00:01")!
+    static let wifiPeer = PeerLocation("http://10.0.0.2:4000/NotificationBeacons")!
+
     static func object(_ record: PeerEventRecord?) throws -> [String: Any] {
         let data = try #require(record).jsonLine()
         return try #require(try JSONSerialization.jsonObject(with: data) as? [String: Any])
     }
 
     @Test func eventsCarryTheirFieldsAndNothingElse() throws {
-        let failed = try Self.object(PeerEventRecord(.connectionFailed(contact: "bob", reason: "refused", retryIn: .milliseconds(1500))))
-        #expect(failed as NSDictionary == ["event": "connection_failed", "contact": "bob", "reason": "refused", "retry_in_ms": 1500] as NSDictionary)
-        let givingUp = try Self.object(PeerEventRecord(.connectionFailed(contact: "bob", reason: "refused", retryIn: nil)))
+        let refused = PeerConnectionError(.refused, address: "10.0.0.2:4000")
+        let failed = try Self.object(PeerEventRecord(.connectionFailed(contact: "bob", reason: refused, retryIn: .milliseconds(1500))))
+        #expect(failed as NSDictionary == ["event": "connection_failed", "contact": "bob", "reason": "connection refused by 10.0.0.2:4000",
+                                           "retry_in_ms": 1500] as NSDictionary)
+        let givingUp = try Self.object(PeerEventRecord(.connectionFailed(contact: "bob", reason: refused, retryIn: nil)))
         #expect(givingUp["retry_in_ms"] == nil)
-        let connecting = try Self.object(PeerEventRecord(.connecting(contact: "bob", location: "bluetooth:00:AA:01:00:00:01", attempt: 2)))
+        let connecting = try Self.object(PeerEventRecord(.connecting(contact: "bob", location: Self.bluetoothPeer, attempt: 2)))
         #expect(connecting["binding"] as? String == "bluetooth")
         #expect(connecting["attempt"] as? Int == 2)
-        let matched = try Self.object(PeerEventRecord(.beaconMatched(contact: "bob", location: "http://10.0.0.2:4000/NotificationBeacons")))
+        let matched = try Self.object(PeerEventRecord(.beaconMatched(contact: "bob", location: Self.wifiPeer)))
         #expect(matched["binding"] as? String == "wifi")
-        let appeared = try Self.object(PeerEventRecord(.peerAppeared(location: "bluetooth:00:AA:01:00:00:01")))
+        let appeared = try Self.object(PeerEventRecord(.peerAppeared(location: Self.bluetoothPeer)))
         #expect(appeared["binding"] as? String == "bluetooth")
         let connected = try Self.object(PeerEventRecord(.connected(contact: "bob", role: .accepting, binding: .bluetooth)))
         #expect(connected as NSDictionary == ["event": "connected", "contact": "bob", "role": "accepting", "binding": "bluetooth"] as NSDictionary)
-        let ended = try Self.object(PeerEventRecord(.disconnected(contact: "bob", role: .connecting, binding: .wifi, reason: "closed")))
+        let ended = try Self.object(PeerEventRecord(.disconnected(contact: "bob", role: .connecting, binding: .wifi, reason: nil)))
         #expect(ended["binding"] as? String == "wifi" && ended["reason"] as? String == "closed")
         // Slashes stay readable.
-        #expect(String(decoding: try #require(PeerEventRecord(.started(location: "http://a/b"))).jsonLine(), as: UTF8.self)
-            .contains("http://a/b"))
+        #expect(String(decoding: try #require(PeerEventRecord(.started(location: Self.wifiPeer))).jsonLine(), as: UTF8.self)
+            .contains("http://10.0.0.2:4000/NotificationBeacons"))
         #expect(PeerEventRecord(.stopped) == nil)
     }
 
@@ -35,8 +40,8 @@ import Testing
         let id = UUID()
         let progress = try Self.object(PeerEventRecord(.delivery(contact: "bob", .progress(id: id, bytes: 10, total: 20))))
         #expect(progress as NSDictionary == ["event": "progress", "contact": "bob", "id": id.uuidString, "bytes": 10, "total": 20] as NSDictionary)
-        let status = PeerStatus(location: "bluetooth:00:AA:01:00:00:01", advertisingFor: ["bob"], peersSeen: [],
-                                matchedContacts: [.init(name: "bob", state: "backoff", location: nil, binding: .wifi, relayPort: 7000)],
+        let status = PeerStatus(location: Self.bluetoothPeer, advertisingFor: ["bob"], peersSeen: [],
+                                matchedContacts: [.init(name: "bob", state: .backoff, location: nil, binding: .wifi, relayPort: 7000)],
                                 sessionsInFlight: 1, inboxCount: 2, outboxCount: 3)
         let object = try Self.object(PeerEventRecord(status))
         #expect(object["event"] as? String == "status")
@@ -44,5 +49,42 @@ import Testing
         let contacts = try #require(object["matched_contacts"] as? [[String: Any]])
         #expect(contacts.first as NSDictionary? == ["name": "bob", "state": "backoff", "binding": "wifi", "relay_port": 7000] as NSDictionary)
         #expect(PeerEventRecord(status).summary.contains("bob backoff (relay port 7000)"))
+    }
+
+    /// The `--json` lines, byte for byte, of the events and the status whose fields are typed values in
+    /// the API (locations, bindings, limit kinds, link states): the strings are made here only.
+    @Test func typedValuesPrintAsTheirNames() throws {
+        func line(_ record: PeerEventRecord?) throws -> String {
+            String(decoding: try #require(record).jsonLine(), as: UTF8.self)
+        }
+        #expect(try line(PeerEventRecord(.connecting(contact: "bob", location: Self.bluetoothPeer, attempt: 2)))
+            == #"{"attempt":2,"binding":"bluetooth","contact":"bob","event":"connecting","location":"bluetooth:00:AA:01:00:00:01"}"#)
+        #expect(try line(PeerEventRecord(.peerLeft(location: Self.wifiPeer, reason: "byebye")))
+            == #"{"binding":"wifi","event":"peer_left","location":"http://10.0.0.2:4000/NotificationBeacons","reason":"byebye"}"#)
+        #expect(try line(PeerEventRecord(.bindingUnavailable(binding: .wifi, reason: "no usable network interface")))
+            == #"{"binding":"wifi","event":"binding_unavailable","reason":"no usable network interface"}"#)
+        #expect(try line(PeerEventRecord(.disconnected(contact: "bob", role: .accepting, binding: .bluetooth, reason: nil)))
+            == #"{"binding":"bluetooth","contact":"bob","event":"disconnected","reason":"closed","role":"accepting"}"#)
+        let reset = PeerConnectionError(.reset, address: "10.0.0.2:4000")
+        #expect(try line(PeerEventRecord(.disconnected(contact: "bob", role: .connecting, binding: .wifi, reason: reset)))
+            == #"{"binding":"wifi","contact":"bob","event":"disconnected","reason":"connection to 10.0.0.2:4000 reset by the other side","role":"connecting"}"#)
+        let report = PeerLimitReport(kind: .announcementFlood, effect: .discoveryOff, period: .seconds(30), detail: "too many")
+        #expect(try line(PeerEventRecord(.limitTriggered(report)))
+            == #"{"detail":"too many","effect":"discovery-off","event":"limit_triggered","kind":"announcementFlood","period_s":30}"#)
+        let status = PeerStatus(location: Self.wifiPeer, advertisingFor: [], peersSeen: [Self.bluetoothPeer],
+                                matchedContacts: [.init(name: "bob", state: .gaveUp, location: Self.bluetoothPeer,
+                                                        binding: .bluetooth, relayPort: nil)],
+                                sessionsInFlight: 0, inboxCount: 0, outboxCount: 1,
+                                limitsTriggered: [.peerCap: 2, .announcementFlood: 1])
+        #expect(try line(PeerEventRecord(status)) == #"{"advertising_for":[],"event":"status","inbox":0,"#
+            + #""limits_triggered":{"announcementFlood":1,"peerCap":2},"location":"http://10.0.0.2:4000/NotificationBeacons","#
+            + #""matched_contacts":[{"binding":"bluetooth","location":"bluetooth:00:AA:01:00:00:01","name":"bob","state":"gave-up"}],"#
+            + #""outbox":1,"peers_seen":["bluetooth:00:AA:01:00:00:01"],"sessions_in_flight":0}"#)
+        #expect(PeerEventRecord(status).summary.hasSuffix("limits fired: announcementFlood ×1, peerCap ×2"))
+        // Printing an event or a status gives words, not type names.
+        #expect("\(PeerEvent.connected(contact: "bob", role: .connecting, binding: .wifi))"
+            == "PSK-TLS session with bob up over wifi (we connected)")
+        #expect("\(PeerEvent.Role.connecting)" == "connecting")
+        #expect("\(status)".hasPrefix("status: 1 peer(s) seen; advertising for []; matched contacts [bob gave-up]"))
     }
 }

@@ -52,12 +52,12 @@ struct PeerLimitTests {
         let status = await alice.status()
         await alice.stop()
         let event = try #require(fired, "no limitTriggered event")
-        #expect(event.kind == "announcementFlood")
+        #expect(event.kind == .announcementFlood)
         #expect(event.effect == .discoveryOff)
         #expect(event.period == .seconds(5))
         #expect(event.detail.contains("SSDP discovery off for 5 s"))
         #expect(event.detail.contains("last resort"))
-        #expect(status.limitsTriggered == ["announcementFlood": 1])
+        #expect(status.limitsTriggered == [.announcementFlood: 1])
     }
 }
 
@@ -70,31 +70,13 @@ struct PeerRetryAttackTests {
         let ssdpPort = randomSSDPPort()
         // The attacker re-serves a copy of Alice's announcement for Bob from its own port, which speaks
         // PSK-TLS but holds no PSK: every handshake ends in unknown_psk_identity.
-        let copied = try BeaconGenerator(identity: people["alice"].key)
-            .makeAnnouncement(for: [people["bob"].key.publicKey], validity: .seconds(600))
         let serverContext = try PSKTLSContext(role: .server, configuration: PSKTLSConfiguration(dhGroup: .ffdhe2048))
-        let stream = copied.stream
-        let attackerPort = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
-            .childChannelInitializer { channel in
-                channel.eventLoop.makeCompletedFuture {
-                    try channel.pipeline.syncOperations.addHandler(ConnectionKindSniffer(
-                        http: { try BeaconHTTPServer.configureRequestHandling(on: $0) { stream } },
-                        secure: { channel in
-                            channel.eventLoop.makeCompletedFuture {
-                                try channel.pipeline.syncOperations.addHandler(
-                                    PSKTLSHandler(serverContext: serverContext, lookup: { _ in nil }))
-                            }
-                        }))
-                }
+        let attacker = try await AnnouncementCopyHost(copying: people["alice"], for: people["bob"], ssdpPort: ssdpPort) { channel in
+            channel.eventLoop.makeCompletedFuture {
+                try channel.pipeline.syncOperations.addHandler(PSKTLSHandler(serverContext: serverContext, lookup: { _ in nil }))
             }
-            .bind(host: "127.0.0.1", port: 0).get()
-        defer { attackerPort.close(promise: nil) }
-        var ssdp = SSDPDiscoveryConfiguration(interfaceAddress: "127.0.0.1")
-        ssdp.port = ssdpPort
-        ssdp.beaconServer = .external(port: try #require(attackerPort.localAddress?.port))
-        let attacker = SSDPDiscoveryService(configuration: ssdp, group: MultiThreadedEventLoopGroup.singleton, logger: quietLogger) { _, _ in }
-        try await attacker.start(advertising: copied.stream)
-        let attackerLocation = await attacker.location().description
+        }
+        let attackerLocation = attacker.location
 
         let bob = try loopbackPeer(people["bob"], ssdpPort: ssdpPort) {
             $0.retry.initialDelay = .milliseconds(50)
@@ -103,7 +85,7 @@ struct PeerRetryAttackTests {
         let events = bob.events()
         try await bob.start()
         var attempts = 0
-        var failure: (reason: String, retryIn: Duration?)?
+        var failure: (reason: PeerConnectionError, retryIn: Duration?)?
         for await event in events {
             if case .connecting("alice", attackerLocation, _) = event { attempts += 1 }
             if case .connectionFailed("alice", let reason, let retryIn) = event {
@@ -118,7 +100,8 @@ struct PeerRetryAttackTests {
         var rest: [PeerEvent] = []
         for await event in events { rest.append(event) }
         let failed = try #require(failure)
-        #expect(failed.reason.contains("unknown_psk_identity"))
+        #expect(failed.reason.reason == .tls(.alertReceived(.unknownPSKIdentity)))
+        #expect(failed.reason.description.contains("unknown_psk_identity"))
         #expect(failed.retryIn == nil, "no retry after unknown_psk_identity")
         #expect(attempts == 1)
         #expect(!rest.contains { if case .connecting = $0 { true } else { false } })

@@ -54,7 +54,7 @@ struct PeerRelayTests {
         }
         let port = try #require(relayPort)
         let status = await peers[1].status()
-        #expect(status.matchedContacts.contains { $0.name == "alice" && $0.relayPort == port && $0.state == "connected" })
+        #expect(status.matchedContacts.contains { $0.name == "alice" && $0.relayPort == port && $0.state == .connected })
 
         // Two app connections at once, each echoed through its own stream.
         for message in ["first connection", "second connection"] {

@@ -1,9 +1,13 @@
 import Foundation
 import Logging
+import NIOConcurrencyHelpers
+import NIOCore
 import NIOPosix
 import ServiceLifecycle
 import Testing
 import ThaliBeacons
+import ThaliPSKTLS
+import ThaliSSDP
 @testable import ThaliNodeCore
 
 /// The peer as an app embeds it: a swift-service-lifecycle `Service`, an `AsyncSequence` of events,
@@ -95,5 +99,55 @@ struct PeerServiceTests {
         await #expect(throws: NodeError.unknownContact("nobody")) { try await alice.send(text: "x", to: "nobody") }
         await #expect(throws: NodeError.self) { try await alice.addContact(name: "self", publicKey: alice.publicKey) }
         #expect(try await alice.outbox().isEmpty)
+    }
+
+    @Test("a peer starts once: a second start, or one after stop, throws and changes nothing")
+    func startsOnce() async throws {
+        let people = try TestPeople(["alice", "bob"], label: "service-restart")
+        let alice = try peer(people["alice"], ssdpPort: randomSSDPPort())
+        let events = alice.events()
+        try await alice.start()
+        await #expect(throws: ThaliPeer.StartError.alreadyStarted) { try await alice.start() }
+        await #expect(throws: ThaliPeer.StartError.alreadyStarted) { try await alice.run() }
+        _ = try await alice.send(text: "before the stop", to: "bob")
+        await alice.stop()
+        await #expect(throws: ThaliPeer.StartError.stopped) { try await alice.start() }
+        var log: [PeerEvent] = []
+        for await event in events { log.append(event) }
+        #expect(log.filter { if case .started = $0 { true } else { false } }.count == 1)
+        #expect(log.last == .stopped)
+        #expect(log.filter { $0 == .stopped }.count == 1)
+    }
+
+    @Test("stopping while connecting reports no failed connection and no retry it will not make")
+    func stopWhileConnectingReportsNoFailure() async throws {
+        let people = try TestPeople(["alice", "bob"], label: "service-stop-connecting")
+        let ssdpPort = randomSSDPPort()
+        // A host re-serving Alice's announcement for Bob whose TLS never answers: Bob's attempt hangs in
+        // the handshake until he stops.
+        let held = NIOLockedValueBox<[Channel]>([])
+        let (helloArrived, hello) = AsyncStream<Void>.makeStream()
+        let host = try await AnnouncementCopyHost(copying: people["alice"], for: people["bob"], ssdpPort: ssdpPort) { channel in
+            held.withLockedValue { $0.append(channel) }
+            hello.yield()
+            return channel.eventLoop.makeSucceededVoidFuture()
+        }
+        defer { for channel in held.withLockedValue({ $0 }) { channel.close(promise: nil) } }
+
+        let bob = try peer(people["bob"], ssdpPort: ssdpPort)
+        let events = bob.events()
+        try await bob.start()
+        var log: [PeerEvent] = []
+        for await event in events {
+            log.append(event)
+            if case .connecting("alice", _, 1) = event { break }
+        }
+        // Bob's ClientHello reached the stalling host: his attempt is in the handshake.
+        for await _ in helloArrived { break }
+        await bob.stop()
+        await host.stop()
+        for await event in events { log.append(event) }
+        #expect(!log.contains { if case .connectionFailed = $0 { true } else { false } }, "\(log)")
+        #expect(log.last == .stopped)
     }
 }

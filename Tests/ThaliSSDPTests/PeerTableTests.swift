@@ -148,11 +148,4 @@ struct PeerTableTests {
         let later = searcher.shouldSearch(now: start + .seconds(300))
         #expect(join && !tooSoon && later)
     }
-
-    @Test func rateWindows() {
-        var window = RateWindow(limit: 2, length: .seconds(1))
-        let first = window.record(now: start), second = window.record(now: start)
-        let third = window.record(now: start + .milliseconds(999)), nextWindow = window.record(now: start + .seconds(1))
-        #expect(first && second && !third && nextWindow)
-    }
 }

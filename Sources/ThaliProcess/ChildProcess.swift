@@ -3,14 +3,16 @@ import Foundation
 import Glibc
 #endif
 
-/// An independent peer process started by a test (`openssl s_server`, `gssdp-discover`, a Go program,
-/// a Python mock). Its standard output and error are collected; it is killed and reaped when the test
-/// calls `terminate()` or drops the last reference, so no test leaves a process behind.
+/// A child process: an independent peer started by a test (`openssl s_server`, `gssdp-discover`, a Go
+/// program, a Python mock), or a `thali-node run` started by the demo and the benchmarks. Its standard
+/// output and error are collected (or its output handed over line by line, and its errors written to a
+/// file); it is killed and reaped when the owner calls `terminate()` or drops the last reference, so no
+/// exit path leaves a process behind.
 ///
 /// Started with `posix_spawn`, not Foundation's `Process`: on Linux with Swift 6.3.1, `Process.run()`
-/// crashes intermittently when the test process has many descriptors open (it over-reads `struct
-/// dirent` while scanning /proc/self/fd), and every test target shares one process. The child starts
-/// with an empty signal mask: the test runner's threads block SIGTERM, and a blocked mask survives exec.
+/// crashes intermittently when the process has many descriptors open (it over-reads `struct dirent`
+/// while scanning /proc/self/fd), and every test target shares one process. The child starts with an
+/// empty signal mask: the test runner's threads block SIGTERM, and a blocked mask survives exec.
 public final class ChildProcess: @unchecked Sendable {
     /// glibc's `posix_spawn_file_actions_addclosefrom_np` (2.34 and later), which Swift's Glibc module
     /// does not import (it is declared for `_GNU_SOURCE` only); nil on an older C library.
@@ -19,7 +21,7 @@ public final class ChildProcess: @unchecked Sendable {
         return unsafeBitCast(symbol, to: (@convention(c) (UnsafeMutablePointer<posix_spawn_file_actions_t>, Int32) -> Int32).self)
     }()
 
-    /// Raised when a child does not produce what a test waits for in time.
+    /// Raised when a child does not produce what its owner waits for in time.
     public struct Timeout: Error, CustomStringConvertible {
         public let waitingFor: String
         public let output: String
@@ -31,6 +33,9 @@ public final class ChildProcess: @unchecked Sendable {
         public let description: String
     }
 
+    /// The longest line handed to `onOutputLine` at once; a longer one comes in pieces of this size.
+    public static let maxLineBytes = 1 << 20
+
     /// The child's process id.
     public let pid: pid_t
     private let inputFD: Int32
@@ -41,8 +46,12 @@ public final class ChildProcess: @unchecked Sendable {
     private var outputEnded = false
 
     /// Starts `executable` (a path, or a name looked up in `PATH`) with `arguments`; `environment` is
-    /// added to this process's environment.
-    public init(_ executable: String, _ arguments: [String], environment: [String: String]? = nil) throws {
+    /// added to this process's environment. Standard error goes with standard output unless
+    /// `standardErrorPath` names a file for it (created or truncated). With `onOutputLine`, each line of
+    /// output (without its newline) goes there as it arrives instead of being collected in ``output``, so
+    /// a long-running child holds no growing buffer.
+    public init(_ executable: String, _ arguments: [String], environment: [String: String]? = nil,
+                standardErrorPath: String? = nil, onOutputLine: (@Sendable (String) -> Void)? = nil) throws {
         guard let path = ChildProcess.which(executable) else {
             throw SpawnFailure(description: "\(executable): not found in PATH")
         }
@@ -59,7 +68,11 @@ public final class ChildProcess: @unchecked Sendable {
         defer { posix_spawn_file_actions_destroy(&actions) }
         posix_spawn_file_actions_adddup2(&actions, inputPipe[0], 0)
         posix_spawn_file_actions_adddup2(&actions, outputPipe[1], 1)
-        posix_spawn_file_actions_adddup2(&actions, outputPipe[1], 2)
+        if let standardErrorPath {
+            posix_spawn_file_actions_addopen(&actions, 2, standardErrorPath, O_WRONLY | O_CREAT | O_TRUNC, 0o600)
+        } else {
+            posix_spawn_file_actions_adddup2(&actions, outputPipe[1], 2)
+        }
         for fd in inputPipe + outputPipe { posix_spawn_file_actions_addclose(&actions, fd) }
         // Nothing else of ours: NIO opens sockets without close-on-exec, and a daemon started here (dbus-daemon,
         // dbusmock) would otherwise keep a test's listening port, or another child's output pipe, open after
@@ -100,10 +113,25 @@ public final class ChildProcess: @unchecked Sendable {
         let outputFD = outputPipe[0]
         let reader = Thread { [weak self] in
             var buffer = [UInt8](repeating: 0, count: 16_384)
+            var line: [UInt8] = []
             while true {
                 let count = read(outputFD, &buffer, buffer.count)
                 if count < 0 && errno == EINTR { continue }
-                guard count > 0, let self else { break }
+                guard count > 0 else { break }
+                if let onOutputLine {
+                    for byte in buffer[0..<count] {
+                        // A line longer than `maxLineBytes` is handed over in pieces: the buffer stays bounded.
+                        if byte == UInt8(ascii: "\n") || line.count >= ChildProcess.maxLineBytes {
+                            onOutputLine(String(decoding: line, as: UTF8.self))
+                            line.removeAll(keepingCapacity: true)
+                            if byte != UInt8(ascii: "\n") { line.append(byte) }
+                        } else {
+                            line.append(byte)
+                        }
+                    }
+                    continue
+                }
+                guard let self else { break }
                 self.lock.withLock { self.collected.append(contentsOf: buffer[0..<count]) }
             }
             close(outputFD)
@@ -242,13 +270,5 @@ public final class ChildProcess: @unchecked Sendable {
             if FileManager.default.isExecutableFile(atPath: candidate) { return candidate }
         }
         return nil
-    }
-
-    /// The Python interpreter of the test venv prepared by `scripts/bootstrap.sh --test`
-    /// (`THALI_TEST_VENV`, else `.venv-test` in the package root), if it exists.
-    public static func testVenvPython(packageRoot: String) -> String? {
-        let venv = ProcessInfo.processInfo.environment["THALI_TEST_VENV"] ?? "\(packageRoot)/.venv-test"
-        let python = "\(venv)/bin/python"
-        return FileManager.default.isExecutableFile(atPath: python) ? python : nil
     }
 }

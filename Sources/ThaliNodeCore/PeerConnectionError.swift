@@ -1,0 +1,110 @@
+import NIOCore
+import NIOPosix
+import TCPMultiplexer
+import ThaliPSKTLS
+import ThaliSSDP
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// Why a connection to a contact, or the session on it, failed (``PeerEvent/connectionFailed(contact:reason:retryIn:)``):
+/// made from the network stack's errors where they arise, and described in words ("connection refused
+/// by 127.0.0.5:40000").
+public struct PeerConnectionError: Error, Sendable, Hashable, CustomStringConvertible {
+    /// What went wrong.
+    public enum Reason: Sendable, Hashable {
+        /// Failures of the TCP connection: nothing listens at the address (`refused`), no connection
+        /// within the connect timeout (`timedOut`), no route to the network or host (`unreachable`), the
+        /// other side reset the connection (`reset`) or closed it before the session ended (`closed`).
+        case refused, timedOut, unreachable, reset, closed
+        /// PSK-TLS failed (an alert sent or received, a handshake that timed out, ...).
+        case tls(PSKTLSError.Reason)
+        /// The multiplexer on the authenticated connection failed.
+        case multiplexer(MultiplexerError)
+        /// The delivery protocol on the session failed.
+        case delivery(DeliveryProtocolError)
+        /// Relay mode: the session carrying the relay ended.
+        case relayClosed
+        /// Any other failure; the detail says what.
+        case other
+    }
+
+    /// The address the connection went to (`host:port`; over Bluetooth the relay's local port).
+    public var address: String
+    /// What went wrong.
+    public var reason: Reason
+    /// The underlying error's own words, for logs (empty when the reason says everything).
+    public var detail: String
+
+    /// An error for `reason` at `address`.
+    public init(_ reason: Reason, address: String, detail: String = "") {
+        (self.address, self.reason, self.detail) = (address, reason, detail)
+    }
+
+    /// The failure of a connection to `location`, from whatever the network stack, PSK-TLS, the
+    /// multiplexer or the delivery protocol threw.
+    public init(_ error: any Error, connectingTo location: BeaconLocation) {
+        self.init(error, address: "\(location.host):\(location.port)")
+    }
+
+    /// The failure of a connection with `address` (`host:port`), from whatever the network stack,
+    /// PSK-TLS, the multiplexer or the delivery protocol threw.
+    public init(_ error: any Error, address: String) {
+        switch error {
+        case let error as PeerConnectionError:
+            self = error
+        case let error as PSKTLSError:
+            self.init(.tls(error.reason), address: address, detail: error.description)
+        case let error as MultiplexerError:
+            self.init(.multiplexer(error), address: address)
+        case let error as DeliveryProtocolError:
+            self.init(.delivery(error), address: address)
+        case let error as NIOConnectionError:
+            // One target (an IPv4 literal): its failure is the one that counts.
+            if let first = error.connectionErrors.first {
+                self.init(first.error, address: address)
+            } else {
+                self.init(.other, address: address, detail: "\(error)")
+            }
+        case let error as IOError:
+            self.init(Self.reason(errno: error.errnoCode), address: address, detail: "\(error)")
+        case let error as ChannelError:
+            switch error {
+            case .connectTimeout: self.init(.timedOut, address: address)
+            case .ioOnClosedChannel, .alreadyClosed, .eof, .outputClosed, .inputClosed: self.init(.closed, address: address)
+            default: self.init(.other, address: address, detail: "\(error)")
+            }
+        default:
+            self.init(.other, address: address, detail: "\(error)")
+        }
+    }
+
+    private static func reason(errno code: Int32) -> Reason {
+        switch code {
+        case ECONNREFUSED: .refused
+        case ETIMEDOUT: .timedOut
+        case ENETUNREACH, EHOSTUNREACH: .unreachable
+        case ECONNRESET, EPIPE: .reset
+        default: .other
+        }
+    }
+
+    /// The failure in words.
+    public var description: String {
+        switch reason {
+        case .refused: "connection refused by \(address)"
+        case .timedOut: "no connection to \(address) within the connect timeout"
+        case .unreachable: "\(address) is unreachable"
+        case .reset: "connection to \(address) reset by the other side"
+        case .closed: "\(address) closed the connection"
+        case .tls: "PSK-TLS with \(address) failed: \(detail)"
+        case .multiplexer(let error): "multiplexer with \(address) failed: \(error)"
+        case .delivery(let error): "delivery with \(address) failed: \(error)"
+        case .relayClosed: "relay session with \(address) closed"
+        case .other: detail.isEmpty ? "connection to \(address) failed" : "connection to \(address) failed: \(detail)"
+        }
+    }
+}

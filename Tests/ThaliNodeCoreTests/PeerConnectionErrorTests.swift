@@ -1,0 +1,46 @@
+import NIOCore
+#if canImport(Glibc)
+import Glibc
+#endif
+import NIOPosix
+import Testing
+import TCPMultiplexer
+import ThaliPSKTLS
+import ThaliSSDP
+@testable import ThaliNodeCore
+
+/// Connection failures as the API reports them: typed reasons made from the network stack's errors,
+/// described in words.
+@Suite struct PeerConnectionErrorTests {
+    @Test func aRefusedConnectionSaysWhoRefusedIt() async throws {
+        // A port that was just free: nothing listens there now.
+        let server = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton).bind(host: "127.0.0.1", port: 0).get()
+        let port = try #require(server.localAddress?.port)
+        try await server.close()
+        let location = BeaconLocation(host: "127.0.0.1", port: port)
+        do {
+            _ = try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton).connect(host: location.host, port: port).get()
+            Issue.record("connected to a closed port")
+        } catch {
+            let failure = PeerConnectionError(error, connectingTo: location)
+            #expect(failure.reason == .refused)
+            #expect(failure.description == "connection refused by 127.0.0.1:\(port)")
+        }
+    }
+
+    @Test func failuresOfEachLayerAreTypedAndWorded() {
+        let location = BeaconLocation(host: "127.0.0.5", port: 40000)
+        let alert = PeerConnectionError(PSKTLSError(.alertReceived(.unknownPSKIdentity), role: .client), connectingTo: location)
+        #expect(alert.reason == .tls(.alertReceived(.unknownPSKIdentity)))
+        #expect(alert.description.hasPrefix("PSK-TLS with 127.0.0.5:40000 failed: "))
+        #expect(alert.description.contains("unknown_psk_identity"))
+        #expect(PeerConnectionError(ChannelError.connectTimeout(.seconds(1)), connectingTo: location).reason == .timedOut)
+        #expect(PeerConnectionError(ChannelError.eof, connectingTo: location).description == "127.0.0.5:40000 closed the connection")
+        #expect(PeerConnectionError(IOError(errnoCode: ECONNRESET, reason: "read"), connectingTo: location).reason == .reset)
+        #expect(PeerConnectionError(MultiplexerError.keepAliveTimeout, connectingTo: location).reason == .multiplexer(.keepAliveTimeout))
+        let other = PeerConnectionError(CancellationError(), connectingTo: location)
+        #expect(other.reason == .other && other.description == "connection to 127.0.0.5:40000 failed: CancellationError()")
+        // Printing an event shows the words, not the type.
+        #expect("\(PeerEvent.connectionFailed(contact: "bob", reason: alert, retryIn: nil))".contains("unknown_psk_identity"))
+    }
+}
