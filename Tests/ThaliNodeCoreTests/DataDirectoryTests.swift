@@ -312,6 +312,51 @@ struct DataDirectoryTests {
         #expect(try alice.store.outbox().isEmpty)
     }
 
+    // MARK: 10. Errors in words
+
+    /// `thali-node arguments` in a mount namespace of its own where `directory` is a 1 MB tmpfs: a full
+    /// disk for that directory only, gone with the process.
+    func onSmallDisk(_ directory: String, _ arguments: [String]) -> (String, [String]) {
+        let quoted = arguments.map { "'" + $0.replacingOccurrences(of: "'", with: "'\\''") + "'" }.joined(separator: " ")
+        return ("unshare", ["--mount", "sh", "-c",
+                            "mount -t tmpfs -o size=1m tmpfs '\(directory)' && exec '\(thaliNodeExecutable)' \(quoted)"])
+    }
+
+    @Test("a full disk while queuing a file is blamed on the data directory, in words")
+    func diskFullWhileQueuing() async throws {
+        let temporary = try await node("full-send")
+        let source = temporary.home.path + "-3mb.bin"
+        try Data(count: 3_000_000).write(to: URL(fileURLWithPath: source))
+        defer { try? FileManager.default.removeItem(atPath: source) }
+        let (program, arguments) = onSmallDisk(temporary.home.outboxDirectory,
+                                               ["send", "bob", "--file", source, "--home", temporary.home.path])
+        let raw = try await Task.detached { try ChildProcess.run(program, arguments, timeout: .seconds(20)) }.value
+        let result = Result(status: raw.status, output: raw.output)
+        expectError(result, containing: "cannot use data directory \(temporary.home.outboxDirectory)/")
+        #expect(result.output.contains(": the disk is full; free some space and try again"), "\(result.output)")
+        #expect(!result.output.contains("cannot read") && !result.output.contains("Error Domain"), "\(result.output)")
+        #expect(try NodeStore(home: temporary.home).outbox().isEmpty)
+    }
+
+    @Test("a full disk while receiving is one reason in words, not Foundation's error")
+    func diskFullWhileReceiving() async throws {
+        let people = try TestPeople(["alice", "bob"], label: "full-receive")
+        let (alice, bob) = (try people["alice"], try people["bob"])
+        let source = alice.home.path + "/3mb.bin"
+        try Data(randomBytes(3_000_000)).write(to: URL(fileURLWithPath: source))
+        _ = try alice.store.enqueueFile(at: source, to: "bob", expiresAt: Date().addingTimeInterval(600))
+        let port = randomSSDPPort()
+        let alicePeer = try run(alice, port: port)
+        let (program, arguments) = onSmallDisk(bob.home.partialDirectory, [
+            "run", "--home", bob.home.path, "--address", "127.0.0.1", "--ssdp-port", String(port), "--max-age", "5", "--json",
+        ])
+        let bobPeer = try RunningPeer("bob", program, arguments)
+        let ended = try await bobPeer.waitFor("the session's end") { ($0["error"] as? String)?.contains("disk is full") == true }
+        #expect((ended["error"] as? String)?.contains("the disk is full; free some space and try again") == true, "\(ended)")
+        #expect(!bobPeer.output.contains("NSCocoaErrorDomain") && !alicePeer.output.contains("NSCocoaErrorDomain"),
+                "\(bobPeer.output)")
+    }
+
     // MARK: 9. Small surprises
 
     @Test("--home \"\" is refused; the identity hint names the --home in use; a failed run creates nothing")
