@@ -92,8 +92,14 @@ public struct NodeHome: Sendable, Hashable {
         guard access(path, writing ? (R_OK | W_OK | X_OK) : (R_OK | X_OK)) == 0 else {
             let mode = String(info.st_mode & 0o777, radix: 8)
             let owner = Self.userName(info.st_uid)
-            let problem = errno == EROFS ? "it is on a read-only file system"
-                : "permission denied (owner \(owner), mode 0\(mode)); run as \(owner) or use a --home of your own"
+            let problem = if errno == EROFS {
+                "it is on a read-only file system"
+            } else if info.st_uid == geteuid() {
+                // The node writes beside its database even to read it (SQLite's WAL).
+                "permission denied (mode 0\(mode)): it must be readable and writable by you; `chmod 700 \(path)` fixes that"
+            } else {
+                "permission denied (owner \(owner), mode 0\(mode)); run as \(owner) or use a --home of your own"
+            }
             throw NodeError.dataDirectoryUnusable(path: path, reason: problem)
         }
     }

@@ -212,6 +212,18 @@ struct DataDirectoryTests {
         #expect(try FileManager.default.attributesOfItem(atPath: temporary.home.databasePath)[.size] as? Int == 0)
     }
 
+    @Test("a home its owner made read-only is named in words, not an SQLite error")
+    func readOnlyHome() async throws {
+        let temporary = try await node("read-only")
+        let home = temporary.home.path
+        #expect(chown(home, 65534, 65534) == 0 && chmod(home, 0o500) == 0)
+        for entry in try FileManager.default.subpathsOfDirectory(atPath: home) { #expect(chown(home + "/" + entry, 65534, 65534) == 0) }
+        let result = try await thaliNode(["contacts", "list", "--home", home], asNobody: true)
+        expectError(result, containing: "cannot use data directory \(home): permission denied (mode 0500): it must be readable and writable by you")
+        #expect(!result.output.contains("SQLite"), "\(result.output)")
+        #expect(chmod(home, 0o700) == 0)
+    }
+
     @Test("a corrupt database is named in words with what to do")
     func corruptDatabase() async throws {
         let temporary = try await node("corrupt")
