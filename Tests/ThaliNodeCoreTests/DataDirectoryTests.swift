@@ -289,6 +289,21 @@ struct DataDirectoryTests {
         withExtendedLifetime(alicePeer) {}
     }
 
+    @Test("run's readable lines round the retry delay (--json keeps retry_in_ms)")
+    func runRoundsDurations() async throws {
+        let people = try TestPeople(["alice", "bob"], label: "run-round")
+        let (alice, bob) = (try people["alice"], try people["bob"])
+        _ = try alice.store.enqueueText("hi", to: "bob", expiresAt: Date().addingTimeInterval(600))
+        let port = randomSSDPPort()
+        // One connection per source per 10 s: Bob's beacon fetch takes it, so his PSK-TLS connections fail.
+        let alicePeer = try run(alice, port: port, ["--per-source-limit", "1"])
+        let bobPeer = try run(bob, port: port, human: true)
+        let line = try await waitForLine(bobPeer, containing: "retrying in")
+        #expect(line.contains(/retrying in \d+\.\d\d s$/), "\(line)")
+        #expect(!bobPeer.output.contains(/\d\.\d{4,}/), "\(bobPeer.output)")
+        withExtendedLifetime(alicePeer) {}
+    }
+
     @Test("a second run on the same home refuses, naming the holder; a killed run leaves no stale lock")
     func runLock() async throws {
         let people = try TestPeople(["alice", "bob"], label: "lock")
