@@ -365,6 +365,13 @@ struct DataDirectoryTests {
         #expect(try NodeStore(home: temporary.home).outbox().isEmpty)
     }
 
+    @Test("discover on an address no interface has says so in words, not noInterface(address:)")
+    func discoverOnMissingAddress() async throws {
+        let result = try await thaliNode(["discover", "--interface-address", "10.9.9.9", "--duration", "1"])
+        expectError(result, containing: "no local interface has the address 10.9.9.9; give one of this machine's IPv4 addresses")
+        #expect(!result.output.contains("noInterface"), "\(result.output)")
+    }
+
     @Test("a full disk while receiving is one reason in words, not Foundation's error")
     func diskFullWhileReceiving() async throws {
         let people = try TestPeople(["alice", "bob"], label: "full-receive")
