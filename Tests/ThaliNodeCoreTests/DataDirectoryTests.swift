@@ -127,6 +127,28 @@ struct DataDirectoryTests {
         #expect(plain.output.contains("\"deleted_items\" : ["), "\(plain.output)")
     }
 
+    @Test("on a terminal, contacts remove asks before deleting queued items, and no keeps them")
+    func removeContactAsks() async throws {
+        let temporary = try await node("remove-ask")
+        let home = temporary.home.path
+        #expect(try await thaliNode(["send", "bob", "a text", "--home", home]).status == 0)
+        // script(1) gives the command a terminal, fed with the answer.
+        func answering(_ answer: String) async throws -> (status: Int32, output: String) {
+            let command = "'\(thaliNodeExecutable)' contacts remove bob --home '\(home)'"
+            return try await Task.detached {
+                try ChildProcess.run("/bin/sh", ["-c", "printf '\(answer)\\n' | script -qec \"\(command)\" /dev/null"], timeout: .seconds(20))
+            }.value
+        }
+        let declined = try await answering("n")
+        #expect(declined.status == 1, "\(declined.output)")
+        #expect(declined.output.contains("Remove bob and delete 1 queued item (6 B)? [y/N]"), "\(declined.output)")
+        #expect(try NodeStore(home: temporary.home).outbox().count == 1)
+        let accepted = try await answering("y")
+        #expect(accepted.status == 0, "\(accepted.output)")
+        #expect(accepted.output.contains("removed contact bob; deleted 1 queued item (6 B)"), "\(accepted.output)")
+        #expect(try NodeStore(home: temporary.home).outbox().isEmpty)
+    }
+
     @Test("identity create --force keeps the replaced key beside the new one")
     func identityReplacementKeepsOldKey() async throws {
         let temporary = try await node("identity")
