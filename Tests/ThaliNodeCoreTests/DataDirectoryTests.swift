@@ -298,32 +298,32 @@ struct DataDirectoryTests {
         #expect(!alicePeer.output.contains("missing"), "\(alicePeer.output)")
     }
 
+    /// Alice (JSON lines, `aliceOptions`) with `text` queued for Bob (readable lines), both running.
+    func aliceSending(_ text: String, toReadableBob label: String, aliceOptions: [String] = []) throws
+        -> (people: TestPeople, alice: RunningPeer, bob: RunningPeer) {
+        let people = try TestPeople(["alice", "bob"], label: label)
+        _ = try people["alice"].store.enqueueText(text, to: "bob", expiresAt: Date().addingTimeInterval(600))
+        let port = randomSSDPPort()
+        return (people, try run(try people["alice"], port: port, aliceOptions), try run(try people["bob"], port: port, human: true))
+    }
+
     @Test("run prints a contact's text with its control characters escaped")
     func runEscapesReceivedText() async throws {
-        let people = try TestPeople(["alice", "bob"], label: "run-escape")
-        let (alice, bob) = (try people["alice"], try people["bob"])
-        _ = try alice.store.enqueueText("hi\u{1B}[2J\u{1B}]0;owned\u{07}\rFAKE LINE", to: "bob", expiresAt: Date().addingTimeInterval(600))
-        let port = randomSSDPPort()
-        let alicePeer = try run(alice, port: port), bobPeer = try run(bob, port: port, human: true)
+        let (people, alicePeer, bobPeer) = try aliceSending("hi\u{1B}[2J\u{1B}]0;owned\u{07}\rFAKE LINE", toReadableBob: "run-escape")
         let line = try await waitForLine(bobPeer, containing: "received from alice")
         #expect(line.contains(#"hi\u{1B}[2J\u{1B}]0;owned\u{7}\rFAKE LINE"#), "\(line)")
         for byte: UInt8 in [0x1B, 0x07, 0x0D] { #expect(!bobPeer.output.utf8.contains(byte), "\(bobPeer.output)") }
-        withExtendedLifetime(alicePeer) {}
+        withExtendedLifetime((people, alicePeer)) {}
     }
 
     @Test("run's readable lines round the retry delay (--json keeps retry_in_ms)")
     func runRoundsDurations() async throws {
-        let people = try TestPeople(["alice", "bob"], label: "run-round")
-        let (alice, bob) = (try people["alice"], try people["bob"])
-        _ = try alice.store.enqueueText("hi", to: "bob", expiresAt: Date().addingTimeInterval(600))
-        let port = randomSSDPPort()
         // One connection per source per 10 s: Bob's beacon fetch takes it, so his PSK-TLS connections fail.
-        let alicePeer = try run(alice, port: port, ["--per-source-limit", "1"])
-        let bobPeer = try run(bob, port: port, human: true)
+        let (people, alicePeer, bobPeer) = try aliceSending("hi", toReadableBob: "run-round", aliceOptions: ["--per-source-limit", "1"])
         let line = try await waitForLine(bobPeer, containing: "retrying in")
         #expect(line.contains(/retrying in \d+\.\d\d s$/), "\(line)")
         #expect(!bobPeer.output.contains(/\d\.\d{4,}/), "\(bobPeer.output)")
-        withExtendedLifetime(alicePeer) {}
+        withExtendedLifetime((people, alicePeer)) {}
     }
 
     @Test("a second run on the same home refuses, naming the holder; a killed run leaves no stale lock")
