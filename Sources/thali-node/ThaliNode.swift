@@ -10,6 +10,7 @@ struct ThaliNode: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "thali-node",
         abstract: "A Thali peer: private discovery of contacts and authenticated delivery over local networks.",
+        version: "thali-node, JSON output version \(jsonOutputVersion)",
         subcommands: [Demo.self, Conformance.self, Bench.self, Discover.self, Identity.self, Contacts.self, Send.self, Outbox.self, Inbox.self, Config.self, Run.self]
     )
 
@@ -55,6 +56,10 @@ struct ThaliNode: AsyncParsableCommand {
         }
         return message(for: error)
     }
+
+    /// The version of the `--json` output's schema (spec/node.md, "JSON output"): a change that renames or
+    /// removes a key is a new version. 2: snake_case keys everywhere (issue 26).
+    static let jsonOutputVersion = 2
 
     /// Names a variable in the environment that makes the binary stop after parsing its arguments
     /// (exit 0 if they parse): the tests check every command line of the README and the spec with it.

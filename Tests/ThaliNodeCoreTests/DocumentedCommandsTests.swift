@@ -135,6 +135,8 @@ struct DocumentedCommandsTests {
         let listed = try await thaliNode(["contacts", "list", "--json", "--home", home])
         #expect(listed.output.contains("\"public_key\""), "\(listed.output)")
         #expect(!listed.output.contains("publicKey"), "\(listed.output)")
+        let version = try await thaliNode(["--version"])
+        #expect(version.status == 0 && version.output == "thali-node, JSON output version 2\n", "\(version.output)")
         let duplicate = try await thaliNode(["contacts", "add", "bobby", key, "--home", home])
         #expect(duplicate.output.contains("this public key is already contact \"bob\"'s"), "\(duplicate.output)")
         #expect(!duplicate.output.contains("invalid public key"), "\(duplicate.output)")
