@@ -13,7 +13,8 @@ public enum NodeIdentity {
     }
 
     /// Creates a new identity in `home`, keeping the one it replaces beside it as
-    /// `identity.key.replaced-<UTC time>` (mode 0600), as nothing else could bring it back. Returns the
+    /// `identity.key.replaced-<UTC time>` (`-2`, `-3`, … for more within a second; mode 0600), as nothing
+    /// else could bring it back. Returns the
     /// new key and where the old one was kept (nil if there was none).
     public static func replace(in home: NodeHome, now: Date = Date()) throws -> (key: PrivateKey, oldKeyKeptAt: String?) {
         try create(in: home, replacing: true, now: now)
@@ -27,11 +28,20 @@ public enum NodeIdentity {
             guard replacing else { throw NodeError.identityExists(path: path) }
             let formatter = ISO8601DateFormatter()
             formatter.formatOptions = [.withYear, .withMonth, .withDay, .withTime, .withTimeZone]
-            let backup = path + ".replaced-" + formatter.string(from: now)
-            // link, not rename: the old key stays in place until the new one replaces it atomically.
-            guard link(path, backup) == 0 else {
+            let stamp = path + ".replaced-" + formatter.string(from: now)
+            // link, not rename: the old key stays in place until the new one replaces it atomically. A
+            // second replacement within the same second gets a numbered name.
+            var backup = stamp
+            var attempt = 1
+            var failure: Int32 = link(path, backup) == 0 ? 0 : errno
+            while failure == EEXIST && attempt < 100 {
+                attempt += 1
+                backup = stamp + "-\(attempt)"
+                failure = link(path, backup) == 0 ? 0 : errno
+            }
+            guard failure == 0 else {
                 throw NodeError.unusableIdentity(path: path, reason: "cannot keep a copy at \(backup): "
-                                                 + SystemErrorText.describe(errno: errno))
+                                                 + SystemErrorText.describe(errno: failure))
             }
             kept = backup
         }

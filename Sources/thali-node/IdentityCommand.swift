@@ -47,7 +47,10 @@ struct Identity: ParsableCommand {
         func run() throws {
             let home = try options.checkedHome(writing: true)
             _ = try NodeConfiguration.load(home: home)
-            if force {
+            // As ssh-keygen does, a terminal is asked before an existing key is replaced.
+            let replacing = force || (FileManager.default.fileExists(atPath: home.identityPath)
+                && confirm("\(home.identityPath) exists. Replace it (the old key is kept beside it; contacts must add the new one)?"))
+            if replacing {
                 let (key, kept) = try NodeIdentity.replace(in: home)
                 return try Description(key, path: home.identityPath, oldKeyFile: kept).print(json: json)
             }

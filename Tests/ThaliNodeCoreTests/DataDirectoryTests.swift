@@ -127,18 +127,20 @@ struct DataDirectoryTests {
         #expect(plain.output.contains("\"deleted_items\" : ["), "\(plain.output)")
     }
 
+    /// Runs `thali-node arguments` on a terminal (script(1)) whose input is `answer` and a newline.
+    func onTerminal(_ arguments: [String], answering answer: String) async throws -> (status: Int32, output: String) {
+        let command = ([thaliNodeExecutable] + arguments).map { "'\($0)'" }.joined(separator: " ")
+        return try await Task.detached {
+            try ChildProcess.run("/bin/sh", ["-c", "printf '\(answer)\\n' | script -qec \"\(command)\" /dev/null"], timeout: .seconds(20))
+        }.value
+    }
+
     @Test("on a terminal, contacts remove asks before deleting queued items, and no keeps them")
     func removeContactAsks() async throws {
         let temporary = try await node("remove-ask")
         let home = temporary.home.path
         #expect(try await thaliNode(["send", "bob", "a text", "--home", home]).status == 0)
-        // script(1) gives the command a terminal, fed with the answer.
-        func answering(_ answer: String) async throws -> (status: Int32, output: String) {
-            let command = "'\(thaliNodeExecutable)' contacts remove bob --home '\(home)'"
-            return try await Task.detached {
-                try ChildProcess.run("/bin/sh", ["-c", "printf '\(answer)\\n' | script -qec \"\(command)\" /dev/null"], timeout: .seconds(20))
-            }.value
-        }
+        let answering = { answer in try await self.onTerminal(["contacts", "remove", "bob", "--home", home], answering: answer) }
         let declined = try await answering("n")
         #expect(declined.status == 1, "\(declined.output)")
         #expect(declined.output.contains("Remove bob and delete 1 queued item (6 B)? [y/N]"), "\(declined.output)")
@@ -161,6 +163,18 @@ struct DataDirectoryTests {
         #expect(FileManager.default.contents(atPath: kept) == old)
         #expect(mode(kept) == 0o600)
         #expect(FileManager.default.contents(atPath: temporary.home.identityPath) != old)
+
+        // On a terminal, without --force, it asks (as ssh-keygen does); no changes nothing.
+        let current = FileManager.default.contents(atPath: temporary.home.identityPath)
+        let declined = try await onTerminal(["identity", "create", "--home", temporary.home.path], answering: "n")
+        #expect(declined.status == 1 && declined.output.contains("exists. Replace it"), "\(declined.output)")
+        #expect(FileManager.default.contents(atPath: temporary.home.identityPath) == current)
+        let accepted = try await onTerminal(["identity", "create", "--home", temporary.home.path], answering: "y")
+        #expect(accepted.status == 0 && accepted.output.contains("old key kept at"), "\(accepted.output)")
+        #expect(FileManager.default.contents(atPath: temporary.home.identityPath) != current)
+        // Both replaced keys are kept, also when replaced within the same second.
+        let oldKeys = try FileManager.default.contentsOfDirectory(atPath: temporary.home.path).filter { $0.hasPrefix("identity.key.replaced-") }
+        #expect(oldKeys.count == 2, "\(oldKeys)")
     }
 
     // MARK: 4. Private whatever the parent's mode
