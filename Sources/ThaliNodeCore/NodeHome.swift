@@ -180,7 +180,8 @@ public final class RunLock: Sendable {
 
     deinit { close(descriptor) }
 
-    /// The pid of the `run` holding `home`'s lock, if one does; creates nothing.
+    /// The pid of the `run` holding `home`'s lock (0 if its pid cannot be read), nil if none does;
+    /// creates nothing.
     public static func holder(of home: NodeHome) -> Int32? {
         let descriptor = open(home.runLockPath, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
         guard descriptor >= 0 else { return nil }

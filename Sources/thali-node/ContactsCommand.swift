@@ -74,7 +74,7 @@ struct Contacts: ParsableCommand {
             let queued = try store.outbox().filter { $0.contactID == contact.id }
             if !queued.isEmpty, let pid = RunLock.holder(of: store.home) {
                 // The run would go on sending an item whose record is gone.
-                throw NodeError.homeInUse(path: store.home.path, pid: pid == 0 ? nil : pid)
+                throw NodeError.homeInUse(path: store.home.path, pid: pid)
             }
             var deleting = force
             if !queued.isEmpty && !force {
