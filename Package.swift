@@ -98,8 +98,10 @@ let package = Package(
         .target(
             name: "ThaliConformance",
             dependencies: [
-                "ThaliBeacons", "ThaliSSDP",
+                "ThaliBeacons", "ThaliSSDP", "ThaliPSKTLS", "TCPMultiplexer", "ThaliNodeCore",
                 .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+                .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
             ]),
@@ -209,7 +211,7 @@ let package = Package(
         .testTarget(
             name: "ThaliConformanceTests",
             dependencies: [
-                "ThaliConformance", "ThaliSSDP", "ThaliBeacons", "ThaliTestSupport",
+                "ThaliConformance", "ThaliSSDP", "ThaliBeacons", "ThaliTestSupport", "ThaliPSKTLS",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
             ]),

@@ -21,16 +21,16 @@ public struct ProbeConfiguration: Sendable {
     /// Clock skew forgiven when judging the expiration, in milliseconds.
     public var clockSkewToleranceMilliseconds: UInt64 = 0
 
-    /// Whether to run the burst at all (it may make the server close its port for a while).
-    public var burstEnabled = true
+    /// Whether to run the burst and recovery checks. Off by default: the burst trips the target's
+    /// throttling, which may refuse every connection from this address for a minute (other peers on the
+    /// address included), so it runs only when asked for and is announced before it starts.
+    public var burstEnabled = false
     /// Requests the burst sends, one connection each. At most `ProbeConfiguration.maximumBurstRequests`.
     public var burstRequests = 200
     /// Requests the burst keeps in flight at once. At most `ProbeConfiguration.maximumBurstConcurrency`.
     public var burstConcurrency = 16
     /// Longest the burst may run; requests not started by then are not sent.
     public var burstTimeLimit: TimeAmount = .seconds(20)
-    /// A server that never throttles the burst is a failure, unless this is true (then a warning).
-    public var neverThrottlingIsWarning = false
     /// After the burst, how long the server may stay silent (a port closed for overload counts) before
     /// the probe warns that it stopped answering.
     public var maxOutage: TimeAmount = .seconds(60)

@@ -1,16 +1,7 @@
 import Foundation
 
-/// The outcome of one conformance check.
-public enum ProbeVerdict: String, Sendable, Hashable, Codable, CaseIterable {
-    /// The endpoint does what the specification asks.
-    case pass = "PASS"
-    /// The endpoint breaks a MUST of the specification (or a bound this suite relies on).
-    case fail = "FAIL"
-    /// Allowed, but unusual or weaker than recommended.
-    case warn = "WARN"
-    /// The check could not apply (a 204 has no body to check; an unreachable server has nothing to test).
-    case notApplicable = "N/A"
-}
+/// The outcome of one probe check: the suite's verdicts (the probe gives PASS, FAIL, WARN and N/A).
+public typealias ProbeVerdict = ConformanceVerdict
 
 /// What one check of the probe found.
 public struct ProbeCheck: Sendable, Hashable, Codable {

@@ -124,6 +124,7 @@ struct ProbeConfigurationTests {
     @Test("bounds that do not hold give one failed check and no traffic")
     func refusedConfiguration() async {
         var configuration = ProbeConfiguration()
+        configuration.burstEnabled = true  // its bounds count only when the burst runs
         configuration.burstConcurrency = ProbeConfiguration.maximumBurstConcurrency + 1
         // Port 9 on loopback: nothing is sent there anyway, the probe stops before connecting.
         let report = await ConformanceProbe(location: BeaconLocation(host: "127.0.0.1", port: 9),

@@ -26,6 +26,7 @@ struct ProbeAgainstBeaconServerTests {
         // Generous for loopback: a busy CI machine must not turn refusals into timeouts.
         configuration.connectTimeout = .seconds(1)
         configuration.responseTimeout = .seconds(2)
+        configuration.burstEnabled = true  // opt-in: it trips throttling
         configuration.burstRequests = 40
         configuration.burstConcurrency = 8
         configuration.burstTimeLimit = .seconds(10)

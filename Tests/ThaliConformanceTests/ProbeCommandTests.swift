@@ -1,4 +1,5 @@
 import Foundation
+import NIOCore
 import NIOPosix
 import Testing
 import ThaliBeacons
@@ -22,25 +23,45 @@ struct ProbeCommandTests {
         return (status, process.output)
     }
 
-    @Test("against BeaconHTTPServer: a verdict line per check, one note, the tally, exit 0")
-    func conformingServer() async throws {
+    /// A BeaconHTTPServer on loopback serving a fresh announcement, at most 10 requests per source per `window`.
+    func startServer(window: TimeAmount) async throws -> (BeaconHTTPServer, Int) {
         var limits = BeaconHTTPServerLimits()
         limits.maxRequestsPerSource = 10
-        limits.sourceWindow = .seconds(1)
+        limits.sourceWindow = window
         let server = BeaconHTTPServer(host: "127.0.0.1", limits: limits, group: MultiThreadedEventLoopGroup.singleton)
         server.setBeacons(try BeaconGenerator(identity: PrivateKey()).makeAnnouncement(
             for: [PrivateKey().publicKey], validity: .seconds(600)).stream)
-        let port = try await server.start()
-        let (status, output) = try await runProbe(["http://127.0.0.1:\(port)", "--burst-requests", "40",
+        return (server, try await server.start())
+    }
+
+    @Test("against BeaconHTTPServer: a verdict line per check, one note, the tally, exit 0")
+    func conformingServer() async throws {
+        let (server, port) = try await startServer(window: .seconds(1))
+        let (status, output) = try await runProbe(["http://127.0.0.1:\(port)", "--burst", "--burst-requests", "40",
                                                    "--burst-concurrency", "8", "--max-outage-s", "10"])
         await server.stop()
         #expect(status == 0, "\(output)")
         let lines = output.split(separator: "\n").map(String.init)
         #expect(lines.first == "probe http://127.0.0.1:\(port)/NotificationBeacons")
         #expect(lines.last == "14 passed, 0 failed", "\(output)")
-        #expect(lines.filter { $0.hasPrefix("NOTE ") } == ["NOTE \(ConformanceProbe.flagsNote)"])
+        // The burst is announced before it runs, after the checks before it were printed.
+        let announcement = try #require(lines.firstIndex { $0.hasPrefix("NOTE burst: 40 requests, 8 at a time") }, "\(output)")
+        #expect(lines[..<announcement].contains { $0.hasPrefix("PASS keep-alive") })
+        #expect(lines.filter { $0.hasPrefix("NOTE ") }.last == "NOTE \(ConformanceProbe.flagsNote)")
         #expect(lines.contains { $0.hasPrefix("PASS burst: throttled after ") }, "\(output)")
         #expect(lines.contains("N/A  empty-204: status 200"))
+    }
+
+    @Test("without --burst nothing trips the target's throttling: burst and recovery are N/A, no refusal counted")
+    func burstIsOptIn() async throws {
+        let (server, port) = try await startServer(window: .seconds(10))
+        let (status, output) = try await runProbe(["http://127.0.0.1:\(port)"])
+        let rejected = server.counters.rejectedPerSource
+        await server.stop()
+        #expect(status == 0, "\(output)")
+        #expect(rejected == 0, "the probe tripped the per-source limit \(rejected) times:\n\(output)")
+        #expect(output.contains("N/A  burst: not run"), "\(output)")
+        #expect(output.split(separator: "\n").last == "12 passed, 0 failed", "\(output)")
     }
 
     @Test("--json against a server without Cache-Control: one object, the failure in it, exit 1")
@@ -60,7 +81,7 @@ struct ProbeCommandTests {
     }
 
     @Test("a host name, or a burst beyond its bound, is refused before any traffic",
-          arguments: [["http://localhost:8080"], ["http://127.0.0.1:9", "--burst-requests", "10001"]])
+          arguments: [["http://localhost:8080"], ["http://127.0.0.1:9", "--burst", "--burst-requests", "10001"]])
     func validation(arguments: [String]) async throws {
         let (status, output) = try await runProbe(arguments)
         #expect(status == 64, "\(output)")

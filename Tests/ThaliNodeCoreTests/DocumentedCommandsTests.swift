@@ -11,6 +11,7 @@ struct DocumentedCommandsTests {
     static func commandLines(in text: String) -> [String] {
         var lines: [String] = []
         var inCodeBlock = false
+        var continued: String?
         for line in text.split(separator: "\n", omittingEmptySubsequences: false) {
             let trimmed = line.trimmingCharacters(in: .whitespaces)
             if trimmed.hasPrefix("```") {
@@ -18,7 +19,16 @@ struct DocumentedCommandsTests {
                 continue
             }
             if inCodeBlock {
-                if trimmed.hasPrefix("thali-node ") { lines.append(trimmed) }
+                // A line ending in a backslash goes on in the next one.
+                if let start = continued ?? (trimmed.hasPrefix("thali-node ") ? "" : nil) {
+                    let joined = start + trimmed
+                    if joined.hasSuffix("\\") {
+                        continued = String(joined.dropLast()) + " "
+                    } else {
+                        continued = nil
+                        lines.append(joined)
+                    }
+                }
                 continue
             }
             for match in trimmed.matches(of: /`(thali-node [^`]+)`/) { lines.append(String(match.output.1)) }
@@ -27,7 +37,7 @@ struct DocumentedCommandsTests {
     }
 
     /// The argument lists a documented line stands for: comments cut, `[optional]` parts included,
-    /// `a|b|c` alternatives expanded, placeholders (`PUBLIC-KEY`, `PATH`, `HOST:PORT`, `FILE...`)
+    /// `a|b|c` alternatives expanded, placeholders (`PUBLIC-KEY`, `KEY`, `PATH`, `FILE...`, `HOST:PORT`)
     /// replaced by values of their kind.
     static func argumentLists(for line: String, publicKey: String, path: String) -> [[String]] {
         var text = line
@@ -47,14 +57,16 @@ struct DocumentedCommandsTests {
             }
         }
         if !current.isEmpty { words.append(current) }
-        let placeholders = ["PUBLIC-KEY": publicKey, "PATH": path, "FILE": path, "NAME": "bob",
-                            "HOST:PORT": "127.0.0.1:9", "IPv4:PORT": "127.0.0.1:9"]
+        let placeholders = ["PUBLIC-KEY": publicKey, "KEY": publicKey, "YOUR-KEY": publicKey, "PATH": path, "FILE": path,
+                            "NAME": "bob"]
+        let addresses = ["HOST:PORT": "127.0.0.1:9", "IPv4:PORT": "127.0.0.1:9"]
         var lists: [[String]] = [[]]
         for word in words.dropFirst() {
             var word = word
             for ellipsis in ["…", "..."] where word.hasSuffix(ellipsis) { word = String(word.dropLast(ellipsis.count)) }
             if word.isEmpty { continue }
-            for (placeholder, value) in placeholders { word = word.replacingOccurrences(of: placeholder, with: value) }
+            word = placeholders[word] ?? word
+            for (placeholder, value) in addresses { word = word.replacingOccurrences(of: placeholder, with: value) }
             let alternatives = !word.hasPrefix("-") && word.contains("|") ? word.split(separator: "|").map(String.init) : [word]
             lists = lists.flatMap { list in alternatives.map { list + [$0] } }
         }

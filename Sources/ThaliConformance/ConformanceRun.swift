@@ -1,0 +1,62 @@
+import Foundation
+import NIOConcurrencyHelpers
+import NIOCore
+
+/// A run in progress: results are recorded as each case ends (and handed to `progress` at once), so a
+/// run cut short by SIGINT still has, and prints, everything it found.
+public final class ConformanceRun: Sendable {
+    private let state: NIOLockedValueBox<ConformanceReport>
+    private let progress: @Sendable (ConformanceResult) -> Void
+
+    /// A run against `target`, judged against `baseline`, quoting rules from `catalog`.
+    public init(target: String, catalog: RequirementCatalog?, baseline: ConformanceBaseline = .init(),
+                progress: @escaping @Sendable (ConformanceResult) -> Void = { _ in }) {
+        var report = ConformanceReport(target: target, catalog: catalog)
+        report.baseline = baseline
+        state = NIOLockedValueBox(report)
+        self.progress = progress
+    }
+
+    /// Everything recorded so far.
+    public var report: ConformanceReport { state.withLockedValue { $0 } }
+
+    /// Records the verdict of `testCase`, which began at `started`, and reports it as progress.
+    public func record(_ testCase: ConformanceCase, _ verdict: ConformanceVerdict, expected: String, actual: String,
+                       started: NIODeadline = .now()) {
+        let milliseconds = Int((NIODeadline.now() - started).nanoseconds / 1_000_000)
+        let result = state.withLockedValue { report -> ConformanceResult in
+            let level = report.catalog?.level(of: testCase.requirements) ?? .must
+            let result = ConformanceResult(testCase: testCase, level: level, verdict: verdict, expected: expected,
+                                           actual: actual, milliseconds: milliseconds)
+            report.results.append(result)
+            return result
+        }
+        progress(result)
+    }
+
+    /// Records a result whose verdict follows from whether the rule held: PASS, else FAIL for a MUST and
+    /// WARN for anything weaker (a SHOULD, or a PROFILE limit of ours).
+    public func grade(_ testCase: ConformanceCase, holds: Bool, expected: String, actual: String,
+                      started: NIODeadline = .now()) {
+        let level = state.withLockedValue { $0.catalog?.level(of: testCase.requirements) ?? .must }
+        let verdict: ConformanceVerdict = holds ? .pass : (level == .must ? .fail : .warn)
+        record(testCase, verdict, expected: expected, actual: actual, started: started)
+    }
+
+    /// Records every case of `cases` that has no result yet with `verdict` (for the steps an earlier
+    /// failure made impossible to run).
+    public func recordRemaining(_ cases: [ConformanceCase], _ verdict: ConformanceVerdict, because reason: String) {
+        let done = Set(report.results.map(\.testCase.id))
+        for testCase in cases where !done.contains(testCase.id) {
+            record(testCase, verdict, expected: testCase.title, actual: reason)
+        }
+    }
+
+    /// Adds a note for the whole run (once).
+    public func note(_ text: String) {
+        state.withLockedValue { if !$0.notes.contains(text) { $0.notes.append(text) } }
+    }
+
+    /// Marks the run as cut short.
+    public func markInterrupted() { state.withLockedValue { $0.interrupted = true } }
+}

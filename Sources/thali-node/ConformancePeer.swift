@@ -1,0 +1,161 @@
+import ArgumentParser
+import Dispatch
+import Foundation
+import NIOCore
+import NIOPosix
+import ThaliBeacons
+import ThaliConformance
+import ThaliNodeCore
+import ThaliSSDP
+
+/// `thali-node conformance peer`: grades another implementation as its contact, layer by layer.
+struct ConformancePeerCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "peer",
+        abstract: "Grade another implementation as its contact: SSDP, beacons, PSK-TLS, yamux, delivery both ways.",
+        discussion: """
+            The implementation under test must have the suite's identity (--identity) as a contact, and \
+            --peer-key is its public key. The suite finds it over SSDP (or at --location), fetches and \
+            matches its beacon, connects with PSK-TLS, opens a yamux stream and receives the item it has \
+            queued for us; then it announces a beacon for it and delivers one item to it; then it runs \
+            the negative TLS cases. --adapter drives the implementation (spec/conformance.md, "Adapter \
+            contract"), e.g. --adapter "thali-node --home DIR". Prints each case as it ends, then a \
+            table; exits non-zero only when a MUST fails or --baseline does not hold. SIGINT prints what \
+            the run has so far.
+            """)
+
+    @Option(help: "Public key of the implementation under test (SEC1 hex or base64).")
+    var peerKey: String
+
+    @Option(help: "The suite's identity key file (PEM); the implementation has its public key as a contact.")
+    var identity: String
+
+    @Option(help: "Our IPv4 address: SSDP and the suite's port are pinned to it.")
+    var address = "127.0.0.1"
+
+    @Option(help: "SSDP UDP port.")
+    var ssdpPort = SSDPDiscoveryConfiguration.defaultPort
+
+    @Option(help: "SSDP multicast group.")
+    var ssdpGroup = SSDPDiscoveryConfiguration.defaultGroupAddress
+
+    @Option(help: "The implementation's beacon location, http://IPv4:PORT (skips waiting for SSDP).")
+    var location: String?
+
+    @Option(help: "Adapter command (split at spaces) meeting spec/conformance.md's contract, e.g. \"thali-node --home DIR\".")
+    var adapter: String?
+
+    @Option(help: "The name the implementation knows the suite by (for the adapter's send).")
+    var nameAtPeer = "conformance"
+
+    @Flag(help: "Add the suite as a contact through the adapter first.")
+    var addContact = false
+
+    @Option(help: "Beacon profile: spec or cordova.")
+    var profile = "spec"
+
+    @Option(help: "Longest wait for the implementation's beacons, in seconds.")
+    var discoveryTimeoutS: Int64 = 15
+
+    @Option(help: "Longest wait for one step, in seconds.")
+    var stepTimeoutS: Int64 = 10
+
+    @Flag(help: "Do not play the sender (deliver nothing to the implementation).")
+    var noSenderRole = false
+
+    @Option(help: "The requirement catalog (default: spec/requirements.json of this source tree).")
+    var catalog: String?
+
+    @Option(help: "Expected failures (thali-conformance-baseline/1).")
+    var baseline: String?
+
+    @Option(help: "Also write the report as JSON to this file.")
+    var jsonOut: String?
+
+    @Option(help: "Also write the report as JUnit XML to this file.")
+    var junitOut: String?
+
+    @Flag(help: "Print the report as JSON instead of the table (progress goes to standard error).")
+    var json = false
+
+    func validate() throws {
+        if let location, BeaconLocation(parsing: location) == nil { throw ValidationError("\(location) is not http://IPv4:PORT") }
+        if BeaconProfile(rawValue: profile) == nil { throw ValidationError("profile must be spec or cordova") }
+        if discoveryTimeoutS < 1 || stepTimeoutS < 1 { throw ValidationError("timeouts must be at least 1 s") }
+        if let adapter, adapter.split(separator: " ").isEmpty { throw ValidationError("empty --adapter") }
+    }
+
+    func run() async throws {
+        let peer = try ContactKey.parse(peerKey)
+        let key = try IdentityKeyFile.load(from: identity)
+        let requirements = try RequirementCatalog.load(from: catalog ?? RequirementCatalog.defaultPath)
+        var expected = ConformanceBaseline()
+        if let baseline {
+            expected = try ConformanceBaseline(json: try Data(contentsOf: URL(fileURLWithPath: baseline)))
+        }
+        var configuration = PeerConformanceConfiguration(peerKey: peer, identity: key, address: address)
+        configuration.ssdpPort = ssdpPort
+        configuration.ssdpGroup = ssdpGroup
+        configuration.location = location.flatMap(BeaconLocation.init(parsing:))
+        configuration.adapter = adapter.map { ConformanceAdapter(command: $0.split(separator: " ").map(String.init)) }
+        configuration.nameAtPeer = nameAtPeer
+        configuration.addContact = addContact
+        configuration.profile = BeaconProfile(rawValue: profile) ?? .spec
+        configuration.discoveryTimeout = .seconds(discoveryTimeoutS)
+        configuration.stepTimeout = .seconds(stepTimeoutS)
+        configuration.senderRole = !noSenderRole
+
+        let json = self.json
+        let conformanceRun = ConformanceRun(target: "peer \(peer.hexString(compressed: true))", catalog: requirements,
+                                            baseline: expected) { result in
+            let line = ConformanceReport.progressLine(result)
+            if json { FileHandle.standardError.write(Data((line + "\n").utf8)) } else { printNow(line) }
+        }
+        if !json { printNow("conformance peer: \(ConformancePeerCommand.announcement(configuration))") }
+        let outputs = ConformanceOutputs(json: json, jsonOut: jsonOut, junitOut: junitOut)
+        // SIGINT: print what the run has and leave; the cases still running are abandoned.
+        signal(SIGINT, SIG_IGN)
+        let interrupt = DispatchSource.makeSignalSource(signal: SIGINT, queue: DispatchQueue(label: "conformance.sigint"))
+        interrupt.setEventHandler {
+            conformanceRun.markInterrupted()
+            outputs.write(conformanceRun.report)
+            Foundation.exit(130)
+        }
+        interrupt.resume()
+
+        let group = MultiThreadedEventLoopGroup(numberOfThreads: 2)
+        await PeerConformance(configuration: configuration, group: group).run(conformanceRun)
+        interrupt.cancel()
+        try? await group.shutdownGracefully()
+        let report = conformanceRun.report
+        outputs.write(report)
+        if !report.succeeded { throw ExitCode.failure }
+    }
+
+    static func announcement(_ configuration: PeerConformanceConfiguration) -> String {
+        let finding = configuration.location.map { "at \($0)" }
+            ?? "over SSDP \(configuration.ssdpGroup):\(configuration.ssdpPort) on \(configuration.address)"
+        return "finding the implementation \(finding); "
+            + (configuration.senderRole ? "it will also connect to the suite and receive one item" : "receiver role only")
+    }
+}
+
+/// Prints `line` and flushes standard output at once: progress must show while a run goes on, also when
+/// the output is a pipe (block-buffered).
+func printNow(_ line: String) {
+    print(line)
+    fflush(nil)  // all streams: naming stdout is not concurrency-safe in Swift 6
+}
+
+/// Where a report goes: the table (or JSON) on standard output, and the files asked for.
+struct ConformanceOutputs: Sendable {
+    var json: Bool
+    var jsonOut: String?
+    var junitOut: String?
+
+    func write(_ report: ConformanceReport) {
+        print(json ? report.json() : report.table)
+        if let jsonOut { try? Data(report.json().utf8).write(to: URL(fileURLWithPath: jsonOut)) }
+        if let junitOut { try? Data(report.junitXML().utf8).write(to: URL(fileURLWithPath: junitOut)) }
+    }
+}
