@@ -6,7 +6,8 @@ import ThaliBeacons
 ///
 /// - `contacts add NAME PUBLIC-KEY`: add a contact (exit 0);
 /// - `send NAME TEXT --json`: queue a text for a contact; prints a JSON object with `id` (a UUID);
-/// - `inbox --json`: prints a JSON array of received items, each with `id`, `fromPublicKey`, `kind`, `text`.
+/// - `inbox --json`: prints a JSON array of received items, each with `id`, `from_public_key` (or
+///   `fromPublicKey`), `kind`, `text`.
 public struct ConformanceAdapter: Sendable {
     /// The command, e.g. `["thali-node", "--home", "/tmp/iut"]`.
     public var command: [String]
@@ -37,6 +38,22 @@ public struct ConformanceAdapter: Sendable {
         public var kind: String
         /// The text, for a text item.
         public var text: String?
+
+        private enum CodingKeys: String, CodingKey {
+            case id, kind, text, fromPublicKey
+            case fromPublicKeySnakeCase = "from_public_key"
+        }
+
+        /// Reads `from_public_key` (thali-node's own output since its JSON output version 2, snake_case
+        /// throughout) or `fromPublicKey` (the contract as first published).
+        public init(from decoder: any Decoder) throws {
+            let container = try decoder.container(keyedBy: CodingKeys.self)
+            id = try container.decode(String.self, forKey: .id)
+            kind = try container.decode(String.self, forKey: .kind)
+            text = try container.decodeIfPresent(String.self, forKey: .text)
+            fromPublicKey = try container.decodeIfPresent(String.self, forKey: .fromPublicKeySnakeCase)
+                ?? container.decode(String.self, forKey: .fromPublicKey)
+        }
     }
 
     /// Adds a contact.

@@ -188,6 +188,7 @@ private struct HashState: @unchecked Sendable {
 /// session at a time (each call awaited before the next), hence unchecked.
 private final class PartialFile: @unchecked Sendable {
     private let handle: FileHandle
+    private let path: String
     private var hasher: SHA256
     private var closed = false
 
@@ -203,6 +204,7 @@ private final class PartialFile: @unchecked Sendable {
             throw NodeError.dataDirectoryUnusable(path: path, reason: "cannot open the partial file")
         }
         self.handle = handle
+        self.path = path
         try handle.truncate(atOffset: offset)
         try handle.seekToEnd()
         if let hasher {
@@ -215,16 +217,23 @@ private final class PartialFile: @unchecked Sendable {
     func append(_ bytes: ByteBuffer) throws {
         try bytes.withUnsafeReadableBytes { raw in
             let data = Data(raw)
-            try handle.write(contentsOf: data)
+            try inWords { try handle.write(contentsOf: data) }
             hasher.update(data: data)
         }
     }
 
     /// Makes the content durable and returns its SHA-256.
     func finish() throws -> [UInt8] {
-        try handle.synchronize()
+        try inWords { try handle.synchronize() }
         close()
         return Array(hasher.finalize())
+    }
+
+    /// Runs a write; its failure (a full disk) becomes a ``NodeError`` in words, as events print it.
+    private func inWords(_ body: () throws -> Void) throws {
+        do { try body() } catch {
+            throw NodeError.dataDirectoryUnusable(path: path, reason: SystemErrorText.describe(error))
+        }
     }
 
     func close() {

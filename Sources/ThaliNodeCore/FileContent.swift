@@ -39,7 +39,8 @@ enum FileContent {
         }
         defer { try? input.close() }
         let temporary = destination + ".copying"
-        guard FileManager.default.createFile(atPath: temporary, contents: nil),
+        guard FileManager.default.createFile(atPath: temporary, contents: nil,
+                                             attributes: [.posixPermissions: NodeHome.fileMode]),
               let output = FileHandle(forWritingAtPath: temporary) else {
             throw NodeError.dataDirectoryUnusable(path: temporary, reason: "cannot create file")
         }
@@ -47,17 +48,23 @@ enum FileContent {
         var size: UInt64 = 0
         do {
             defer { try? output.close() }
+            // A failed write (a full disk) is the data directory's problem, not the source file's.
+            func writing(_ body: () throws -> Void) throws {
+                do { try body() } catch {
+                    throw NodeError.dataDirectoryUnusable(path: destination, reason: SystemErrorText.describe(error))
+                }
+            }
             while let block = try input.read(upToCount: blockBytes), !block.isEmpty {
                 size += UInt64(block.count)
                 guard size <= limit else { throw NodeError.itemTooLarge(size: size, limit: limit) }
                 hasher.update(data: block)
-                try output.write(contentsOf: block)
+                try writing { try output.write(contentsOf: block) }
             }
-            try output.synchronize()
+            try writing { try output.synchronize() }
         } catch {
             try? FileManager.default.removeItem(atPath: temporary)
             if error is NodeError { throw error }
-            throw NodeError.unreadableFile(path: source, reason: "\(error)")
+            throw NodeError.unreadableFile(path: source, reason: SystemErrorText.describe(error))
         }
         if FileManager.default.fileExists(atPath: destination) { try FileManager.default.removeItem(atPath: destination) }
         try FileManager.default.moveItem(atPath: temporary, toPath: destination)

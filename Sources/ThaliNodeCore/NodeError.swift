@@ -1,4 +1,5 @@
 import Foundation
+import GRDB
 import NIOCore
 
 /// Errors of the node a user can act on, each with the context needed to fix it.
@@ -13,6 +14,8 @@ public enum NodeError: Error, Hashable, CustomStringConvertible {
     case unknownContact(String)
     /// A contact of that name exists already.
     case contactExists(String)
+    /// The public key is already another contact's (`holder`).
+    case contactKeyExists(holder: String)
     /// A contact name that is empty, too long, or has control characters.
     case invalidContactName(String, reason: String)
     /// A public key that cannot be a contact's key.
@@ -39,14 +42,21 @@ public enum NodeError: Error, Hashable, CustomStringConvertible {
     case sessionInProgress(contact: String, role: String)
     /// Bluetooth was asked for (alone) and cannot run: no adapter, bluetoothd absent, no kernel support.
     case bluetoothUnavailable(reason: String)
+    /// A `thali-node run` (process `pid`, if known: nil or 0 otherwise) holds the data directory's lock.
+    case homeInUse(path: String, pid: Int32?)
+    /// Removing the contact would delete items still queued for it; it needs `--force`.
+    case contactHasQueuedItems(String, count: Int, bytes: Int64)
 
     public var description: String {
         switch self {
-        case .missingIdentity(let path): "no identity at \(path); create one with `thali-node identity create`"
+        case .missingIdentity(let path):
+            "no identity at \(path); create one with `thali-node identity create\(Self.homeOption(forFileAt: path))`"
         case .unusableIdentity(let path, let reason): "cannot use the identity at \(path): \(reason)"
         case .identityExists(let path): "an identity exists already at \(path); replacing it needs --force (contacts will have to re-add the new key)"
         case .unknownContact(let name): "unknown contact \"\(name)\"; see `thali-node contacts list`"
         case .contactExists(let name): "a contact named \"\(name)\" exists already"
+        case .contactKeyExists(let holder):
+            "this public key is already contact \"\(holder)\"'s; see `thali-node contacts list` (one key, one contact)"
         case .invalidContactName(let name, let reason): "invalid contact name \"\(name)\": \(reason)"
         case .invalidPublicKey(let key, let reason): "invalid public key \"\(key)\": \(reason)"
         case .portInUse(let host, let port): "port \(port) on \(host) is in use by another process"
@@ -62,7 +72,20 @@ public enum NodeError: Error, Hashable, CustomStringConvertible {
         case .invalidFileName(let name): "file name \"\(name)\" cannot be delivered"
         case .invalidExpiry(let value): "invalid expiry \(value): it must be in the future"
         case .sessionInProgress(let contact, let role): "a \(role) session with \(contact) is already running"
+        case .homeInUse(let path, let pid):
+            "\(path) is in use by another `thali-node run`\(pid.flatMap { $0 > 0 ? " (pid \($0))" : nil } ?? ""); stop it first, or give another --home"
+        case .contactHasQueuedItems(let name, let count, let bytes):
+            "contact \"\(name)\" has \(count) queued item\(count == 1 ? "" : "s") (\(ByteCount.format(bytes))) that removing it would delete; "
+                + "use --force to delete them, or wait until they are delivered"
         }
+    }
+
+    /// ` --home DIR` for the hint of a command about the file at `path`, unless its directory is the
+    /// default one (the user typed no --home).
+    static func homeOption(forFileAt path: String) -> String {
+        let directory = URL(fileURLWithPath: path).deletingLastPathComponent().standardizedFileURL.path
+        guard directory != NodeHome.resolve().path else { return "" }
+        return " --home " + ShellQuoting.quote(directory)
     }
 
     /// Maps a bind failure to ``portInUse(host:port:)`` when the address is taken; other errors unchanged.
@@ -71,5 +94,89 @@ public enum NodeError: Error, Hashable, CustomStringConvertible {
             return NodeError.portInUse(host: host, port: port)
         }
         return error
+    }
+}
+
+/// Quoting for paths shown in commands to copy.
+enum ShellQuoting {
+    /// `text` as one shell word: unchanged if it has only safe characters, else in single quotes.
+    static func quote(_ text: String) -> String {
+        let safe = CharacterSet(charactersIn: "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./:@%+=,")
+        if !text.isEmpty && text.unicodeScalars.allSatisfy({ safe.contains($0) }) { return text }
+        return "'" + text.replacingOccurrences(of: "'", with: "'\\''") + "'"
+    }
+}
+
+/// Byte counts for people.
+public enum ByteCount {
+    /// `bytes` in B, kB, MB or GB (powers of 1000, one decimal above 1 kB).
+    public static func format(_ bytes: Int64) -> String {
+        if bytes < 1000 { return "\(bytes) B" }
+        let units = ["kB", "MB", "GB", "TB"]
+        var value = Double(bytes) / 1000
+        var unit = 0
+        while value >= 1000 && unit < units.count - 1 {
+            value /= 1000
+            unit += 1
+        }
+        return String(format: "%.1f", value) + " " + units[unit]
+    }
+}
+
+/// Words for the Foundation, SQLite, NIO and system errors a user can meet, with what to do, instead of
+/// their debug descriptions (`Error Domain=NSCocoaErrorDomain Code=640 …`, `SQLite error 14`).
+public enum SystemErrorText {
+    /// What `error` means to a user.
+    public static func describe(_ error: any Error) -> String {
+        switch error {
+        case let error as NodeError: return error.description
+        case let error as DatabaseError: return describe(database: error)
+        case let error as IOError: return describe(errno: error.errnoCode)
+        case is CancellationError: return "cancelled"
+        default: break
+        }
+        let nsError = error as NSError
+        if nsError.domain == NSPOSIXErrorDomain { return describe(errno: Int32(nsError.code)) }
+        if let underlying = nsError.userInfo[NSUnderlyingErrorKey] as? NSError, underlying.domain == NSPOSIXErrorDomain {
+            return describe(errno: Int32(underlying.code))
+        }
+        if nsError.domain == NSCocoaErrorDomain {
+            switch CocoaError.Code(rawValue: nsError.code) {
+            case .fileWriteOutOfSpace: return describe(errno: ENOSPC)
+            case .fileWriteVolumeReadOnly: return describe(errno: EROFS)
+            case .fileWriteNoPermission, .fileReadNoPermission: return describe(errno: EACCES)
+            case .fileNoSuchFile, .fileReadNoSuchFile: return describe(errno: ENOENT)
+            case .fileWriteFileExists: return describe(errno: EEXIST)
+            default: break
+            }
+        }
+        return "\(error)"
+    }
+
+    /// What a system error number means, with what to do for the common ones.
+    public static func describe(errno code: Int32) -> String {
+        switch code {
+        case ENOSPC, EDQUOT: "the disk is full; free some space and try again"
+        case EROFS: "the file system is read-only"
+        case EACCES, EPERM: "permission denied; check the owner and mode of the file and its directory"
+        case ENOENT: "no such file or directory"
+        default: String(cString: strerror(code))
+        }
+    }
+
+    /// What an SQLite failure means for the node's database, and what to do.
+    static func describe(database error: DatabaseError) -> String {
+        switch error.resultCode {
+        case .SQLITE_FULL: describe(errno: ENOSPC)
+        case .SQLITE_CORRUPT, .SQLITE_NOTADB:
+            "the database is damaged (\(error.message ?? "malformed")); move node.sqlite aside and restore it from a backup "
+                + "(received files stay in inbox/), or move the whole directory aside to start afresh"
+        case .SQLITE_CANTOPEN, .SQLITE_PERM, .SQLITE_AUTH:
+            "it cannot be opened: check that you own the data directory and may write to it (SQLite needs to, even to read)"
+        case .SQLITE_READONLY: "it is read-only; the data directory and node.sqlite must be writable"
+        case .SQLITE_BUSY, .SQLITE_LOCKED: "another process holds it locked; try again once it has finished"
+        case .SQLITE_IOERR: "input/output error reading or writing it (failing disk or a full file system?)"
+        default: error.message ?? "\(error)"
+        }
     }
 }

@@ -23,12 +23,24 @@ public final class NodeStore: Sendable {
     public let limits: DeliveryLimits
     private let pool: DatabasePool
     private let sessions = NIOLockedValueBox<Set<SessionKey>>([])
+    private let expiryObservers = NIOLockedValueBox<[@Sendable ([OutboxItem]) -> Void]>([])
 
     /// Opens (creating if needed) the store in `home`, migrating its schema to the current version.
+    /// Refuses a database file of 0 bytes beside received or queued files (it was truncated or replaced:
+    /// a fresh database would forget them). The database files are made private (0600).
     public init(home: NodeHome, limits: DeliveryLimits = .default) throws {
         self.home = home
         self.limits = limits
         try home.create()
+        if let entries = home.orphanedEntriesBesideEmptyDatabase() {
+            throw NodeError.storeUnavailable(path: home.databasePath, reason: """
+                it is empty (0 bytes) but inbox/ and outbox/ hold \(entries) entr\(entries == 1 ? "y" : "ies"): it was truncated or replaced. \
+                Restore it from a backup, or move it aside to start afresh (the received files stay in inbox/)
+                """)
+        }
+        // SQLite gives its journal files the database file's mode: create that one private.
+        let descriptor = open(home.databasePath, O_WRONLY | O_CREAT | O_CLOEXEC, NodeHome.fileMode)
+        if descriptor >= 0 { close(descriptor) }
         do {
             var configuration = Configuration()
             configuration.foreignKeysEnabled = true
@@ -36,8 +48,9 @@ public final class NodeStore: Sendable {
             pool = try DatabasePool(path: home.databasePath, configuration: configuration)
             try NodeStore.migrator.migrate(pool)
         } catch {
-            throw NodeError.storeUnavailable(path: home.databasePath, reason: "\(error)")
+            throw NodeError.storeUnavailable(path: home.databasePath, reason: SystemErrorText.describe(error))
         }
+        home.makePrivate()
     }
 
     /// The schema, one registered migration per version. Never edit a shipped migration; add one.
@@ -82,12 +95,34 @@ public final class NodeStore: Sendable {
                 t.uniqueKey(["fromPublicKey", "itemID"])
             }
         }
+        // v1 stored absolute file paths, so a moved data directory lost its queued and received files.
+        // Paths are relative to the data directory from v2 on; the old ones are rewritten from their own
+        // shape (`…/outbox/<id>`, `…/inbox/<id>/<name>`; a delivered name has no slash), wherever the
+        // directory was when they were written.
+        migrator.registerMigration("v2-relative-paths") { db in
+            for (table, key, kept) in [("outboxItem", "id", 2), ("inboxItem", "rowID", 3)] {
+                let rows = try Row.fetchAll(db, sql: "SELECT \(key) AS key, filePath FROM \(table) WHERE filePath LIKE '/%'")
+                for row in rows {
+                    let path: String = row["filePath"]
+                    let components = path.split(separator: "/", omittingEmptySubsequences: false)
+                    guard components.count > kept else { continue }
+                    let relative = components.suffix(kept).joined(separator: "/")
+                    try db.execute(sql: "UPDATE \(table) SET filePath = ? WHERE \(key) = ?",
+                                   arguments: [relative, row["key"] as DatabaseValue])
+                }
+            }
+        }
         return migrator
     }
 
     /// The migrations applied to the database, in order.
     public func appliedMigrations() throws -> [String] {
         try pool.read { db in try NodeStore.migrator.appliedMigrations(db) }
+    }
+
+    /// Runs `sql` as is: for tests that recreate the state an older version left.
+    func executeForTesting(_ sql: String) throws {
+        try pool.write { db in try db.execute(sql: sql) }
     }
 
     /// The SQLite journal mode (`wal`).
@@ -161,7 +196,7 @@ public final class NodeStore: Sendable {
         return try pool.write { db in
             if try Contact.filter(Column("name") == name).fetchOne(db) != nil { throw NodeError.contactExists(name) }
             if let holder = try Contact.filter(Column("publicKey") == key).fetchOne(db) {
-                throw NodeError.invalidPublicKey(publicKey, reason: "already the key of contact \"\(holder.name)\"")
+                throw NodeError.contactKeyExists(holder: holder.name)
             }
             var contact = Contact(name: name, publicKey: key, addedAtMs: now.milliseconds)
             try contact.insert(db)
@@ -197,21 +232,28 @@ public final class NodeStore: Sendable {
     }
 
     /// Removes the contact named `name`, the items queued for it (their file copies too) and its partial
-    /// files. The inbox keeps what it received from the contact.
-    public func removeContact(named name: String) throws {
-        let (id, files) = try pool.write { db -> (Int64, [String]) in
+    /// files. The inbox keeps what it received from the contact. Unless `deletingQueuedItems`, a contact
+    /// with queued items is kept and ``NodeError/contactHasQueuedItems(_:count:bytes:)`` says what would go.
+    /// Returns the items deleted.
+    @discardableResult
+    public func removeContact(named name: String, deletingQueuedItems: Bool = true) throws -> [OutboxItem] {
+        let (id, items) = try pool.write { db -> (Int64, [OutboxItem]) in
             guard let contact = try Contact.filter(Column("name") == name).fetchOne(db), let id = contact.id else {
                 throw NodeError.unknownContact(name)
             }
-            let files = try OutboxItem.filter(Column("contactID") == id).fetchAll(db).compactMap(\.filePath)
+            let items = try OutboxItem.filter(Column("contactID") == id).fetchAll(db).map(resolved)
+            if !items.isEmpty && !deletingQueuedItems {
+                throw NodeError.contactHasQueuedItems(name, count: items.count, bytes: items.reduce(0) { $0 + $1.size })
+            }
             _ = try Contact.deleteOne(db, key: id)
-            return (id, files)
+            return (id, items)
         }
-        for file in files { try? FileManager.default.removeItem(atPath: file) }
+        for file in items.compactMap(\.filePath) { try? FileManager.default.removeItem(atPath: file) }
         let partials = (try? FileManager.default.contentsOfDirectory(atPath: home.partialDirectory)) ?? []
         for partial in partials where partial.hasPrefix("\(id)-") {
             try? FileManager.default.removeItem(atPath: home.partialDirectory + "/" + partial)
         }
+        return items
     }
 
     // MARK: Outbox
@@ -249,7 +291,7 @@ public final class NodeStore: Sendable {
         if let existing = try outboxItem(id: id) { return existing }
         let copy = home.outboxDirectory + "/" + id.uuidString
         let (size, digest) = try FileContent.copy(from: path, to: copy, limit: limits.maxItemBytes, acceptingPipe: named)
-        let item = OutboxItem(id: id, contactID: contact.id ?? 0, kind: .file, text: nil, filePath: copy, fileName: name,
+        let item = OutboxItem(id: id, contactID: contact.id ?? 0, kind: .file, text: nil, filePath: home.relative(copy), fileName: name,
                               size: Int64(size), sha256: Data(digest), createdAtMs: now.milliseconds,
                               expiresAtMs: expiresAt.milliseconds, state: .pending, acknowledgedBytes: 0, lastError: nil)
         do {
@@ -261,20 +303,34 @@ public final class NodeStore: Sendable {
     }
 
     private func insertIdempotently(_ item: OutboxItem) throws -> OutboxItem {
-        try pool.write { db in
+        resolved(try pool.write { db in
             try item.insert(db, onConflict: .ignore)
             return try OutboxItem.fetchOne(db, key: item.id) ?? item
-        }
+        })
+    }
+
+    /// `item` with its recorded file path (relative to the data directory) made absolute.
+    private func resolved(_ item: OutboxItem) -> OutboxItem {
+        var item = item
+        item.filePath = item.filePath.map(home.absolute)
+        return item
+    }
+
+    /// `item` with its recorded file path (relative to the data directory) made absolute.
+    private func resolved(_ item: InboxItem) -> InboxItem {
+        var item = item
+        item.filePath = item.filePath.map(home.absolute)
+        return item
     }
 
     /// The outbox item `id`, if it is still queued.
     public func outboxItem(id: UUID) throws -> OutboxItem? {
-        try pool.read { db in try OutboxItem.fetchOne(db, key: id) }
+        try pool.read { db in try OutboxItem.fetchOne(db, key: id) }.map(resolved)
     }
 
     /// Every queued item (pending and refused), oldest first.
     public func outbox() throws -> [OutboxItem] {
-        try pool.read { db in try OutboxItem.order(Column("createdAtMs"), Column("id")).fetchAll(db) }
+        try pool.read { db in try OutboxItem.order(Column("createdAtMs"), Column("id")).fetchAll(db) }.map(resolved)
     }
 
     /// The contacts that have pending, unexpired items at `now`: the ones to advertise beacons for.
@@ -294,19 +350,29 @@ public final class NodeStore: Sendable {
                 .filter(Column("contactID") == contact.id && Column("state") == OutboxState.pending.rawValue
                         && Column("expiresAtMs") > now.milliseconds)
                 .order(Column("createdAtMs"), Column("id")).fetchAll(db)
-        }
+        }.map(resolved)
     }
 
-    /// Drops every item expired at `now` (delivered or not, refused too) with its file copy; returns them.
+    /// Drops every item expired at `now` (delivered or not, refused too) with its file copy; returns them
+    /// and tells the observers (``observeExpiry(_:)``).
     @discardableResult
     public func sweepExpired(now: Date = Date()) throws -> [OutboxItem] {
         let expired = try pool.write { db in
             let items = try OutboxItem.filter(Column("expiresAtMs") <= now.milliseconds).fetchAll(db)
             _ = try OutboxItem.filter(Column("expiresAtMs") <= now.milliseconds).deleteAll(db)
             return items
-        }
+        }.map(resolved)
         for file in expired.compactMap(\.filePath) { try? FileManager.default.removeItem(atPath: file) }
+        if !expired.isEmpty {
+            for observer in expiryObservers.withLockedValue({ $0 }) { observer(expired) }
+        }
         return expired
+    }
+
+    /// Calls `observer` with the items each sweep drops because they expired undelivered (whoever sweeps:
+    /// the advertiser, a delivery session), so that `run` can report them.
+    public func observeExpiry(_ observer: @escaping @Sendable ([OutboxItem]) -> Void) {
+        expiryObservers.withLockedValue { $0.append(observer) }
     }
 
     /// Removes a delivered item (the receiver acknowledged it or already had it) and its file copy.
@@ -314,7 +380,7 @@ public final class NodeStore: Sendable {
         let file = try pool.write { db -> String? in
             let item = try OutboxItem.fetchOne(db, key: id)
             _ = try OutboxItem.deleteOne(db, key: id)
-            return item?.filePath
+            return item.map(resolved)?.filePath
         }
         if let file { try? FileManager.default.removeItem(atPath: file) }
     }
@@ -346,7 +412,7 @@ public final class NodeStore: Sendable {
 
     /// Everything received, oldest first.
     public func inbox() throws -> [InboxItem] {
-        try pool.read { db in try InboxItem.order(Column("receivedAtMs"), Column("rowID")).fetchAll(db) }
+        try pool.read { db in try InboxItem.order(Column("receivedAtMs"), Column("rowID")).fetchAll(db) }.map(resolved)
     }
 
     /// Whether item `id` from `contact` is in the inbox.
@@ -403,19 +469,24 @@ public final class NodeStore: Sendable {
                 return .alreadyStored
             }
             var item = InboxItem(itemID: offer.id, fromContact: contact.name, fromPublicKey: contact.publicKey,
-                                 kind: offer.kind, text: text, filePath: offer.kind == .file ? destination : nil,
+                                 kind: offer.kind, text: text, filePath: offer.kind == .file ? home.relative(destination) : nil,
                                  fileName: offer.kind == .file ? offer.name : nil, size: Int64(clamping: offer.size),
                                  sha256: Data(offer.sha256), createdAtMs: Int64(clamping: offer.createdMilliseconds),
                                  receivedAtMs: now.milliseconds)
             if offer.kind == .file {
                 // Inside the transaction: if the move fails nothing is inserted; if the process dies after the
                 // move but before the commit, the rerun receives the item again and replaces the file.
-                try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
-                if FileManager.default.fileExists(atPath: destination) { try FileManager.default.removeItem(atPath: destination) }
-                try FileManager.default.moveItem(atPath: partial, toPath: destination)
+                do {
+                    try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true,
+                                                            attributes: [.posixPermissions: NodeHome.directoryMode])
+                    if FileManager.default.fileExists(atPath: destination) { try FileManager.default.removeItem(atPath: destination) }
+                    try FileManager.default.moveItem(atPath: partial, toPath: destination)
+                } catch {
+                    throw NodeError.dataDirectoryUnusable(path: directory, reason: SystemErrorText.describe(error))
+                }
             }
             try item.insert(db)
-            return .stored(item)
+            return .stored(resolved(item))
         }
         if result == .alreadyStored || offer.kind == .text { try? FileManager.default.removeItem(atPath: partial) }
         return result

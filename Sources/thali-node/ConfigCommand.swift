@@ -14,7 +14,7 @@ struct Config: ParsableCommand {
         @OptionGroup var options: NodeOptions
 
         func run() throws {
-            let configuration = try NodeConfiguration.load(home: options.nodeHome)
+            let configuration = try NodeConfiguration.load(home: try options.checkedHome(writing: false))
             let data = try JSONSerialization.data(withJSONObject: configuration.jsonObject, options: [.prettyPrinted, .sortedKeys])
             print(String(decoding: data, as: UTF8.self))
         }
@@ -24,16 +24,23 @@ struct Config: ParsableCommand {
         static let configuration = CommandConfiguration(abstract: "Write config.json with every key at its default.")
         @OptionGroup var options: NodeOptions
         @Flag(help: "Replace an existing file.") var force = false
+        @Flag(help: "Print JSON for scripts.") var json = false
 
         func run() throws {
-            let home = options.nodeHome
+            let home = try options.checkedHome(writing: true)
             try home.create()
             if FileManager.default.fileExists(atPath: home.configurationPath) && !force {
                 throw ValidationError("\(home.configurationPath) exists; use --force to replace it")
             }
             let data = try JSONSerialization.data(withJSONObject: NodeConfiguration().jsonObject,
                                                   options: [.prettyPrinted, .sortedKeys])
-            try data.write(to: URL(fileURLWithPath: home.configurationPath))
+            do {
+                // A text file ends with a newline (editors and `cat` expect one).
+                try (data + Data("\n".utf8)).write(to: URL(fileURLWithPath: home.configurationPath))
+            } catch {
+                throw NodeError.dataDirectoryUnusable(path: home.configurationPath, reason: SystemErrorText.describe(error))
+            }
+            if json { return try printJSON(["configuration_file": home.configurationPath]) }
             print("wrote \(home.configurationPath)")
         }
     }

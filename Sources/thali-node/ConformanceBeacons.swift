@@ -16,6 +16,16 @@ struct ConformanceBeacons: ParsableCommand {
 
     @Argument(help: "Vector files to check.")
     var files: [String]
+    @Flag(help: "Print one JSON object (passed, failed, differences) instead of lines.") var json = false
+
+    struct Output: Encodable {
+        struct Difference: Encodable {
+            let file, caseId, field, expected, got: String
+        }
+        let passed: Int
+        let failed: Int
+        let differences: [Difference]
+    }
 
     func validate() throws {
         guard !files.isEmpty else { throw ValidationError("give at least one vector file") }
@@ -24,8 +34,14 @@ struct ConformanceBeacons: ParsableCommand {
     func run() throws {
         var report = BeaconConformance.Report()
         for file in files { report.merge(BeaconConformance.check(contentsOf: file)) }
-        for difference in report.differences { print(difference) }
-        print("\(report.passed) passed, \(report.failed) failed")
+        if json {
+            try printJSON(Output(passed: report.passed, failed: report.failed, differences: report.differences.map {
+                Output.Difference(file: $0.file, caseId: $0.caseId, field: $0.field, expected: $0.expected, got: $0.got)
+            }))
+        } else {
+            for difference in report.differences { print(TerminalText.escaped(difference.description)) }
+            print("\(report.passed) passed, \(report.failed) failed")
+        }
         if report.failed > 0 { throw ExitCode.failure }
     }
 }

@@ -153,7 +153,7 @@ struct Discover: AsyncParsableCommand {
         let counters = await service.counters()
         var counts: [String: Int] = [:]
         for child in Mirror(reflecting: counters).children {
-            if let label = child.label, let value = child.value as? Int { counts[label] = value }
+            if let label = child.label, let value = child.value as? Int { counts[snakeCased(label)] = value }
         }
         output.print(["event": "stopped", "reason": reason, "counters": counts])
         signals.forEach { $0.cancel() }

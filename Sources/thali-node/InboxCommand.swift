@@ -32,9 +32,10 @@ struct Inbox: ParsableCommand {
         if json { return try printJSON(entries) }
         if entries.isEmpty { print("inbox is empty") }
         for entry in entries {
+            // The text and names came from another peer: escaped, so they cannot drive the terminal.
             let what = entry.text.map { "\"\($0)\"" }
                 ?? "\(entry.fileName ?? "?") (\(entry.size) bytes) at \(entry.filePath ?? "?")"
-            print("\(entry.received)  from \(entry.from)  \(what)")
+            print(TerminalText.escaped("\(entry.received)  from \(entry.from)  \(what)"))
         }
     }
 }

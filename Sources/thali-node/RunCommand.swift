@@ -18,7 +18,8 @@ struct Run: AsyncParsableCommand {
             Human-readable lines by default; --json prints one JSON object per line (event: started, \
             advertising, peer_appeared, peer_left, matched, connecting, connected, connection_failed, \
             offered, transfer_started, progress, delivered, refused, rejected, discarded, received, duplicate, \
-            session_ended, disconnected, relay_listening, limit_triggered, binding_unavailable, status, stopped). Logs go to standard error at the \
+            session_ended, disconnected, relay_listening, limit_triggered, binding_unavailable, expired, status, stopped). \
+            One run at a time per data directory: it holds run.lock there until it exits. Logs go to standard error at the \
             configuration's logLevel. SIGINT and SIGTERM stop cleanly (byebye) and exit 0.
             """)
 
@@ -68,17 +69,35 @@ struct Run: AsyncParsableCommand {
         if let duration, duration <= 0 { throw ValidationError("--duration must be positive") }
         if statusInterval < 0 { throw ValidationError("--status-interval must not be negative") }
         if let bluetoothAdapter {
-            guard bluetooth else { throw ValidationError("unexpected argument '\(bluetoothAdapter)': an adapter name follows --bluetooth") }
+            guard bluetooth else {
+                // The word is more often the value of a mistyped option (`--adress 127.0.0.1`): name that.
+                if let unknown = Self.unknownOption(before: bluetoothAdapter, in: Array(CommandLine.arguments.dropFirst())) {
+                    throw ValidationError(unknown)
+                }
+                throw ValidationError("unexpected argument '\(bluetoothAdapter)': an adapter name follows --bluetooth")
+            }
             if let adapter, adapter != bluetoothAdapter {
                 throw ValidationError("two adapters given: '\(bluetoothAdapter)' and --adapter '\(adapter)'")
             }
         }
     }
 
+    /// When `value` follows an option `run` does not have, the complaint about that option, with the
+    /// nearest known one (as ArgumentParser words it).
+    static func unknownOption(before value: String, in arguments: [String]) -> String? {
+        guard let index = arguments.firstIndex(of: value), index > 0, arguments[index - 1].hasPrefix("--") else { return nil }
+        let option = arguments[index - 1]
+        let known = Set(helpMessage().matches(of: /--[a-z][a-z-]*/).map { String($0.output) })
+        guard !known.contains(option) else { return nil }
+        let closest = known.map { ($0, CommandLineArguments.editDistance($0, option)) }.min { $0.1 < $1.1 }
+        return "Unknown option '\(option)'" + (closest.flatMap { $0.1 < 4 ? ". Did you mean '\($0.0)'?" : nil } ?? "")
+    }
+
     func run() async throws {
-        let home = options.nodeHome
-        let (store, nodeConfiguration) = try options.openStore()
+        let home = try options.checkedHome(writing: true)
+        // Before anything is created: a run that cannot start leaves no half-made data directory behind.
         let identity = try NodeIdentity.load(from: home)
+        let (store, nodeConfiguration) = try options.openStore()
         let level = nodeConfiguration.logLevel
         LoggingSystem.bootstrap { label in
             var handler = StreamLogHandler.standardError(label: label)
@@ -113,7 +132,13 @@ struct Run: AsyncParsableCommand {
             configuration.bluetooth = bluetoothConfiguration
         }
 
+        // One run per data directory (two would advertise and deliver the same items); held until exit.
+        // Taken once the options are known to be valid, so that a refused command line changes nothing.
+        let lock = try RunLock(home: home)
         let output = RunOutput(json: json)
+        store.observeExpiry { items in
+            for item in items { output.expired(item) }
+        }
         let peer = try ThaliPeer(store: store, identity: identity, configuration: configuration,
                                  logger: Logger(label: "thali.node"), events: { output.report($0) })
         // The peer runs as a swift-service-lifecycle service: SIGTERM and SIGINT shut the group down
@@ -140,6 +165,7 @@ struct Run: AsyncParsableCommand {
         var stopped = PeerEventRecord(event: "stopped", summary: "stopped (\(stopReason))")
         stopped.reason = stopReason
         output.print(stopped)
+        withExtendedLifetime(lock) {}
     }
 }
 
@@ -214,8 +240,27 @@ final class RunOutput: Sendable {
             guard let data = try? record.jsonLine() else { return }
             FileHandle.standardOutput.write(data + Data("\n".utf8))
         } else {
-            FileHandle.standardOutput.write(Data((String(format: "%8.3fs  ", elapsed) + record.summary + "\n").utf8))
+            // Summaries carry texts, names and reasons from other peers: escaped for the terminal.
+            let line = TerminalText.escaped(Self.roundingDurations(record.summary))
+            FileHandle.standardOutput.write(Data((String(format: "%8.3fs  ", elapsed) + line + "\n").utf8))
         }
+    }
+
+    /// `text` with the durations Swift prints in full (`0.22570350109114892 seconds`) rounded for people
+    /// (`0.23 s`); `--json` keeps exact milliseconds.
+    static func roundingDurations(_ text: String) -> String {
+        text.replacing(/(\d+\.\d+) seconds/) { match in
+            let seconds = Double(match.output.1) ?? 0
+            return String(format: seconds < 10 ? "%.2f s" : "%.0f s", seconds)
+        }
+    }
+
+    /// Reports an item dropped undelivered because it expired (`expired`, with its id and kind).
+    func expired(_ item: OutboxItem) {
+        var record = PeerEventRecord(event: "expired", summary: "\(item.id.uuidString.prefix(8)) expired undelivered and was deleted "
+                                     + "(\(item.kind == .text ? "a text" : "file \(item.fileName ?? "?")"), \(item.size) bytes)")
+        (record.id, record.kind, record.size, record.fileName) = (item.id.uuidString, item.kind.rawValue, item.size, item.fileName)
+        print(record)
     }
 
     func status(_ status: PeerStatus) {

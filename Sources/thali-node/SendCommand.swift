@@ -59,7 +59,9 @@ struct Send: ParsableCommand {
 
 /// `thali-node outbox`: what is waiting for delivery.
 struct Outbox: ParsableCommand {
-    static let configuration = CommandConfiguration(abstract: "List queued items not yet delivered.")
+    static let configuration = CommandConfiguration(
+        abstract: "List queued items not yet delivered.",
+        discussion: "State: pending (offered when the contact is reachable), refused (by the receiver; kept to be seen), or expired (never offered again; `run` deletes it).")
     @OptionGroup var options: NodeOptions
     @Flag(help: "Print JSON for scripts.") var json = false
 
@@ -80,17 +82,20 @@ struct Outbox: ParsableCommand {
     func run() throws {
         let (store, _) = try options.openExistingStore()
         let names = Dictionary(uniqueKeysWithValues: try (store?.contacts() ?? []).compactMap { c in c.id.map { ($0, c.name) } })
+        let now = Date().millisecondsSinceEpoch
         let entries = try (store?.outbox() ?? []).map {
-            Entry(id: $0.id.uuidString, contact: names[$0.contactID] ?? "?", kind: $0.kind.rawValue, text: $0.text,
-                  fileName: $0.fileName, size: $0.size, acknowledgedBytes: $0.acknowledgedBytes, state: $0.state.rawValue,
-                  created: formatMilliseconds($0.createdAtMs), expires: formatMilliseconds($0.expiresAtMs), problem: $0.lastError)
+            // An expired item is no longer offered; `run` drops it at its next sweep.
+            let state = $0.expiresAtMs <= now ? "expired" : $0.state.rawValue
+            return Entry(id: $0.id.uuidString, contact: names[$0.contactID] ?? "?", kind: $0.kind.rawValue, text: $0.text,
+                         fileName: $0.fileName, size: $0.size, acknowledgedBytes: $0.acknowledgedBytes, state: state,
+                         created: formatMilliseconds($0.createdAtMs), expires: formatMilliseconds($0.expiresAtMs), problem: $0.lastError)
         }
         if json { return try printJSON(entries) }
         if entries.isEmpty { print("outbox is empty") }
         for entry in entries {
             let what = entry.text.map { "\"\($0)\"" } ?? "\(entry.fileName ?? "?") (\(entry.size) bytes)"
-            print("\(entry.created)  to \(entry.contact)  \(entry.state)  \(what)  expires \(entry.expires)"
-                  + (entry.problem.map { "  [\($0)]" } ?? ""))
+            print(TerminalText.escaped("\(entry.created)  to \(entry.contact)  \(entry.state)  \(what)  expires \(entry.expires)"
+                                       + (entry.problem.map { "  [\($0)]" } ?? "")))
         }
     }
 }

@@ -1,5 +1,8 @@
 import ArgumentParser
 import Foundation
+import NIOCore
+import ThaliNodeCore
+import ThaliSSDP
 
 /// `thali-node`: the command-line Thali peer, its demo, benchmarks and conformance tools.
 @main
@@ -7,20 +10,29 @@ struct ThaliNode: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "thali-node",
         abstract: "A Thali peer: private discovery of contacts and authenticated delivery over local networks.",
+        version: "thali-node, JSON output version \(jsonOutputVersion)",
         subcommands: [Demo.self, Conformance.self, Bench.self, Discover.self, Identity.self, Contacts.self, Send.self, Outbox.self, Inbox.self, Config.self, Run.self]
     )
 
     /// Parses and runs the command. Every error is one line on standard error (`error: ...`, control
     /// characters escaped) and a non-zero exit; help and version requests print as usual.
     static func main() async {
+        // Everything this process creates in a data directory is private, whatever the user's umask.
+        umask(0o077)
         let arguments: [String]
         do {
             arguments = CommandLineArguments.normalized(try CommandLineArguments.validatedUTF8())
         } catch {
             report(error)
         }
+        if let unknown = CommandLineArguments.unknownSubcommand(in: arguments, of: ThaliNode.self) {
+            FileHandle.standardError.write(Data(("error: " + CommandLineArguments.oneLine(unknown) + "\n").utf8))
+            Foundation.exit(ExitCode.validationFailure.rawValue)
+        }
         do {
             var command = try parseAsRoot(arguments)
+            // Test aid: checks that a documented command line parses (spec and README against the binary).
+            if ProcessInfo.processInfo.environment[Self.parseOnlyEnvironmentKey] != nil { Foundation.exit(0) }
             if var asyncCommand = command as? AsyncParsableCommand {
                 try await asyncCommand.run()
             } else {
@@ -31,11 +43,33 @@ struct ThaliNode: AsyncParsableCommand {
         }
     }
 
+    /// What `error` means to a user: words for the system, Foundation, SQLite and NIO errors a command
+    /// can meet (``SystemErrorText``), ArgumentParser's own text for the rest.
+    static func userMessage(for error: any Error) -> String {
+        if case SSDPDiscoveryService.StartError.noInterface(let address) = error {
+            return "no local interface has the address \(address); give one of this machine's IPv4 addresses (see `ip -4 addr`)"
+        }
+        let nsError = error as NSError
+        if error is NodeError || error is CancellationError || error is IOError || String(reflecting: type(of: error)).hasPrefix("GRDB.")
+            || nsError.domain == NSCocoaErrorDomain || nsError.domain == NSPOSIXErrorDomain {
+            return SystemErrorText.describe(error)
+        }
+        return message(for: error)
+    }
+
+    /// The version of the `--json` output's schema (spec/node.md, "JSON output"): a change that renames or
+    /// removes a key is a new version. 2: snake_case keys everywhere (issue 26).
+    static let jsonOutputVersion = 2
+
+    /// Names a variable in the environment that makes the binary stop after parsing its arguments
+    /// (exit 0 if they parse): the tests check every command line of the README and the spec with it.
+    static let parseOnlyEnvironmentKey = "THALI_NODE_PARSE_ONLY"
+
     /// Prints `error` as one line and exits with its code (help and clean exits as ArgumentParser does).
     static func report(_ error: any Error) -> Never {
         let code = exitCode(for: error)
         if code == .success || error is CleanExit { exit(withError: error) }
-        let message = message(for: error)
+        let message = userMessage(for: error)
         // `ExitCode(n)` carries no message: the command has said what it had to.
         if error is ExitCode || message.isEmpty { Foundation.exit(code.rawValue) }
         FileHandle.standardError.write(Data(("error: " + CommandLineArguments.oneLine(message) + "\n").utf8))
@@ -94,16 +128,64 @@ enum CommandLineArguments {
         return result
     }
 
+    /// The complaint about the first word that should name a subcommand and does not, with the closest
+    /// name if one is near (as git does): `unknown command 'contcts'; did you mean 'contacts'?`.
+    static func unknownSubcommand(in arguments: [String], of root: any ParsableCommand.Type) -> String? {
+        var command = root
+        var path = [root._commandName]
+        for argument in arguments {
+            let subcommands = command.configuration.subcommands
+            guard !subcommands.isEmpty, command.configuration.defaultSubcommand == nil,
+                  !argument.hasPrefix("-"), argument != "help" else { return nil }
+            if let next = subcommands.first(where: { $0._commandName == argument || $0.configuration.aliases.contains(argument) }) {
+                command = next
+                path.append(argument)
+                continue
+            }
+            let names = subcommands.map { $0._commandName }
+            let closest = names.map { ($0, editDistance($0, argument)) }.min { $0.1 < $1.1 }
+            let hint = closest.flatMap { $0.1 <= max(2, argument.count / 3) ? "did you mean '\($0.0)'?" : nil }
+                ?? "see `\(path.joined(separator: " ")) --help`"
+            return "unknown command '\(argument)' for `\(path.joined(separator: " "))`; \(hint)"
+        }
+        return nil
+    }
+
+    /// The Levenshtein distance between `a` and `b` (insertions, deletions, substitutions).
+    static func editDistance(_ a: String, _ b: String) -> Int {
+        let (a, b) = (Array(a), Array(b))
+        var previous = Array(0...b.count)
+        for i in 1...max(1, a.count) where !a.isEmpty {
+            var current = [i] + Array(repeating: 0, count: b.count)
+            for j in stride(from: 1, through: b.count, by: 1) {
+                current[j] = min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1))
+            }
+            previous = current
+        }
+        return a.isEmpty ? b.count : previous[b.count]
+    }
+
     /// `text` on one line: newlines and other control characters escaped.
     static func oneLine(_ text: String) -> String {
+        TerminalText.escaped(text.trimmingCharacters(in: .whitespacesAndNewlines))
+    }
+}
+
+/// Text made safe for a terminal: every byte that came from another peer (texts, names, reasons) goes
+/// through this before human output, so it cannot clear the screen, retitle the window, move the cursor
+/// or overwrite a line. `--json` output carries the raw text (JSON escapes control characters itself).
+enum TerminalText {
+    /// `text` with newlines, tabs, other control characters (C0, DEL, C1, which start every terminal
+    /// escape sequence) and the bidirectional overrides (which reorder what is shown) written as escapes.
+    static func escaped(_ text: String) -> String {
         var result = ""
-        for scalar in text.trimmingCharacters(in: .whitespacesAndNewlines).unicodeScalars {
+        for scalar in text.unicodeScalars {
             switch scalar {
             case "\n": result += "\\n"
             case "\r": result += "\\r"
             case "\t": result += "\\t"
             default:
-                if scalar.properties.generalCategory == .control {
+                if isEscaped(scalar) {
                     result += String(format: "\\u{%X}", scalar.value)
                 } else {
                     result.unicodeScalars.append(scalar)
@@ -111,6 +193,11 @@ enum CommandLineArguments {
             }
         }
         return result
+    }
+
+    private static func isEscaped(_ scalar: Unicode.Scalar) -> Bool {
+        scalar.properties.generalCategory == .control || (0x202A...0x202E).contains(scalar.value)
+            || (0x2066...0x2069).contains(scalar.value)
     }
 }
 

@@ -22,7 +22,7 @@ struct PeerModeTests {
         let path = FileManager.default.temporaryDirectory.appendingPathComponent("thali-conf-\(label)-\(UUID().uuidString)").path
         let created = try ChildProcess.run(try node(), ["--home", path, "identity", "create", "--json"], timeout: .seconds(20))
         let object = try #require(try JSONSerialization.jsonObject(with: Data(created.output.utf8)) as? [String: Any], "\(created.output)")
-        return (path, try #require(object["publicKey"] as? String))
+        return (path, try #require(object["public_key"] as? String))
     }
 
     @Test("against thali-node run: every MUST and SHOULD case passes, in both roles; JSON and JUnit outputs parse")

@@ -66,7 +66,7 @@ struct CommandLineTests {
         #expect(inbox.output.trimmingCharacters(in: .whitespacesAndNewlines) == "[\n\n]"
                 || inbox.output.trimmingCharacters(in: .whitespacesAndNewlines) == "[]")
 
-        let removed = try await thaliNode(["contacts", "remove", "bob"] + home)
+        let removed = try await thaliNode(["contacts", "remove", "bob", "--force"] + home)
         #expect(removed.status == 0)
         #expect(try store.outbox().isEmpty)
     }

@@ -109,7 +109,7 @@ struct CommandLineUsabilityTests {
         let queued = try await thaliNode(["send", "bob", "--file", path, "--name", "report.pdf", "--home", home])
         #expect(queued.status == 0, "\(queued.output)")
         let outbox = try await thaliNode(["outbox", "--json", "--home", home])
-        #expect(outbox.output.contains("\"fileName\" : \"report.pdf\""), "\(outbox.output)")
+        #expect(outbox.output.contains("\"file_name\" : \"report.pdf\""), "\(outbox.output)")
         try await expectRefusal({ try await thaliNode(["send", "bob", "hi", "--name", "x", "--home", home]) },
                                 containing: "--name names a file", home: home)
     }

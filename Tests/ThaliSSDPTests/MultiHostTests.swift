@@ -84,7 +84,7 @@ struct MultiHostTests {
         peers[1].write("stop\n")
         let stopped = try await waitForLine(peers[1], "peer 1 stops") { $0["event"] as? String == "stopped" }
         let counters = try #require(stopped["counters"] as? [String: Int])
-        #expect(counters["spoofedLocationsIgnored"] == 0 && counters["malformedDatagrams"] == 0)
-        #expect(counters["beaconFetchesSucceeded"] == 2)  // once per USN, despite an alive every 500 ms
+        #expect(counters["spoofed_locations_ignored"] == 0 && counters["malformed_datagrams"] == 0)
+        #expect(counters["beacon_fetches_succeeded"] == 2)  // once per USN, despite an alive every 500 ms
     }
 }

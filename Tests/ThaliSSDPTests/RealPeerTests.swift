@@ -45,8 +45,8 @@ struct RealPeerTests {
         node.write("stop\n")
         let stopped = try await waitForLine(node, "stopped") { $0["event"] as? String == "stopped" }
         let counters = try #require(stopped["counters"] as? [String: Int])
-        #expect(counters["searchResponsesSent"] ?? 0 >= 1)
-        #expect(counters["alivesSent"] == 1)  // so gssdp learnt of us from the search answer
+        #expect(counters["search_responses_sent"] ?? 0 >= 1)
+        #expect(counters["alives_sent"] == 1)  // so gssdp learnt of us from the search answer
     }
 
     @Test(.enabled(if: TestEnvironment.available(ChildProcess.testVenvPython(packageRoot: PackagePaths.root()) != nil)))

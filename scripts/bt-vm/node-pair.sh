@@ -10,7 +10,7 @@ work=/tmp/thali-node-pair
 rm -rf "$work"; mkdir -p "$work"
 echo "[guest] the radio is emulated: BlueZ btvirt controllers in a QEMU guest"
 
-key() { "$node" identity show --home "$work/$1" --json | /usr/bin/python3 -c 'import json, sys; print(json.load(sys.stdin)["publicKey"])'; }
+key() { "$node" identity show --home "$work/$1" --json | /usr/bin/python3 -c 'import json, sys; print(json.load(sys.stdin)["public_key"])'; }
 for name in alice bob; do "$node" identity create --home "$work/$name" >/dev/null || exit 1; done
 "$node" contacts add --home "$work/alice" bob "$(key bob)" >/dev/null || exit 1
 "$node" contacts add --home "$work/bob" alice "$(key alice)" >/dev/null || exit 1
@@ -56,7 +56,7 @@ texts_bob = [i.get("text") for i in bob if i.get("kind") == "text"]
 files_bob = [i for i in bob if i.get("kind") == "file"]
 file_ok = False
 if len(files_bob) == 1:
-    path = files_bob[0].get("path") or files_bob[0].get("filePath")
+    path = files_bob[0].get("file_path")
     if path:
         file_ok = hashlib.sha256(open(path, "rb").read()).digest() == hashlib.sha256(payload).digest()
     else:
