@@ -213,4 +213,33 @@ struct RunSessionTests {
         #expect(status["contacts"] == nil)
         #expect(alicePeer.kill() == 0)
     }
+    @Test("a refused connection, and a stop during the retry, print words: no type names, no library descriptions")
+    func refusedConnectionInWords() async throws {
+        let people = try TestPeople(["alice", "bob"], label: "run-refused")
+        let ssdpPort = randomSSDPPort()
+        // Alice's announcement for Bob, served from a port that closes at Bob's first PSK-TLS attempt:
+        // that attempt ends closed, every later one is refused.
+        let host = try await AnnouncementCopyHost(copying: people["alice"], for: people["bob"], ssdpPort: ssdpPort) { channel in
+            channel.parent?.close(promise: nil)
+            return channel.close()
+        }
+        defer { Task { await host.stop() } }
+        let port = try #require(host.listener.localAddress?.port)
+        let bob = try RunningPeer("bob", thaliNodeExecutable, [
+            "run", "--home", people["bob"].home.path, "--address", "127.0.0.1", "--ssdp-port", String(ssdpPort),
+        ])
+        defer { bob.kill() }
+        let clock = ContinuousClock()
+        let deadline = clock.now + .seconds(30)
+        let refused = "connection with alice failed: connection refused by 127.0.0.1:\(port); retrying in "
+        while !bob.output.contains(refused), !bob.hasExited, clock.now < deadline {
+            try await Task.sleep(for: .milliseconds(50))
+        }
+        #expect(bob.output.contains(refused), "\(bob.output)")
+        #expect(bob.kill() == 0)
+        let lines = bob.output.split(separator: "\n")
+        for marker in ["Error(", "Failure(", "NIO", "IOError", "errno", "ThaliNodeCore.", "TCPMultiplexer."] {
+            #expect(!lines.contains { $0.contains(marker) }, "\(marker) in:\n\(bob.output)")
+        }
+    }
 }
