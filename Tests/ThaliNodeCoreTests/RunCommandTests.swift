@@ -69,6 +69,18 @@ struct RunCommandTests {
         #expect(try demoDirectories().subtracting(before).isEmpty, "the demo left its data directories behind")
     }
 
+    @Test("demo --json prints only its summary: one object saying every item arrived, per peer and per step")
+    func demoJSON() async throws {
+        let summary = try await thaliNodeJSONObject(["demo", "--json", "--pace", "0", "--timeout", "45"])
+        #expect(summary["ok"] as? Bool == true && summary["items"] as? Int == 6 && summary["verified"] as? Int == 6)
+        #expect(summary["failure"] == nil && summary["kept_under"] == nil)
+        let peers = try #require(summary["peers"] as? [[String: Any]])
+        #expect(peers.map { $0["name"] as? String } == ["Alice", "Bob", "Carol"])
+        #expect(peers.allSatisfy { $0["inbox"] as? Int == 2 && $0["outbox_left"] as? Int == 0 })
+        let timings = try #require(summary["timings"] as? [[String: Any]])
+        #expect(timings.contains { ($0["step"] as? String)?.hasPrefix("stop the 3 peers cleanly") == true && $0["s"] is Double })
+    }
+
     func expectOneLineError(_ arguments: [String], containing text: String, sourceLocation: SourceLocation = #_sourceLocation) async throws {
         let executable = thaliNodeExecutable
         let result = try await Task.detached { try ChildProcess.run(executable, arguments, timeout: .seconds(20)) }.value
