@@ -225,6 +225,34 @@ struct RunSessionTests {
         #expect(status["contacts"] == nil)
         #expect(alicePeer.kill() == 0)
     }
+    @Test("a peer stopped in the middle of receiving a file says so in words")
+    func stopMidSessionInWords() async throws {
+        let people = try TestPeople(["alice", "bob"], label: "run-stop-mid")
+        let (alice, bob) = (try people["alice"], try people["bob"])
+        let path = alice.home.path + "/big.bin"
+        try Data(randomBytes(1 << 20)).write(to: URL(fileURLWithPath: path))
+        _ = try alice.store.enqueueFile(at: path, to: "bob", expiresAt: Date().addingTimeInterval(600))
+        let ssdpPort = String(randomSSDPPort())
+        let alicePeer = try RunningPeer("alice", thaliNodeExecutable, [
+            "run", "--home", alice.home.path, "--address", "127.0.0.1", "--ssdp-port", ssdpPort, "--json", "--throttle", "262144",
+        ])
+        defer { alicePeer.kill(signal: SIGKILL) }  // its paced writes would hold a clean stop for seconds
+        let bobPeer = try RunningPeer("bob", thaliNodeExecutable, [
+            "run", "--home", bob.home.path, "--address", "127.0.0.1", "--ssdp-port", ssdpPort,
+        ])
+        defer { bobPeer.kill() }
+        try await alicePeer.waitFor("the transfer") { isEvent($0, "progress", ["contact": "bob"]) }
+        #expect(bobPeer.kill(signal: SIGTERM) == 0)
+        let lines = bobPeer.output.split(separator: "\n")
+        // Bob's stop cancels the session (or closes its connection first): either way, said in words.
+        let ended = lines.filter { $0.contains("session with alice ended: connection with 127.0.0.1:") }
+        #expect(ended.count == 1 && ended.allSatisfy { $0.hasSuffix(" closed: this peer stopped") || $0.hasSuffix(" closed the connection") },
+                "\(bobPeer.output)")
+        for marker in ["Error(", "Failure(", "NIO", "IOError", "errno", "ThaliNodeCore.", "TCPMultiplexer."] {
+            #expect(!lines.contains { $0.contains(marker) }, "\(marker) in:\n\(bobPeer.output)")
+        }
+    }
+
     @Test("a refused connection, and a stop during the retry, print words: no type names, no library descriptions")
     func refusedConnectionInWords() async throws {
         let people = try TestPeople(["alice", "bob"], label: "run-refused")
