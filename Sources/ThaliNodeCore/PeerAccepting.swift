@@ -14,6 +14,7 @@ extension ThaliPeer {
         let table = self.table
         let contacts = self.contactsByKey
         let binding = bindingCarrying(channel)
+        let address = channel.remoteAddress.map { "\($0.ipAddress ?? "?"):\($0.port ?? 0)" } ?? "?"
         register(channel)
         return AuthenticatedSession.configureServer(on: channel, context: serverContext, lookup: { identity in
             // On the event loop, during the handshake: tables only, no store.
@@ -23,14 +24,13 @@ extension ThaliPeer {
             }
             return (advertised.psk, contact)
         }, inboundStream: { [self] stream, contact in
-            serveStream(stream, for: contact)
+            serveStream(stream, for: contact, from: address)
         }).flatMapThrowing { [emit] server in
             server.peer.whenSuccess { contact in
                 onAuthenticated()
                 emit(.connected(contact: contact.name, role: .accepting, binding: binding))
             }
             // Reported only for a connection that authenticated a contact.
-            let address = channel.remoteAddress.map { "\($0.ipAddress ?? "?"):\($0.port ?? 0)" } ?? "?"
             try channel.pipeline.syncOperations.addHandler(ConnectionEndRecorder { error in
                 server.peer.whenSuccess { contact in
                     emit(.disconnected(contact: contact.name, role: .accepting, binding: binding,
@@ -50,7 +50,7 @@ extension ThaliPeer {
         return bindings.contains { $0.kind == .wifi } ? .wifi : .bluetooth
     }
 
-    private func serveStream(_ stream: Channel, for contact: Contact) -> EventLoopFuture<Void> {
+    private func serveStream(_ stream: Channel, for contact: Contact, from address: String) -> EventLoopFuture<Void> {
         if let appPort = configuration.appPort {
             return MultiplexerBridge.connectingInitializer(host: "127.0.0.1", port: appPort)(stream)
         }
@@ -69,7 +69,7 @@ extension ThaliPeer {
                                                  logger: logger).run(on: frames)
                     emit(.sessionEnded(contact: contact.name, role: .accepting, error: nil))
                 } catch {
-                    emit(.sessionEnded(contact: contact.name, role: .accepting, error: "\(error)"))
+                    emit(.sessionEnded(contact: contact.name, role: .accepting, error: PeerConnectionError(error, address: address)))
                 }
             }
         }

@@ -5,8 +5,8 @@ import ThaliSSDP
 enum PeerBindingEvent: Sendable {
     /// A peer was heard (`origin`: its SSDP location, or its Bluetooth address).
     case peerAppeared(origin: PeerLocation)
-    /// A peer left (`byebye`, `expired`, ...).
-    case peerLeft(origin: PeerLocation, reason: String)
+    /// A peer left.
+    case peerLeft(origin: PeerLocation, reason: PeerDepartureReason)
     /// A peer's beacons, fetched from `origin`; its one port is reached at `location`.
     case beaconsFetched(origin: PeerLocation, location: BeaconLocation, bytes: [UInt8])
     /// A DoS limit of the binding fired and switched something off for a while.

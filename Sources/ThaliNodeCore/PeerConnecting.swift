@@ -96,11 +96,11 @@ extension ThaliPeer {
         if configuration.appPort != nil {
             try await relay(contact, over: session, at: route.location)
         } else {
-            try await receive(from: contact, over: session)
+            try await receive(from: contact, over: session, at: route.location)
         }
     }
 
-    private func receive(from contact: Contact, over session: MultiplexerSession) async throws {
+    private func receive(from contact: Contact, over session: MultiplexerSession, at location: BeaconLocation) async throws {
         let limits = configuration.deliveryLimits
         sessionStarted()
         defer { sessionFinished() }
@@ -112,7 +112,7 @@ extension ThaliPeer {
             emit(.sessionEnded(contact: contact.name, role: .connecting, error: nil))
             try? await session.close().get()
         } catch {
-            emit(.sessionEnded(contact: contact.name, role: .connecting, error: "\(error)"))
+            emit(.sessionEnded(contact: contact.name, role: .connecting, error: PeerConnectionError(error, connectingTo: location)))
             try? await session.close().get()
             throw error
         }

@@ -28,6 +28,8 @@ public struct PeerConnectionError: Error, Sendable, Hashable, CustomStringConver
         case delivery(DeliveryProtocolError)
         /// Relay mode: the session carrying the relay ended.
         case relayClosed
+        /// This peer stopped (or gave the connection up) while the connection or its session ran.
+        case cancelled
         /// Any other failure; the detail says what.
         case other
     }
@@ -56,6 +58,8 @@ public struct PeerConnectionError: Error, Sendable, Hashable, CustomStringConver
         switch error {
         case let error as PeerConnectionError:
             self = error
+        case is CancellationError:
+            self.init(.cancelled, address: address)
         case let error as PSKTLSError:
             self.init(.tls(error.reason), address: address, detail: error.description)
         case let error as MultiplexerError:
@@ -67,10 +71,10 @@ public struct PeerConnectionError: Error, Sendable, Hashable, CustomStringConver
             if let first = error.connectionErrors.first {
                 self.init(first.error, address: address)
             } else {
-                self.init(.other, address: address, detail: "\(error)")
+                self.init(.other, address: address, detail: "no address to connect to")
             }
         case let error as IOError:
-            self.init(Self.reason(errno: error.errnoCode), address: address, detail: "\(error)")
+            self.init(Self.reason(errno: error.errnoCode), address: address, detail: String(cString: strerror(error.errnoCode)))
         case let error as ChannelError:
             switch error {
             case .connectTimeout: self.init(.timedOut, address: address)
@@ -104,6 +108,7 @@ public struct PeerConnectionError: Error, Sendable, Hashable, CustomStringConver
         case .multiplexer(let error): "multiplexer with \(address) failed: \(error)"
         case .delivery(let error): "delivery with \(address) failed: \(error)"
         case .relayClosed: "relay session with \(address) closed"
+        case .cancelled: "connection with \(address) closed: this peer stopped"
         case .other: detail.isEmpty ? "connection to \(address) failed" : "connection to \(address) failed: \(detail)"
         }
     }

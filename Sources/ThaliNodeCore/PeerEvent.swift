@@ -21,8 +21,8 @@ public enum PeerEvent: Sendable, Hashable {
     case advertising(contacts: [String])
     /// A peer was heard on the network (by its location).
     case peerAppeared(location: PeerLocation)
-    /// A peer left (`byebye`, `expired` or `stopped`).
-    case peerLeft(location: PeerLocation, reason: String)
+    /// A peer left (it said byebye, its announcement expired, or discovery stopped).
+    case peerLeft(location: PeerLocation, reason: PeerDepartureReason)
     /// A peer's beacons named us, from this contact.
     case beaconMatched(contact: String, location: PeerLocation)
     /// Connecting to a contact (attempt ≥ 1) found at `location` (its binding is the location's).
@@ -38,7 +38,7 @@ public enum PeerEvent: Sendable, Hashable {
     /// multiplexer protocol error), nil when it simply closed.
     case disconnected(contact: String, role: Role, binding: PeerBindingKind, reason: PeerConnectionError?)
     /// A delivery session ended (`error` nil: it completed).
-    case sessionEnded(contact: String, role: Role, error: String?)
+    case sessionEnded(contact: String, role: Role, error: PeerConnectionError?)
     /// A DoS limit fired and this peer switched something off for a while: the last resort of that limit.
     case limitTriggered(PeerLimitReport)
     /// Relay mode: connections to this local port reach the contact's app.
@@ -47,6 +47,34 @@ public enum PeerEvent: Sendable, Hashable {
     case bindingUnavailable(binding: PeerBindingKind, reason: String)
     /// The peer stopped.
     case stopped
+}
+
+/// Why a peer left (``PeerEvent/peerLeft(location:reason:)``).
+public enum PeerDepartureReason: String, Sendable, Hashable, CustomStringConvertible {
+    /// It said `ssdp:byebye` (and no new announcement followed).
+    case byebye
+    /// Its announcement's max-age ran out.
+    case expired
+    /// Our discovery stopped.
+    case stopped
+
+    /// The node-level reason of an SSDP departure.
+    public init(_ reason: SSDPDiscoveryEvent.DepartureReason) {
+        switch reason {
+        case .byebye: self = .byebye
+        case .expired: self = .expired
+        case .stopped: self = .stopped
+        }
+    }
+
+    /// The reason in words ("it said byebye"); `--json` prints the name (`byebye`, `expired`, `stopped`).
+    public var description: String {
+        switch self {
+        case .byebye: "it said byebye"
+        case .expired: "its announcement expired"
+        case .stopped: "discovery stopped"
+        }
+    }
 }
 
 /// What a fired DoS limit did (``PeerEvent/limitTriggered(_:)``).

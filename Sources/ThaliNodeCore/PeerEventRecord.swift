@@ -129,8 +129,8 @@ public struct PeerEventRecord: Encodable, Sendable, Hashable {
             self.location = location.description
             binding = location.binding.rawValue
         case .peerLeft(let location, let reason):
-            self.init(event: "peer_left", summary: "peer at \(location) left (\(reason))")
-            (self.location, self.reason) = (location.description, reason)
+            self.init(event: "peer_left", summary: "peer at \(location) left: \(reason)")
+            (self.location, self.reason) = (location.description, reason.rawValue)
             binding = location.binding.rawValue
         case .beaconMatched(let contact, let location):
             self.init(event: "matched", summary: "beacon from \(contact) matched at \(location)")
@@ -157,7 +157,7 @@ public struct PeerEventRecord: Encodable, Sendable, Hashable {
             (self.contact, self.role, self.binding, self.reason) = (contact, role.rawValue, binding.rawValue, reason)
         case .sessionEnded(let contact, let role, let error):
             self.init(event: "session_ended", summary: "session with \(contact) ended" + (error.map { ": \($0)" } ?? ""))
-            (self.contact, self.role, self.error) = (contact, role.rawValue, error)
+            (self.contact, self.role, self.error) = (contact, role.rawValue, error?.description)
         case .limitTriggered(let report):
             self.init(event: "limit_triggered", summary: "limit \(report.kind) fired: \(report.detail)")
             (kind, effect, detail) = (report.kind.rawValue, report.effect.rawValue, report.detail)

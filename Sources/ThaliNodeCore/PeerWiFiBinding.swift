@@ -44,7 +44,7 @@ final class PeerWiFiBinding: PeerBindingService {
                 case .appeared(let peer):
                     events(.peerAppeared(origin: .wifi(peer.location)))
                 case .left(let peer, let reason):
-                    events(.peerLeft(origin: .wifi(peer.location), reason: reason.rawValue))
+                    events(.peerLeft(origin: .wifi(peer.location), reason: PeerDepartureReason(reason)))
                 case .limitTriggered(let kind):
                     events(.limitTriggered(Self.report(of: kind, limits: limits.0, admission: limits.1)))
                 case .changed, .beaconsFetched, .beaconFetchFailed:

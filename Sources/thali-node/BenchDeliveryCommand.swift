@@ -6,8 +6,8 @@ import NIOPosix
 import ThaliBeacons
 import ThaliNodeCore
 
-/// `thali-node bench delivery`: delivery throughput between two stores over loopback TCP (no TLS, no
-/// multiplexer: the cost of the store-and-forward core alone).
+/// `thali-node bench delivery [--json]`: delivery throughput between two stores over loopback TCP (no
+/// TLS, no multiplexer: the cost of the store-and-forward core alone).
 struct BenchDelivery: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "delivery",
@@ -16,6 +16,39 @@ struct BenchDelivery: AsyncParsableCommand {
     @Option(help: "How many texts to deliver.") var texts = 200
     @Option(help: "Size of the file to deliver, in MiB.") var fileMib = 64
     @Option(help: "Data chunk size in bytes.") var chunkBytes = DeliveryLimits.default.chunkBytes
+    @Flag(help: """
+        Print one JSON object instead of lines (keys texts, texts_s, texts_per_s, ms_per_text, file_mib, \
+        file_queue_s, file_queue_mb_s, file_s, file_mb_s, chunk_bytes; rates in items/s and MiB/s; the text or \
+        file keys absent when --texts or --file-mib is 0).
+        """)
+    var json = false
+
+    /// The figures of one run, as `--json` prints them (the same as the lines).
+    struct Figures: Encodable {
+        var texts: Int?
+        var textsSeconds: Double?
+        var textsPerSecond: Double?
+        var millisecondsPerText: Double?
+        var fileMiB: Int?
+        var fileQueueSeconds: Double?
+        var fileQueueMiBPerSecond: Double?
+        var fileSeconds: Double?
+        var fileMiBPerSecond: Double?
+        var chunkBytes: Int?
+
+        enum CodingKeys: String, CodingKey {
+            case texts
+            case textsSeconds = "texts_s"
+            case textsPerSecond = "texts_per_s"
+            case millisecondsPerText = "ms_per_text"
+            case fileMiB = "file_mib"
+            case fileQueueSeconds = "file_queue_s"
+            case fileQueueMiBPerSecond = "file_queue_mb_s"
+            case fileSeconds = "file_s"
+            case fileMiBPerSecond = "file_mb_s"
+            case chunkBytes = "chunk_bytes"
+        }
+    }
 
     func run() async throws {
         let root = FileManager.default.temporaryDirectory.appendingPathComponent("thali-bench-\(getpid())").path
@@ -27,15 +60,21 @@ struct BenchDelivery: AsyncParsableCommand {
         let bobAtAlice = try alice.addContact(name: "bob", publicKey: key())
         let aliceAtBob = try bob.addContact(name: "alice", publicKey: key())
         let expiry = Date().addingTimeInterval(3600)
+        var figures = Figures()
 
         if texts > 0 {
             for index in 0..<texts { try alice.enqueueText("message \(index)", to: "bob", expiresAt: expiry) }
             let textSeconds = try await deliver(alice, bobAtAlice, bob, aliceAtBob, limits)
-            print(String(format: "texts: %d delivered in %.3f s: %.0f items/s, %.2f ms per item (each committed durably)",
-                         texts, textSeconds, Double(texts) / textSeconds, textSeconds * 1000 / Double(texts)))
+            (figures.texts, figures.textsSeconds) = (texts, textSeconds)
+            figures.textsPerSecond = Double(texts) / textSeconds
+            figures.millisecondsPerText = textSeconds * 1000 / Double(texts)
+            if !json {
+                print(String(format: "texts: %d delivered in %.3f s: %.0f items/s, %.2f ms per item (each committed durably)",
+                             texts, textSeconds, Double(texts) / textSeconds, textSeconds * 1000 / Double(texts)))
+            }
         }
 
-        guard fileMib > 0 else { return }
+        guard fileMib > 0 else { return try printJSONIfAsked(figures) }
         let source = root + "/payload.bin"
         _ = FileManager.default.createFile(atPath: source, contents: nil)
         let handle = try FileHandle(forWritingTo: URL(fileURLWithPath: source))
@@ -47,8 +86,20 @@ struct BenchDelivery: AsyncParsableCommand {
         let queueSeconds = (ContinuousClock.now - queueStart).seconds
         let fileSeconds = try await deliver(alice, bobAtAlice, bob, aliceAtBob, limits)
         let mib = Double(fileMib)
-        print(String(format: "file: %d MiB queued (copy + SHA-256) in %.3f s (%.0f MiB/s); delivered in %.3f s: %.0f MiB/s, chunks of %d bytes",
-                     fileMib, queueSeconds, mib / queueSeconds, fileSeconds, mib / fileSeconds, limits.chunkBytes))
+        (figures.fileMiB, figures.fileQueueSeconds, figures.fileQueueMiBPerSecond) = (fileMib, queueSeconds, mib / queueSeconds)
+        (figures.fileSeconds, figures.fileMiBPerSecond, figures.chunkBytes) = (fileSeconds, mib / fileSeconds, limits.chunkBytes)
+        if !json {
+            print(String(format: "file: %d MiB queued (copy + SHA-256) in %.3f s (%.0f MiB/s); delivered in %.3f s: %.0f MiB/s, chunks of %d bytes",
+                         fileMib, queueSeconds, mib / queueSeconds, fileSeconds, mib / fileSeconds, limits.chunkBytes))
+        }
+        try printJSONIfAsked(figures)
+    }
+
+    private func printJSONIfAsked(_ figures: Figures) throws {
+        guard json else { return }
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys]
+        print(String(decoding: try encoder.encode(figures), as: UTF8.self))
     }
 
     /// Runs one session from `sender` to `receiver` and returns its duration in seconds.

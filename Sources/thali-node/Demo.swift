@@ -27,6 +27,50 @@ struct Demo: AsyncParsableCommand {
     @Option(help: ArgumentHelp("With --bluetooth: the adapters of Alice and Bob, and Carol's if a third is named (two adapters: Carol stays home).",
                                valueName: "a,b[,c]"))
     var adapters = "hci0,hci1,hci2"
+    @Flag(help: """
+        Print only the summary, as one JSON object: ok, items, verified, peers (name, inbox, outbox_left), \
+        timings (step, s), pace_bytes_per_s, failure (when it failed), kept_under (with --keep).
+        """)
+    var json = false
+
+    /// The end of a demo run, as `--json` prints it (the same as the readable summary and timings).
+    struct Summary: Encodable {
+        struct Peer: Encodable {
+            var name: String
+            var inbox: Int
+            var outboxLeft: Int
+
+            enum CodingKeys: String, CodingKey {
+                case name, inbox
+                case outboxLeft = "outbox_left"
+            }
+        }
+
+        struct Step: Encodable {
+            var step: String
+            var s: Double
+        }
+
+        var ok: Bool
+        var items: Int
+        var verified: Int
+        var peers: [Peer]
+        var timings: [Step]
+        var paceBytesPerSecond: Int
+        var failure: String?
+        var keptUnder: String?
+
+        enum CodingKeys: String, CodingKey {
+            case ok, items, verified, peers, timings, failure
+            case paceBytesPerSecond = "pace_bytes_per_s"
+            case keptUnder = "kept_under"
+        }
+    }
+
+    /// A readable line; nothing with `--json` (only the summary object is printed).
+    private func say(_ line: String) {
+        if !json { print(line) }
+    }
 
     func validate() throws {
         guard timeout > 0, (1...(64 << 20)).contains(fileSize), pace >= 0 else {
@@ -59,7 +103,7 @@ struct Demo: AsyncParsableCommand {
         let root = FileManager.default.temporaryDirectory.appendingPathComponent("thali-demo-\(getpid())-\(UInt32.random(in: 0...UInt32.max))").path
         try FileManager.default.createDirectory(atPath: root, withIntermediateDirectories: true)
         defer {
-            if keep { print("\nData directories kept under \(root)") } else { try? FileManager.default.removeItem(atPath: root) }
+            if keep { say("\nData directories kept under \(root)") } else { try? FileManager.default.removeItem(atPath: root) }
         }
         let clock = ContinuousClock()
         let setupStart = clock.now
@@ -101,16 +145,16 @@ struct Demo: AsyncParsableCommand {
         let setupTime = clock.now - setupStart
 
         if bluetooth {
-            print("Thali demo: \(people.count == 3 ? "three" : "two") peers on Bluetooth adapters \(adapterList.joined(separator: ", ")) find each other with BLE and private beacons, then deliver over RFCOMM and PSK-TLS\n")
+            say("Thali demo: \(people.count == 3 ? "three" : "two") peers on Bluetooth adapters \(adapterList.joined(separator: ", ")) find each other with BLE and private beacons, then deliver over RFCOMM and PSK-TLS\n")
         } else {
-            print("Thali demo: three peers on 127.0.0.1 find each other with SSDP and private beacons, then deliver over PSK-TLS\n")
+            say("Thali demo: three peers on 127.0.0.1 find each other with SSDP and private beacons, then deliver over PSK-TLS\n")
         }
         for person in people {
-            print("  \(pad(person.name, 6)) \(person.key.publicKey.hexString(compressed: true))")
+            say("  \(pad(person.name, 6)) \(person.key.publicKey.hexString(compressed: true))")
         }
-        print("\nQueued:")
-        for item in expected { print("  \(pad(item.from, 6)) → \(pad(item.to, 6)) \(item.what)") }
-        print("")
+        say("\nQueued:")
+        for item in expected { say("  \(pad(item.from, 6)) → \(pad(item.to, 6)) \(item.what)") }
+        say("")
 
         // The peers: real processes, multicast pinned to loopback on a random port.
         let ssdpPort = Int.random(in: 20000...60000)
@@ -161,21 +205,21 @@ struct Demo: AsyncParsableCommand {
             let contact = event.fields["contact"].map { $0.prefix(1).uppercased() + $0.dropFirst() } ?? "?"
             switch event.kind {
             case "started":
-                print("\(stamp)  \(who) listening at \(event.fields["location"] ?? "?")")
+                say("\(stamp)  \(who) listening at \(event.fields["location"] ?? "?")")
             case "advertising" where event.fields["contacts"] != "":
-                print("\(stamp)  \(who) advertises beacons for \(event.fields["contacts"] ?? "")")
+                say("\(stamp)  \(who) advertises beacons for \(event.fields["contacts"] ?? "")")
             case "peer_appeared":
                 if firstSeen[event.person] == nil { firstSeen[event.person] = elapsed }
-                print("\(stamp)  \(who) hears a peer at \(event.fields["location"] ?? "?")")
+                say("\(stamp)  \(who) hears a peer at \(event.fields["location"] ?? "?")")
             case "matched":
                 if firstMatch == nil { firstMatch = elapsed }
-                print("\(stamp)  \(who) finds a beacon for it from \(contact)")
+                say("\(stamp)  \(who) finds a beacon for it from \(contact)")
             case "connected" where event.fields["role"] == "connecting":
-                print("\(stamp)  \(who) PSK-TLS session with \(contact) authenticated")
+                say("\(stamp)  \(who) PSK-TLS session with \(contact) authenticated")
             case "progress" where byID[UUID(uuidString: event.fields["id"] ?? "") ?? UUID()]?.what.hasPrefix("file") == true
                 && event.person == fileRecipient.name:
                 let done = Double(event.fields["bytes"] ?? "0") ?? 0, total = Double(event.fields["total"] ?? "1") ?? 1
-                print("\(stamp)  \(who) receiving the file from \(contact): \(Int(done))/\(Int(total)) bytes (\(Int(done * 100 / max(total, 1))) %)")
+                say("\(stamp)  \(who) receiving the file from \(contact): \(Int(done))/\(Int(total)) bytes (\(Int(done * 100 / max(total, 1))) %)")
             case "received":
                 guard let id = UUID(uuidString: event.fields["id"] ?? ""), let item = byID[id] else {
                     failure = "\(event.person) received an item nobody queued for it"
@@ -183,9 +227,9 @@ struct Demo: AsyncParsableCommand {
                 }
                 if item.to != event.person { failure = "\(event.person) received an item meant for \(item.to)" }
                 received[id] = received[id] ?? elapsed
-                print("\(stamp)  \(who) received from \(contact): \(item.what)")
+                say("\(stamp)  \(who) received from \(contact): \(item.what)")
             case "connection_failed":
-                print("\(stamp)  \(who) connection with \(contact) failed (\(event.fields["reason"] ?? "?")), retrying")
+                say("\(stamp)  \(who) connection with \(contact) failed (\(event.fields["reason"] ?? "?")), retrying")
             case "timeout":
                 failure = "not everything was delivered within \(timeout) s"
             case "exited":
@@ -229,14 +273,14 @@ struct Demo: AsyncParsableCommand {
             }
         }
 
-        print("\nSummary")
+        say("\nSummary")
         for person in people {
             let inbox = (try? person.store.inbox()) ?? []
-            print("  \(pad(person.name, 6)) inbox: \(inbox.count) item(s), outbox left: \((try? person.store.outbox().count) ?? -1)")
+            say("  \(pad(person.name, 6)) inbox: \(inbox.count) item(s), outbox left: \((try? person.store.outbox().count) ?? -1)")
         }
-        print("  \(verified) of \(expected.count) items verified in the right inbox, exactly once, content intact; nobody got another's item"
+        say("  \(verified) of \(expected.count) items verified in the right inbox, exactly once, content intact; nobody got another's item"
               + (verified == expected.count && failure == nil ? "" : " — FAILED"))
-        print("\nTimings (from the peers' start)")
+        say("\nTimings (from the peers' start)")
         for person in people {
             if let seen = firstSeen[person.name] { timings.append(("\(person.name) discovers a first peer", seen)) }
         }
@@ -246,14 +290,26 @@ struct Demo: AsyncParsableCommand {
         }
         timings.append(("stop the \(people.count) peers cleanly (SIGTERM: byebye, exit 0)", stopTime))
         for (name, duration) in timings {
-            print("  \(pad(name, 62)) \(String(format: "%8.3f s", seconds(duration)))")
+            say("  \(pad(name, 62)) \(String(format: "%8.3f s", seconds(duration)))")
         }
-        if pace > 0 { print("  (sending is paced at \(pace) bytes/s per stream so the file's progress is visible; --pace 0 for full speed)") }
+        if pace > 0 { say("  (sending is paced at \(pace) bytes/s per stream so the file's progress is visible; --pace 0 for full speed)") }
+        if json {
+            let peers = people.map { person in
+                Summary.Peer(name: person.name, inbox: (try? person.store.inbox().count) ?? -1,
+                             outboxLeft: (try? person.store.outbox().count) ?? -1)
+            }
+            let summary = Summary(ok: verified == expected.count && failure == nil, items: expected.count, verified: verified,
+                                  peers: peers, timings: timings.map { Summary.Step(step: $0.0, s: seconds($0.1)) },
+                                  paceBytesPerSecond: pace, failure: failure, keptUnder: keep ? root : nil)
+            let encoder = JSONEncoder()
+            encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+            print(String(decoding: try encoder.encode(summary), as: UTF8.self))
+        }
         if let failure {
-            print("\nDemo FAILED: \(failure)")
+            say("\nDemo FAILED: \(failure)")
             throw ExitCode.failure
         }
-        print("\nEvery item reached its contact, and only its contact.")
+        say("\nEvery item reached its contact, and only its contact.")
     }
 
     /// This executable's path (the children run the same binary).

@@ -38,8 +38,11 @@ import ThaliSSDP
         #expect(PeerConnectionError(ChannelError.eof, connectingTo: location).description == "127.0.0.5:40000 closed the connection")
         #expect(PeerConnectionError(IOError(errnoCode: ECONNRESET, reason: "read"), connectingTo: location).reason == .reset)
         #expect(PeerConnectionError(MultiplexerError.keepAliveTimeout, connectingTo: location).reason == .multiplexer(.keepAliveTimeout))
-        let other = PeerConnectionError(CancellationError(), connectingTo: location)
-        #expect(other.reason == .other && other.description == "connection to 127.0.0.5:40000 failed: CancellationError()")
+        // A stop, and a system error without a reason of its own, in words: no type names.
+        let stopped = PeerConnectionError(CancellationError(), connectingTo: location)
+        #expect(stopped.reason == .cancelled && stopped.description == "connection with 127.0.0.5:40000 closed: this peer stopped")
+        let denied = PeerConnectionError(IOError(errnoCode: EACCES, reason: "connect"), connectingTo: location)
+        #expect(denied.reason == .other && denied.description == "connection to 127.0.0.5:40000 failed: Permission denied")
         // Printing an event shows the words, not the type.
         #expect("\(PeerEvent.connectionFailed(contact: "bob", reason: alert, retryIn: nil))".contains("unknown_psk_identity"))
     }

@@ -59,8 +59,13 @@ import Testing
         }
         #expect(try line(PeerEventRecord(.connecting(contact: "bob", location: Self.bluetoothPeer, attempt: 2)))
             == #"{"attempt":2,"binding":"bluetooth","contact":"bob","event":"connecting","location":"bluetooth:00:AA:01:00:00:01"}"#)
-        #expect(try line(PeerEventRecord(.peerLeft(location: Self.wifiPeer, reason: "byebye")))
+        #expect(try line(PeerEventRecord(.peerLeft(location: Self.wifiPeer, reason: .byebye)))
             == #"{"binding":"wifi","event":"peer_left","location":"http://10.0.0.2:4000/NotificationBeacons","reason":"byebye"}"#)
+        #expect(try line(PeerEventRecord(.sessionEnded(contact: "bob", role: .accepting, error: nil)))
+            == #"{"contact":"bob","event":"session_ended","role":"accepting"}"#)
+        let cutShort = PeerConnectionError(CancellationError(), address: "10.0.0.2:4000")
+        #expect(try line(PeerEventRecord(.sessionEnded(contact: "bob", role: .connecting, error: cutShort)))
+            == #"{"contact":"bob","error":"connection with 10.0.0.2:4000 closed: this peer stopped","event":"session_ended","role":"connecting"}"#)
         #expect(try line(PeerEventRecord(.bindingUnavailable(binding: .wifi, reason: "no usable network interface")))
             == #"{"binding":"wifi","event":"binding_unavailable","reason":"no usable network interface"}"#)
         #expect(try line(PeerEventRecord(.disconnected(contact: "bob", role: .accepting, binding: .bluetooth, reason: nil)))
@@ -85,6 +90,10 @@ import Testing
         #expect("\(PeerEvent.connected(contact: "bob", role: .connecting, binding: .wifi))"
             == "PSK-TLS session with bob up over wifi (we connected)")
         #expect("\(PeerEvent.Role.connecting)" == "connecting")
+        #expect("\(PeerEvent.peerLeft(location: Self.wifiPeer, reason: .expired))"
+            == "peer at http://10.0.0.2:4000/NotificationBeacons left: its announcement expired")
+        #expect("\(PeerEvent.sessionEnded(contact: "bob", role: .connecting, error: cutShort))"
+            == "session with bob ended: connection with 10.0.0.2:4000 closed: this peer stopped")
         #expect("\(status)".hasPrefix("status: 1 peer(s) seen; advertising for []; matched contacts [bob gave-up]"))
     }
 }

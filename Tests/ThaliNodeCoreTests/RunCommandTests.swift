@@ -69,6 +69,18 @@ struct RunCommandTests {
         #expect(try demoDirectories().subtracting(before).isEmpty, "the demo left its data directories behind")
     }
 
+    @Test("demo --json prints only its summary: one object saying every item arrived, per peer and per step")
+    func demoJSON() async throws {
+        let summary = try await thaliNodeJSONObject(["demo", "--json", "--pace", "0", "--timeout", "45"])
+        #expect(summary["ok"] as? Bool == true && summary["items"] as? Int == 6 && summary["verified"] as? Int == 6)
+        #expect(summary["failure"] == nil && summary["kept_under"] == nil)
+        let peers = try #require(summary["peers"] as? [[String: Any]])
+        #expect(peers.map { $0["name"] as? String } == ["Alice", "Bob", "Carol"])
+        #expect(peers.allSatisfy { $0["inbox"] as? Int == 2 && $0["outbox_left"] as? Int == 0 })
+        let timings = try #require(summary["timings"] as? [[String: Any]])
+        #expect(timings.contains { ($0["step"] as? String)?.hasPrefix("stop the 3 peers cleanly") == true && $0["s"] is Double })
+    }
+
     func expectOneLineError(_ arguments: [String], containing text: String, sourceLocation: SourceLocation = #_sourceLocation) async throws {
         let executable = thaliNodeExecutable
         let result = try await Task.detached { try ChildProcess.run(executable, arguments, timeout: .seconds(20)) }.value
@@ -212,5 +224,62 @@ struct RunSessionTests {
         #expect(status["matched_contacts"] is [Any])
         #expect(status["contacts"] == nil)
         #expect(alicePeer.kill() == 0)
+    }
+    @Test("a peer stopped in the middle of receiving a file says so in words")
+    func stopMidSessionInWords() async throws {
+        let people = try TestPeople(["alice", "bob"], label: "run-stop-mid")
+        let (alice, bob) = (try people["alice"], try people["bob"])
+        let path = alice.home.path + "/big.bin"
+        try Data(randomBytes(1 << 20)).write(to: URL(fileURLWithPath: path))
+        _ = try alice.store.enqueueFile(at: path, to: "bob", expiresAt: Date().addingTimeInterval(600))
+        let ssdpPort = String(randomSSDPPort())
+        let alicePeer = try RunningPeer("alice", thaliNodeExecutable, [
+            "run", "--home", alice.home.path, "--address", "127.0.0.1", "--ssdp-port", ssdpPort, "--json", "--throttle", "262144",
+        ])
+        defer { alicePeer.kill(signal: SIGKILL) }  // its paced writes would hold a clean stop for seconds
+        let bobPeer = try RunningPeer("bob", thaliNodeExecutable, [
+            "run", "--home", bob.home.path, "--address", "127.0.0.1", "--ssdp-port", ssdpPort,
+        ])
+        defer { bobPeer.kill() }
+        try await alicePeer.waitFor("the transfer") { isEvent($0, "progress", ["contact": "bob"]) }
+        #expect(bobPeer.kill(signal: SIGTERM) == 0)
+        let lines = bobPeer.output.split(separator: "\n")
+        // Bob's stop cancels the session (or closes its connection first): either way, said in words.
+        let ended = lines.filter { $0.contains("session with alice ended: connection with 127.0.0.1:") }
+        #expect(ended.count == 1 && ended.allSatisfy { $0.hasSuffix(" closed: this peer stopped") || $0.hasSuffix(" closed the connection") },
+                "\(bobPeer.output)")
+        for marker in ["Error(", "Failure(", "NIO", "IOError", "errno", "ThaliNodeCore.", "TCPMultiplexer."] {
+            #expect(!lines.contains { $0.contains(marker) }, "\(marker) in:\n\(bobPeer.output)")
+        }
+    }
+
+    @Test("a refused connection, and a stop during the retry, print words: no type names, no library descriptions")
+    func refusedConnectionInWords() async throws {
+        let people = try TestPeople(["alice", "bob"], label: "run-refused")
+        let ssdpPort = randomSSDPPort()
+        // Alice's announcement for Bob, served from a port that closes at Bob's first PSK-TLS attempt:
+        // that attempt ends closed, every later one is refused.
+        let host = try await AnnouncementCopyHost(copying: people["alice"], for: people["bob"], ssdpPort: ssdpPort) { channel in
+            channel.parent?.close(promise: nil)
+            return channel.close()
+        }
+        defer { Task { await host.stop() } }
+        let port = try #require(host.listener.localAddress?.port)
+        let bob = try RunningPeer("bob", thaliNodeExecutable, [
+            "run", "--home", people["bob"].home.path, "--address", "127.0.0.1", "--ssdp-port", String(ssdpPort),
+        ])
+        defer { bob.kill() }
+        let clock = ContinuousClock()
+        let deadline = clock.now + .seconds(30)
+        let refused = "connection with alice failed: connection refused by 127.0.0.1:\(port); retrying in "
+        while !bob.output.contains(refused), !bob.hasExited, clock.now < deadline {
+            try await Task.sleep(for: .milliseconds(50))
+        }
+        #expect(bob.output.contains(refused), "\(bob.output)")
+        #expect(bob.kill() == 0)
+        let lines = bob.output.split(separator: "\n")
+        for marker in ["Error(", "Failure(", "NIO", "IOError", "errno", "ThaliNodeCore.", "TCPMultiplexer."] {
+            #expect(!lines.contains { $0.contains(marker) }, "\(marker) in:\n\(bob.output)")
+        }
     }
 }
