@@ -2,6 +2,7 @@ import Crypto
 import Foundation
 import NIOConcurrencyHelpers
 import NIOCore
+import NIOHTTP1
 import NIOPosix
 import TCPMultiplexer
 import ThaliBeacons
@@ -86,7 +87,10 @@ public struct PeerConformance: Sendable {
                                                      ["NODE-1.2", "NODE-1.8"])
         public static let done = ConformanceCase("peer/delivery/done", "after our acks the sender sends done", ["NODE-1.12", "NODE-1.13"])
         public static let senderConnects = ConformanceCase("peer/sender/connects", "it fetches our beacons and connects with our PSK",
-                                                           ["SSDP-3.6", "SSDP-6.6", "NODE-3.2", "NODE-3.3", "PSK-3.1"])
+                                                           ["SSDP-3.6", "NODE-3.2", "NODE-3.3", "PSK-3.1"])
+        public static let senderBeaconRequest = ConformanceCase("peer/sender/beacon-request",
+                                                                "its beacon fetch is GET /NotificationBeacons HTTP/1.1, Host host:port, Connection: close, Accept: application/octet-stream",
+                                                                ["SSDP-6.6", "SSDP-6.8"])
         public static let senderStream = ConformanceCase("peer/sender/opens-stream", "it opens a delivery stream and answers our offer",
                                                          ["NODE-1.19", "NODE-1.3", "MUX-1.1"])
         public static let senderAck = ConformanceCase("peer/sender/ack", "it acknowledges the item after end", ["NODE-1.10"])
@@ -114,10 +118,10 @@ public struct PeerConformance: Sendable {
 
         /// Every case of peer mode.
         public static let all = [discovered, beaconFetch, beaconMatch, expiration, handshake, openStream, hello, offer,
-                                 transfer, done, usn, byebye, senderConnects, senderStream, senderAck, refusesExpired, rejectsDamaged, senderClose, senderInbox,
+                                 transfer, done, usn, byebye, senderConnects, senderBeaconRequest, senderStream, senderAck, refusesExpired, rejectsDamaged, senderClose, senderInbox,
                                  noHint, noCompression, noTickets, unknownIdentity, wrongPSK, tls13, otherSuites, dhSize, dhFresh]
         static let receiverRole = [openStream, hello, offer, transfer, done]
-        static let senderRole = [senderConnects, senderStream, senderAck, refusesExpired, rejectsDamaged, senderClose, senderInbox]
+        static let senderRole = [senderConnects, senderBeaconRequest, senderStream, senderAck, refusesExpired, rejectsDamaged, senderClose, senderInbox]
     }
 
     /// Bounds and keys.
@@ -388,6 +392,9 @@ public struct PeerConformance: Sendable {
             return nil
         }
         await discovery.advertise(nil)
+        if let request = server.beaconRequests.first {
+            Self.gradeBeaconRequest(run, request, host: BeaconLocation(host: configuration.address, port: server.port).hostHeader)
+        }
         guard let frames else {
             let failure = lastFailure.withLockedValue { $0 }.map { "; last handshake: \($0)" } ?? ""
             run.recordRemaining(Cases.senderRole, .fail,
@@ -636,6 +643,20 @@ public struct PeerConformance: Sendable {
             tasks.cancelAll()
             return first
         }
+    }
+
+    /// Grades the first beacon request it sent us against the client's rules [SSDP-6.6, SSDP-6.8].
+    static func gradeBeaconRequest(_ run: ConformanceRun, _ request: HTTPRequestHead, host: String) {
+        let expected = "GET \(BeaconLocation.notificationBeaconsPath) HTTP/1.1, Host: \(host), Connection: close, Accept: application/octet-stream"
+        let connection = request.headers[canonicalForm: "Connection"].map { $0.lowercased() }
+        let accept = request.headers[canonicalForm: "Accept"].map { $0.split(separator: ";").first?.trimmingCharacters(in: .whitespaces).lowercased() }
+        let holds = request.method == .GET && request.uri == BeaconLocation.notificationBeaconsPath && request.version == .http1_1
+            && request.headers["Host"] == [host] && connection.contains("close") && accept.contains("application/octet-stream")
+        let shown = ["Host", "Connection", "Accept"].map { name in
+            "\(name): \(request.headers[name].joined(separator: ", ").prefix(80))"
+        }
+        run.grade(Cases.senderBeaconRequest, holds: holds, expected: expected,
+                  actual: "\(request.method.rawValue) \(request.uri.prefix(80)) \(request.version), \(shown.joined(separator: ", "))")
     }
 
     static func text(_ amount: TimeAmount) -> String {
