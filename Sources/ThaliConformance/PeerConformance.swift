@@ -68,6 +68,9 @@ public struct PeerConformance: Sendable {
         public static let discovered = ConformanceCase("peer/ssdp/discovered", "announces itself over SSDP with a LOCATION we can fetch",
                                                        ["SSDP-2.1", "SSDP-2.2", "SSDP-2.4", "SSDP-3.5"])
         public static let usn = ConformanceCase("peer/ssdp/usn", "its USN is uuid: and a UUID in lower case", ["SSDP-2.3"])
+        public static let searchAnswer = ConformanceCase("peer/ssdp/search-answer",
+                                                         "an M-SEARCH for the Thali NT is answered by unicast to our port with CACHE-CONTROL, LOCATION, ST and USN",
+                                                         ["SSDP-2.7"])
         public static let byebye = ConformanceCase("peer/ssdp/byebye", "once nothing is left for us it withdraws its announcement with a byebye",
                                                    ["SSDP-2.5", "SSDP-4.2", "NODE-3.1"])
         public static let beaconFetch = ConformanceCase("peer/http/beacons", "GET /NotificationBeacons answers 200 with the beacon stream",
@@ -118,7 +121,7 @@ public struct PeerConformance: Sendable {
 
         /// Every case of peer mode.
         public static let all = [discovered, beaconFetch, beaconMatch, expiration, handshake, openStream, hello, offer,
-                                 transfer, done, usn, byebye, senderConnects, senderBeaconRequest, senderStream, senderAck, refusesExpired, rejectsDamaged, senderClose, senderInbox,
+                                 transfer, done, usn, searchAnswer, byebye, senderConnects, senderBeaconRequest, senderStream, senderAck, refusesExpired, rejectsDamaged, senderClose, senderInbox,
                                  noHint, noCompression, noTickets, unknownIdentity, wrongPSK, tls13, otherSuites, dhSize, dhFresh]
         static let receiverRole = [openStream, hello, offer, transfer, done]
         static let senderRole = [senderConnects, senderBeaconRequest, senderStream, senderAck, refusesExpired, rejectsDamaged, senderClose, senderInbox]
@@ -225,6 +228,7 @@ public struct PeerConformance: Sendable {
         let (match, location) = found
         lastMatch.withLockedValue { $0 = found }
         await gradeFetch(run, location)
+        await gradeSearchAnswer(run)
         run.record(Cases.beaconMatch, .pass, expected: Cases.beaconMatch.title,
                    actual: "beacon \(match.beaconIndex) matched \(configuration.peerKey.hexString(compressed: true).prefix(16))…")
         let now = DeliveryClock.nowMilliseconds
@@ -281,6 +285,33 @@ public struct PeerConformance: Sendable {
         }
         run.grade(Cases.byebye, holds: left == .byebye, expected: "a byebye for \(usn) within \(Self.text(configuration.stepTimeout))",
                   actual: left.map { "left: \($0.rawValue)" } ?? "still announced", started: started)
+    }
+
+    /// While it announces itself for us, an M-SEARCH from a socket of ours is answered there: unicast to
+    /// the searcher's address and port, with the headers of an answer (ThaliSSDP's strict parser).
+    private func gradeSearchAnswer(_ run: ConformanceRun) async {
+        guard let usn = usn.withLockedValue({ $0 }) else {
+            run.record(Cases.searchAnswer, .notApplicable, expected: Cases.searchAnswer.title,
+                       actual: "location given: SSDP not used to find it")
+            return
+        }
+        let started = NIODeadline.now()
+        let probe = SSDPSearchProbe(address: configuration.address, group: configuration.ssdpGroup, port: configuration.ssdpPort)
+        let expected = "an answer for \(usn) within \(probe.maxWaitSeconds) s + \(Self.text(probe.slack))"
+        do {
+            let outcome = try await probe.search(expecting: usn, on: group)
+            if let (answer, sender) = outcome.answer {
+                run.grade(Cases.searchAnswer, holds: answer.searchTarget == ThaliServiceName.notificationType, expected: expected,
+                          actual: "from \(sender): CACHE-CONTROL max-age=\(answer.maxAge), LOCATION \(answer.location.prefix(80)), "
+                              + "ST \(answer.searchTarget.prefix(80)), USN \(answer.uniqueServiceName)", started: started)
+            } else {
+                let error = outcome.lastError.map { "; last malformed: \($0)" } ?? ""
+                run.grade(Cases.searchAnswer, holds: false, expected: expected,
+                          actual: "no answer for it (\(outcome.datagrams) datagrams\(error))", started: started)
+            }
+        } catch {
+            run.record(Cases.searchAnswer, .inconclusive, expected: expected, actual: "cannot search: \(error)", started: started)
+        }
     }
 
     /// Waits for SSDP to fetch an announcement from anyone that matches the peer's key.
