@@ -40,18 +40,19 @@ public struct ConformanceAdapter: Sendable {
         public var text: String?
 
         private enum CodingKeys: String, CodingKey {
-            case id, kind, text, fromPublicKey
-            case fromPublicKeySnakeCase = "from_public_key"
+            case id, kind, text
+            case fromPublicKey = "from_public_key"
+            case firstPublishedFromPublicKey = "fromPublicKey"
         }
 
-        /// Reads `from_public_key` (thali-node's own output since its JSON output version 2, snake_case
-        /// throughout) or `fromPublicKey` (the contract as first published).
+        /// Reads `from_public_key` (the contract's snake_case, as all of thali-node's JSON output); an
+        /// adapter written against the contract as first published may still send `fromPublicKey`.
         public init(from decoder: any Decoder) throws {
             let container = try decoder.container(keyedBy: CodingKeys.self)
             id = try container.decode(String.self, forKey: .id)
             kind = try container.decode(String.self, forKey: .kind)
             text = try container.decodeIfPresent(String.self, forKey: .text)
-            fromPublicKey = try container.decodeIfPresent(String.self, forKey: .fromPublicKeySnakeCase)
+            fromPublicKey = try container.decodeIfPresent(String.self, forKey: .firstPublishedFromPublicKey)
                 ?? container.decode(String.self, forKey: .fromPublicKey)
         }
     }
@@ -77,7 +78,7 @@ public struct ConformanceAdapter: Sendable {
         do {
             return try JSONDecoder().decode([InboxItem].self, from: output)
         } catch {
-            throw Failure(description: "`inbox --json` is not an array of items with id, fromPublicKey, kind: \(error)")
+            throw Failure(description: "`inbox --json` is not an array of items with id, from_public_key, kind: \(error)")
         }
     }
 

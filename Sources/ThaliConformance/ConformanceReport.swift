@@ -99,8 +99,9 @@ public struct ConformanceBaseline: Sendable, Hashable {
 
 /// Everything a conformance run found, and its outputs: a table for people, versioned JSON, JUnit XML.
 public struct ConformanceReport: Sendable, Hashable {
-    /// The JSON format name and version.
-    public static let format = "thali-conformance-report/1"
+    /// The JSON format name and version. 2: snake_case keys (`catalog_version`, `baseline_mismatches`),
+    /// as every other `--json` output of thali-node (spec/node.md, "JSON output"); 1 had camelCase ones.
+    public static let format = "thali-conformance-report/2"
     /// What was tested (`peer 127.0.0.1:4321`).
     public var target: String
     /// Results in the order the cases ended.
@@ -174,7 +175,7 @@ public struct ConformanceReport: Sendable, Hashable {
         return lines.joined(separator: "\n")
     }
 
-    /// The report as one JSON object (format `thali-conformance-report/1`, keys sorted).
+    /// The report as one JSON object (format `thali-conformance-report/2`, snake_case keys, sorted).
     public func json() -> String {
         struct Result: Encodable {
             var id: String, title: String, requirements: [String], level: String, verdict: String
@@ -184,6 +185,11 @@ public struct ConformanceReport: Sendable, Hashable {
         struct Document: Encodable {
             var format: String, catalogVersion: Int?, target: String, interrupted: Bool, succeeded: Bool
             var counts: [String: Int], results: [Result], notes: [String], baselineMismatches: [Mismatch]
+
+            enum CodingKeys: String, CodingKey {
+                case format, target, interrupted, succeeded, counts, results, notes
+                case catalogVersion = "catalog_version", baselineMismatches = "baseline_mismatches"
+            }
         }
         let document = Document(
             format: Self.format, catalogVersion: catalog?.version, target: target, interrupted: interrupted,

@@ -2,6 +2,7 @@ import Crypto
 import Foundation
 import NIOConcurrencyHelpers
 import NIOCore
+import NIOHTTP1
 import NIOPosix
 import TCPMultiplexer
 import ThaliBeacons
@@ -67,6 +68,9 @@ public struct PeerConformance: Sendable {
         public static let discovered = ConformanceCase("peer/ssdp/discovered", "announces itself over SSDP with a LOCATION we can fetch",
                                                        ["SSDP-2.1", "SSDP-2.2", "SSDP-2.4", "SSDP-3.5"])
         public static let usn = ConformanceCase("peer/ssdp/usn", "its USN is uuid: and a UUID in lower case", ["SSDP-2.3"])
+        public static let searchAnswer = ConformanceCase("peer/ssdp/search-answer",
+                                                         "an M-SEARCH for the Thali NT is answered by unicast to our port with CACHE-CONTROL, LOCATION, ST and USN",
+                                                         ["SSDP-2.7"])
         public static let byebye = ConformanceCase("peer/ssdp/byebye", "once nothing is left for us it withdraws its announcement with a byebye",
                                                    ["SSDP-2.5", "SSDP-4.2", "NODE-3.1"])
         public static let beaconFetch = ConformanceCase("peer/http/beacons", "GET /NotificationBeacons answers 200 with the beacon stream",
@@ -86,7 +90,10 @@ public struct PeerConformance: Sendable {
                                                      ["NODE-1.2", "NODE-1.8"])
         public static let done = ConformanceCase("peer/delivery/done", "after our acks the sender sends done", ["NODE-1.12", "NODE-1.13"])
         public static let senderConnects = ConformanceCase("peer/sender/connects", "it fetches our beacons and connects with our PSK",
-                                                           ["SSDP-3.6", "SSDP-6.6", "NODE-3.2", "NODE-3.3", "PSK-3.1"])
+                                                           ["SSDP-3.6", "NODE-3.2", "NODE-3.3", "PSK-3.1"])
+        public static let senderBeaconRequest = ConformanceCase("peer/sender/beacon-request",
+                                                                "its beacon fetch is GET /NotificationBeacons HTTP/1.1, Host host:port, Connection: close, Accept: application/octet-stream",
+                                                                ["SSDP-6.6", "SSDP-6.8"])
         public static let senderStream = ConformanceCase("peer/sender/opens-stream", "it opens a delivery stream and answers our offer",
                                                          ["NODE-1.19", "NODE-1.3", "MUX-1.1"])
         public static let senderAck = ConformanceCase("peer/sender/ack", "it acknowledges the item after end", ["NODE-1.10"])
@@ -114,10 +121,10 @@ public struct PeerConformance: Sendable {
 
         /// Every case of peer mode.
         public static let all = [discovered, beaconFetch, beaconMatch, expiration, handshake, openStream, hello, offer,
-                                 transfer, done, usn, byebye, senderConnects, senderStream, senderAck, refusesExpired, rejectsDamaged, senderClose, senderInbox,
+                                 transfer, done, usn, searchAnswer, byebye, senderConnects, senderBeaconRequest, senderStream, senderAck, refusesExpired, rejectsDamaged, senderClose, senderInbox,
                                  noHint, noCompression, noTickets, unknownIdentity, wrongPSK, tls13, otherSuites, dhSize, dhFresh]
         static let receiverRole = [openStream, hello, offer, transfer, done]
-        static let senderRole = [senderConnects, senderStream, senderAck, refusesExpired, rejectsDamaged, senderClose, senderInbox]
+        static let senderRole = [senderConnects, senderBeaconRequest, senderStream, senderAck, refusesExpired, rejectsDamaged, senderClose, senderInbox]
     }
 
     /// Bounds and keys.
@@ -221,6 +228,7 @@ public struct PeerConformance: Sendable {
         let (match, location) = found
         lastMatch.withLockedValue { $0 = found }
         await gradeFetch(run, location)
+        await gradeSearchAnswer(run)
         run.record(Cases.beaconMatch, .pass, expected: Cases.beaconMatch.title,
                    actual: "beacon \(match.beaconIndex) matched \(configuration.peerKey.hexString(compressed: true).prefix(16))…")
         let now = DeliveryClock.nowMilliseconds
@@ -277,6 +285,33 @@ public struct PeerConformance: Sendable {
         }
         run.grade(Cases.byebye, holds: left == .byebye, expected: "a byebye for \(usn) within \(Self.text(configuration.stepTimeout))",
                   actual: left.map { "left: \($0.rawValue)" } ?? "still announced", started: started)
+    }
+
+    /// While it announces itself for us, an M-SEARCH from a socket of ours is answered there: unicast to
+    /// the searcher's address and port, with the headers of an answer (ThaliSSDP's strict parser).
+    private func gradeSearchAnswer(_ run: ConformanceRun) async {
+        guard let usn = usn.withLockedValue({ $0 }) else {
+            run.record(Cases.searchAnswer, .notApplicable, expected: Cases.searchAnswer.title,
+                       actual: "location given: SSDP not used to find it")
+            return
+        }
+        let started = NIODeadline.now()
+        let probe = SSDPSearchProbe(address: configuration.address, group: configuration.ssdpGroup, port: configuration.ssdpPort)
+        let expected = "an answer for \(usn) within \(probe.maxWaitSeconds) s + \(Self.text(probe.slack))"
+        do {
+            let outcome = try await probe.search(expecting: usn, on: group)
+            if let (answer, sender) = outcome.answer {
+                run.grade(Cases.searchAnswer, holds: answer.searchTarget == ThaliServiceName.notificationType, expected: expected,
+                          actual: "from \(sender): CACHE-CONTROL max-age=\(answer.maxAge), LOCATION \(answer.location.prefix(80)), "
+                              + "ST \(answer.searchTarget.prefix(80)), USN \(answer.uniqueServiceName)", started: started)
+            } else {
+                let error = outcome.lastError.map { "; last malformed: \($0)" } ?? ""
+                run.grade(Cases.searchAnswer, holds: false, expected: expected,
+                          actual: "no answer for it (\(outcome.datagrams) datagrams\(error))", started: started)
+            }
+        } catch {
+            run.record(Cases.searchAnswer, .inconclusive, expected: expected, actual: "cannot search: \(error)", started: started)
+        }
     }
 
     /// Waits for SSDP to fetch an announcement from anyone that matches the peer's key.
@@ -388,6 +423,9 @@ public struct PeerConformance: Sendable {
             return nil
         }
         await discovery.advertise(nil)
+        if let request = server.beaconRequests.first {
+            Self.gradeBeaconRequest(run, request, host: BeaconLocation(host: configuration.address, port: server.port).hostHeader)
+        }
         guard let frames else {
             let failure = lastFailure.withLockedValue { $0 }.map { "; last handshake: \($0)" } ?? ""
             run.recordRemaining(Cases.senderRole, .fail,
@@ -636,6 +674,20 @@ public struct PeerConformance: Sendable {
             tasks.cancelAll()
             return first
         }
+    }
+
+    /// Grades the first beacon request it sent us against the client's rules [SSDP-6.6, SSDP-6.8].
+    static func gradeBeaconRequest(_ run: ConformanceRun, _ request: HTTPRequestHead, host: String) {
+        let expected = "GET \(BeaconLocation.notificationBeaconsPath) HTTP/1.1, Host: \(host), Connection: close, Accept: application/octet-stream"
+        let connection = request.headers[canonicalForm: "Connection"].map { $0.lowercased() }
+        let accept = request.headers[canonicalForm: "Accept"].map { $0.split(separator: ";").first?.trimmingCharacters(in: .whitespaces).lowercased() }
+        let holds = request.method == .GET && request.uri == BeaconLocation.notificationBeaconsPath && request.version == .http1_1
+            && request.headers["Host"] == [host] && connection.contains("close") && accept.contains("application/octet-stream")
+        let shown = ["Host", "Connection", "Accept"].map { name in
+            "\(name): \(request.headers[name].joined(separator: ", ").prefix(80))"
+        }
+        run.grade(Cases.senderBeaconRequest, holds: holds, expected: expected,
+                  actual: "\(request.method.rawValue) \(request.uri.prefix(80)) \(request.version), \(shown.joined(separator: ", "))")
     }
 
     static func text(_ amount: TimeAmount) -> String {

@@ -1,5 +1,6 @@
 import NIOConcurrencyHelpers
 import NIOCore
+import NIOHTTP1
 import NIOPosix
 import TCPMultiplexer
 import ThaliBeacons
@@ -28,15 +29,24 @@ final class PeerSuiteServer: Sendable {
     private let sink: AsyncStream<Event>.Continuation
     private let beacons: NIOLockedValueBox<[UInt8]?>
     private let table: AdvertisedPSKTable
+    private let requests: NIOLockedValueBox<[HTTPRequestHead]>
+
+    /// How many beacon request heads are kept for grading; later ones are not recorded.
+    static let maxRecordedRequests = 8
 
     private init(channel: Channel, events: AsyncStream<Event>, sink: AsyncStream<Event>.Continuation,
-                 beacons: NIOLockedValueBox<[UInt8]?>, table: AdvertisedPSKTable) {
+                 beacons: NIOLockedValueBox<[UInt8]?>, table: AdvertisedPSKTable,
+                 requests: NIOLockedValueBox<[HTTPRequestHead]>) {
         self.channel = channel
         self.events = events
         self.sink = sink
         self.beacons = beacons
         self.table = table
+        self.requests = requests
     }
+
+    /// The heads of the beacon requests answered so far, oldest first (at most ``maxRecordedRequests``).
+    var beaconRequests: [HTTPRequestHead] { requests.withLockedValue { $0 } }
 
     /// The bound port.
     var port: Int { channel.localAddress?.port ?? 0 }
@@ -46,6 +56,10 @@ final class PeerSuiteServer: Sendable {
         let (events, sink) = AsyncStream.makeStream(of: Event.self, bufferingPolicy: .bufferingNewest(64))
         let beacons = NIOLockedValueBox<[UInt8]?>(nil)
         let table = AdvertisedPSKTable()
+        let requests = NIOLockedValueBox<[HTTPRequestHead]>([])
+        let record: @Sendable (HTTPRequestHead) -> Void = { head in
+            requests.withLockedValue { if $0.count < maxRecordedRequests { $0.append(head) } }
+        }
         let context = try PSKTLSContext(role: .server, configuration: PSKTLSConfiguration(dhGroup: .ffdhe2048))
         let channel = try await ServerBootstrap(group: group)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
@@ -53,7 +67,8 @@ final class PeerSuiteServer: Sendable {
             .childChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
                     try channel.pipeline.syncOperations.addHandler(ConnectionKindSniffer(http: { channel in
-                        try BeaconHTTPServer.configureRequestHandling(on: channel) { beacons.withLockedValue { $0 } }
+                        try BeaconHTTPServer.configureRequestHandling(on: channel, beacons: { beacons.withLockedValue { $0 } },
+                                                                      onRequest: record)
                     }, secure: { channel in
                         AuthenticatedSession.configureServer(on: channel, context: context, lookup: { (identity: String) -> (psk: [UInt8], peer: PublicKey)? in
                             guard let entry = table.lookup(identity: identity), entry.contact == peer else { return nil }
@@ -75,7 +90,8 @@ final class PeerSuiteServer: Sendable {
                 }
             }
             .bind(host: host, port: 0).get()
-        return PeerSuiteServer(channel: channel, events: events, sink: sink, beacons: beacons, table: table)
+        return PeerSuiteServer(channel: channel, events: events, sink: sink, beacons: beacons, table: table,
+                               requests: requests)
     }
 
     /// Serves `announcement` (nil: nothing, `204`) and accepts its PSKs.

@@ -126,7 +126,7 @@ public struct BeaconHTTPClient: Sendable {
                             limit: configuration.maxHeadBytes + configuration.maxBodyBytes))
                         try sync.addHTTPClientHandlers()
                         try sync.addHandler(BeaconResponseHandler(
-                            host: location.host, maxBodyBytes: configuration.maxBodyBytes, promise: promise))
+                            host: location.hostHeader, maxBodyBytes: configuration.maxBodyBytes, promise: promise))
                     }
                 }
                 .connect(host: location.host, port: location.port).get()
@@ -153,6 +153,12 @@ public struct BeaconHTTPClient: Sendable {
 
 extension BeaconFetchError.Reason: Error {}
 
+extension BeaconLocation {
+    /// The `Host` header of a request to this location: `host:port`, the port left out only when it is
+    /// http's default, 80 (RFC 9110 §7.2) [SSDP-6.8].
+    public var hostHeader: String { port == 80 ? host : "\(host):\(port)" }
+}
+
 /// Cuts the connection once more than `limit` bytes have arrived, before any parser buffers them.
 package final class InboundByteLimitHandler: ChannelInboundHandler {
     package typealias InboundIn = ByteBuffer
@@ -178,6 +184,7 @@ package final class BeaconResponseHandler: ChannelInboundHandler {
     package typealias InboundIn = HTTPClientResponsePart
     package typealias OutboundOut = HTTPClientRequestPart
 
+    /// The `Host` header's value, `host[:port]`.
     private let host: String
     private let maxBodyBytes: Int
     private let promise: EventLoopPromise<[UInt8]>

@@ -118,9 +118,16 @@ public final class BeaconHTTPServer: Sendable {
     /// Sets up `channel`'s pipeline to answer one `GET /NotificationBeacons` with `beacons()` (nil: 204),
     /// then close. For a listener that does its own admission and timeouts.
     public static func configureRequestHandling(on channel: Channel, beacons: @escaping @Sendable () -> [UInt8]?) throws {
+        try configureRequestHandling(on: channel, beacons: beacons, onRequest: nil)
+    }
+
+    /// As ``configureRequestHandling(on:beacons:)``, and tells `onRequest` the head of the request it
+    /// answers (for a test suite that grades what a client sends).
+    public static func configureRequestHandling(on channel: Channel, beacons: @escaping @Sendable () -> [UInt8]?,
+                                                onRequest: (@Sendable (HTTPRequestHead) -> Void)?) throws {
         let sync = channel.pipeline.syncOperations
         try sync.configureHTTPServerPipeline(withPipeliningAssistance: false, withErrorHandling: true)
-        try sync.addHandler(BeaconRequestHandler(beacons: beacons))
+        try sync.addHandler(BeaconRequestHandler(beacons: beacons, onRequest: onRequest))
     }
 
     /// The port the server is bound to (0 before `start`).
@@ -241,7 +248,12 @@ final class BeaconRequestHandler: ChannelInboundHandler {
     /// unread, or one small packet could draw the stream many times over before the close.
     private var answered = false
 
-    init(beacons: @escaping @Sendable () -> [UInt8]?) { self.beacons = beacons }
+    private let onRequest: (@Sendable (HTTPRequestHead) -> Void)?
+
+    init(beacons: @escaping @Sendable () -> [UInt8]?, onRequest: (@Sendable (HTTPRequestHead) -> Void)? = nil) {
+        self.beacons = beacons
+        self.onRequest = onRequest
+    }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         guard !answered else { return }
@@ -251,6 +263,7 @@ final class BeaconRequestHandler: ChannelInboundHandler {
         case .end:
             guard let head else { return }
             answered = true
+            onRequest?(head)
             respond(context: context, to: head)
         }
     }

@@ -65,14 +65,30 @@ struct ConformanceReportTests {
     func json() throws {
         let report = try Self.report(mustHolds: false)
         let object = try #require(try JSONSerialization.jsonObject(with: Data(report.json().utf8)) as? [String: Any])
-        #expect(object["format"] as? String == "thali-conformance-report/1")
-        #expect(object["catalogVersion"] as? Int == 7)
+        #expect(object["format"] as? String == "thali-conformance-report/2")
+        #expect(object["catalog_version"] as? Int == 7)
+        #expect(object["baseline_mismatches"] is [Any])
+        // One JSON style with thali-node's other outputs: snake_case keys (`counts` is keyed by verdict).
+        var keys = Set(object.keys)
+        for result in object["results"] as? [[String: Any]] ?? [] { keys.formUnion(result.keys) }
+        #expect(notSnakeCase(keys).isEmpty, "keys not in snake_case: \(notSnakeCase(keys))")
         #expect(object["succeeded"] as? Bool == false)
         let results = try #require(object["results"] as? [[String: Any]])
         #expect(results.count == 6)
         #expect(results.first?["requirements"] as? [String] == ["T-1.1"])
         #expect(results.first?["level"] as? String == "MUST")
         #expect((object["counts"] as? [String: Int])?["WARN"] == 2)
+    }
+
+    @Test("the adapter's inbox items are read in snake_case; the first published fromPublicKey still reads; neither is an error")
+    func adapterInboxItem() throws {
+        let snake = #"[{"id":"i1","from_public_key":"02ab","kind":"text","text":"hi","received_at":"2026-01-01T00:00:00Z"}]"#
+        #expect(try JSONDecoder().decode([ConformanceAdapter.InboxItem].self, from: Data(snake.utf8)).first?.fromPublicKey == "02ab")
+        let first = #"[{"id":"i1","fromPublicKey":"03cd","kind":"file"}]"#
+        #expect(try JSONDecoder().decode([ConformanceAdapter.InboxItem].self, from: Data(first.utf8)).first?.fromPublicKey == "03cd")
+        #expect(throws: DecodingError.self) {
+            try JSONDecoder().decode([ConformanceAdapter.InboxItem].self, from: Data(#"[{"id":"i1","kind":"text"}]"#.utf8))
+        }
     }
 
     @Test("the JUnit XML parses: one testcase per result, FAIL as failure, N/A, UNSUPPORTED, INCONCLUSIVE as skipped")
@@ -96,4 +112,10 @@ final class ElementCounter: NSObject, XMLParserDelegate {
                 attributes: [String: String] = [:]) {
         counts[name, default: 0] += 1
     }
+}
+
+/// The keys of `keys` that are not snake_case (lower case letters, digits, `_`), sorted: thali-node's
+/// JSON output version 2 has no others.
+func notSnakeCase(_ keys: some Sequence<String>) -> [String] {
+    keys.filter { key in !key.allSatisfy { $0.isLowercase || $0.isNumber || $0 == "_" } }.sorted()
 }

@@ -51,6 +51,8 @@ struct PeerModeTests {
         #expect(status == 0, "\(run.output)\n--- node:\n\(peer.output)")
 
         let object = try #require(try JSONSerialization.jsonObject(with: Data(contentsOf: URL(fileURLWithPath: jsonPath))) as? [String: Any])
+        #expect(object["format"] as? String == ConformanceReport.format)
+        #expect(object["baseline_mismatches"] as? [Any] != nil && object["catalog_version"] as? Int != nil, "snake_case keys: \(object.keys)")
         let results = try #require(object["results"] as? [[String: Any]])
         let ids = Set(results.compactMap { $0["id"] as? String })
         #expect(ids == Set(PeerConformance.Cases.all.map(\.id)), "every case reports once")

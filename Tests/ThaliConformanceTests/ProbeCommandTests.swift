@@ -75,6 +75,8 @@ struct ProbeCommandTests {
                 try JSONSerialization.jsonObject(with: Data(output.utf8)) as? [String: Any], "\(output)")
             #expect(object["failed"] as? Int == 1)
             let checks = try #require(object["checks"] as? [[String: String]])
+            let keys = checks.reduce(into: Set(object.keys)) { $0.formUnion($1.keys) }
+            #expect(notSnakeCase(keys).isEmpty, "one JSON style with thali-node's other outputs: \(notSnakeCase(keys))")
             #expect(checks.first { $0["id"] == "cache-control" }?["verdict"] == "FAIL")
             #expect(checks.first { $0["id"] == "burst" }?["verdict"] == "N/A")
         }

@@ -41,6 +41,30 @@ final class NIOLockedCounter: @unchecked Sendable {
     var value: Int { lock.withLock { count } }
 }
 
+/// Reads one request head off a real socket as raw bytes (no HTTP parser between the client and the
+/// assertion), hands it to `heads`, answers `204 No Content` and closes.
+private final class RequestHeadRecorder: ChannelInboundHandler, @unchecked Sendable {
+    typealias InboundIn = ByteBuffer
+    /// Longer heads are cut here and reported as they are.
+    static let maxHeadBytes = 4096
+    private var bytes: [UInt8] = []
+    private var answered = false
+    private let heads: AsyncStream<String>.Continuation
+
+    init(heads: AsyncStream<String>.Continuation) { self.heads = heads }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        guard !answered else { return }
+        bytes.append(contentsOf: unwrapInboundIn(data).readableBytesView.prefix(Self.maxHeadBytes - bytes.count))
+        let text = String(decoding: bytes, as: UTF8.self)
+        guard text.contains("\r\n\r\n") || bytes.count >= Self.maxHeadBytes else { return }
+        heads.yield(text)
+        answered = true  // one head per connection
+        context.writeAndFlush(NIOAny(context.channel.allocator.buffer(string: "HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n")))
+            .whenComplete { [channel = context.channel] _ in channel.close(promise: nil) }
+    }
+}
+
 private func response(status: String = "200 OK", type: String? = "application/octet-stream", body: [UInt8]) -> [UInt8] {
     var head = "HTTP/1.1 \(status)\r\nContent-Length: \(body.count)\r\nConnection: close\r\n"
     if let type { head += "Content-Type: \(type)\r\n" }
@@ -96,6 +120,34 @@ struct BeaconHTTPTests {
         server.setBeacons([7, 7])
         let location = try #require(BeaconLocation(parsing: "http://127.0.0.1:\(port)"))
         #expect(try await BeaconHTTPClient(configuration: fastClient, group: group).fetch(location) == [7, 7])
+    }
+
+    @Test func clientSendsHostWithThePortOfTheLocation() async throws {
+        let (heads, sink) = AsyncStream.makeStream(of: String.self)
+        let server = try await ServerBootstrap(group: group)
+            .childChannelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture { try channel.pipeline.syncOperations.addHandler(RequestHeadRecorder(heads: sink)) }
+            }
+            .bind(host: "127.0.0.1", port: 0).get()
+        defer { server.close(promise: nil) }
+        let port = try #require(server.localAddress?.port)
+        #expect(try await BeaconHTTPClient(configuration: fastClient, group: group).fetch(BeaconLocation(host: "127.0.0.1", port: port)) == [])
+        sink.finish()
+        var iterator = heads.makeAsyncIterator()
+        let head = try #require(await iterator.next())
+        let lines = head.components(separatedBy: "\r\n")
+        #expect(lines.first == "GET /NotificationBeacons HTTP/1.1")
+        let hosts = lines.filter { $0.lowercased().hasPrefix("host:") }
+        #expect(hosts == ["Host: 127.0.0.1:\(port)"], "RFC 9110 §7.2: the port is part of Host unless it is 80 [SSDP-6.8]")
+        #expect(lines.contains("Connection: close"))
+        #expect(lines.contains("Accept: application/octet-stream"))
+    }
+
+    @Test func hostHeaderLeavesOutOnlyHTTPsDefaultPort() {
+        #expect(BeaconLocation(host: "192.0.2.7", port: 80).hostHeader == "192.0.2.7")
+        #expect(BeaconLocation(host: "192.0.2.7", port: 8080).hostHeader == "192.0.2.7:8080")
+        #expect(BeaconLocation(host: "192.0.2.7", port: 443).hostHeader == "192.0.2.7:443")
+        #expect(BeaconLocation(parsing: "http://192.0.2.7/x")?.hostHeader == "192.0.2.7")
     }
 
     @Test func clientCutsOversizedBodiesDeclaredOrStreamed() async throws {
