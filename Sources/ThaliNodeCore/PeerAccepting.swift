@@ -69,7 +69,7 @@ extension ThaliPeer {
                                                  logger: logger).run(on: frames)
                     emit(.sessionEnded(contact: contact.name, role: .accepting, error: nil))
                 } catch {
-                    emit(.sessionEnded(contact: contact.name, role: .accepting, error: PeerConnectionError(error, address: address)))
+                    emit(.sessionEnded(contact: contact.name, role: .accepting, error: sessionEndError(error, address: address)))
                 }
             }
         }

@@ -112,7 +112,7 @@ extension ThaliPeer {
             emit(.sessionEnded(contact: contact.name, role: .connecting, error: nil))
             try? await session.close().get()
         } catch {
-            emit(.sessionEnded(contact: contact.name, role: .connecting, error: PeerConnectionError(error, connectingTo: location)))
+            emit(.sessionEnded(contact: contact.name, role: .connecting, error: sessionEndError(error, address: "\(location.host):\(location.port)")))
             try? await session.close().get()
             throw error
         }

@@ -240,6 +240,13 @@ public final class ThaliPeer: Sendable {
 
     var isStopped: Bool { state.withLockedValue { $0.stopped } }
 
+    /// Why a session ended with `error`: when this peer is stopping, the stop is the reason, whichever layer
+    /// (the multiplexer's close, the TLS close, the delivery stream) noticed it first.
+    func sessionEndError(_ error: any Error, address: String) -> PeerConnectionError {
+        if isStopped || Task.isCancelled { return PeerConnectionError(.cancelled, address: address) }
+        return PeerConnectionError(error, address: address)
+    }
+
     /// Runs `task`'s work under the peer's supervision: cancelled and awaited by `stop()`.
     @discardableResult
     func track(_ task: Task<Void, Never>) -> Task<Void, Never> {

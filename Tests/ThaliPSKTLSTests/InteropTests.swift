@@ -148,7 +148,10 @@ extension PSKTLSTests {
                 let connection = try #require(await connections.next())
                 #expect(connection.parameters.pskIdentity == Fixtures.identity192)
                 #expect(connection.parameters.dhGroupBits == group.bits)
+                // The line ends the handshake summary; wait for all of it, not just its start, which can
+                // arrive in a read of its own.
                 try await client.waitForOutput(containing: "Server Temp Key")
+                try await client.waitForOutput(containing: " bits\n")
                 #expect(client.output.contains("Protocol version: TLSv1.2"))
                 #expect(client.output.contains("Ciphersuite: \(Self.cipher)"))
                 #expect(client.output.contains("Server Temp Key: DH, \(group.bits) bits"))
