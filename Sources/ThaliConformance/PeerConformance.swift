@@ -65,58 +65,88 @@ public struct PeerConformanceConfiguration: Sendable {
 public struct PeerConformance: Sendable {
     /// The cases, in the order they run.
     public enum Cases {
+        /// `peer/ssdp/discovered`: announces itself over SSDP with a LOCATION we can fetch.
         public static let discovered = ConformanceCase("peer/ssdp/discovered", "announces itself over SSDP with a LOCATION we can fetch",
                                                        ["SSDP-2.1", "SSDP-2.2", "SSDP-2.4", "SSDP-3.5"])
+        /// `peer/ssdp/usn`: its USN is uuid: and a UUID in lower case.
         public static let usn = ConformanceCase("peer/ssdp/usn", "its USN is uuid: and a UUID in lower case", ["SSDP-2.3"])
+        /// `peer/ssdp/search-answer`: an M-SEARCH for the Thali NT is answered by unicast to our port with CACHE-CONTROL, LOCATION, ST and USN.
         public static let searchAnswer = ConformanceCase("peer/ssdp/search-answer",
                                                          "an M-SEARCH for the Thali NT is answered by unicast to our port with CACHE-CONTROL, LOCATION, ST and USN",
                                                          ["SSDP-2.7"])
+        /// `peer/ssdp/byebye`: once nothing is left for us it withdraws its announcement with a byebye.
         public static let byebye = ConformanceCase("peer/ssdp/byebye", "once nothing is left for us it withdraws its announcement with a byebye",
                                                    ["SSDP-2.5", "SSDP-4.2", "NODE-3.1"])
+        /// `peer/http/beacons`: GET /NotificationBeacons answers 200 with the beacon stream.
         public static let beaconFetch = ConformanceCase("peer/http/beacons", "GET /NotificationBeacons answers 200 with the beacon stream",
                                                         ["SSDP-6.2", "SSDP-6.5"])
+        /// `peer/beacons/match`: its announcement has a beacon for us that matches.
         public static let beaconMatch = ConformanceCase("peer/beacons/match", "its announcement has a beacon for us that matches",
                                                         ["BCN-1.1", "BCN-2.1", "BCN-2.2", "BCN-2.3", "BCN-2.4", "BCN-2.5", "BCN-4.7", "NODE-3.1"])
+        /// `peer/beacons/expiration`: expiration is ahead, at most 24 h.
         public static let expiration = ConformanceCase("peer/beacons/expiration", "expiration is ahead, at most 24 h",
                                                        ["BCN-1.2", "BCN-4.3", "BCN-4.4"])
+        /// `peer/psk-tls/handshake`: PSK-TLS with the beacon's identity and PSK: TLS 1.2, 0x00AB, DH ≥ 2048.
         public static let handshake = ConformanceCase("peer/psk-tls/handshake", "PSK-TLS with the beacon's identity and PSK: TLS 1.2, 0x00AB, DH ≥ 2048",
                                                       ["PSK-1.1", "PSK-1.2", "PSK-1.7", "PSK-3.1", "PSK-3.2", "BCN-2.6", "BCN-2.7", "NODE-2.1"])
+        /// `peer/yamux/open-stream`: a yamux stream we open is accepted and served.
         public static let openStream = ConformanceCase("peer/yamux/open-stream", "a yamux stream we open is accepted and served",
                                                        ["MUX-0.1", "MUX-1.1", "MUX-2.6", "NODE-3.3", "NODE-1.19"])
+        /// `peer/delivery/hello`: the sender's first frame is hello, version 1.
         public static let hello = ConformanceCase("peer/delivery/hello", "the sender's first frame is hello, version 1", ["NODE-1.1", "NODE-1.4"])
+        /// `peer/delivery/offer`: the queued item is offered, well formed, epoch milliseconds.
         public static let offer = ConformanceCase("peer/delivery/offer", "the queued item is offered, well formed, epoch milliseconds",
                                                   ["NODE-1.3", "NODE-1.5", "NODE-1.20"])
+        /// `peer/delivery/transfer`: start(0), data and end carry exactly the offered bytes.
         public static let transfer = ConformanceCase("peer/delivery/transfer", "start(0), data and end carry exactly the offered bytes",
                                                      ["NODE-1.2", "NODE-1.8"])
+        /// `peer/delivery/done`: after our acks the sender sends done.
         public static let done = ConformanceCase("peer/delivery/done", "after our acks the sender sends done", ["NODE-1.12", "NODE-1.13"])
+        /// `peer/sender/connects`: it fetches our beacons and connects with our PSK.
         public static let senderConnects = ConformanceCase("peer/sender/connects", "it fetches our beacons and connects with our PSK",
                                                            ["SSDP-3.6", "NODE-3.2", "NODE-3.3", "PSK-3.1"])
+        /// `peer/sender/beacon-request`: its beacon fetch is GET /NotificationBeacons HTTP/1.1, Host host:port, Connection: close, Accept: application/octet-stream.
         public static let senderBeaconRequest = ConformanceCase("peer/sender/beacon-request",
                                                                 "its beacon fetch is GET /NotificationBeacons HTTP/1.1, Host host:port, Connection: close, Accept: application/octet-stream",
                                                                 ["SSDP-6.6", "SSDP-6.8"])
+        /// `peer/sender/opens-stream`: it opens a delivery stream and answers our offer.
         public static let senderStream = ConformanceCase("peer/sender/opens-stream", "it opens a delivery stream and answers our offer",
                                                          ["NODE-1.19", "NODE-1.3", "MUX-1.1"])
+        /// `peer/sender/ack`: it acknowledges the item after end.
         public static let senderAck = ConformanceCase("peer/sender/ack", "it acknowledges the item after end", ["NODE-1.10"])
+        /// `peer/sender/refuses-expired`: an item already expired is refused (reason 3).
         public static let refusesExpired = ConformanceCase("peer/sender/refuses-expired", "an item already expired is refused (reason 3)",
                                                            ["NODE-1.16", "NODE-1.20"])
+        /// `peer/sender/rejects-damaged`: content that misses its SHA-256 gets reject.
         public static let rejectsDamaged = ConformanceCase("peer/sender/rejects-damaged", "content that misses its SHA-256 gets reject",
                                                            ["NODE-1.11"])
+        /// `peer/sender/closes-after-done`: it closes the stream after done.
         public static let senderClose = ConformanceCase("peer/sender/closes-after-done", "it closes the stream after done", ["NODE-1.13"])
+        /// `peer/sender/inbox`: the item is in its inbox once, from us, intact.
         public static let senderInbox = ConformanceCase("peer/sender/inbox", "the item is in its inbox once, from us, intact",
                                                         ["NODE-1.15", "NODE-3.4"])
+        /// `peer/psk-tls/no-identity-hint`: the ServerKeyExchange carries no identity hint.
         public static let noHint = ConformanceCase("peer/psk-tls/no-identity-hint", "the ServerKeyExchange carries no identity hint", ["PSK-1.6"])
+        /// `peer/psk-tls/unknown-identity`: an unknown identity gets unknown_psk_identity.
         public static let unknownIdentity = ConformanceCase("peer/psk-tls/unknown-identity", "an unknown identity gets unknown_psk_identity",
                                                             ["PSK-4.1", "PSK-4.2"])
+        /// `peer/psk-tls/wrong-psk`: its own identity with a wrong PSK fails the handshake.
         public static let wrongPSK = ConformanceCase("peer/psk-tls/wrong-psk", "its own identity with a wrong PSK fails the handshake",
                                                      ["PSK-4.3"])
+        /// `peer/psk-tls/tls13-refused`: a TLS 1.3-only hello gets protocol_version.
         public static let tls13 = ConformanceCase("peer/psk-tls/tls13-refused", "a TLS 1.3-only hello gets protocol_version", ["PSK-1.3"])
+        /// `peer/psk-tls/other-suites-refused`: a hello without 0x00AB gets handshake_failure.
         public static let otherSuites = ConformanceCase("peer/psk-tls/other-suites-refused", "a hello without 0x00AB gets handshake_failure",
                                                         ["PSK-5.1", "PSK-1.2"])
+        /// `peer/psk-tls/dh-group-size`: the DH prime has at least 2048 bits.
         public static let dhSize = ConformanceCase("peer/psk-tls/dh-group-size", "the DH prime has at least 2048 bits", ["PSK-2.1"])
+        /// `peer/psk-tls/no-compression`: offered DEFLATE and none, it picks none.
         public static let noCompression = ConformanceCase("peer/psk-tls/no-compression", "offered DEFLATE and none, it picks none",
                                                           ["PSK-1.8"])
+        /// `peer/psk-tls/no-session-tickets`: asked for a session ticket, it sends no ticket extension.
         public static let noTickets = ConformanceCase("peer/psk-tls/no-session-tickets", "asked for a session ticket, it sends no ticket extension",
                                                       ["PSK-1.4"])
+        /// `peer/psk-tls/dh-fresh`: two handshakes carry different dh_Ys.
         public static let dhFresh = ConformanceCase("peer/psk-tls/dh-fresh", "two handshakes carry different dh_Ys", ["PSK-2.2"])
 
         /// Every case of peer mode.
