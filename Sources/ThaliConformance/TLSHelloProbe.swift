@@ -162,10 +162,14 @@ public enum TLSHelloProbe {
         private var records: [UInt8] = []
         private var handshake: [UInt8] = []
         private var flight: ServerFlight?
+        /// Every byte of the answer so far: the bound holds for the whole answer, not just for what is
+        /// buffered, so records that each fit cannot add up to an unbounded handshake message.
+        private var received = 0
 
         mutating func feed(_ bytes: [UInt8]) -> Outcome? {
+            received += bytes.count
+            guard received <= TLSHelloProbe.maximumAnswerBytes else { return .malformed("answer over 64 KiB") }
             records += bytes
-            guard records.count <= TLSHelloProbe.maximumAnswerBytes else { return .malformed("answer over 64 KiB") }
             while records.count >= 5 {
                 let type = records[0]
                 let length = Int(records[3]) << 8 | Int(records[4])
