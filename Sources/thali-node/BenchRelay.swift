@@ -1,0 +1,354 @@
+import ArgumentParser
+import Foundation
+import NIOConcurrencyHelpers
+import ThaliBeacons
+import ThaliNodeCore
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// `thali-node bench relay`: relay mode as an app sees it. A real TCP app (an in-process server on
+/// blocking sockets that answers each 8-byte request, a big-endian count, with that many bytes of a
+/// known pattern) is reached twice in the same run: directly on loopback, and through two real
+/// `thali-node run --app-port` processes (the connecting node's relay port, PSK-TLS and yamux, the
+/// accepting node's connection to the app port). Every byte is checked against the pattern.
+struct BenchRelay: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "relay",
+        abstract: "Measure an app's TCP traffic through two relaying nodes against the same traffic on direct loopback.",
+        discussion: """
+            One stream of --mib MiB, --parallel streams of --parallel-mib MiB each at once, and --requests small \
+            request/response round trips (--response-bytes each) on one connection; first direct, then through the \
+            relay. Rates in MB/s (10^6 bytes). --json prints one object: relay_mb_s, direct_mb_s, parallel_ratio \
+            (relayed parallel throughput over direct), added_latency_ms (median round trip through the relay minus \
+            direct), relay_parallel_mb_s, direct_parallel_mb_s, relay_latency_ms, direct_latency_ms, verified_bytes \
+            (bytes checked against the pattern, both paths), mib, parallel, parallel_mib, requests.
+            """)
+
+    @Option(help: "MiB of the single-stream transfer.") var mib = 64
+    @Option(help: "Streams of the parallel transfer.") var parallel = 20
+    @Option(help: "MiB each parallel stream carries.") var parallelMib = 8
+    @Option(help: "Small request/response round trips timed (after 10% more as warm-up).") var requests = 500
+    @Option(help: "Bytes of each small response.") var responseBytes = 64
+    @Option(help: "Give up when the nodes have not set the relay up within this many seconds.") var timeout = 30.0
+    @Flag(help: "Print one JSON object instead of lines.") var json = false
+
+    func validate() throws {
+        guard mib >= 1, mib <= 16384 else { throw ValidationError("--mib must be in 1...16384") }
+        guard parallel >= 1, parallel <= 256 else { throw ValidationError("--parallel must be in 1...256") }
+        guard parallelMib >= 1, parallelMib <= 4096 else { throw ValidationError("--parallel-mib must be in 1...4096") }
+        guard requests >= 1, requests <= 1_000_000 else { throw ValidationError("--requests must be in 1...1000000") }
+        guard responseBytes >= 1, responseBytes <= 1 << 20 else { throw ValidationError("--response-bytes must be in 1...1048576") }
+        guard timeout > 0 else { throw ValidationError("--timeout must be positive") }
+    }
+
+    /// The figures of one path (direct or relayed).
+    struct PathFigures {
+        var singleMBs: Double
+        var parallelMBs: Double
+        var latencyMs: Double
+        var verifiedBytes: Int
+    }
+
+    func run() async throws {
+        let app = try RelayBenchApp()
+        defer { app.stop() }
+        let direct = try measure(port: app.port)
+        let nodes = try await RelayBenchNodes(appPort: app.port, timeout: timeout)
+        defer { nodes.stop() }
+        let relayed = try measure(port: nodes.relayPort)
+        print(figures: direct, relayed)
+    }
+
+    private func measure(port: Int) throws -> PathFigures {
+        let single = try RelayBenchApp.transfer(port: port, bytes: mib << 20, streams: 1)
+        let parallelRun = try RelayBenchApp.transfer(port: port, bytes: parallelMib << 20, streams: parallel)
+        let latency = try RelayBenchApp.medianRoundTrip(port: port, responseBytes: responseBytes,
+                                                        requests: requests, warmUp: max(1, requests / 10))
+        return PathFigures(singleMBs: single.megabytesPerSecond, parallelMBs: parallelRun.megabytesPerSecond,
+                           latencyMs: latency.medianMs, verifiedBytes: single.bytes + parallelRun.bytes + latency.bytes)
+    }
+
+    private func print(figures direct: PathFigures, _ relayed: PathFigures) {
+        func rounded(_ value: Double, _ places: Double = 1000) -> Double { (value * places).rounded() / places }
+        let ratio = relayed.parallelMBs / direct.parallelMBs
+        let added = relayed.latencyMs - direct.latencyMs
+        if json {
+            let object: [String: Any] = [
+                "relay_mb_s": rounded(relayed.singleMBs, 10), "direct_mb_s": rounded(direct.singleMBs, 10),
+                "parallel_ratio": rounded(ratio), "added_latency_ms": rounded(added),
+                "relay_parallel_mb_s": rounded(relayed.parallelMBs, 10), "direct_parallel_mb_s": rounded(direct.parallelMBs, 10),
+                "relay_latency_ms": rounded(relayed.latencyMs), "direct_latency_ms": rounded(direct.latencyMs),
+                "verified_bytes": direct.verifiedBytes + relayed.verifiedBytes,
+                "mib": mib, "parallel": parallel, "parallel_mib": parallelMib, "requests": requests,
+            ]
+            if let data = try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys]) {
+                Swift.print(String(decoding: data, as: UTF8.self))
+            }
+            return
+        }
+        Swift.print(String(format: "relay: one stream of %d MiB: relayed %.1f MB/s, direct %.1f MB/s (%.2f)",
+                           mib, relayed.singleMBs, direct.singleMBs, relayed.singleMBs / direct.singleMBs))
+        Swift.print(String(format: "relay: %d streams of %d MiB: relayed %.1f MB/s, direct %.1f MB/s (parallel ratio %.2f)",
+                           parallel, parallelMib, relayed.parallelMBs, direct.parallelMBs, ratio))
+        Swift.print(String(format: "relay: %d-byte round trip, median of %d: relayed %.3f ms, direct %.3f ms (added %.3f ms)",
+                           responseBytes, requests, relayed.latencyMs, direct.latencyMs, added))
+        Swift.print("relay: \(direct.verifiedBytes + relayed.verifiedBytes) bytes checked against the pattern")
+    }
+}
+
+/// The two relaying nodes of ``BenchRelay``: `thali-node run --app-port` child processes on 127.0.0.1
+/// that know each other as contacts `a` and `b`; `relayPort` is node b's relay port to a's app.
+final class RelayBenchNodes: Sendable {
+    let relayPort: Int
+    private let peers: [SpawnedPeer]
+    private let root: String
+
+    init(appPort: Int, timeout: Double) async throws {
+        let executable = try Demo.ownExecutable()
+        let root = FileManager.default.temporaryDirectory.appendingPathComponent("thali-bench-relay-\(getpid())-\(UInt32.random(in: 0...UInt32.max))").path
+        self.root = root
+        let homes = ["a", "b"].map { NodeHome(path: "\(root)/\($0)") }
+        var keys: [PrivateKey] = []
+        for home in homes {
+            try home.create()
+            keys.append(try NodeIdentity.create(in: home))
+        }
+        for (index, home) in homes.enumerated() {
+            let other = 1 - index
+            try NodeStore(home: home).addContact(name: ["a", "b"][other], publicKey: keys[other].publicKey.hexString(compressed: true))
+        }
+        let ssdpPort = Int.random(in: 20000...60000)
+        let found = NIOLockedValueBox<Int?>(nil)
+        var peers: [SpawnedPeer] = []
+        for (index, home) in homes.enumerated() {
+            let name = ["a", "b"][index]
+            let arguments = ["run", "--home", home.path, "--json", "--address", "127.0.0.1", "--ssdp-port", String(ssdpPort),
+                             "--app-port", String(appPort), "--per-source-limit", "1000"]
+            peers.append(try SpawnedPeer(name: name, executable: executable, arguments: arguments,
+                                         stderrPath: home.path + "/run.log") { line in
+                // Node b's relay port to contact a: the path the measurements take.
+                guard name == "b", let record = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any],
+                      record["event"] as? String == "relay_listening", record["contact"] as? String == "a",
+                      let port = record["port"] as? Int else { return }
+                found.withLockedValue { $0 = port }
+            })
+        }
+        self.peers = peers
+        let clock = ContinuousClock()
+        let deadline = clock.now + .milliseconds(Int64(timeout * 1000))
+        var port: Int?
+        while port == nil, clock.now < deadline, !peers.contains(where: \.hasExited) {
+            try? await Task.sleep(for: .milliseconds(20))
+            port = found.withLockedValue { $0 }
+        }
+        guard let port else {
+            for peer in peers { peer.terminate(grace: 2) }
+            try? FileManager.default.removeItem(atPath: root)
+            let exited = peers.filter(\.hasExited).map(\.name)
+            throw ValidationError(exited.isEmpty ? "the nodes set no relay up within \(timeout) s (logs: \(root))"
+                                                 : "node \(exited.joined(separator: ", ")) exited before the relay was up")
+        }
+        relayPort = port
+    }
+
+    /// Stops both nodes and removes their data directories.
+    func stop() {
+        for peer in peers { peer.terminate(grace: 2) }
+        try? FileManager.default.removeItem(atPath: root)
+    }
+}
+
+/// The app of ``BenchRelay``: a TCP server on 127.0.0.1 (blocking sockets, a thread per connection) that
+/// answers each 8-byte big-endian count with that many bytes of ``pattern``, and the clients that
+/// check them.
+final class RelayBenchApp: Sendable {
+    /// The bytes every response cycles through (1 MiB, not periodic below that).
+    static let pattern: [UInt8] = (0..<(1 << 20)).map { UInt8(truncatingIfNeeded: ($0 &* 2654435761) >> 13) }
+
+    /// What a client measured.
+    struct Transfer {
+        var bytes: Int
+        var seconds: Double
+        var megabytesPerSecond: Double { Double(bytes) / seconds / 1_000_000 }
+    }
+
+    /// The most one client read takes from its socket.
+    static let readSize = 256 << 10
+
+    let port: Int
+    private let listener: Int32
+
+    init() throws {
+        let listener = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard listener >= 0 else { throw Self.failure("socket") }
+        var on: Int32 = 1
+        setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &on, socklen_t(MemoryLayout<Int32>.size))
+        var address = Self.loopback(port: 0)
+        let bound = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(listener, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        }
+        guard bound == 0, listen(listener, 512) == 0 else {
+            Glibc.close(listener)
+            throw Self.failure("bind or listen")
+        }
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        _ = withUnsafeMutablePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(listener, $0, &length) }
+        }
+        port = Int(UInt16(bigEndian: address.sin_port))
+        self.listener = listener
+        Thread.detachNewThread {
+            while true {
+                let connection = accept(listener, nil, nil)
+                if connection < 0 {
+                    if errno == EINTR || errno == ECONNABORTED { continue }
+                    return  // The listener was shut down.
+                }
+                Thread.detachNewThread { Self.serve(connection) }
+            }
+        }
+    }
+
+    /// Stops accepting (connections being served end with their clients).
+    func stop() {
+        shutdown(listener, Int32(SHUT_RDWR))
+        Glibc.close(listener)
+    }
+
+    private static func serve(_ connection: Int32) {
+        defer { Glibc.close(connection) }
+        setNoDelay(connection)
+        var request = [UInt8](repeating: 0, count: 8)
+        while receiveExactly(connection, &request) {
+            var remaining = Int(request.reduce(UInt64(0)) { $0 << 8 | UInt64($1) } & 0xFFFF_FFFF_FFFF)
+            var offset = 0
+            while remaining > 0 {
+                let count = min(remaining, pattern.count - offset)
+                let sent = pattern.withUnsafeBytes { send(connection, $0.baseAddress! + offset, count, Int32(MSG_NOSIGNAL)) }
+                if sent < 0 && errno == EINTR { continue }
+                guard sent > 0 else { return }
+                remaining -= sent
+                offset = (offset + sent) % pattern.count
+            }
+        }
+    }
+
+    /// `streams` connections at once, each asking for `bytes` and checking every byte; the time is from
+    /// the first request to the last byte.
+    static func transfer(port: Int, bytes: Int, streams: Int) throws -> Transfer {
+        var connections: [Int32] = []
+        defer { for connection in connections { Glibc.close(connection) } }
+        for _ in 0..<streams { connections.append(try connect(port: port)) }
+        let failures = NIOLockedValueBox<[String]>([])
+        let done = DispatchGroup()
+        let start = ContinuousClock.now
+        for connection in connections {
+            done.enter()
+            Thread.detachNewThread {
+                defer { done.leave() }
+                var buffer = [UInt8](repeating: 0, count: readSize)
+                if let failure = fetch(connection, bytes: bytes, into: &buffer) { failures.withLockedValue { $0.append(failure) } }
+            }
+        }
+        done.wait()
+        let seconds = (ContinuousClock.now - start).seconds
+        if let failure = failures.withLockedValue({ $0.first }) { throw ValidationError(failure) }
+        return Transfer(bytes: bytes * streams, seconds: seconds)
+    }
+
+    /// The median round trip of `requests` small requests on one connection, after `warmUp` untimed ones.
+    static func medianRoundTrip(port: Int, responseBytes: Int, requests: Int, warmUp: Int) throws -> (medianMs: Double, bytes: Int) {
+        let connection = try connect(port: port)
+        defer { Glibc.close(connection) }
+        var buffer = [UInt8](repeating: 0, count: readSize)
+        var times: [Double] = []
+        times.reserveCapacity(requests)
+        for index in 0..<(warmUp + requests) {
+            let start = ContinuousClock.now
+            if let failure = fetch(connection, bytes: responseBytes, into: &buffer) { throw ValidationError(failure) }
+            if index >= warmUp { times.append((ContinuousClock.now - start).seconds * 1000) }
+        }
+        times.sort()
+        return (times[times.count / 2], responseBytes * (warmUp + requests))
+    }
+
+    /// Asks for `bytes` on `connection` and reads them, comparing each with the pattern: nil when all
+    /// arrived intact, else what went wrong.
+    private static func fetch(_ connection: Int32, bytes: Int, into buffer: inout [UInt8]) -> String? {
+        var request = (0..<8).map { UInt8(truncatingIfNeeded: UInt64(bytes) >> (56 - 8 * $0)) }
+        let sent = request.withUnsafeMutableBytes { send(connection, $0.baseAddress!, 8, Int32(MSG_NOSIGNAL)) }
+        guard sent == 8 else { return "the request could not be sent: \(String(cString: strerror(errno)))" }
+        var received = 0
+        while received < bytes {
+            let count = buffer.withUnsafeMutableBytes { recv(connection, $0.baseAddress!, min($0.count, bytes - received), 0) }
+            if count < 0 && errno == EINTR { continue }
+            guard count > 0 else {
+                return "the response ended after \(received) of \(bytes) bytes" + (count < 0 ? ": \(String(cString: strerror(errno)))" : "")
+            }
+            guard matchesPattern(buffer[..<count], at: received) else { return "byte \(received) or after differs from the pattern" }
+            received += count
+        }
+        return nil
+    }
+
+    private static func matchesPattern(_ chunk: ArraySlice<UInt8>, at position: Int) -> Bool {
+        chunk.withUnsafeBytes { chunkBytes in
+            pattern.withUnsafeBytes { patternBytes in
+                var done = 0
+                while done < chunkBytes.count {
+                    let offset = (position + done) % patternBytes.count
+                    let count = min(chunkBytes.count - done, patternBytes.count - offset)
+                    if memcmp(chunkBytes.baseAddress! + done, patternBytes.baseAddress! + offset, count) != 0 { return false }
+                    done += count
+                }
+                return true
+            }
+        }
+    }
+
+    private static func receiveExactly(_ connection: Int32, _ buffer: inout [UInt8]) -> Bool {
+        var received = 0
+        while received < buffer.count {
+            let count = buffer.withUnsafeMutableBytes { recv(connection, $0.baseAddress! + received, $0.count - received, 0) }
+            if count < 0 && errno == EINTR { continue }
+            guard count > 0 else { return false }
+            received += count
+        }
+        return true
+    }
+
+    private static func connect(port: Int) throws -> Int32 {
+        let connection = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard connection >= 0 else { throw failure("socket") }
+        var address = loopback(port: port)
+        let connected = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { Glibc.connect(connection, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        }
+        guard connected == 0 else {
+            let error = failure("connecting to 127.0.0.1:\(port)")
+            Glibc.close(connection)
+            throw error
+        }
+        setNoDelay(connection)
+        return connection
+    }
+
+    private static func setNoDelay(_ connection: Int32) {
+        var on: Int32 = 1
+        setsockopt(connection, Int32(IPPROTO_TCP), TCP_NODELAY, &on, socklen_t(MemoryLayout<Int32>.size))
+    }
+
+    private static func loopback(port: Int) -> sockaddr_in {
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = in_port_t(UInt16(port).bigEndian)
+        address.sin_addr.s_addr = in_addr_t(UInt32(0x7F00_0001).bigEndian)
+        return address
+    }
+
+    private static func failure(_ what: String) -> ValidationError {
+        ValidationError("\(what) failed: \(String(cString: strerror(errno)))")
+    }
+}
