@@ -8,9 +8,11 @@ import NIOPosix
 public enum MultiplexerBridge {
     /// Connecting side: listens on `host:port` (port 0 picks a free port; read it from the returned
     /// channel's `localAddress`) on the session's event loop; each accepted connection opens a stream on
-    /// `session` and is joined to it. Close the returned channel to stop listening.
+    /// `session` and is joined to it. `streamInitializer`, if any, runs on each stream before the join
+    /// (to observe how the stream ends, say). Close the returned channel to stop listening.
     public static func listen(host: String = "127.0.0.1", port: Int = 0,
-                              forwardingTo session: MultiplexerSession) -> EventLoopFuture<Channel> {
+                              forwardingTo session: MultiplexerSession,
+                              streamInitializer: MultiplexerHandler.StreamInitializer? = nil) -> EventLoopFuture<Channel> {
         let loop = session.channel.eventLoop
         return ServerBootstrap(group: loop)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
@@ -26,7 +28,7 @@ public enum MultiplexerBridge {
                     return connection.eventLoop.makeFailedFuture(error)
                 }
                 return session.openStream { stream in
-                    stream.eventLoop.makeCompletedFuture {
+                    (streamInitializer?(stream) ?? stream.eventLoop.makeSucceededVoidFuture()).flatMapThrowing {
                         try stream.syncOptions?.setOption(.allowRemoteHalfClosure, value: true)
                         try stream.pipeline.syncOperations.addHandler(streamGlue.value)
                     }

@@ -25,10 +25,15 @@ extension ThaliPeer {
             return (advertised.psk, contact)
         }, inboundStream: { [self] stream, contact in
             serveStream(stream, for: contact, from: address)
-        }).flatMapThrowing { [emit] server in
-            server.peer.whenSuccess { contact in
+        }).flatMapThrowing { [self, emit] server in
+            server.peer.whenSuccess { [self] contact in
                 onAuthenticated()
                 emit(.connected(contact: contact.name, role: .accepting, binding: binding))
+                // In relay mode the session itself is the work in flight (its streams come and go).
+                if configuration.appPort != nil {
+                    sessionStarted()
+                    channel.closeFuture.whenComplete { [weak self] _ in self?.sessionFinished() }
+                }
             }
             // Reported only for a connection that authenticated a contact.
             try channel.pipeline.syncOperations.addHandler(ConnectionEndRecorder { error in
@@ -52,7 +57,7 @@ extension ThaliPeer {
 
     private func serveStream(_ stream: Channel, for contact: Contact, from address: String) -> EventLoopFuture<Void> {
         if let appPort = configuration.appPort {
-            return MultiplexerBridge.connectingInitializer(host: "127.0.0.1", port: appPort)(stream)
+            return relayToApp(stream, port: appPort, for: contact)
         }
         let limits = configuration.deliveryLimits
         return stream.eventLoop.makeCompletedFuture {
@@ -72,6 +77,21 @@ extension ThaliPeer {
                     emit(.sessionEnded(contact: contact.name, role: .accepting, error: sessionEndError(error, address: address)))
                 }
             }
+        }
+    }
+}
+
+extension ThaliPeer {
+    /// Relay mode: joins a stream the contact opened to a new connection to the app port, counted while
+    /// open. When the app port does not take the connection, the stream is reset (the contact's node
+    /// reports that to its app) and ``PeerEvent/relayAppUnreachable(contact:role:error:)`` says why.
+    fileprivate func relayToApp(_ stream: Channel, port: Int, for contact: Contact) -> EventLoopFuture<Void> {
+        MultiplexerBridge.connectingInitializer(host: "127.0.0.1", port: port)(stream).map { [weak self] in
+            self?.relayConnectionOpened(stream)
+        }.flatMapErrorThrowing { [emit] error in
+            emit(.relayAppUnreachable(contact: contact.name, role: .accepting,
+                                      error: PeerConnectionError(error, address: "127.0.0.1:\(port)")))
+            throw error
         }
     }
 }

@@ -61,6 +61,9 @@ public struct PeerConfiguration: Sendable {
     public var beaconProfile: BeaconProfile = .spec
     /// Relay mode: authenticated streams go to this local TCP port instead of the built-in delivery.
     public var appPort: Int?
+    /// Relay mode: the local port of each contact's relay listener, by contact name (`--relay-port
+    /// NAME=PORT`). A contact not named here keeps the port first bound for it across reconnects.
+    public var relayPorts: [String: Int] = [:]
     /// How often the store is read for outbox changes (`send` runs in another process).
     public var outboxPollInterval: Duration = .seconds(1)
     /// Retries of a matched peer.

@@ -119,19 +119,100 @@ extension ThaliPeer {
     }
 
     /// Relay mode: connections to a local port become streams to the contact's app, until the session
-    /// ends (then the link retries while the contact's beacon is valid).
+    /// ends (then the link retries while the contact's beacon is valid). The port is the one the user
+    /// pinned for the contact (``PeerConfiguration/relayPorts``), else the one first bound for it, so an
+    /// app configured with it keeps working across reconnects.
     private func relay(_ contact: Contact, over session: MultiplexerSession, at location: BeaconLocation) async throws {
-        let listener = try await MultiplexerBridge.listen(host: "127.0.0.1", port: 0, forwardingTo: session).get()
+        let address = "\(location.host):\(location.port)"
+        let listener = try await openRelayListener(for: contact, over: session, address: address)
         let port = listener.localAddress?.port ?? 0
-        setRelayPort(contact, port)
-        emit(.relayListening(contact: contact.name, port: port))
+        sessionStarted()
         await withTaskCancellationHandler {
             try? await session.channel.closeFuture.get()
         } onCancel: {
             session.channel.close(promise: nil)
         }
         try? await listener.close()
+        sessionFinished()
         setRelayPort(contact, nil)
-        throw PeerConnectionError(.relayClosed, address: "\(location.host):\(location.port)")
+        emit(.relayClosed(contact: contact.name, port: port))
+        throw PeerConnectionError(.relayClosed, address: address)
+    }
+
+    /// Binds the contact's relay listener on its pinned or kept port (a free one the first time) and
+    /// reports it: ``PeerEvent/relayListening(contact:port:)`` the first time,
+    /// ``PeerEvent/relayReopened(contact:port:)`` on the same port after a reconnect. A kept port taken
+    /// meanwhile gives way to a free one; a pinned one closes the session (the link retries); both are
+    /// reported as ``PeerEvent/relayPortUnavailable(contact:port:reason:instead:)``.
+    private func openRelayListener(for contact: Contact, over session: MultiplexerSession, address: String) async throws -> Channel {
+        let pinned = configuration.relayPorts[contact.name]
+        let kept = state.withLockedValue { $0.relayPorts[contact.publicKey] }
+        let observer = relayStreamObserver(for: contact)
+        let listen = { (port: Int) in
+            try await MultiplexerBridge.listen(host: "127.0.0.1", port: port, forwardingTo: session,
+                                               streamInitializer: observer).get()
+        }
+        var listener: Channel
+        if let wanted = pinned ?? kept {
+            do {
+                listener = try await listen(wanted)
+            } catch {
+                let reason = "\(NodeError.mapBindError(error, host: "127.0.0.1", port: wanted))"
+                guard pinned == nil else {
+                    emit(.relayPortUnavailable(contact: contact.name, port: wanted, reason: reason, instead: nil))
+                    try? await session.close().get()
+                    throw PeerConnectionError(.relayClosed, address: address)
+                }
+                listener = try await listen(0)
+                emit(.relayPortUnavailable(contact: contact.name, port: wanted, reason: reason,
+                                           instead: listener.localAddress?.port ?? 0))
+            }
+        } else {
+            listener = try await listen(0)
+        }
+        let port = listener.localAddress?.port ?? 0
+        let reopened = state.withLockedValue { state -> Bool in
+            defer { state.relayPorts[contact.publicKey] = port }
+            return state.relayPorts[contact.publicKey] == port
+        }
+        setRelayPort(contact, port)
+        emit(reopened ? .relayReopened(contact: contact.name, port: port) : .relayListening(contact: contact.name, port: port))
+        return listener
+    }
+
+    /// Watches each relayed stream to `contact`: counts it while open, and reports a stream the
+    /// contact's node reset before any byte came back (its app port did not take the connection).
+    private func relayStreamObserver(for contact: Contact) -> MultiplexerHandler.StreamInitializer {
+        { [weak self] stream in
+            stream.eventLoop.makeCompletedFuture {
+                guard let self else { return }
+                self.relayConnectionOpened(stream)
+                try stream.pipeline.syncOperations.addHandler(RelayStreamObserver { [weak self] in
+                    self?.emit(.relayAppUnreachable(contact: contact.name, role: .connecting, error: nil))
+                })
+            }
+        }
+    }
+}
+
+/// On a relayed stream of the connecting side, before the handler that joins it to the app's
+/// connection: calls `onRefused` when the peer resets the stream before sending a byte, which is how the
+/// accepting node answers a stream its app port did not take.
+final class RelayStreamObserver: ChannelInboundHandler {
+    typealias InboundIn = ByteBuffer
+
+    private var replied = false
+    private let onRefused: @Sendable () -> Void
+
+    init(onRefused: @escaping @Sendable () -> Void) { self.onRefused = onRefused }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        replied = true
+        context.fireChannelRead(data)
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        if case MultiplexerError.streamReset = error, !replied { onRefused() }
+        context.fireErrorCaught(error)
     }
 }

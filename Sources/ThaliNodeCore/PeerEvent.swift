@@ -41,8 +41,22 @@ public enum PeerEvent: Sendable, Hashable {
     case sessionEnded(contact: String, role: Role, error: PeerConnectionError?)
     /// A DoS limit fired and this peer switched something off for a while: the last resort of that limit.
     case limitTriggered(PeerLimitReport)
-    /// Relay mode: connections to this local port reach the contact's app.
+    /// Relay mode: the contact's relay listener opened: connections to 127.0.0.1:`port` reach the
+    /// contact's app.
     case relayListening(contact: String, port: Int)
+    /// Relay mode: the contact was reached again and its relay listener reopened on the same port.
+    case relayReopened(contact: String, port: Int)
+    /// Relay mode: the session with the contact ended and its relay listener on `port` closed; it
+    /// reopens on the same port once the contact is reached again.
+    case relayClosed(contact: String, port: Int)
+    /// Relay mode: the contact's pinned or kept relay port could not be bound (`reason` in words).
+    /// `instead`: the free port used instead (a kept port); nil for a pinned port, when the session is
+    /// closed and the link retries.
+    case relayPortUnavailable(contact: String, port: Int, reason: String, instead: Int?)
+    /// Relay mode: a relayed connection with the contact could not reach the app and was closed. On
+    /// the accepting side `error` is the failure to connect to the app port; on the connecting side it is
+    /// nil: the contact's node reset the stream before any reply, as it does when its app port refuses.
+    case relayAppUnreachable(contact: String, role: Role, error: PeerConnectionError?)
     /// A binding that was asked for cannot run; the others go on.
     case bindingUnavailable(binding: PeerBindingKind, reason: String)
     /// The peer stopped.

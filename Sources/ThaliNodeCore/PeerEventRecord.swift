@@ -1,4 +1,5 @@
 import Foundation
+import ThaliAdmission
 
 /// One ``PeerEvent`` (or a ``PeerStatus``) as `thali-node run --json` prints it: one JSON object per
 /// line with `event`, `t` (seconds since the start) and the event's own fields in snake_case, absent
@@ -21,6 +22,52 @@ public struct PeerEventRecord: Encodable, Sendable, Hashable {
         enum CodingKeys: String, CodingKey {
             case name, state, location, binding
             case relayPort = "relay_port"
+        }
+    }
+
+    /// The single port's counts in a `status` record (``PeerPortCounters``), in snake_case.
+    public struct PortRecord: Encodable, Sendable, Hashable {
+        /// The admission gate's counts: admitted, authenticated, refusals by reason, overloads.
+        public var admission: AdmissionRecord
+        /// Connections recognised as beacon requests.
+        public var beaconRequests: Int
+        /// Connections recognised as PSK-TLS.
+        public var tlsConnections: Int
+        /// Connections cut for sending nothing (or no whole request) within the first-byte timeout.
+        public var timedOut: Int
+
+        enum CodingKeys: String, CodingKey {
+            case admission
+            case beaconRequests = "beacon_requests"
+            case tlsConnections = "tls_connections"
+            case timedOut = "timed_out"
+        }
+    }
+
+    /// The admission gate's counts in a `status` record (ThaliAdmission's `AdmissionCounters`), in snake_case.
+    public struct AdmissionRecord: Encodable, Sendable, Hashable {
+        /// Connections admitted, and of those the ones that authenticated.
+        public var admitted, authenticated: Int
+        /// Every refusal, whatever its reason.
+        public var refused: Int
+        /// Refusals by reason: the source's rate, its unauthenticated or open connections, the global
+        /// unauthenticated or open connections, the port closed for an overload.
+        public var refusedSourceRate, refusedSourceUnauthenticated, refusedSourceOpen: Int
+        public var refusedGlobalUnauthenticated, refusedGlobalOpen, refusedOverload: Int
+        /// Times the global rate closed the port; sources refused for a period; sources forgotten.
+        public var overloads, sourcesRefused, sourcesForgotten: Int
+
+        enum CodingKeys: String, CodingKey {
+            case admitted, authenticated, refused
+            case refusedSourceRate = "refused_source_rate"
+            case refusedSourceUnauthenticated = "refused_source_unauthenticated"
+            case refusedSourceOpen = "refused_source_open"
+            case refusedGlobalUnauthenticated = "refused_global_unauthenticated"
+            case refusedGlobalOpen = "refused_global_open"
+            case refusedOverload = "refused_overload"
+            case overloads
+            case sourcesRefused = "sources_refused"
+            case sourcesForgotten = "sources_forgotten"
         }
     }
 
@@ -55,8 +102,10 @@ public struct PeerEventRecord: Encodable, Sendable, Hashable {
     public var periodSeconds: Double?
     /// `limit_triggered`: what was exceeded, in words.
     public var detail: String?
-    /// `relay_listening`: the local port.
+    /// `relay_listening`, `relay_reopened`, `relay_closed`, `relay_port_unavailable`: the local port.
     public var port: Int?
+    /// `relay_port_unavailable`: the port used instead, absent when none.
+    public var instead: Int?
     /// An item's id.
     public var id: String?
     /// An item's size in bytes.
@@ -79,8 +128,12 @@ public struct PeerEventRecord: Encodable, Sendable, Hashable {
     public var peersSeen: [String]?
     /// `status`: the contacts whose beacons matched, with their link state.
     public var matchedContacts: [ContactRecord]?
-    /// `status`: delivery sessions running.
+    /// `status`: authenticated sessions running (delivery, or in relay mode the sessions carrying a relay).
     public var sessionsInFlight: Int?
+    /// `status`: relayed TCP connections open (relay mode).
+    public var relayConnections: Int?
+    /// `status`: the single port's admission and traffic counts (``PeerStatus/port``).
+    public var portCounts: PortRecord?
     /// `status`: items in the inbox.
     public var inbox: Int?
     /// `status`: items waiting in the outbox.
@@ -96,7 +149,7 @@ public struct PeerEventRecord: Encodable, Sendable, Hashable {
         case retryInMs = "retry_in_ms"
         case error, kind, effect
         case periodSeconds = "period_s"
-        case detail, port, id, size, offset, total, bytes
+        case detail, port, instead, id, size, offset, total, bytes
         case alreadyStored = "already_stored"
         case text
         case fileName = "file_name"
@@ -104,6 +157,8 @@ public struct PeerEventRecord: Encodable, Sendable, Hashable {
         case peersSeen = "peers_seen"
         case matchedContacts = "matched_contacts"
         case sessionsInFlight = "sessions_in_flight"
+        case relayConnections = "relay_connections"
+        case portCounts = "port_counts"
         case inbox, outbox
         case limitsTriggered = "limits_triggered"
     }
@@ -165,6 +220,30 @@ public struct PeerEventRecord: Encodable, Sendable, Hashable {
         case .relayListening(let contact, let port):
             self.init(event: "relay_listening", summary: "relay: connections to 127.0.0.1:\(port) reach \(contact)'s app")
             (self.contact, self.port) = (contact, port)
+        case .relayReopened(let contact, let port):
+            self.init(event: "relay_reopened",
+                      summary: "relay: \(contact) reached again; connections to 127.0.0.1:\(port) reach \(contact)'s app again")
+            (self.contact, self.port) = (contact, port)
+        case .relayClosed(let contact, let port):
+            self.init(event: "relay_closed", summary: "relay: the session with \(contact) ended; 127.0.0.1:\(port) is closed "
+                + "until \(contact) is reached again, then it reopens on the same port")
+            (self.contact, self.port) = (contact, port)
+        case .relayPortUnavailable(let contact, let port, let reason, let instead):
+            self.init(event: "relay_port_unavailable", summary: "relay: port \(port) for \(contact) cannot be opened (\(reason)); "
+                + (instead.map { "connections to 127.0.0.1:\($0) reach \(contact)'s app instead" }
+                    ?? "the session is closed and the node tries again"))
+            (self.contact, self.port, self.reason, self.instead) = (contact, port, reason, instead)
+        case .relayAppUnreachable(let contact, let role, let error):
+            let summary: String
+            if let error {
+                let failure = error.reason == .refused ? "refused the connection" : "could not be reached (\(error))"
+                summary = "relay: app port \(error.address) \(failure); the relayed connection from \(contact) was closed"
+            } else {
+                summary = "relay: \(contact)'s node closed a relayed connection before any reply: "
+                    + "its app port did not take it; the connection to the relay port was reset"
+            }
+            self.init(event: "relay_app_unreachable", summary: summary)
+            (self.contact, self.role, self.reason) = (contact, role.rawValue, error?.description ?? "closed by \(contact)'s node before any reply")
         case .bindingUnavailable(let binding, let reason):
             self.init(event: "binding_unavailable", summary: "\(binding) is not running: \(reason)")
             (self.binding, self.reason) = (binding.rawValue, reason)
@@ -213,9 +292,17 @@ public struct PeerEventRecord: Encodable, Sendable, Hashable {
     /// The record of a status snapshot.
     public init(_ status: PeerStatus) {
         let summary = status.matchedContacts.map { "\($0.name) \($0.state)" + ($0.relayPort.map { " (relay port \($0))" } ?? "") }
+        let admission = status.port.admission
+        let refusals = [("source rate", admission.refusedSourceRate), ("source unauthenticated", admission.refusedSourceUnauthenticated),
+                        ("source open", admission.refusedSourceOpen), ("global unauthenticated", admission.refusedGlobalUnauthenticated),
+                        ("global open", admission.refusedGlobalOpen), ("overload", admission.refusedOverload)]
+            .filter { $0.1 > 0 }.map { "\($0.0) \($0.1)" }
         self.init(event: "status", summary: "status: \(status.peersSeen.count) peer(s) seen; advertising for [\(status.advertisingFor.joined(separator: ", "))]; "
-            + "matched contacts [\(summary.joined(separator: ", "))]; \(status.sessionsInFlight) session(s) in flight; "
-            + "inbox \(status.inboxCount), outbox \(status.outboxCount)"
+            + "matched contacts [\(summary.joined(separator: ", "))]; \(status.sessionsInFlight) session(s) in flight"
+            + (status.relayConnections > 0 ? ", \(status.relayConnections) relayed connection(s)" : "")
+            + "; inbox \(status.inboxCount), outbox \(status.outboxCount)"
+            + "; port: \(admission.admitted) admitted, \(admission.authenticated) authenticated, \(admission.refused) refused"
+            + (refusals.isEmpty ? "" : " (\(refusals.joined(separator: ", ")))")
             + (status.limitsTriggered.isEmpty ? "" : "; limits fired: "
                 + status.limitsTriggered.sorted { $0.key < $1.key }.map { "\($0.key) ×\($0.value)" }.joined(separator: ", ")))
         location = status.location?.description ?? ""
@@ -226,6 +313,17 @@ public struct PeerEventRecord: Encodable, Sendable, Hashable {
                           binding: $0.binding?.rawValue, relayPort: $0.relayPort)
         }
         sessionsInFlight = status.sessionsInFlight
+        relayConnections = status.relayConnections
+        portCounts = PortRecord(
+            admission: AdmissionRecord(admitted: admission.admitted, authenticated: admission.authenticated, refused: admission.refused,
+                                       refusedSourceRate: admission.refusedSourceRate,
+                                       refusedSourceUnauthenticated: admission.refusedSourceUnauthenticated,
+                                       refusedSourceOpen: admission.refusedSourceOpen,
+                                       refusedGlobalUnauthenticated: admission.refusedGlobalUnauthenticated,
+                                       refusedGlobalOpen: admission.refusedGlobalOpen, refusedOverload: admission.refusedOverload,
+                                       overloads: admission.overloads, sourcesRefused: admission.sourcesRefused,
+                                       sourcesForgotten: admission.sourcesForgotten),
+            beaconRequests: status.port.beaconRequests, tlsConnections: status.port.tlsConnections, timedOut: status.port.timedOut)
         inbox = status.inboxCount
         outbox = status.outboxCount
         limitsTriggered = Dictionary(uniqueKeysWithValues: status.limitsTriggered.map { ($0.key.rawValue, $0.value) })

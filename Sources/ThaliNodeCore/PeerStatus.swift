@@ -24,8 +24,11 @@ public struct PeerStatus: Sendable, Hashable, Codable {
     /// The contacts whose beacons matched (since the peer started), with their link state: not every
     /// contact, only those found on the network.
     public var matchedContacts: [ContactState]
-    /// Delivery sessions running (both directions).
+    /// Authenticated sessions running (both directions): delivery sessions, and in relay mode the
+    /// sessions carrying a relay.
     public var sessionsInFlight: Int
+    /// Relay mode: relayed TCP connections open now (streams to or from a contact's app, both roles).
+    public var relayConnections = 0
     /// Items in the inbox.
     public var inboxCount: Int
     /// Items waiting in the outbox.

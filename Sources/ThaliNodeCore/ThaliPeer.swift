@@ -68,6 +68,10 @@ public final class ThaliPeer: Sendable {
         var peersSeen: Set<PeerLocation> = []
         var links: [String: Link] = [:]
         var sessionsInFlight = 0
+        /// Relay mode: the local port kept for each contact (by public key) across its reconnects.
+        var relayPorts: [String: Int] = [:]
+        /// Relay mode: relayed TCP connections open now (both roles).
+        var relayConnections = 0
         /// Whether `start()` was called (a peer starts once).
         var started = false
         var limitsTriggered: [PeerLimitKind: Int] = [:]
@@ -299,8 +303,8 @@ public final class ThaliPeer: Sendable {
                                                           location: route?.origin ?? $0.machine.lastOrigin,
                                                           binding: route?.binding, relayPort: $0.relayPort)
                        }.sorted { $0.name < $1.name },
-                       sessionsInFlight: state.sessionsInFlight, inboxCount: inbox, outboxCount: outbox,
-                       limitsTriggered: state.limitsTriggered, port: port)
+                       sessionsInFlight: state.sessionsInFlight, relayConnections: state.relayConnections,
+                       inboxCount: inbox, outboxCount: outbox, limitsTriggered: state.limitsTriggered, port: port)
         }
     }
 
@@ -460,4 +464,12 @@ public final class ThaliPeer: Sendable {
 
     func sessionStarted() { state.withLockedValue { $0.sessionsInFlight += 1 } }
     func sessionFinished() { state.withLockedValue { $0.sessionsInFlight -= 1 } }
+
+    /// Relay mode: counts `stream` as a relayed connection until it closes.
+    func relayConnectionOpened(_ stream: Channel) {
+        state.withLockedValue { $0.relayConnections += 1 }
+        stream.closeFuture.whenComplete { [weak self] _ in
+            self?.state.withLockedValue { $0.relayConnections -= 1 }
+        }
+    }
 }

@@ -18,7 +18,8 @@ struct Run: AsyncParsableCommand {
             Human-readable lines by default; --json prints one JSON object per line (event: started, \
             advertising, peer_appeared, peer_left, matched, connecting, connected, connection_failed, \
             offered, transfer_started, progress, delivered, refused, rejected, discarded, received, duplicate, \
-            session_ended, disconnected, relay_listening, limit_triggered, binding_unavailable, expired, status, stopped). \
+            session_ended, disconnected, relay_listening, relay_reopened, relay_closed, relay_port_unavailable, \
+            relay_app_unreachable, limit_triggered, binding_unavailable, expired, status, stopped). \
             One run at a time per data directory: it holds run.lock there until it exits. Logs go to standard error at the \
             configuration's logLevel. SIGINT and SIGTERM stop cleanly (byebye) and exit 0.
             """)
@@ -39,6 +40,10 @@ struct Run: AsyncParsableCommand {
     @Option(help: "SSDP max-age announced, in seconds.") var maxAge: Int = 60
     @Option(help: ArgumentHelp("Relay mode: forward authenticated streams to this local TCP port.", valueName: "port"))
     var appPort: Int?
+    @Option(name: .customLong("relay-port"), parsing: .singleValue,
+            help: ArgumentHelp("Relay mode: the local port of a contact's relay listener, as NAME=PORT (repeatable; default: a free port, kept across reconnects).",
+                               valueName: "contact=port"))
+    var relayPorts: [String] = []
     @Flag(help: "Also use Bluetooth: BLE discovery through BlueZ (bluetoothd), RFCOMM to the peers found.")
     var bluetooth = false
     @Option(help: ArgumentHelp("The Bluetooth adapter (default: the first powered one).", valueName: "name"))
@@ -64,6 +69,7 @@ struct Run: AsyncParsableCommand {
             if let value, !range.contains(value) { throw ValidationError("\(name) must be in \(range)") }
         }
         if maxAge < 1 { throw ValidationError("--max-age must be at least 1") }
+        _ = try Self.parseRelayPorts(relayPorts)
         if let perSourceLimit, perSourceLimit < 1 { throw ValidationError("--per-source-limit must be at least 1") }
         if let throttle, throttle < 1 { throw ValidationError("--throttle must be at least 1") }
         if let duration, duration <= 0 { throw ValidationError("--duration must be positive") }
@@ -80,6 +86,24 @@ struct Run: AsyncParsableCommand {
                 throw ValidationError("two adapters given: '\(bluetoothAdapter)' and --adapter '\(adapter)'")
             }
         }
+    }
+
+    /// `--relay-port` values (`NAME=PORT`) by contact name; a malformed one, a port out of range or a
+    /// contact named twice is a usage error.
+    static func parseRelayPorts(_ values: [String]) throws -> [String: Int] {
+        var ports: [String: Int] = [:]
+        for value in values {
+            guard let equals = value.lastIndex(of: "="), let port = Int(value[value.index(after: equals)...]),
+                  !value[..<equals].isEmpty else {
+                throw ValidationError("--relay-port '\(value)': give a contact and a port, as NAME=PORT (alice=5984)")
+            }
+            guard (1...65535).contains(port) else { throw ValidationError("--relay-port '\(value)': the port must be in 1...65535") }
+            let name = String(value[..<equals])
+            guard ports.updateValue(port, forKey: name) == nil else {
+                throw ValidationError("--relay-port: two ports given for \(name)")
+            }
+        }
+        return ports
     }
 
     /// When `value` follows an option `run` does not have, the complaint about that option, with the
@@ -117,6 +141,15 @@ struct Run: AsyncParsableCommand {
                                                   overrides: overrides)
         } catch let error as PeerConfiguration.NodeResolutionError {
             throw ValidationError(error.description)
+        }
+        configuration.relayPorts = try Self.parseRelayPorts(relayPorts)
+        if !configuration.relayPorts.isEmpty {
+            guard configuration.appPort != nil else {
+                throw ValidationError("--relay-port applies in relay mode: give --app-port (or appPort in the configuration)")
+            }
+            for name in configuration.relayPorts.keys.sorted() where (try? store.contact(named: name)) == nil {
+                throw ValidationError("--relay-port: no contact named \(name)")
+            }
         }
         if var bluetoothConfiguration = configuration.bluetooth {
             let environment = ProcessInfo.processInfo.environment

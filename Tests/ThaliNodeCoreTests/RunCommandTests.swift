@@ -119,6 +119,18 @@ struct RunCommandTests {
         try await holder.close()
     }
 
+    @Test("--relay-port takes NAME=PORT for a known contact, in relay mode only")
+    func relayPortOption() async throws {
+        let people = try TestPeople(["erin", "frank"], label: "run-relay-port")
+        let base = ["run", "--home", try people["erin"].home.path, "--address", "127.0.0.1", "--ssdp-port", String(randomSSDPPort())]
+        try await expectOneLineError(base + ["--app-port", "5984", "--relay-port", "frank"], containing: "give a contact and a port, as NAME=PORT")
+        try await expectOneLineError(base + ["--app-port", "5984", "--relay-port", "frank=70000"], containing: "the port must be in 1...65535")
+        try await expectOneLineError(base + ["--app-port", "5984", "--relay-port", "frank=6000", "--relay-port", "frank=6001"],
+                                     containing: "two ports given for frank")
+        try await expectOneLineError(base + ["--relay-port", "frank=6000"], containing: "--relay-port applies in relay mode")
+        try await expectOneLineError(base + ["--app-port", "5984", "--relay-port", "gina=6000"], containing: "no contact named gina")
+    }
+
     @Test("an adapter name is taken only right after --bluetooth, and only one")
     func bluetoothAdapterArgument() async throws {
         let people = try TestPeople(["fay"], label: "run-bt")
