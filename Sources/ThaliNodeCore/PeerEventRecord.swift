@@ -46,16 +46,30 @@ public struct PeerEventRecord: Encodable, Sendable, Hashable {
 
     /// The admission gate's counts in a `status` record (ThaliAdmission's `AdmissionCounters`), in snake_case.
     public struct AdmissionRecord: Encodable, Sendable, Hashable {
-        /// Connections admitted, and of those the ones that authenticated.
-        public var admitted, authenticated: Int
+        /// Connections admitted.
+        public var admitted: Int
+        /// Admitted connections that authenticated.
+        public var authenticated: Int
         /// Every refusal, whatever its reason.
         public var refused: Int
-        /// Refusals by reason: the source's rate, its unauthenticated or open connections, the global
-        /// unauthenticated or open connections, the port closed for an overload.
-        public var refusedSourceRate, refusedSourceUnauthenticated, refusedSourceOpen: Int
-        public var refusedGlobalUnauthenticated, refusedGlobalOpen, refusedOverload: Int
-        /// Times the global rate closed the port; sources refused for a period; sources forgotten.
-        public var overloads, sourcesRefused, sourcesForgotten: Int
+        /// Refused for the source's connection rate.
+        public var refusedSourceRate: Int
+        /// Refused for the source's unauthenticated connections.
+        public var refusedSourceUnauthenticated: Int
+        /// Refused for the source's open connections.
+        public var refusedSourceOpen: Int
+        /// Refused for the unauthenticated connections of all sources.
+        public var refusedGlobalUnauthenticated: Int
+        /// Refused for the open connections of all sources.
+        public var refusedGlobalOpen: Int
+        /// Refused while the port was closed for an overload.
+        public var refusedOverload: Int
+        /// Times the global rate closed the port.
+        public var overloads: Int
+        /// Sources refused for a period after exceeding their rate.
+        public var sourcesRefused: Int
+        /// Sources forgotten to make room.
+        public var sourcesForgotten: Int
 
         enum CodingKeys: String, CodingKey {
             case admitted, authenticated, refused
