@@ -181,6 +181,8 @@ final class RelayBenchApp: Sendable {
     private let listener: Int32
 
     init() throws {
+        // Made now, so that no timed transfer pays for it.
+        _ = Self.pattern.count
         let listener = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         guard listener >= 0 else { throw Self.failure("socket") }
         var on: Int32 = 1
