@@ -27,8 +27,11 @@ public struct PeerEventRecord: Encodable, Sendable, Hashable {
 
     /// The single port's counts in a `status` record (``PeerPortCounters``), in snake_case.
     public struct PortRecord: Encodable, Sendable, Hashable {
-        /// The admission gate's counts: admitted, authenticated, refusals by reason, overloads.
-        public var admission: AdmissionRecord
+        /// The admission gate's counts by snake_case name: `admitted`, `authenticated`, `refused` (every
+        /// refusal) and each refusal by reason (`refused_source_rate`, `refused_source_unauthenticated`,
+        /// `refused_source_open`, `refused_global_unauthenticated`, `refused_global_open`,
+        /// `refused_overload`), `overloads`, `sources_refused`, `sources_forgotten`.
+        public var admission: [String: Int]
         /// Connections recognised as beacon requests.
         public var beaconRequests: Int
         /// Connections recognised as PSK-TLS.
@@ -41,47 +44,6 @@ public struct PeerEventRecord: Encodable, Sendable, Hashable {
             case beaconRequests = "beacon_requests"
             case tlsConnections = "tls_connections"
             case timedOut = "timed_out"
-        }
-    }
-
-    /// The admission gate's counts in a `status` record (ThaliAdmission's `AdmissionCounters`), in snake_case.
-    public struct AdmissionRecord: Encodable, Sendable, Hashable {
-        /// Connections admitted.
-        public var admitted: Int
-        /// Admitted connections that authenticated.
-        public var authenticated: Int
-        /// Every refusal, whatever its reason.
-        public var refused: Int
-        /// Refused for the source's connection rate.
-        public var refusedSourceRate: Int
-        /// Refused for the source's unauthenticated connections.
-        public var refusedSourceUnauthenticated: Int
-        /// Refused for the source's open connections.
-        public var refusedSourceOpen: Int
-        /// Refused for the unauthenticated connections of all sources.
-        public var refusedGlobalUnauthenticated: Int
-        /// Refused for the open connections of all sources.
-        public var refusedGlobalOpen: Int
-        /// Refused while the port was closed for an overload.
-        public var refusedOverload: Int
-        /// Times the global rate closed the port.
-        public var overloads: Int
-        /// Sources refused for a period after exceeding their rate.
-        public var sourcesRefused: Int
-        /// Sources forgotten to make room.
-        public var sourcesForgotten: Int
-
-        enum CodingKeys: String, CodingKey {
-            case admitted, authenticated, refused
-            case refusedSourceRate = "refused_source_rate"
-            case refusedSourceUnauthenticated = "refused_source_unauthenticated"
-            case refusedSourceOpen = "refused_source_open"
-            case refusedGlobalUnauthenticated = "refused_global_unauthenticated"
-            case refusedGlobalOpen = "refused_global_open"
-            case refusedOverload = "refused_overload"
-            case overloads
-            case sourcesRefused = "sources_refused"
-            case sourcesForgotten = "sources_forgotten"
         }
     }
 
@@ -329,14 +291,14 @@ public struct PeerEventRecord: Encodable, Sendable, Hashable {
         sessionsInFlight = status.sessionsInFlight
         relayConnections = status.relayConnections
         portCounts = PortRecord(
-            admission: AdmissionRecord(admitted: admission.admitted, authenticated: admission.authenticated, refused: admission.refused,
-                                       refusedSourceRate: admission.refusedSourceRate,
-                                       refusedSourceUnauthenticated: admission.refusedSourceUnauthenticated,
-                                       refusedSourceOpen: admission.refusedSourceOpen,
-                                       refusedGlobalUnauthenticated: admission.refusedGlobalUnauthenticated,
-                                       refusedGlobalOpen: admission.refusedGlobalOpen, refusedOverload: admission.refusedOverload,
-                                       overloads: admission.overloads, sourcesRefused: admission.sourcesRefused,
-                                       sourcesForgotten: admission.sourcesForgotten),
+            admission: ["admitted": admission.admitted, "authenticated": admission.authenticated, "refused": admission.refused,
+                        "refused_source_rate": admission.refusedSourceRate,
+                        "refused_source_unauthenticated": admission.refusedSourceUnauthenticated,
+                        "refused_source_open": admission.refusedSourceOpen,
+                        "refused_global_unauthenticated": admission.refusedGlobalUnauthenticated,
+                        "refused_global_open": admission.refusedGlobalOpen, "refused_overload": admission.refusedOverload,
+                        "overloads": admission.overloads, "sources_refused": admission.sourcesRefused,
+                        "sources_forgotten": admission.sourcesForgotten],
             beaconRequests: status.port.beaconRequests, tlsConnections: status.port.tlsConnections, timedOut: status.port.timedOut)
         inbox = status.inboxCount
         outbox = status.outboxCount
