@@ -61,7 +61,9 @@ public struct PeerConfiguration: Sendable {
     public var beaconProfile: BeaconProfile = .spec
     /// Relay mode: authenticated streams go to this local TCP port instead of the built-in delivery.
     public var appPort: Int?
-    /// How often the store is read for outbox changes (`send` runs in another process).
+    /// How often the peer looks for outbox changes (`send` runs in another process). Looking is two
+    /// `stat`s of the store's files; the store is read only when a commit moved them, an item expired
+    /// or the announcement is due for renewal.
     public var outboxPollInterval: Duration = .seconds(1)
     /// Retries of a matched peer.
     public var retry = RetryPolicy()
