@@ -3,6 +3,9 @@ import Foundation
 import GRDB
 import NIOConcurrencyHelpers
 import ThaliBeacons
+#if canImport(Glibc)
+import Glibc
+#endif
 
 extension ItemKind: DatabaseValueConvertible {}
 
@@ -123,6 +126,45 @@ public final class NodeStore: Sendable {
     /// Runs `sql` as is: for tests that recreate the state an older version left.
     func executeForTesting(_ sql: String) throws {
         try pool.write { db in try db.execute(sql: sql) }
+    }
+
+    /// What moves whenever a transaction commits to the store, by this process or another: the
+    /// modification times and sizes of the database file and its write-ahead log. Comparing two stamps
+    /// costs two `stat`s, not a query.
+    struct ChangeStamp: Hashable, Sendable {
+        /// Modification time (ns since 1970) and size of `node.sqlite` and `node.sqlite-wal`.
+        let files: [Int64]
+
+        /// How long after a commit a stamp may still equal the next commit's (file times advance in
+        /// kernel ticks, and a log restarted after a checkpoint is overwritten without growing).
+        static let settleTime: Int64 = 100_000_000
+
+        /// Whether the newest change is older than ``settleTime`` at `now` (ns since 1970): then a later
+        /// commit is bound to move the stamp.
+        func isSettled(now: Int64 = ChangeStamp.now()) -> Bool {
+            let newest = stride(from: 0, to: files.count, by: 2).map { files[$0] }.max() ?? 0
+            return now - newest >= Self.settleTime
+        }
+
+        static func now() -> Int64 {
+            var time = timespec()
+            clock_gettime(CLOCK_REALTIME, &time)
+            return Int64(time.tv_sec) * 1_000_000_000 + Int64(time.tv_nsec)
+        }
+    }
+
+    /// The store's ``ChangeStamp`` now.
+    func changeStamp() -> ChangeStamp {
+        var files: [Int64] = []
+        for path in [home.databasePath, home.databasePath + "-wal"] {
+            var info = stat()
+            if stat(path, &info) == 0 {
+                files += [Int64(info.st_mtim.tv_sec) * 1_000_000_000 + Int64(info.st_mtim.tv_nsec), Int64(info.st_size)]
+            } else {
+                files += [-1, -1]
+            }
+        }
+        return ChangeStamp(files: files)
     }
 
     /// The SQLite journal mode (`wal`).

@@ -9,6 +9,8 @@ enum PeerBindingEvent: Sendable {
     case peerLeft(origin: PeerLocation, reason: PeerDepartureReason)
     /// A peer's beacons, fetched from `origin`; its one port is reached at `location`.
     case beaconsFetched(origin: PeerLocation, location: BeaconLocation, bytes: [UInt8])
+    /// Fetching the beacons of the peer at `origin` failed (or was not tried: its source is ignored).
+    case beaconFetchFailed(origin: PeerLocation)
     /// A DoS limit of the binding fired and switched something off for a while.
     case limitTriggered(PeerLimitReport)
 }

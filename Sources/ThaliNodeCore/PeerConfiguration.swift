@@ -64,7 +64,9 @@ public struct PeerConfiguration: Sendable {
     /// Relay mode: the local port of each contact's relay listener, by contact name (`--relay-port
     /// NAME=PORT`). A contact not named here keeps the port first bound for it across reconnects.
     public var relayPorts: [String: Int] = [:]
-    /// How often the store is read for outbox changes (`send` runs in another process).
+    /// How often the peer looks for outbox changes (`send` runs in another process). Looking is two
+    /// `stat`s of the store's files; the store is read only when a commit moved them, an item expired
+    /// or the announcement is due for renewal.
     public var outboxPollInterval: Duration = .seconds(1)
     /// Retries of a matched peer.
     public var retry = RetryPolicy()

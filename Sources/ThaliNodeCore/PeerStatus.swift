@@ -37,6 +37,8 @@ public struct PeerStatus: Sendable, Hashable, Codable {
     public var limitsTriggered: [PeerLimitKind: Int] = [:]
     /// The single port's admission and traffic counts.
     public var port = PeerPortCounters()
+    /// Beacon fetches made and failed.
+    public var discovery = PeerDiscoveryCounters()
 }
 
 /// Where the link to a matched contact stands (``PeerStatus/ContactState/state``).

@@ -47,7 +47,9 @@ final class PeerWiFiBinding: PeerBindingService {
                     events(.peerLeft(origin: .wifi(peer.location), reason: PeerDepartureReason(reason)))
                 case .limitTriggered(let kind):
                     events(.limitTriggered(Self.report(of: kind, limits: limits.0, admission: limits.1)))
-                case .changed, .beaconsFetched, .beaconFetchFailed:
+                case .beaconFetchFailed(let peer, _):
+                    events(.beaconFetchFailed(origin: .wifi(peer.location)))
+                case .changed, .beaconsFetched:
                     break
                 }
             }

@@ -75,6 +75,9 @@ public final class ThaliPeer: Sendable {
         /// Whether `start()` was called (a peer starts once).
         var started = false
         var limitsTriggered: [PeerLimitKind: Int] = [:]
+        var discovery = PeerDiscoveryCounters()
+        /// When the first pending item expires (ms since 1970), as of the last read of the outbox.
+        var nextItemExpiryMs: Int64?
         var stopped = false
         var tasks: [UUID: Task<Void, Never>] = [:]
         var channels: [ObjectIdentifier: Channel] = [:]
@@ -178,12 +181,22 @@ public final class ThaliPeer: Sendable {
             }
         })
         track(Task { [weak self] in
+            // Reading the store is several queries and a write (the expiry sweep): every second in every
+            // peer, a crowd in one process spent a quarter of its CPU there. The store's change stamp (two
+            // `stat`s) says whether anything was committed since the last read, by this process or by
+            // another (`send`); time alone matters only for renewing the announcement and expiring items.
+            var lastRead: NodeStore.ChangeStamp?
             while let self, !self.isStopped {
                 try? await Task.sleep(for: self.configuration.outboxPollInterval)
+                let stamp = self.store.changeStamp()
+                guard stamp != lastRead || self.advertisementDueByTime() else { continue }
+                // A stamp taken just after a commit may not differ from the next one's: read again then.
+                lastRead = stamp.isSettled() ? stamp : nil
                 do {
                     try self.refreshAddressBook()
                     try await self.refreshAdvertisement()
                 } catch {
+                    lastRead = nil
                     self.logger.error("reading the store failed", metadata: ["error": "\(error)"])
                 }
             }
@@ -304,7 +317,8 @@ public final class ThaliPeer: Sendable {
                                                           binding: route?.binding, relayPort: $0.relayPort)
                        }.sorted { $0.name < $1.name },
                        sessionsInFlight: state.sessionsInFlight, relayConnections: state.relayConnections,
-                       inboxCount: inbox, outboxCount: outbox, limitsTriggered: state.limitsTriggered, port: port)
+                       inboxCount: inbox, outboxCount: outbox, limitsTriggered: state.limitsTriggered, port: port,
+                       discovery: state.discovery)
         }
     }
 
@@ -319,7 +333,10 @@ public final class ThaliPeer: Sendable {
             let known = state.withLockedValue { $0.peersSeen.remove(origin) != nil }
             if known { emit(.peerLeft(location: origin, reason: reason)) }
         case .beaconsFetched(let origin, let location, let bytes):
+            state.withLockedValue { $0.discovery.beaconFetches += 1 }
             beaconsFetched(origin: origin, location: location, bytes)
+        case .beaconFetchFailed:
+            state.withLockedValue { $0.discovery.beaconFetchFailures += 1 }
         case .limitTriggered(let report):
             state.withLockedValue { $0.limitsTriggered[report.kind, default: 0] += 1 }
             emit(.limitTriggered(report))
@@ -379,15 +396,33 @@ public final class ThaliPeer: Sendable {
 
     // MARK: Advertising
 
+    /// Whether time alone asks for ``refreshAdvertisement()``: a pending item expired, or a quarter of the
+    /// announcement's validity is left.
+    func advertisementDueByTime() -> Bool {
+        let nowMs = Int64(Date().timeIntervalSince1970 * 1000)
+        let validityMs = Int64(configuration.beaconValidity.components.seconds * 1000)
+        return state.withLockedValue { state in
+            if let expiry = state.nextItemExpiryMs, expiry <= nowMs { return true }
+            guard let advertised = state.advertised, !advertised.contacts.isEmpty else { return false }
+            return Int64(advertised.expiration) < nowMs + validityMs / 4
+        }
+    }
+
     /// Announces beacons for the contacts the outbox holds items for (in relay mode: every contact) when
     /// that set changes, when a new item arrives, or when a quarter of the announcement's validity is left.
     func refreshAdvertisement() async throws {
         _ = try store.sweepExpired()
         let contacts = configuration.appPort == nil ? try store.contactsWithPendingItems() : try store.contacts()
         var items = Set<UUID>()
+        var nextExpiry: Int64?
         if configuration.appPort == nil {
-            for contact in contacts { items.formUnion(try store.pendingItems(for: contact).map(\.id)) }
+            for contact in contacts {
+                let pending = try store.pendingItems(for: contact)
+                items.formUnion(pending.map(\.id))
+                nextExpiry = ([nextExpiry].compactMap { $0 } + pending.map(\.expiresAtMs)).min()
+            }
         }
+        state.withLockedValue { $0.nextItemExpiryMs = nextExpiry }
         let keys = Set(contacts.map(\.publicKey))
         let now = UInt64(Date().timeIntervalSince1970 * 1000)
         let validityMs = UInt64(configuration.beaconValidity.components.seconds * 1000)

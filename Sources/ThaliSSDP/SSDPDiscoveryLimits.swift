@@ -52,11 +52,31 @@ public struct SSDPDiscoveryLimits: Sendable {
     public var maxFailedFetchRetryDelay: TimeAmount = .seconds(60)
     /// Beacon fetches in flight at once; others wait in a queue no longer than `maxTrackedPeers`.
     public var maxConcurrentFetches: Int = 4
+    /// How far a crowd spreads its fetches of one peer's new beacons, per peer tracked: each fetch of a
+    /// new USN waits a random time below `trackedPeers × fetchSpreadPerPeer` (at most `maxFetchSpread`).
+    /// Every listener hears a changed USN in the same instant; without the wait a crowd of n fetches it
+    /// at once, and past the beacon server's global rate (200 connections a second by default) honest
+    /// peers close its port. With it a peer is fetched about `1 / fetchSpreadPerPeer` times a second
+    /// (100 by default) whatever the crowd's size. Zero: fetch at once.
+    public var fetchSpreadPerPeer: TimeAmount = .milliseconds(10)
+    /// The longest wait `fetchSpreadPerPeer` adds: it bounds how late a changed beacon is read. Above
+    /// `maxTrackedPeers × fetchSpreadPerPeer` (10.24 s) by default, so the spread holds for every crowd a
+    /// peer tracks.
+    public var maxFetchSpread: TimeAmount = .seconds(15)
     /// Search answers waiting for their random delay at once; more M-SEARCHes are not answered.
     public var maxPendingSearchResponses: Int = 16
 
     /// The defaults above.
     public init() {}
+
+    /// How long the fetch of a new USN waits while `trackedPeers` are tracked: a draw from `generator`
+    /// below `trackedPeers × fetchSpreadPerPeer`, capped at `maxFetchSpread` (zero when either is zero).
+    public func fetchDelay(trackedPeers: Int, using generator: inout some RandomNumberGenerator) -> TimeAmount {
+        guard fetchSpreadPerPeer > .zero, maxFetchSpread > .zero, trackedPeers > 0 else { return .zero }
+        let (product, overflow) = fetchSpreadPerPeer.nanoseconds.multipliedReportingOverflow(by: Int64(trackedPeers))
+        let window = overflow ? maxFetchSpread.nanoseconds : min(maxFetchSpread.nanoseconds, product)
+        return .nanoseconds(Int64.random(in: 0..<window, using: &generator))
+    }
 }
 
 /// What discovery has counted since it started; read with `SSDPDiscoveryService.counters()`.

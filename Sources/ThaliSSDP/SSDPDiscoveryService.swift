@@ -508,12 +508,17 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
                 }
                 eventSink.yield(event)
             case .fetch(let location, let serviceName):
-                guard fetchQueue.count < configuration.limits.maxTrackedPeers else {
-                    perform(table.fetched(serviceName: serviceName, result: .failed, reason: "fetch queue full", now: .now()))
+                var random = SystemRandomNumberGenerator()
+                let delay = configuration.limits.fetchDelay(trackedPeers: table.count, using: &random)
+                guard delay > .zero else {
+                    enqueueFetch(location, serviceName: serviceName)
                     continue
                 }
-                fetchQueue.append((location, serviceName))
-                startFetches()
+                // One scheduled task per tracked peer at most: the table asks for a USN's fetch once.
+                eventLoop.scheduleTask(in: delay) { [self] in
+                    guard !stopped else { return }
+                    enqueueFetch(location, serviceName: serviceName)
+                }
             case .capExceeded:
                 counters.peersRejectedAtCap += 1
                 if discoveryOffUntil == nil {
@@ -522,6 +527,15 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
                 }
             }
         }
+    }
+
+    private func enqueueFetch(_ location: BeaconLocation, serviceName: String) {
+        guard fetchQueue.count < configuration.limits.maxTrackedPeers else {
+            perform(table.fetched(serviceName: serviceName, result: .failed, reason: "fetch queue full", now: .now()))
+            return
+        }
+        fetchQueue.append((location, serviceName))
+        startFetches()
     }
 
     private func startFetches() {
@@ -620,6 +634,11 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
             ("failedFetchRetryDelay", configuration.limits.failedFetchRetryDelay),
             ("maxFailedFetchRetryDelay", configuration.limits.maxFailedFetchRetryDelay),
         ]
+        let nonNegativeTimes: [(String, TimeAmount)] = [
+            ("fetchSpreadPerPeer", configuration.limits.fetchSpreadPerPeer),
+            ("maxFetchSpread", configuration.limits.maxFetchSpread),
+        ]
+        for (name, value) in nonNegativeTimes where value < .zero { throw .invalidConfiguration(name) }
         for (name, value) in positiveTimes where value <= .zero { throw .invalidConfiguration(name) }
         let positiveCounts: [(String, Int)] = [
             ("maxAge", configuration.maxAge), ("maxDatagramsPerWindow", configuration.limits.maxDatagramsPerWindow),

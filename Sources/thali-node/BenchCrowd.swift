@@ -18,7 +18,7 @@ struct BenchCrowd: AsyncParsableCommand {
     @Option(help: "Contacts each peer sends one item to (the next ones in the ring; each also hears from as many).")
     var contacts = 3
     @Option(help: "Give up after this many seconds.") var timeout = 300.0
-    @Flag(help: "Print one JSON object (keys peers, items, delivered, all_delivered_s, discovery_off_s, cpu_s_per_peer, peak_rss_mb_per_peer).")
+    @Flag(help: "Print one JSON object (keys peers, items, delivered, started_s, all_delivered_s, delivered_after_start_s, discovery_off_s, port_closed_s, limits_fired, fetches, fetch_failures, cpu_s, cpu_s_per_peer, cpu_ms_per_pair, peak_rss_mb_per_peer).")
     var json = false
     @Flag(name: .customLong(String(BenchNamespace.insideFlag.dropFirst(2))), help: .hidden) var insideNamespace = false
 
@@ -70,6 +70,7 @@ struct BenchCrowd: AsyncParsableCommand {
 
         let received = NIOLockedValueBox(0)
         let discoveryOff = NIOLockedValueBox(0.0)
+        let portClosed = NIOLockedValueBox(0.0)
         let usageBefore = BenchNamespace.usage()
         var running: [ThaliPeer] = []
         for index in 0..<peers {
@@ -79,8 +80,13 @@ struct BenchCrowd: AsyncParsableCommand {
                                      logger: Self.logger(peer: index, debug: debug), events: { event in
                 switch event {
                 case .delivery(_, .received): received.withLockedValue { $0 += 1 }
-                case .limitTriggered(let report) where report.effect == .discoveryOff:
-                    discoveryOff.withLockedValue { $0 += report.period.seconds }
+                case .limitTriggered(let report):
+                    switch report.effect {
+                    case .discoveryOff: discoveryOff.withLockedValue { $0 += report.period.seconds }
+                    case .portClosed: portClosed.withLockedValue { $0 += report.period.seconds }
+                    default: break
+                    }
+                    if debug { print("p\(index): \(event)") }
                 case .connectionFailed, .sessionEnded(_, _, .some), .disconnected, .beaconMatched, .connecting:
                     if debug { print("p\(index): \(event)") }
                 default: break
@@ -90,7 +96,9 @@ struct BenchCrowd: AsyncParsableCommand {
         }
         let start = ContinuousClock.now
         for peer in running { try await peer.start() }
-        if !json { print("crowd: \(peers) peers started in \(String(format: "%.1f", (ContinuousClock.now - start).seconds)) s; \(items) items to deliver") }
+        // Starting 150 peers one after the other takes seconds: delivery is also timed from the last start.
+        let started = (ContinuousClock.now - start).seconds
+        if !json { print("crowd: \(peers) peers started in \(String(format: "%.1f", started)) s; \(items) items to deliver") }
         var allDelivered: Double?
         var lastReport = ContinuousClock.now
         while (ContinuousClock.now - start).seconds < timeout {
@@ -107,6 +115,14 @@ struct BenchCrowd: AsyncParsableCommand {
         }
         let usageAfter = BenchNamespace.usage()
         if allDelivered == nil { await reportUndelivered(expected: expected, stores: stores, running: running) }
+        var limitsFired: [String: Int] = [:]
+        var discoveryCounts = PeerDiscoveryCounters()
+        for peer in running {
+            let status = await peer.status()
+            for (kind, count) in status.limitsTriggered { limitsFired[kind.rawValue, default: 0] += count }
+            discoveryCounts.beaconFetches += status.discovery.beaconFetches
+            discoveryCounts.beaconFetchFailures += status.discovery.beaconFetchFailures
+        }
         for peer in running { await peer.stop() }
 
         // Exactly once, from the inboxes.
@@ -115,14 +131,24 @@ struct BenchCrowd: AsyncParsableCommand {
             let inbox = try stores[receiver].inbox().compactMap(\.text)
             for text in texts.keys where inbox.filter({ $0 == text }).count == 1 { delivered += 1 }
         }
-        let cpuPerPeer = (usageAfter.cpuSeconds - usageBefore.cpuSeconds) / Double(peers)
+        let cpu = usageAfter.cpuSeconds - usageBefore.cpuSeconds
+        let cpuPerPeer = cpu / Double(peers)
+        func rounded(_ value: Double, _ places: Double = 1000) -> Double { (value * places).rounded() / places }
         let rssPerPeer = usageAfter.peakRSSMiB / Double(peers)
         if json {
             let object: [String: Any] = [
                 "peers": peers, "items": items, "delivered": delivered,
-                "all_delivered_s": allDelivered.map { ($0 * 1000).rounded() / 1000 } as Any? ?? NSNull(),
+                "started_s": rounded(started),
+                "all_delivered_s": allDelivered.map { rounded($0) } as Any? ?? NSNull(),
+                "delivered_after_start_s": allDelivered.map { rounded($0 - started) } as Any? ?? NSNull(),
                 "discovery_off_s": discoveryOff.withLockedValue { $0 },
-                "cpu_s_per_peer": (cpuPerPeer * 1000).rounded() / 1000,
+                "port_closed_s": portClosed.withLockedValue { $0 },
+                "limits_fired": limitsFired,
+                "fetches": discoveryCounts.beaconFetches,
+                "fetch_failures": discoveryCounts.beaconFetchFailures,
+                "cpu_s": rounded(cpu),
+                "cpu_s_per_peer": rounded(cpuPerPeer),
+                "cpu_ms_per_pair": rounded(cpu * 1000 / Double(peers * peers)),
                 "peak_rss_mb_per_peer": (rssPerPeer * 100).rounded() / 100,
             ]
             let data = try JSONSerialization.data(withJSONObject: object, options: [.sortedKeys])
@@ -130,8 +156,10 @@ struct BenchCrowd: AsyncParsableCommand {
         } else {
             print("crowd: \(delivered)/\(items) items delivered exactly once"
                   + (allDelivered.map { String(format: " in %.1f s", $0) } ?? String(format: " (not all within %g s)", timeout)))
-            print(String(format: "crowd: discovery off %.0f s in total; %.3f CPU s per peer; peak RSS %.2f MiB per peer",
-                         discoveryOff.withLockedValue { $0 }, cpuPerPeer, rssPerPeer))
+            print(String(format: "crowd: discovery off %.0f s, ports closed %.0f s in total; %.3f CPU s per peer; peak RSS %.2f MiB per peer",
+                         discoveryOff.withLockedValue { $0 }, portClosed.withLockedValue { $0 }, cpuPerPeer, rssPerPeer))
+            print("crowd: \(discoveryCounts.beaconFetches) beacon fetches, \(discoveryCounts.beaconFetchFailures) failed; limits fired: "
+                  + (limitsFired.isEmpty ? "none" : limitsFired.sorted { $0.key < $1.key }.map { "\($0.key) ×\($0.value)" }.joined(separator: ", ")))
         }
         if allDelivered == nil || delivered != items { throw ExitCode(1) }
     }

@@ -4,7 +4,8 @@ import ThaliTestSupport
 
 /// A crowd on one segment (issue 12): 150 real peers, each on its own address in a network namespace
 /// the benchmark creates, each with three contacts among the others and an item for each. Every item
-/// must arrive exactly once and discovery must never switch off. Runs the real `thali-node bench crowd`.
+/// must arrive exactly once, discovery must never switch off and no last-resort limit may fire. Runs the
+/// real `thali-node bench crowd`.
 @Suite("A crowd of 150 peers", .serialized)
 struct CrowdTests {
     @Test(.enabled(if: TestEnvironment.available(TestEnvironment.canUseNetworkNamespaces)), .timeLimit(.minutes(5)))
@@ -22,5 +23,10 @@ struct CrowdTests {
         #expect(figures["delivered"] as? Int == 450, "exactly once, counted from the inboxes: \(line)")
         #expect(figures["all_delivered_s"] is Double, "\(line)")
         #expect(figures["discovery_off_s"] as? Double == 0, "discovery never switched off: \(line)")
+        // Honest peers never drive each other into a last resort (issue 24).
+        #expect(figures["port_closed_s"] as? Double == 0, "no port closed: \(line)")
+        #expect((figures["limits_fired"] as? [String: Int])?.isEmpty == true, "no limit fired: \(line)")
+        #expect((figures["fetches"] as? Int ?? 0) >= 150 * 149, "every peer read every other's beacons: \(line)")
+        #expect(figures["delivered_after_start_s"] is Double, "\(line)")
     }
 }

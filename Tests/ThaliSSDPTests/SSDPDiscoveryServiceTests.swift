@@ -300,6 +300,7 @@ struct SSDPDiscoveryServiceTests {
         var configuration = loopbackConfiguration(port: port)
         configuration.client.maxAttempts = 1
         configuration.limits.maxConcurrentFetches = 1  // the second location waits behind the first
+        configuration.limits.fetchSpreadPerPeer = .zero  // in the order they were announced
         configuration.limits.sourceFetchFailureThreshold = 1
         configuration.limits.unicastFailurePause = .milliseconds(600)
         configuration.limits.failedFetchRetryDelay = .milliseconds(200)

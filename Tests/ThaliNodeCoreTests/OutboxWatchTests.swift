@@ -1,0 +1,63 @@
+import Foundation
+import Testing
+@testable import ThaliNodeCore
+
+/// A running peer reads its store only when something was committed to it (by itself or by another
+/// process, as `thali-node send` does) or when time alone changes what it advertises; an idle peer's
+/// once-a-second read was a quarter of a crowd's CPU (issue 24).
+@Suite("The peer watches its outbox", .serialized, .timeLimit(.minutes(1)))
+struct OutboxWatchTests {
+    @Test("the store's change stamp moves with every commit, from this connection or another, and only then")
+    func changeStampMovesWithCommits() throws {
+        let people = try TestPeople(["alice", "bob"], label: "stamp")
+        let alice = try people["alice"]
+        let first = alice.store.changeStamp()
+        #expect(alice.store.changeStamp() == first, "nothing committed")
+        _ = try alice.store.outbox()
+        #expect(alice.store.changeStamp() == first, "a read commits nothing")
+        _ = try alice.store.enqueueText("one", to: "bob", expiresAt: Date().addingTimeInterval(60))
+        let second = alice.store.changeStamp()
+        #expect(second != first)
+        // Another connection to the same file: what `send` in another process is.
+        let other = try NodeStore(home: alice.home)
+        _ = try other.enqueueText("two", to: "bob", expiresAt: Date().addingTimeInterval(60))
+        #expect(alice.store.changeStamp() != second)
+    }
+
+    @Test("a stamp taken within the settle time of a commit is not trusted")
+    func settling() throws {
+        let stamp = NodeStore.ChangeStamp(files: [5_000_000_000, 4096, 7_000_000_000, 0])
+        #expect(!stamp.isSettled(now: 7_000_000_000 + NodeStore.ChangeStamp.settleTime - 1))
+        #expect(stamp.isSettled(now: 7_000_000_000 + NodeStore.ChangeStamp.settleTime))
+    }
+
+    @Test("an item queued by another process is advertised, and stops being advertised when it expires")
+    func itemFromAnotherProcessAndItsExpiry() async throws {
+        let people = try TestPeople(["alice", "bob"], label: "outbox-watch")
+        let alice = try loopbackPeer(people["alice"], ssdpPort: randomSSDPPort()) {
+            $0.outboxPollInterval = .milliseconds(100)
+        }
+        let events = alice.events()
+        try await alice.start()
+        let other = try NodeStore(home: try people["alice"].home)
+        _ = try other.enqueueText("from send", to: "bob", expiresAt: Date().addingTimeInterval(1.5))
+        let watching = Task {
+            var advertised: [[String]] = []
+            for await event in events {
+                guard case .advertising(let contacts) = event else { continue }
+                advertised.append(contacts)
+                if contacts.isEmpty, advertised.count > 1 { break }
+            }
+            return advertised
+        }
+        let timeout = Task {
+            try await Task.sleep(for: .seconds(10))
+            watching.cancel()
+        }
+        let seen = await watching.value
+        timeout.cancel()
+        await alice.stop()
+        #expect(seen.first == ["bob"], "the queued item is advertised: \(seen)")
+        #expect(seen.last == [], "and withdrawn once it expired, with no commit in between: \(seen)")
+    }
+}
