@@ -53,6 +53,14 @@ public final class MultiplexerSession: Sendable {
         }
     }
 
+    /// Opens a stream whose `outputInitializer` makes an `Output` of its channel before it goes live.
+    func openStream<Output: Sendable>(name: String?,
+                                      outputInitializer: @escaping @Sendable (Channel) -> EventLoopFuture<Output>) -> EventLoopFuture<Output> {
+        onLoop(channel.eventLoop) {
+            self.handler.value.createStream(name: name, on: self.channel.eventLoop, initializer: outputInitializer)
+        }
+    }
+
     /// Measures the round-trip time with a yamux ping.
     public func ping() -> EventLoopFuture<TimeAmount> {
         onLoop(channel.eventLoop) { self.handler.value.ping(on: self.channel.eventLoop) }

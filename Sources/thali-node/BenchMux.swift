@@ -24,6 +24,9 @@ struct BenchMux: AsyncParsableCommand {
     @Option(help: "Framing to measure (yamux or thali-multiplex).")
     var framing: String = "yamux"
 
+    @Option(help: ArgumentHelp("Measure only N concurrent streams (for profiling).", visibility: .hidden))
+    var onlyStreams: Int?
+
     func run() async throws {
         guard let framing = MultiplexerFraming(rawValue: framing) else {
             throw ValidationError("unknown framing \(framing)")
@@ -32,6 +35,12 @@ struct BenchMux: AsyncParsableCommand {
         configuration.keepAliveInterval = nil
         let group = MultiThreadedEventLoopGroup(numberOfThreads: 2)
         let bytes = megabytes << 20
+        if let count = onlyStreams {
+            let rate = try? await MuxBenchmarks.streams(group: group, configuration: configuration, count: count, bytes: bytes)
+            try? await group.shutdownGracefully()
+            print(String(format: "%d streams: %.1f MB/s", count, rate ?? 0))
+            return
+        }
         let raw: Double, one: Double, hundred: Double, opensPerSecond: Double
         let rawCPU: Double, oneCPU: Double
         do {
