@@ -110,6 +110,27 @@ protocol MultiplexerSessionStateMachine {
     mutating func outputBecameWritable() -> ByteBuffer?
     /// A stream left the table (framing bookkeeping, such as `thali-multiplex` id quarantine).
     mutating func streamDetached(_ record: StreamRecord)
+
+    // MARK: Shared (implemented once in the extension)
+
+    // Declared here so that calls through `any MultiplexerSessionStateMachine` (the handler's) reach
+    // implementations specialized for the concrete machine: an extension-only member called through the
+    // existential runs unspecialized and reads `core` through its getter, copying the whole stream table
+    // (retains and releases) on every call, several times per frame.
+    var isClosed: Bool { get }
+    var metrics: MultiplexerMetrics { get }
+    var bufferedTotal: Int { get }
+    mutating func nextInputAction(now: NIODeadline, outputWritable: Bool) throws(MultiplexerError) -> MultiplexerInputAction?
+    func streamState(_ ref: StreamRef) -> StreamStateMachine
+    func window(_ ref: StreamRef) -> StreamWindow?
+    mutating func openStream(name: String?, now: NIODeadline) throws(MultiplexerError)
+        -> (ref: StreamRef, streamID: UInt64, frame: ByteBuffer)
+    mutating func inboundStreamInitialized(_ ref: StreamRef, succeeded: Bool) -> ByteBuffer?
+    mutating func sentFIN(_ ref: StreamRef) -> Bool
+    mutating func resetStream(_ ref: StreamRef, message: String?, outputWritable: Bool) -> ByteBuffer?
+    mutating func detach(_ ref: StreamRef)
+    mutating func streamClosed(_ ref: StreamRef, discardedBytes: Int)
+    mutating func close() -> Bool
 }
 
 /// The most bytes of peer-caused control frames (stream refusals and resets) a session queues while the

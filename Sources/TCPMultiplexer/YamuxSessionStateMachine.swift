@@ -105,11 +105,22 @@ struct YamuxSessionStateMachine: MultiplexerSessionStateMachine {
         }
         let length = Int(header.length)
         if length > 0 {
-            try core.update(stream) { record throws(MultiplexerError) in
+            // One table lookup per data frame: the window check (fatal), the stream's direction (a
+            // stream error), then the window is used up.
+            var streamError: MultiplexerError?
+            let accepted = try core.update(stream) { record throws(MultiplexerError) -> Bool in
                 try record.window.checkFrame(length: length, streamID: id)
+                do throws(MultiplexerError) {
+                    try record.state.receiveData(streamID: record.streamID)
+                } catch {
+                    streamError = error
+                    return false
+                }
+                record.window.receiveFrame(length: length)
+                return true
             }
-            guard checkReceiveData(stream) else { return }
-            core.update(stream) { record in record.window.receiveFrame(length: length) }
+            if let streamError { core.queue(.resetStream(stream, message: nil, error: streamError)) }
+            guard accepted == true else { return }
             core.currentDataStream = stream
             currentDataFlags = header.flags
         } else if header.flags.contains(.fin) {
