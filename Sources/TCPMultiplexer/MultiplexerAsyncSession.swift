@@ -16,7 +16,8 @@ import NIOCore
 public struct MultiplexerAsyncSession<Inbound: Sendable>: Sendable {
     /// The session (ping, GoAway, close, metrics, and the future-based API).
     public let session: MultiplexerSession
-    /// The streams the peer opens, in order; it ends when the session's channel closes.
+    /// The streams the peer opens, in order; it ends when the session ends (its channel closed, a fatal
+    /// error, or ``MultiplexerSession/close()``).
     public let inbound: MultiplexerInboundStreams<Inbound>
 
     /// Opens a stream as a `NIOAsyncChannel` of bytes. The peer's FIN ends its inbound sequence;
@@ -98,13 +99,15 @@ extension MultiplexerSession {
         let (streams, continuation) = AsyncThrowingStream.makeStream(
             of: Inbound.self, throwing: Error.self,
             bufferingPolicy: .bufferingOldest(max(1, configuration.maxConcurrentStreams)))
-        return configure(on: channel, role: role, configuration: configuration) { stream in
+        // The sequence ends when the session does, not when the channel's close future completes: that
+        // may come later (an embedded channel's only on `run()`), and a session can end while its
+        // channel stays open (its handler removed).
+        return configure(on: channel, role: role, configuration: configuration, inboundStreamInitializer: { stream in
             inboundStreamInitializer(stream).flatMapThrowing { output in
                 guard case .enqueued = continuation.yield(output) else { throw MultiplexerError.tooManyStreams(limit: configuration.maxConcurrentStreams) }
             }
-        }.map { session in
-            channel.closeFuture.whenComplete { _ in continuation.finish() }
-            return MultiplexerAsyncSession(session: session, inbound: MultiplexerInboundStreams(streams))
+        }, sessionEnded: { continuation.finish() }).map { session in
+            MultiplexerAsyncSession(session: session, inbound: MultiplexerInboundStreams(streams))
         }
     }
 

@@ -22,6 +22,8 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
     let configuration: MultiplexerConfiguration
     let role: MultiplexerRole
     private let inboundStreamInitializer: StreamInitializer?
+    /// Called once when the session ends (the async API ends its inbound sequence with it).
+    private var sessionEnded: (() -> Void)?
 
     private var context: ChannelHandlerContext?
     /// The framing's protocol state; the only place the framing matters.
@@ -48,11 +50,20 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
 
     /// Creates a session handler. `inboundStreamInitializer` configures each stream the peer opens;
     /// without one, every inbound stream is refused with a reset.
-    public init(role: MultiplexerRole, configuration: MultiplexerConfiguration = MultiplexerConfiguration(),
-                inboundStreamInitializer: StreamInitializer?) {
+    public convenience init(role: MultiplexerRole, configuration: MultiplexerConfiguration = MultiplexerConfiguration(),
+                            inboundStreamInitializer: StreamInitializer?) {
+        self.init(role: role, configuration: configuration, inboundStreamInitializer: inboundStreamInitializer,
+                  sessionEnded: nil)
+    }
+
+    /// A session handler that calls `sessionEnded` once, on the event loop, when the session ends (the
+    /// channel went inactive, a fatal error, `close()`, or the handler was removed).
+    init(role: MultiplexerRole, configuration: MultiplexerConfiguration,
+         inboundStreamInitializer: StreamInitializer?, sessionEnded: (() -> Void)?) {
         self.role = role
         self.configuration = configuration
         self.inboundStreamInitializer = inboundStreamInitializer
+        self.sessionEnded = sessionEnded
         stateMachine = configuration.makeSessionStateMachine(role: role,
                                                              acceptsInboundStreams: inboundStreamInitializer != nil)
     }
@@ -65,6 +76,7 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
     }
 
     public func handlerRemoved(context: ChannelHandlerContext) {
+        end(error: MultiplexerError.sessionClosed)
         stopTimers()
         self.context = nil
     }
@@ -75,10 +87,7 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
     }
 
     public func channelInactive(context: ChannelHandlerContext) {
-        if stateMachine.close() {
-            stopTimers()
-            tearDownAllStreams(error: MultiplexerError.sessionClosed)
-        }
+        end(error: MultiplexerError.sessionClosed)
         context.fireChannelInactive()
     }
 
@@ -252,9 +261,7 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
     /// Ends the session: GoAway (yamux), every stream closed, the channel closed.
     func shutdown(promise: EventLoopPromise<Void>?) {
         goAway()
-        guard stateMachine.close(), let context else { promise?.succeed(()); return }
-        stopTimers()
-        tearDownAllStreams(error: MultiplexerError.sessionClosed)
+        guard end(error: MultiplexerError.sessionClosed), let context else { promise?.succeed(()); return }
         context.close(promise: promise)
     }
 
@@ -446,11 +453,22 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
         if let frame = stateMachine.goAwayFrame(for: error) { write(frame, promise: nil) }
         needsFlush = false
         context?.flush()
-        guard stateMachine.close() else { return }
-        stopTimers()
-        tearDownAllStreams(error: error)
+        guard end(error: error) else { return }
         context?.fireErrorCaught(error)
         context?.close(promise: nil)
+    }
+
+    /// Ends the session once: timers stop, every stream ends with `error`, pings fail, and
+    /// `sessionEnded` runs. Returns `false` if the session had already ended.
+    @discardableResult
+    private func end(error: Error) -> Bool {
+        guard stateMachine.close() else { return false }
+        stopTimers()
+        tearDownAllStreams(error: error)
+        let ended = sessionEnded
+        sessionEnded = nil
+        ended?()
+        return true
     }
 
     private func tearDownAllStreams(error: Error) {

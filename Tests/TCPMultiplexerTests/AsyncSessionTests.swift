@@ -19,7 +19,7 @@ func echoEveryStream(of session: MultiplexerAsyncSession<NIOAsyncChannel<ByteBuf
 }
 
 /// The async API (`configureAsync`, `openStream`, `inbound`), over loopback TCP as the article uses it.
-@Suite(.serialized) struct AsyncSessionTests {
+@Suite(.serialized, .timeLimit(.minutes(1))) struct AsyncSessionTests {
     /// The article's code, compiled and run: an echo service on each stream the peer opens.
     @Test func theArticlesEchoServiceAnswersEveryStream() async throws {
         // Accepting end: each connection gets a session; the streams its peer opens arrive on `inbound`.

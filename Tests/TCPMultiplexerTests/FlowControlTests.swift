@@ -20,7 +20,7 @@ final class Counter: ChannelInboundHandler {
 
 /// Two of our sessions on embedded channels, joined by ``EmbeddedSessionPair/pump()``: per-stream flow
 /// control end to end with no socket, on the embedded loops' clocks.
-@Suite struct FlowControlTests {
+@Suite(.timeLimit(.minutes(2))) struct FlowControlTests {
     @Test func aStalledReaderDoesNotBlockTheOtherStreamNorGrowMemory() throws {
         // The server's first stream never reads; the second counts everything.
         let order = ManagedCounter()
@@ -147,7 +147,7 @@ final class Counter: ChannelInboundHandler {
 
 /// The same stalled reader over a real loopback TCP connection: the session also respects the
 /// underlying socket's writability (``MultiplexerConfiguration/underlyingWriteBufferWaterMark``).
-@Suite(.serialized) struct LoopbackFlowControlTests {
+@Suite(.serialized, .timeLimit(.minutes(2))) struct LoopbackFlowControlTests {
     @Test func aStalledReaderDoesNotBlockTheOtherStreamOverTCP() async throws {
         let fastDone = testGroup.next().makePromise(of: Int.self)
         let order = ManagedCounter()

@@ -57,7 +57,7 @@ func joined(_ frames: OutboundFrames) -> ByteBuffer {
     return buffer
 }
 
-@Suite struct StreamWindowTests {
+@Suite(.timeLimit(.minutes(2))) struct StreamWindowTests {
     @Test func sendingStopsAtTheWindowAndAGrantReleasesIt() throws {
         var window = StreamWindow(now: t0)
         #expect(window.reserveSend(upTo: 200_000) == 200_000)
@@ -117,7 +117,7 @@ func joined(_ frames: OutboundFrames) -> ByteBuffer {
     }
 }
 
-@Suite struct YamuxSessionStateMachineTests {
+@Suite(.timeLimit(.minutes(2))) struct YamuxSessionStateMachineTests {
     @Test func windowExhaustionStallsAStreamUntilThePeerUpdatesIt() throws {
         var machine = yamuxMachine(.client)
         let opened = try machine.openStream(name: nil, now: t0)
@@ -345,7 +345,7 @@ func joined(_ frames: OutboundFrames) -> ByteBuffer {
     }
 }
 
-@Suite struct ThaliMultiplexSessionStateMachineTests {
+@Suite(.timeLimit(.minutes(2))) struct ThaliMultiplexSessionStateMachineTests {
     @Test func aStreamThatOverrunsItsBufferIsResetAndTheSessionContinues() throws {
         var machine = thaliMachine(.server) { $0.maxStreamReceiveBuffer = 1000 }
         let ref = try acceptedRef(try drive(&machine, thali(.open, id: 3)))
