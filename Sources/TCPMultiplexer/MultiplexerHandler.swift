@@ -133,6 +133,18 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
         context.fireErrorCaught(error)
     }
 
+    /// The channel's input ended (`ChannelEvent.inputClosed`: a TCP half-closure with
+    /// `allowRemoteHalfClosure`, or a TLS close_notify): the session ends at once, its streams failing
+    /// with ``MultiplexerError/inputEnded(midFrame:)``, instead of waiting for the keepalive timeout.
+    /// Input ending inside a frame is a protocol error and is also fired through `errorCaught`.
+    public func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if case ChannelEvent.inputClosed = event, !stateMachine.isClosed {
+            let error = stateMachine.inputEnded()
+            fail(error, report: error == .inputEnded(midFrame: true))
+        }
+        context.fireUserInboundEventTriggered(event)
+    }
+
     // MARK: Input actions
 
     /// The live channel of `ref`, if it still has one.
@@ -448,13 +460,13 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
     // MARK: Failure, timers
 
     /// A fatal session error: GoAway with the matching code (yamux), every stream fails with `error`,
-    /// the channel closes.
-    private func fail(_ error: Error) {
+    /// the channel closes. `report`: `error` is also fired through `errorCaught`.
+    private func fail(_ error: Error, report: Bool = true) {
         if let frame = stateMachine.goAwayFrame(for: error) { write(frame, promise: nil) }
         needsFlush = false
         context?.flush()
         guard end(error: error) else { return }
-        context?.fireErrorCaught(error)
+        if report { context?.fireErrorCaught(error) }
         context?.close(promise: nil)
     }
 

@@ -76,6 +76,8 @@ protocol MultiplexerSessionStateMachine {
     mutating func receive(_ bytes: ByteBuffer)
     /// Decodes the next header or payload piece into queued actions; `false` when more bytes are needed.
     mutating func decodeNext(now: NIODeadline) throws(MultiplexerError) -> Bool
+    /// Whether the bytes received so far end inside a frame.
+    var isMidFrame: Bool { get }
     /// The stream id of a new local stream, or why it cannot be opened.
     mutating func allocateStreamID() throws(MultiplexerError) -> (streamID: UInt64, key: UInt64)
     /// The frame that opens a local stream.
@@ -322,6 +324,14 @@ extension MultiplexerSessionStateMachine {
 
     /// The session ends. Returns `false` if it had already ended.
     mutating func close() -> Bool { core.session.close() }
+
+    /// The underlying channel's input ended (the peer half-closed the connection, or its TLS
+    /// close_notify arrived): no frame, window update or ping answer can come any more, so every stream
+    /// and the session end with the returned error (a protocol error if the input stopped inside a
+    /// frame). Waiting would only end in the keepalive timeout.
+    mutating func inputEnded() -> MultiplexerError {
+        .inputEnded(midFrame: isMidFrame)
+    }
 
     // MARK: Shared input handling
 

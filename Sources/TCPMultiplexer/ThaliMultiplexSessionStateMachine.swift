@@ -55,6 +55,8 @@ struct ThaliMultiplexSessionStateMachine: MultiplexerSessionStateMachine {
         decoder.feed(bytes)
     }
 
+    var isMidFrame: Bool { decoder.isMidFrame }
+
     private mutating func receive(_ header: ThaliMultiplexHeader, body: ByteBuffer?, now: NIODeadline) throws(MultiplexerError) {
         let key = Self.key(streamID: header.streamID, openedHere: !header.flag.fromInitiator)
         let stream = core.ref(forKey: key)

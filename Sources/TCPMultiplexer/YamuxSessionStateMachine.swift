@@ -35,6 +35,8 @@ struct YamuxSessionStateMachine: MultiplexerSessionStateMachine {
         decoder.feed(bytes)
     }
 
+    var isMidFrame: Bool { decoder.isMidFrame }
+
     mutating func decodeNext(now: NIODeadline) throws(MultiplexerError) -> Bool {
         guard let event = try decoder.next() else { return false }
         switch event {
@@ -218,7 +220,7 @@ struct YamuxSessionStateMachine: MultiplexerSessionStateMachine {
         guard core.session.sendGoAway() else { return nil }
         let code: YamuxHeader.GoAwayCode
         switch error as? MultiplexerError {
-        case .keepAliveTimeout?, .idleTimeout?, .remoteGoAway?: code = .normal
+        case .keepAliveTimeout?, .idleTimeout?, .remoteGoAway?, .inputEnded(midFrame: false)?: code = .normal
         case .some: code = .protocolError; core.metrics.protocolErrors += 1
         case nil: code = .internalError
         }
