@@ -19,22 +19,28 @@ final class Counter: ChannelInboundHandler {
 }
 
 /// Two of our sessions on embedded channels, joined by ``EmbeddedSessionPair/pump()``: per-stream flow
+/// An inbound stream initializer for the stalled-reader tests: the first stream the peer opens never
+/// reads; every later one counts what it receives into `done`.
+func stalledThenCounting(_ done: EventLoopPromise<Int>) -> MultiplexerHandler.StreamInitializer {
+    let order = ManagedCounter()
+    return { channel in
+        channel.eventLoop.makeCompletedFuture {
+            try channel.syncOptions?.setOption(.allowRemoteHalfClosure, value: true)
+            if order.next() == 0 {
+                try channel.syncOptions?.setOption(.autoRead, value: false)
+            } else {
+                try channel.pipeline.syncOperations.addHandler(Counter(done: done))
+            }
+        }
+    }
+}
+
 /// control end to end with no socket, on the embedded loops' clocks.
 @Suite(.timeLimit(.minutes(2))) struct FlowControlTests {
     @Test func aStalledReaderDoesNotBlockTheOtherStreamNorGrowMemory() throws {
         // The server's first stream never reads; the second counts everything.
-        let order = ManagedCounter()
         let fastDone = EmbeddedEventLoop().makePromise(of: Int.self)
-        let pair = try EmbeddedSessionPair(quietConfiguration(.yamux)) { channel in
-            channel.eventLoop.makeCompletedFuture {
-                try channel.syncOptions?.setOption(.allowRemoteHalfClosure, value: true)
-                if order.next() == 0 {
-                    try channel.syncOptions?.setOption(.autoRead, value: false)
-                } else {
-                    try channel.pipeline.syncOperations.addHandler(Counter(done: fastDone))
-                }
-            }
-        }
+        let pair = try EmbeddedSessionPair(quietConfiguration(.yamux), serverInitializer: stalledThenCounting(fastDone))
         let slow = try pair.clientSession.openStream().wait()
         try pair.pump()
         let slowWrite = slow.writeAndFlush(ByteBuffer(repeating: 1, count: 2 << 20))
@@ -66,19 +72,25 @@ final class Counter: ChannelInboundHandler {
         try pair.clientSession.close().wait()
     }
 
-    @Test func windowsGrowWhileTheReaderKeepsUpAndStayUnderTheCap() throws {
-        var configuration = quietConfiguration(.yamux)
-        configuration.maxStreamWindowSize = 1 << 20
-        let done = EmbeddedEventLoop().makePromise(of: Int.self)
+    /// A session pair whose server streams count what they receive into `done`; the start pings have
+    /// come back 1 ms later, so both sides know the round-trip time.
+    static func countingPair(_ configuration: MultiplexerConfiguration, done: EventLoopPromise<Int>) throws -> EmbeddedSessionPair {
         let pair = try EmbeddedSessionPair(configuration) { channel in
             channel.eventLoop.makeCompletedFuture {
                 try channel.syncOptions?.setOption(.allowRemoteHalfClosure, value: true)
                 try channel.pipeline.syncOperations.addHandler(Counter(done: done))
             }
         }
-        // The start pings come back 1 ms later: both sides know the round-trip time.
         pair.advanceTime(by: .milliseconds(1))
         try pair.pump()
+        return pair
+    }
+
+    @Test func windowsGrowWhileTheReaderKeepsUpAndStayUnderTheCap() throws {
+        var configuration = quietConfiguration(.yamux)
+        configuration.maxStreamWindowSize = 1 << 20
+        let done = EmbeddedEventLoop().makePromise(of: Int.self)
+        let pair = try Self.countingPair(configuration, done: done)
         let stream = try pair.clientSession.openStream().wait()
         stream.writeAndFlush(ByteBuffer(repeating: 3, count: 8 << 20), promise: nil)
         stream.close(mode: .output, promise: nil)
@@ -94,14 +106,7 @@ final class Counter: ChannelInboundHandler {
 
     @Test func aSlowReaderKeepsTheInitialWindow() throws {
         let done = EmbeddedEventLoop().makePromise(of: Int.self)
-        let pair = try EmbeddedSessionPair(quietConfiguration(.yamux)) { channel in
-            channel.eventLoop.makeCompletedFuture {
-                try channel.syncOptions?.setOption(.allowRemoteHalfClosure, value: true)
-                try channel.pipeline.syncOperations.addHandler(Counter(done: done))
-            }
-        }
-        pair.advanceTime(by: .milliseconds(1))
-        try pair.pump()
+        let pair = try Self.countingPair(quietConfiguration(.yamux), done: done)
         let stream = try pair.clientSession.openStream().wait()
         try pair.pump()
         for _ in 0..<16 {
@@ -150,17 +155,8 @@ final class Counter: ChannelInboundHandler {
 @Suite(.serialized, .timeLimit(.minutes(2))) struct LoopbackFlowControlTests {
     @Test func aStalledReaderDoesNotBlockTheOtherStreamOverTCP() async throws {
         let fastDone = testGroup.next().makePromise(of: Int.self)
-        let order = ManagedCounter()
-        let (client, server, listener) = try await sessionPair(MultiplexerConfiguration()) { channel in
-            channel.eventLoop.makeCompletedFuture {
-                try channel.syncOptions?.setOption(.allowRemoteHalfClosure, value: true)
-                if order.next() == 0 {
-                    try channel.syncOptions?.setOption(.autoRead, value: false)
-                } else {
-                    try channel.pipeline.syncOperations.addHandler(Counter(done: fastDone))
-                }
-            }
-        }
+        let (client, server, listener) = try await sessionPair(MultiplexerConfiguration(),
+                                                               serverInitializer: stalledThenCounting(fastDone))
         defer { listener.close(promise: nil) }
         let slow = try await client.openStream().get()
         // Wait until the server has taken the slow stream, so the order is certain.
