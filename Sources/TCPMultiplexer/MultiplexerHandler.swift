@@ -38,6 +38,11 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
     /// The promises of pings the application sent, by ping id.
     private var pingPromises: [UInt32: EventLoopPromise<TimeAmount>] = [:]
     private var started = false
+    /// The session ended (``end(error:)`` ran; the state machine is closed). Kept here because asking the
+    /// state machine through its existential copies the whole machine (its stream table, decoder and
+    /// queues, with a retain and a release each), and channelRead and writePending ask on every read
+    /// and every write turn: perf showed those copies on the hot path.
+    private var hasEnded = false
     /// I/O counters (the state machine counts the protocol's).
     private var bytesReceived = 0
     private var bytesSent = 0
@@ -92,7 +97,7 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
     }
 
     public func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        guard !stateMachine.isClosed else { return }
+        guard !hasEnded else { return }
         let bytes = unwrapInboundIn(data)
         bytesReceived += bytes.readableBytes
         flushDeferred += 1
@@ -138,7 +143,7 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
     /// with ``MultiplexerError/inputEnded(midFrame:)``, instead of waiting for the keepalive timeout.
     /// Input ending inside a frame is a protocol error and is also fired through `errorCaught`.
     public func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
-        if case ChannelEvent.inputClosed = event, !stateMachine.isClosed {
+        if case ChannelEvent.inputClosed = event, !hasEnded {
             let error = stateMachine.inputEnded()
             fail(error, report: error == .inputEnded(midFrame: true))
         }
@@ -260,7 +265,7 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
 
     /// Sends a yamux ping and completes with the round-trip time.
     func ping(on loop: EventLoop) -> EventLoopFuture<TimeAmount> {
-        guard context != nil, !stateMachine.isClosed else { return loop.makeFailedFuture(MultiplexerError.sessionClosed) }
+        guard context != nil, !hasEnded else { return loop.makeFailedFuture(MultiplexerError.sessionClosed) }
         let promise = loop.makePromise(of: TimeAmount.self)
         do {
             sendPing(try stateMachine.ping(now: now), promise: promise)
@@ -361,7 +366,7 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
 
     /// Sends queued stream data in turns while the channel is writable, then flushes once.
     private func writePending() {
-        guard let context, !stateMachine.isClosed else { return }
+        guard let context, !hasEnded else { return }
         flushDeferred += 1
         while context.channel.isWritable, let stream = readyToWrite.popFirst() {
             stream.isQueuedForWrite = false
@@ -431,7 +436,7 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
         let bound = NIOLoopBound(self, eventLoop: context.eventLoop)
         context.eventLoop.scheduleTask(in: configuration.keepAliveTimeout) {
             let handler = bound.value
-            if !handler.stateMachine.isClosed && handler.stateMachine.isPingOutstanding(ping.id) {
+            if !handler.hasEnded && handler.stateMachine.isPingOutstanding(ping.id) {
                 handler.fail(MultiplexerError.keepAliveTimeout)
             }
         }
@@ -474,7 +479,9 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
     /// `sessionEnded` runs. Returns `false` if the session had already ended.
     @discardableResult
     private func end(error: Error) -> Bool {
-        guard stateMachine.close() else { return false }
+        guard !hasEnded else { return false }
+        hasEnded = true
+        _ = stateMachine.close()
         stopTimers()
         tearDownAllStreams(error: error)
         let ended = sessionEnded
@@ -507,12 +514,12 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
     }
 
     private func keepAlive() {
-        guard !stateMachine.isClosed, let ping = try? stateMachine.ping(now: now) else { return }
+        guard !hasEnded, let ping = try? stateMachine.ping(now: now) else { return }
         sendPing(ping, promise: nil)
     }
 
     private func scheduleIdleTimeout() {
-        guard let timeout = configuration.idleTimeout, let context, idleTask == nil, !stateMachine.isClosed else { return }
+        guard let timeout = configuration.idleTimeout, let context, idleTask == nil, !hasEnded else { return }
         let bound = NIOLoopBound(self, eventLoop: context.eventLoop)
         idleTask = context.eventLoop.scheduleTask(in: timeout) {
             let handler = bound.value
