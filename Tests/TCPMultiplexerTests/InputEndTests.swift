@@ -58,6 +58,25 @@ import Testing
         #expect(throws: MultiplexerError.inputEnded(midFrame: true)) { try channel.throwIfErrorCaught() }
     }
 
+    /// Over real loopback TCP (half-closure allowed): the client shuts down its output, and the server's
+    /// session ends at once, though keepalive is off and nothing else would end it.
+    @Test(arguments: MultiplexerFraming.allCases)
+    func aTCPHalfClosureEndsTheSession(framing: MultiplexerFraming) async throws {
+        let accepted = AcceptedStreams()
+        let (client, server, listener) = try await sessionPair(quietConfiguration(framing),
+                                                               serverInitializer: accepted.initializer)
+        defer { listener.close(promise: nil) }
+        _ = try await client.openStream(name: "a").get()
+        while try await server.metrics().get().streamsAccepted < 1 { try await Task.sleep(for: .milliseconds(5)) }
+        let stream = try #require(accepted.all.first)
+
+        try await client.channel.close(mode: .output).get()
+        try await value(of: stream.channel.closeFuture, within: .seconds(10))
+        try await value(of: server.channel.closeFuture, within: .seconds(10))
+        #expect(stream.recorder.errors.compactMap { $0 as? MultiplexerError } == [.inputEnded(midFrame: false)])
+        try await value(of: client.channel.closeFuture, within: .seconds(10))
+    }
+
     @Test func theStateMachineTellsAnEndInsideAFrame() throws {
         var machine = yamuxMachine(.server)
         #expect(machine.inputEnded() == .inputEnded(midFrame: false))
@@ -65,4 +84,16 @@ import Testing
         #expect(try machine.nextInputAction(now: .uptimeNanoseconds(0), outputWritable: true) == nil)
         #expect(machine.inputEnded() == .inputEnded(midFrame: true))
     }
+}
+
+struct WaitTimedOut: Error {}
+
+/// `future`'s value, or ``WaitTimedOut`` after `timeout`: `EventLoopFuture.get()` ignores task
+/// cancellation, so a test's time limit alone would not end a wait for a future that never completes.
+func value<T: Sendable>(of future: EventLoopFuture<T>, within timeout: TimeAmount) async throws -> T {
+    let promise = future.eventLoop.makePromise(of: T.self)
+    future.cascade(to: promise)
+    let timer = future.eventLoop.scheduleTask(in: timeout) { promise.fail(WaitTimedOut()) }
+    defer { timer.cancel() }
+    return try await promise.futureResult.get()
 }
