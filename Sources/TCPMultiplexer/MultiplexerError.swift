@@ -40,6 +40,10 @@ public enum MultiplexerError: Error, Hashable, Sendable, CustomStringConvertible
     case idleTimeout
     /// The underlying channel closed (or the session was shut down) while the stream was open.
     case sessionClosed
+    /// The underlying channel's input ended (the peer half-closed the connection, or its TLS
+    /// close_notify arrived), so no frame can come any more and the session ended; `midFrame`: the
+    /// input ended inside a frame (a truncated frame, a protocol error).
+    case inputEnded(midFrame: Bool)
     /// The stream's output is already closed, so it cannot write.
     case outputClosed
     /// The peer caused more control frames (refusals, resets) than may queue while it does not read.
@@ -70,6 +74,9 @@ public enum MultiplexerError: Error, Hashable, Sendable, CustomStringConvertible
         case .keepAliveTimeout: return "keepalive ping unanswered"
         case .idleTimeout: return "session idle timeout"
         case .sessionClosed: return "session closed"
+        case .inputEnded(let midFrame):
+            return midFrame ? "the connection's input ended in the middle of a frame"
+                            : "the peer ended its side of the connection"
         case .outputClosed: return "stream output closed"
         case .controlFrameBacklog(let limit): return "peer caused over \(limit) bytes of control frames without reading"
         case .unsupported(let what): return "unsupported: \(what)"

@@ -1,8 +1,11 @@
 import NIOCore
 
 /// The session: sits at the end of a channel's pipeline (a TCP connection, or any byte stream such as a
-/// Bluetooth relay), decodes frames, drives the stream and session state machines and multiplexes the
-/// streams' ``MultiplexerStreamChannel``s onto the channel. Use it through ``MultiplexerSession``.
+/// Bluetooth relay) and multiplexes the streams' ``MultiplexerStreamChannel``s onto the channel. It only
+/// moves bytes: the framing's session state machine (chosen once, from
+/// ``MultiplexerConfiguration/framing``) decodes frames, keeps the streams' protocol state and flow
+/// control, enforces the limits and encodes frames; the handler carries out what it returns. Use it
+/// through ``MultiplexerSession``.
 ///
 /// Data moves without copies: received payloads are slices of the channel's reads, and queued writes
 /// are sent as slices behind a 12-byte (yamux) or varint (`thali-multiplex`) header. Frames are
@@ -19,65 +22,55 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
     let configuration: MultiplexerConfiguration
     let role: MultiplexerRole
     private let inboundStreamInitializer: StreamInitializer?
-
-    private enum Decoder {
-        case yamux(YamuxFrameDecoder)
-        case thaliMultiplex(ThaliMultiplexFrameDecoder)
-    }
+    /// Called once when the session ends (the async API ends its inbound sequence with it).
+    private var sessionEnded: (() -> Void)?
 
     private var context: ChannelHandlerContext?
-    private var decoder: Decoder
-    private var session = SessionStateMachine()
+    /// The framing's protocol state; the only place the framing matters.
+    private(set) var stateMachine: any MultiplexerSessionStateMachine
     private var streams: [UInt64: MultiplexerStreamChannel] = [:]
-    /// The stream the payload being received belongs to (`nil`: discard it).
-    private var currentDataStream: MultiplexerStreamChannel?
-    /// yamux flags of the data frame being received, applied once its payload is in.
-    private var currentDataFlags: YamuxHeader.Flags = []
     private var readyToWrite = CircularBuffer<MultiplexerStreamChannel>()
     private var pendingDelivery: [MultiplexerStreamChannel] = []
     private var flushDeferred = 0
     private var needsFlush = false
-    private var nextYamuxStreamID: UInt64
-    private var usedLocalThaliIDs = Set<UInt64>()
-    /// `thali-multiplex` ids of our ended streams the peer could still send a frame for, oldest first
-    /// (see ``MultiplexerConfiguration/maxQuarantinedStreamIDs``).
-    private var quarantinedLocalThaliIDs = Set<UInt64>()
-    private var quarantineOrder: [UInt64] = []
-    private var streamsAwaitingAccept = 0
-    private var receiveWindowTotal = 0
-    private var bufferedTotal = 0
     private var keepAliveTask: RepeatedTask?
     private var idleTask: Scheduled<Void>?
-    private var nextPingID: UInt32 = 1
-    private var outstandingPings: [UInt32: (sent: NIODeadline, promise: EventLoopPromise<TimeAmount>?)] = [:]
-    /// The latest measured round-trip time (yamux pings), used by window auto-tuning.
-    private var roundTripTime: TimeAmount?
+    /// The promises of pings the application sent, by ping id.
+    private var pingPromises: [UInt32: EventLoopPromise<TimeAmount>] = [:]
     private var started = false
-    /// A ping to answer once the channel is writable again.
-    private var pendingPingAnswer: UInt32?
-    /// Bytes of frames the peer caused (refusals, resets) written while the channel was not writable.
-    private var controlBacklog = 0
+    /// The session ended (``end(error:)`` ran; the state machine is closed). Kept here because asking the
+    /// state machine through its existential copies the whole machine (its stream table, decoder and
+    /// queues, with a retain and a release each), and channelRead and writePending ask on every read
+    /// and every write turn: perf showed those copies on the hot path.
+    private var hasEnded = false
+    /// I/O counters (the state machine counts the protocol's).
+    private var bytesReceived = 0
+    private var bytesSent = 0
+    private var bytesSentOnStreams = 0
 
     /// The most bytes of peer-caused control frames (stream refusals and resets) the session queues
     /// while the underlying channel is not writable; beyond it the peer is flooding without reading and
     /// the session ends with ``MultiplexerError/controlFrameBacklog(limit:)``. 64 KiB.
-    public static let maxControlBacklog = 64 * 1024
-    private(set) var metrics = MultiplexerMetrics()
+    public static let maxControlBacklog = multiplexerMaxControlBacklog
 
     /// Creates a session handler. `inboundStreamInitializer` configures each stream the peer opens;
     /// without one, every inbound stream is refused with a reset.
-    public init(role: MultiplexerRole, configuration: MultiplexerConfiguration = MultiplexerConfiguration(),
-                inboundStreamInitializer: StreamInitializer?) {
+    public convenience init(role: MultiplexerRole, configuration: MultiplexerConfiguration = MultiplexerConfiguration(),
+                            inboundStreamInitializer: StreamInitializer?) {
+        self.init(role: role, configuration: configuration, inboundStreamInitializer: inboundStreamInitializer,
+                  sessionEnded: nil)
+    }
+
+    /// A session handler that calls `sessionEnded` once, on the event loop, when the session ends (the
+    /// channel went inactive, a fatal error, `close()`, or the handler was removed).
+    init(role: MultiplexerRole, configuration: MultiplexerConfiguration,
+         inboundStreamInitializer: StreamInitializer?, sessionEnded: (() -> Void)?) {
         self.role = role
         self.configuration = configuration
         self.inboundStreamInitializer = inboundStreamInitializer
-        switch configuration.framing {
-        case .yamux:
-            decoder = .yamux(YamuxFrameDecoder(maxDataLength: min(configuration.maxStreamWindowSize, Int(UInt32.max))))
-        case .thaliMultiplex:
-            decoder = .thaliMultiplex(ThaliMultiplexFrameDecoder(maxPayloadLength: configuration.maxFrameSize))
-        }
-        nextYamuxStreamID = role == .client ? 1 : 2
+        self.sessionEnded = sessionEnded
+        stateMachine = configuration.makeSessionStateMachine(role: role,
+                                                             acceptsInboundStreams: inboundStreamInitializer != nil)
     }
 
     // MARK: Channel events
@@ -88,6 +81,7 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
     }
 
     public func handlerRemoved(context: ChannelHandlerContext) {
+        end(error: MultiplexerError.sessionClosed)
         stopTimers()
         self.context = nil
     }
@@ -98,37 +92,21 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
     }
 
     public func channelInactive(context: ChannelHandlerContext) {
-        if session.close() {
-            stopTimers()
-            tearDownAllStreams(error: MultiplexerError.sessionClosed)
-        }
+        end(error: MultiplexerError.sessionClosed)
         context.fireChannelInactive()
     }
 
     public func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        guard !session.isClosed else { return }
+        guard !hasEnded else { return }
         let bytes = unwrapInboundIn(data)
-        metrics.bytesReceived += bytes.readableBytes
+        bytesReceived += bytes.readableBytes
         flushDeferred += 1
         defer { flushDeferred -= 1 }
+        stateMachine.receive(bytes)
+        let now = context.eventLoop.now
         do {
-            switch decoder {
-            case .yamux(var yamux):
-                yamux.feed(bytes)
-                decoder = .yamux(YamuxFrameDecoder(maxDataLength: 0))  // keep one copy of the buffer
-                defer { decoder = .yamux(yamux) }
-                while !session.isClosed, let event = try yamux.next() {
-                    try handleYamux(event, payloadRemaining: yamux.pendingPayloadBytes)
-                    if controlBacklogExceeded { throw MultiplexerError.controlFrameBacklog(limit: Self.maxControlBacklog) }
-                }
-            case .thaliMultiplex(var thali):
-                thali.feed(bytes)
-                decoder = .thaliMultiplex(ThaliMultiplexFrameDecoder(maxPayloadLength: 0))
-                defer { decoder = .thaliMultiplex(thali) }
-                while !session.isClosed, let event = try thali.next() {
-                    try handleThali(event)
-                    if controlBacklogExceeded { throw MultiplexerError.controlFrameBacklog(limit: Self.maxControlBacklog) }
-                }
+            while let action = try stateMachine.nextInputAction(now: now, outputWritable: context.channel.isWritable) {
+                perform(action)
             }
         } catch {
             fail(error)
@@ -150,11 +128,7 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
 
     public func channelWritabilityChanged(context: ChannelHandlerContext) {
         if context.channel.isWritable {
-            controlBacklog = 0
-            if let ping = pendingPingAnswer {
-                pendingPingAnswer = nil
-                writeYamuxHeader(YamuxHeader(type: .ping, flags: .ack, streamID: 0, length: ping))
-            }
+            if let answer = stateMachine.outputBecameWritable() { write(answer, promise: nil) }
             writePending()
         }
         context.fireChannelWritabilityChanged()
@@ -164,61 +138,115 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
         context.fireErrorCaught(error)
     }
 
+    /// The channel's input ended (`ChannelEvent.inputClosed`: a TCP half-closure with
+    /// `allowRemoteHalfClosure`, or a TLS close_notify): the session ends at once, its streams failing
+    /// with ``MultiplexerError/inputEnded(midFrame:)``, instead of waiting for the keepalive timeout.
+    /// Input ending inside a frame is a protocol error and is also fired through `errorCaught`.
+    public func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if case ChannelEvent.inputClosed = event, !hasEnded {
+            let error = stateMachine.inputEnded()
+            fail(error, report: error == .inputEnded(midFrame: true))
+        }
+        context.fireUserInboundEventTriggered(event)
+    }
+
+    // MARK: Input actions
+
+    /// The live channel of `ref`, if it still has one.
+    private func channel(_ ref: StreamRef) -> MultiplexerStreamChannel? {
+        guard let stream = streams[ref.key], stream.ref == ref else { return nil }
+        return stream
+    }
+
+    private func perform(_ action: MultiplexerInputAction) {
+        switch action {
+        case .write(let frame):
+            write(frame, promise: nil)
+        case .accept(let ref, let streamID, let name):
+            acceptRemoteStream(ref, streamID: streamID, name: name)
+        case .deliver(let ref, let bytes):
+            guard let stream = channel(ref) else { return }
+            stream.receive(bytes)
+            queueDelivery(stream)
+        case .receiveEnd(let ref, let finished):
+            guard let stream = channel(ref) else { return }
+            stream.receiveEnd()
+            if finished { detach(stream) }
+            queueDelivery(stream)
+        case .peerReset(let ref, let message):
+            channel(ref)?.tearDown(error: MultiplexerError.streamReset(message: message))
+        case .resetStream(let ref, let message, let error):
+            guard let stream = channel(ref) else { return }
+            resetStream(stream, message: message, error: error)
+        case .sendWindowOpened(let ref):
+            guard let stream = channel(ref), !stream.pending.isEmpty else { return }
+            streamHasOutput(stream)
+        case .pingAnswered(let id, let roundTripTime):
+            pingPromises.removeValue(forKey: id)?.succeed(roundTripTime)
+        }
+    }
+
+    private func acceptRemoteStream(_ ref: StreamRef, streamID: UInt64, name: String?) {
+        guard let context, let initializer = inboundStreamInitializer else { return }
+        let stream = MultiplexerStreamChannel(session: self, parent: context.channel, ref: ref, streamID: streamID,
+                                              isLocallyInitiated: false, name: name)
+        addStream(stream)
+        stream.register()
+        let loop = context.eventLoop
+        let bound = NIOLoopBound((self, stream), eventLoop: loop)
+        initializer(stream).hop(to: loop).whenComplete { result in
+            let (handler, stream) = bound.value
+            guard !stream.tornDown else { return }
+            switch result {
+            case .success:
+                if let ack = handler.stateMachine.inboundStreamInitialized(stream.ref, succeeded: true) {
+                    handler.write(ack, promise: nil)
+                    handler.flushIfNeeded()
+                }
+                stream.activate()
+            case .failure(let error):
+                _ = handler.stateMachine.inboundStreamInitialized(stream.ref, succeeded: false)
+                handler.resetStream(stream, message: nil, error: error)
+            }
+        }
+    }
+
     // MARK: Operations (event loop only; used by MultiplexerSession)
 
     /// Opens a stream (event loop only): runs `initializer` on its channel, announces it to the peer, and completes
     /// with the channel once it is live.
     func createStream(name: String?, on loop: EventLoop, initializer: StreamInitializer?) -> EventLoopFuture<Channel> {
+        createStream(name: name, on: loop) { stream in
+            (initializer?(stream) ?? stream.eventLoop.makeSucceededVoidFuture()).map { stream }
+        }
+    }
+
+    /// Opens a stream (event loop only) whose `initializer` makes an `Output` of its channel; completes
+    /// with it once the stream is live.
+    func createStream<Output: Sendable>(name: String?, on loop: EventLoop,
+                                        initializer: @escaping @Sendable (Channel) -> EventLoopFuture<Output>) -> EventLoopFuture<Output> {
         guard let context else { return loop.makeFailedFuture(MultiplexerError.sessionClosed) }
-        guard session.mayOpenLocally else {
-            return loop.makeFailedFuture(session.isClosed ? MultiplexerError.sessionClosed : MultiplexerError.goingAway)
+        let opened: (ref: StreamRef, streamID: UInt64, frame: ByteBuffer)
+        do {
+            opened = try stateMachine.openStream(name: name, now: now)
+        } catch {
+            return loop.makeFailedFuture(error)
         }
-        guard streams.count < configuration.maxConcurrentStreams else {
-            return loop.makeFailedFuture(MultiplexerError.tooManyStreams(limit: configuration.maxConcurrentStreams))
-        }
-        let streamID: UInt64
-        let key: UInt64
-        switch configuration.framing {
-        case .yamux:
-            guard nextYamuxStreamID <= UInt64(UInt32.max) else {
-                return loop.makeFailedFuture(MultiplexerError.streamIDsExhausted)
-            }
-            streamID = nextYamuxStreamID
-            nextYamuxStreamID += 2
-            key = streamID
-        case .thaliMultiplex:
-            // The lowest id not in use, as multiplex 6.7.0 picks it.
-            var candidate: UInt64 = 0
-            while usedLocalThaliIDs.contains(candidate) || quarantinedLocalThaliIDs.contains(candidate) { candidate += 1 }
-            streamID = candidate
-            usedLocalThaliIDs.insert(candidate)
-            key = candidate << 1 | 1
-        }
-        let stream = MultiplexerStreamChannel(session: self, parent: context.channel, key: key, streamID: streamID,
-                                              isLocallyInitiated: true, name: configuration.framing == .yamux ? nil : name)
+        let stream = MultiplexerStreamChannel(session: self, parent: context.channel, ref: opened.ref,
+                                              streamID: opened.streamID, isLocallyInitiated: true,
+                                              name: stateMachine.localStreamName(name))
         addStream(stream)
         stream.register()
-        flushDeferred += 1
-        switch configuration.framing {
-        case .yamux:
-            writeYamuxHeader(YamuxHeader(type: .windowUpdate, flags: .syn, streamID: UInt32(streamID), length: 0))
-        case .thaliMultiplex:
-            var body = context.channel.allocator.buffer(capacity: name?.utf8.count ?? 0)
-            if let name { body.writeString(name) }
-            writeThali(ThaliMultiplexHeader(streamID: streamID, flag: .open, length: body.readableBytes), body: body)
-        }
-        metrics.streamsOpenedLocally += 1
-        flushDeferred -= 1
+        write(opened.frame, promise: nil)
         flushIfNeeded()
-        let promise = loop.makePromise(of: Channel.self)
-        let initialized = initializer?(stream) ?? loop.makeSucceededVoidFuture()
+        let promise = loop.makePromise(of: Output.self)
         let bound = NIOLoopBound((self, stream), eventLoop: loop)
-        initialized.hop(to: loop).whenComplete { result in
+        initializer(stream).hop(to: loop).whenComplete { result in
             let (handler, stream) = bound.value
             switch result {
-            case .success:
+            case .success(let output):
                 stream.activate()
-                if stream.tornDown { promise.fail(MultiplexerError.sessionClosed) } else { promise.succeed(stream) }
+                if stream.tornDown { promise.fail(MultiplexerError.sessionClosed) } else { promise.succeed(output) }
             case .failure(let error):
                 handler.resetStream(stream, message: nil, error: error)
                 promise.fail(error)
@@ -230,45 +258,54 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
     /// Sends GoAway (yamux; `thali-multiplex` has none): the peer may open no more streams, existing
     /// ones continue.
     func goAway() {
-        guard configuration.framing == .yamux, session.sendGoAway() else { return }
-        writeYamuxHeader(YamuxHeader(type: .goAway, streamID: 0, length: YamuxHeader.GoAwayCode.normal.rawValue))
+        guard let frame = stateMachine.goAway() else { return }
+        write(frame, promise: nil)
         flushIfNeeded()
     }
 
     /// Sends a yamux ping and completes with the round-trip time.
     func ping(on loop: EventLoop) -> EventLoopFuture<TimeAmount> {
-        guard context != nil, !session.isClosed else { return loop.makeFailedFuture(MultiplexerError.sessionClosed) }
-        guard configuration.framing == .yamux else {
-            return loop.makeFailedFuture(MultiplexerError.unsupported("ping in thali-multiplex"))
-        }
+        guard context != nil, !hasEnded else { return loop.makeFailedFuture(MultiplexerError.sessionClosed) }
         let promise = loop.makePromise(of: TimeAmount.self)
-        sendPing(promise: promise)
+        do {
+            sendPing(try stateMachine.ping(now: now), promise: promise)
+        } catch {
+            promise.fail(error)
+        }
         return promise.futureResult
     }
 
     /// Ends the session: GoAway (yamux), every stream closed, the channel closed.
     func shutdown(promise: EventLoopPromise<Void>?) {
         goAway()
-        guard session.close(), let context else { promise?.succeed(()); return }
-        stopTimers()
-        tearDownAllStreams(error: MultiplexerError.sessionClosed)
+        guard end(error: MultiplexerError.sessionClosed), let context else { promise?.succeed(()); return }
         context.close(promise: promise)
     }
 
     /// A snapshot of the session's counters.
     func currentMetrics() -> MultiplexerMetrics {
-        var snapshot = metrics
+        var snapshot = stateMachine.metrics
+        snapshot.bytesReceived = bytesReceived
+        snapshot.bytesSent = bytesSent
+        snapshot.bytesSentOnStreams = bytesSentOnStreams
         snapshot.openStreams = streams.count
-        snapshot.bufferedReceiveBytes = bufferedTotal
+        snapshot.bufferedReceiveBytes = stateMachine.bufferedTotal
         snapshot.streams = streams.values.map {
-            MultiplexerMetrics.Stream(streamID: $0.streamID, isLocallyInitiated: $0.isLocallyInitiated,
-                                      bufferedReceiveBytes: $0.inboundBytes, receiveWindow: $0.receiveWindowTarget,
-                                      sendWindow: $0.sendWindow, queuedSendBytes: $0.pendingBytes)
+            let window = stateMachine.window($0.ref)
+            return MultiplexerMetrics.Stream(streamID: $0.streamID, isLocallyInitiated: $0.isLocallyInitiated,
+                                             bufferedReceiveBytes: $0.inboundBytes,
+                                             receiveWindow: window?.receiveWindowTarget ?? 0,
+                                             sendWindow: window?.sendWindow ?? 0, queuedSendBytes: $0.pendingBytes)
         }
         return snapshot
     }
 
     // MARK: Called by streams
+
+    /// The protocol state of `stream` (over once it left the session's table).
+    func streamState(_ stream: MultiplexerStreamChannel) -> StreamStateMachine {
+        stateMachine.streamState(stream.ref)
+    }
 
     func streamHasOutput(_ stream: MultiplexerStreamChannel) {
         if !stream.isQueuedForWrite {
@@ -279,38 +316,16 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
     }
 
     func streamConsumed(_ stream: MultiplexerStreamChannel, bytes: Int) {
-        bufferedTotal -= bytes
-        guard configuration.framing == .yamux, !stream.tornDown, stream.state.canReceive else { return }
-        let granted = stream.receiveWindow + stream.inboundBytes
-        guard stream.receiveWindowTarget - granted >= stream.receiveWindowTarget / 2 else { return }
-        let now = NIODeadline.now()
-        if let rtt = roundTripTime, now - stream.windowEpoch < rtt * 4,
-           stream.receiveWindowTarget < configuration.maxStreamWindowSize {
-            // The window turned over within a few round trips: it limits the stream, so grow it while
-            // the session's memory budget allows.
-            let grown = min(stream.receiveWindowTarget * 2, configuration.maxStreamWindowSize, Int(UInt32.max))
-            if receiveWindowTotal + grown - stream.receiveWindowTarget <= configuration.maxSessionReceiveBuffer {
-                receiveWindowTotal += grown - stream.receiveWindowTarget
-                stream.receiveWindowTarget = grown
-                metrics.windowGrowths += 1
-            }
-        }
-        stream.windowEpoch = now
-        let delta = stream.receiveWindowTarget - granted
-        stream.receiveWindow += delta
-        var flags: YamuxHeader.Flags = []
-        if stream.ackPending { flags.insert(.ack); stream.ackPending = false }
-        writeYamuxHeader(YamuxHeader(type: .windowUpdate, flags: flags, streamID: UInt32(stream.streamID), length: UInt32(delta)))
-        metrics.windowUpdatesSent += 1
+        guard let update = stateMachine.consumed(stream.ref, bytes: bytes, now: now) else { return }
+        write(update, promise: nil)
         flushIfNeeded()
     }
 
     /// Aborts a stream: RST / reset frame to the peer, then the channel is torn down with `error`.
     func resetStream(_ stream: MultiplexerStreamChannel, message: String?, error: Error?) {
         guard !stream.tornDown else { return }
-        if !stream.state.isFinished && !session.isClosed {
-            sendReset(streamID: stream.streamID, locallyInitiated: stream.isLocallyInitiated, message: message)
-            metrics.resetsSent += 1
+        if let frame = stateMachine.resetStream(stream.ref, message: message, outputWritable: isWritable) {
+            write(frame, promise: nil)
         }
         stream.tearDown(error: error)
         flushIfNeeded()
@@ -318,7 +333,7 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
 
     func streamTornDown(_ stream: MultiplexerStreamChannel) {
         detach(stream)
-        bufferedTotal -= stream.inboundBytes
+        stateMachine.streamClosed(stream.ref, discardedBytes: stream.inboundBytes)
     }
 
     /// The stream is over on the wire: forget its id at once (`thali-multiplex` peers reuse an id as
@@ -326,256 +341,13 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
     private func detach(_ stream: MultiplexerStreamChannel) {
         guard !stream.isDetached else { return }
         stream.isDetached = true
-        if streams[stream.key] === stream { streams.removeValue(forKey: stream.key) }
-        if stream.isLocallyInitiated && configuration.framing == .thaliMultiplex {
-            usedLocalThaliIDs.remove(stream.streamID)
-            if stream.peerMaySendAfterDetach { quarantine(stream.streamID) }
-        }
-        leaveAcceptBacklog(stream)
-        receiveWindowTotal -= stream.receiveWindowTarget
-        if currentDataStream === stream { currentDataStream = nil }
+        if streams[stream.ref.key] === stream { streams.removeValue(forKey: stream.ref.key) }
+        stateMachine.detach(stream.ref)
         if streams.isEmpty { scheduleIdleTimeout() }
     }
 
-    private func quarantine(_ streamID: UInt64) {
-        guard configuration.maxQuarantinedStreamIDs > 0, quarantinedLocalThaliIDs.insert(streamID).inserted else { return }
-        quarantineOrder.append(streamID)
-        if quarantineOrder.count > configuration.maxQuarantinedStreamIDs {
-            quarantinedLocalThaliIDs.remove(quarantineOrder.removeFirst())
-        }
-    }
-
-    /// The peer's reset for one of our quarantined ids: nothing of the old stream can follow it.
-    private func releaseQuarantine(_ streamID: UInt64) {
-        guard quarantinedLocalThaliIDs.remove(streamID) != nil else { return }
-        quarantineOrder.removeAll { $0 == streamID }
-    }
-
-    private func leaveAcceptBacklog(_ stream: MultiplexerStreamChannel) {
-        guard stream.isInAcceptBacklog else { return }
-        stream.isInAcceptBacklog = false
-        streamsAwaitingAccept -= 1
-    }
-
-    // MARK: yamux input
-
-    private var controlBacklogExceeded = false
-
-    private func controlBacklogChecked() {
-        if controlBacklog > Self.maxControlBacklog { controlBacklogExceeded = true }
-    }
-
-    private func handleYamux(_ event: YamuxFrameDecoder.Event, payloadRemaining: Int) throws {
-        switch event {
-        case .data(let bytes):
-            if let stream = currentDataStream {
-                stream.receive(bytes)
-                bufferedTotal += bytes.readableBytes
-                queueDelivery(stream)
-            }
-            if payloadRemaining == 0 { finishYamuxDataFrame() }
-        case .header(let header):
-            metrics.framesReceived += 1
-            defer { controlBacklogChecked() }
-            switch header.type {
-            case .data, .windowUpdate:
-                try handleYamuxStreamFrame(header)
-            case .ping:
-                if header.flags.contains(.syn) {
-                    if context?.channel.isWritable ?? false {
-                        writeYamuxHeader(YamuxHeader(type: .ping, flags: .ack, streamID: 0, length: header.length))
-                    } else {
-                        // Congested: answer only the latest ping once writable, so a ping flood
-                        // cannot queue answers without bound.
-                        pendingPingAnswer = header.length
-                    }
-                } else if header.flags.contains(.ack), let ping = outstandingPings.removeValue(forKey: header.length) {
-                    let rtt = NIODeadline.now() - ping.sent
-                    roundTripTime = rtt
-                    ping.promise?.succeed(rtt)
-                }
-            case .goAway:
-                guard header.length == YamuxHeader.GoAwayCode.normal.rawValue else {
-                    throw MultiplexerError.remoteGoAway(code: header.length)
-                }
-                session.receiveGoAway()
-                metrics.goAwaysReceived += 1
-            }
-        }
-    }
-
-    private func handleYamuxStreamFrame(_ header: YamuxHeader) throws {
-        let id = UInt64(header.streamID)
-        guard id != 0 else { throw MultiplexerError.invalidStreamID(0) }
-        var stream = streams[id]
-        if header.flags.contains(.syn) {
-            guard stream == nil else { throw MultiplexerError.duplicateStream(id) }
-            // The client opens odd ids, the server even ones.
-            let remoteOpensOdd = role == .server
-            guard (id % 2 == 1) == remoteOpensOdd else { throw MultiplexerError.invalidStreamID(id) }
-            stream = acceptRemoteStream(streamID: id, key: id, name: nil)
-        }
-        currentDataStream = nil
-        currentDataFlags = []
-        guard let stream else { return }  // A stream already gone (we reset it): drop the frame.
-        if header.flags.contains(.rst) {
-            receiveReset(stream, message: nil)
-            return
-        }
-        if header.type == .windowUpdate {
-            guard stream.sendWindow + Int(header.length) <= Int(UInt32.max) else {
-                throw MultiplexerError.sendWindowOverflow(streamID: id)
-            }
-            stream.sendWindow += Int(header.length)
-            if header.flags.contains(.fin) { receiveFIN(stream) }
-            if header.length > 0 && !stream.pending.isEmpty { streamHasOutput(stream) }
-            return
-        }
-        let length = Int(header.length)
-        if length > 0 {
-            guard length <= stream.receiveWindow else {
-                throw MultiplexerError.receiveWindowExceeded(streamID: id, window: stream.receiveWindow, length: length)
-            }
-            do {
-                try stream.state.receiveData(streamID: id)
-            } catch {
-                resetStream(stream, message: nil, error: error)
-                return
-            }
-            stream.receiveWindow -= length
-            currentDataStream = stream
-            currentDataFlags = header.flags
-        } else if header.flags.contains(.fin) {
-            receiveFIN(stream)
-        }
-    }
-
-    private func finishYamuxDataFrame() {
-        if let stream = currentDataStream, currentDataFlags.contains(.fin) { receiveFIN(stream) }
-        currentDataStream = nil
-        currentDataFlags = []
-    }
-
-    // MARK: thali-multiplex input
-
-    private func handleThali(_ event: ThaliMultiplexFrameDecoder.Event) throws {
-        switch event {
-        case .data(let bytes):
-            if let stream = currentDataStream {
-                stream.receive(bytes)
-                bufferedTotal += bytes.readableBytes
-                queueDelivery(stream)
-            }
-        case .header(let header, let body):
-            metrics.framesReceived += 1
-            defer { controlBacklogChecked() }
-            // Frames from the opener name a stream the peer opened (key bit 0 clear), the others one we opened.
-            let key = header.streamID << 1 | (header.flag.fromInitiator ? 0 : 1)
-            currentDataStream = nil
-            switch header.flag.kind {
-            case .open:
-                guard streams[key] == nil else { throw MultiplexerError.duplicateStream(header.streamID) }
-                let name = body.map { String(decoding: $0.readableBytesView, as: UTF8.self) } ?? ""
-                _ = acceptRemoteStream(streamID: header.streamID, key: key,
-                                       name: name.isEmpty ? String(header.streamID) : name)
-            case .message:
-                guard let stream = streams[key] else { return }
-                do {
-                    try stream.state.receiveData(streamID: header.streamID)
-                } catch {
-                    resetStream(stream, message: nil, error: error)
-                    return
-                }
-                if stream.inboundBytes + header.length > configuration.maxStreamReceiveBuffer
-                    || bufferedTotal + header.length > configuration.maxSessionReceiveBuffer {
-                    // No flow control in this framing: a reader that falls this far behind loses its stream.
-                    metrics.overflowResets += 1
-                    resetStream(stream, message: "receive buffer overflow",
-                                error: MultiplexerError.receiveBufferOverflow(streamID: header.streamID,
-                                                                              limit: configuration.maxStreamReceiveBuffer))
-                    return
-                }
-                currentDataStream = stream
-            case .close:
-                // For a quarantined id: the peer may still reset it after its close.
-                guard let stream = streams[key] else { return }
-                receiveFIN(stream)
-            case .reset:
-                guard let stream = streams[key] else {
-                    if !header.flag.fromInitiator { releaseQuarantine(header.streamID) }
-                    return
-                }
-                let message = body.flatMap { $0.readableBytes > 0 ? String(decoding: $0.readableBytesView, as: UTF8.self) : nil }
-                receiveReset(stream, message: message)
-            }
-        }
-    }
-
-    // MARK: Stream events shared by both framings
-
-    private func acceptRemoteStream(streamID: UInt64, key: UInt64, name: String?) -> MultiplexerStreamChannel? {
-        guard let context else { return nil }
-        guard session.mayAcceptRemote, let initializer = inboundStreamInitializer,
-              streams.count < configuration.maxConcurrentStreams,
-              streamsAwaitingAccept < configuration.acceptBacklog
-        else {
-            metrics.streamsRefused += 1
-            sendReset(streamID: streamID, locallyInitiated: false, message: "refused")
-            return nil
-        }
-        let stream = MultiplexerStreamChannel(session: self, parent: context.channel, key: key, streamID: streamID,
-                                              isLocallyInitiated: false, name: name)
-        // yamux: our first frame on the stream acknowledges it.
-        stream.ackPending = configuration.framing == .yamux
-        addStream(stream)
-        streamsAwaitingAccept += 1
-        stream.isInAcceptBacklog = true
-        metrics.streamsAccepted += 1
-        stream.register()
-        let loop = context.eventLoop
-        let bound = NIOLoopBound((self, stream), eventLoop: loop)
-        initializer(stream).hop(to: loop).whenComplete { result in
-            let (handler, stream) = bound.value
-            guard !stream.tornDown else { return }
-            handler.leaveAcceptBacklog(stream)
-            switch result {
-            case .success:
-                if handler.configuration.framing == .yamux && stream.ackPending {
-                    stream.ackPending = false
-                    handler.writeYamuxHeader(YamuxHeader(type: .windowUpdate, flags: .ack,
-                                                         streamID: UInt32(stream.streamID), length: 0))
-                    handler.flushIfNeeded()
-                }
-                stream.activate()
-            case .failure(let error):
-                handler.resetStream(stream, message: nil, error: error)
-            }
-        }
-        return stream
-    }
-
-    private func receiveFIN(_ stream: MultiplexerStreamChannel) {
-        do {
-            try stream.state.receiveFIN(streamID: stream.streamID)
-        } catch {
-            resetStream(stream, message: nil, error: error)
-            return
-        }
-        stream.receiveEnd()
-        if stream.state.isFinished { detach(stream) }
-        queueDelivery(stream)
-    }
-
-    private func receiveReset(_ stream: MultiplexerStreamChannel, message: String?) {
-        metrics.resetsReceived += 1
-        stream.peerMaySendAfterDetach = false
-        stream.state.reset()
-        stream.tearDown(error: MultiplexerError.streamReset(message: message))
-    }
-
     private func addStream(_ stream: MultiplexerStreamChannel) {
-        streams[stream.key] = stream
-        receiveWindowTotal += stream.receiveWindowTarget
+        streams[stream.ref.key] = stream
         idleTask?.cancel()
         idleTask = nil
     }
@@ -588,9 +360,13 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
 
     // MARK: Output
 
+    private var isWritable: Bool { context?.channel.isWritable ?? false }
+    /// The event loop's clock (an embedded loop's is moved by its test).
+    private var now: NIODeadline { context?.eventLoop.now ?? .now() }
+
     /// Sends queued stream data in turns while the channel is writable, then flushes once.
     private func writePending() {
-        guard let context, !session.isClosed else { return }
+        guard let context, !hasEnded else { return }
         flushDeferred += 1
         while context.channel.isWritable, let stream = readyToWrite.popFirst() {
             stream.isQueuedForWrite = false
@@ -608,11 +384,9 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
     private func emitFrames(for stream: MultiplexerStreamChannel) -> Bool {
         guard !stream.tornDown else { return false }
         var budget = configuration.sendChunkSize
-        let yamux = configuration.framing == .yamux
         var sent = 0
         while budget > 0, let first = stream.pending.first {
-            var allowed = min(first.data.readableBytes, budget, configuration.maxFrameSize)
-            if yamux { allowed = min(allowed, stream.sendWindow) }
+            let allowed = stateMachine.reserveSend(stream.ref, upTo: min(first.data.readableBytes, budget))
             if first.data.readableBytes > 0 && allowed == 0 { break }
             let index = stream.pending.startIndex
             guard let slice = stream.pending[index].data.readSlice(length: allowed) else { break }
@@ -621,33 +395,31 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
             if done { stream.pending.removeFirst() }
             if allowed > 0 || promise != nil {
                 let withFIN = done && stream.pending.isEmpty && stream.finRequested && stream.state.canSend
-                writeDataFrame(stream: stream, payload: slice, fin: withFIN, promise: promise)
+                writeFrames(stateMachine.dataFrames(stream.ref, payload: slice, fin: withFIN), promise: promise)
                 if withFIN { finSent(stream) }
             }
             budget -= allowed
             sent += allowed
-            if yamux { stream.sendWindow -= allowed }
         }
         if sent > 0 {
-            metrics.bytesSentOnStreams += sent
+            bytesSentOnStreams += sent
             stream.didSend(bytes: sent)
         }
         if stream.pending.isEmpty && stream.finRequested && stream.state.canSend && !stream.tornDown {
-            let empty = ByteBuffer()
-            writeDataFrame(stream: stream, payload: empty, fin: true, promise: nil)
+            writeFrames(stateMachine.dataFrames(stream.ref, payload: ByteBuffer(), fin: true), promise: nil)
             finSent(stream)
         }
-        return !stream.tornDown && !stream.pending.isEmpty && (!yamux || stream.sendWindow > 0)
+        return !stream.tornDown && !stream.pending.isEmpty && stateMachine.hasSendWindow(stream.ref)
     }
 
     private func finSent(_ stream: MultiplexerStreamChannel) {
-        _ = stream.state.sendFIN()
+        let finished = stateMachine.sentFIN(stream.ref)
         stream.finRequested = false
         stream.finPromise?.succeed(())
         stream.finPromise = nil
         if stream.closeAfterFINRequested {
             stream.tearDown(error: nil)
-        } else if stream.state.isFinished {
+        } else if finished {
             // Over on the wire; but the peer's last bytes and its end may still wait for a read (they can
             // arrive in the same read as the window update that let our FIN out): the channel ends once
             // they are delivered.
@@ -655,92 +427,31 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
         }
     }
 
-    private func writeDataFrame(stream: MultiplexerStreamChannel, payload: ByteBuffer, fin: Bool,
-                                promise: EventLoopPromise<Void>?) {
-        switch configuration.framing {
-        case .yamux:
-            var flags: YamuxHeader.Flags = fin ? .fin : []
-            if stream.ackPending { flags.insert(.ack); stream.ackPending = false }
-            if payload.readableBytes == 0 {
-                // A bare FIN travels as a window update, as hashicorp/yamux sends it.
-                writeYamuxHeader(YamuxHeader(type: .windowUpdate, flags: flags, streamID: UInt32(stream.streamID), length: 0),
-                                 promise: promise)
-                return
-            }
-            writeYamuxHeader(YamuxHeader(type: .data, flags: flags, streamID: UInt32(stream.streamID),
-                                         length: UInt32(payload.readableBytes)))
-            write(payload, promise: promise)
-        case .thaliMultiplex:
-            let fromInitiator = stream.isLocallyInitiated
-            if payload.readableBytes > 0 || !fin {
-                writeThali(ThaliMultiplexHeader(streamID: stream.streamID,
-                                                flag: .init(kind: .message, fromInitiator: fromInitiator),
-                                                length: payload.readableBytes), body: payload, promise: fin ? nil : promise)
-            }
-            if fin {
-                writeThali(ThaliMultiplexHeader(streamID: stream.streamID, flag: .init(kind: .close, fromInitiator: fromInitiator),
-                                                length: 0), body: nil, promise: promise)
-            }
-        }
-    }
-
-    private func sendReset(streamID: UInt64, locallyInitiated: Bool, message: String?) {
-        if let context, !context.channel.isWritable {
-            controlBacklog += YamuxHeader.size + (message?.utf8.count ?? 0)
-        }
-        switch configuration.framing {
-        case .yamux:
-            writeYamuxHeader(YamuxHeader(type: .windowUpdate, flags: .rst, streamID: UInt32(truncatingIfNeeded: streamID), length: 0))
-        case .thaliMultiplex:
-            var body: ByteBuffer?
-            if let message, let context {
-                body = context.channel.allocator.buffer(string: message)
-            }
-            writeThali(ThaliMultiplexHeader(streamID: streamID, flag: .init(kind: .reset, fromInitiator: locallyInitiated),
-                                            length: body?.readableBytes ?? 0), body: body)
-        }
-        flushIfNeeded()
-    }
-
-    private func sendPing(promise: EventLoopPromise<TimeAmount>?) {
-        let id = nextPingID
-        nextPingID &+= 1
-        outstandingPings[id] = (NIODeadline.now(), promise)
-        writeYamuxHeader(YamuxHeader(type: .ping, flags: .syn, streamID: 0, length: id))
+    private func sendPing(_ ping: OutboundPing, promise: EventLoopPromise<TimeAmount>?) {
+        if let promise { pingPromises[ping.id] = promise }
+        write(ping.frame, promise: nil)
         flushIfNeeded()
         // With keepalive on, every ping must be answered within the timeout.
-        guard configuration.keepAliveInterval != nil, let context else { return }
+        guard stateMachine.keepAliveInterval != nil, let context else { return }
         let bound = NIOLoopBound(self, eventLoop: context.eventLoop)
         context.eventLoop.scheduleTask(in: configuration.keepAliveTimeout) {
             let handler = bound.value
-            if !handler.session.isClosed && handler.outstandingPings[id] != nil {
+            if !handler.hasEnded && handler.stateMachine.isPingOutstanding(ping.id) {
                 handler.fail(MultiplexerError.keepAliveTimeout)
             }
         }
     }
 
-    private func writeYamuxHeader(_ header: YamuxHeader, promise: EventLoopPromise<Void>? = nil) {
-        guard let context else { promise?.fail(MultiplexerError.sessionClosed); return }
-        var buffer = context.channel.allocator.buffer(capacity: YamuxHeader.size)
-        header.write(to: &buffer)
-        write(buffer, promise: promise)
-    }
-
-    private func writeThali(_ header: ThaliMultiplexHeader, body: ByteBuffer?, promise: EventLoopPromise<Void>? = nil) {
-        guard let context else { promise?.fail(MultiplexerError.sessionClosed); return }
-        var buffer = context.channel.allocator.buffer(capacity: 2 * ThaliMultiplexHeader.maxVarintLength)
-        header.write(to: &buffer)
-        if let body, body.readableBytes > 0 {
-            write(buffer, promise: nil)
-            write(body, promise: promise)
-        } else {
-            write(buffer, promise: promise)
+    private func writeFrames(_ frames: OutboundFrames, promise: EventLoopPromise<Void>?) {
+        let last = frames.buffers.count - 1
+        for (index, buffer) in frames.buffers.enumerated() {
+            write(buffer, promise: index == last ? promise : nil)
         }
     }
 
     private func write(_ buffer: ByteBuffer, promise: EventLoopPromise<Void>?) {
         guard let context else { promise?.fail(MultiplexerError.sessionClosed); return }
-        metrics.bytesSent += buffer.readableBytes
+        bytesSent += buffer.readableBytes
         context.write(wrapOutboundOut(buffer), promise: promise)
         needsFlush = true
     }
@@ -754,31 +465,35 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
     // MARK: Failure, timers
 
     /// A fatal session error: GoAway with the matching code (yamux), every stream fails with `error`,
-    /// the channel closes.
-    private func fail(_ error: Error) {
-        if configuration.framing == .yamux, session.sendGoAway() {
-            let code: YamuxHeader.GoAwayCode
-            switch error as? MultiplexerError {
-            case .keepAliveTimeout?, .idleTimeout?: code = .normal
-            case .remoteGoAway?: code = .normal
-            case .some: code = .protocolError; metrics.protocolErrors += 1
-            case nil: code = .internalError
-            }
-            writeYamuxHeader(YamuxHeader(type: .goAway, streamID: 0, length: code.rawValue))
-        }
+    /// the channel closes. `report`: `error` is also fired through `errorCaught`.
+    private func fail(_ error: Error, report: Bool = true) {
+        if let frame = stateMachine.goAwayFrame(for: error) { write(frame, promise: nil) }
         needsFlush = false
         context?.flush()
-        guard session.close() else { return }
+        guard end(error: error) else { return }
+        if report { context?.fireErrorCaught(error) }
+        context?.close(promise: nil)
+    }
+
+    /// Ends the session once: timers stop, every stream ends with `error`, pings fail, and
+    /// `sessionEnded` runs. Returns `false` if the session had already ended.
+    @discardableResult
+    private func end(error: Error) -> Bool {
+        guard !hasEnded else { return false }
+        hasEnded = true
+        _ = stateMachine.close()
         stopTimers()
         tearDownAllStreams(error: error)
-        context?.fireErrorCaught(error)
-        context?.close(promise: nil)
+        let ended = sessionEnded
+        sessionEnded = nil
+        ended?()
+        return true
     }
 
     private func tearDownAllStreams(error: Error) {
         for stream in Array(streams.values) { stream.tearDown(error: error) }
-        for (_, ping) in outstandingPings { ping.promise?.fail(error) }
-        outstandingPings.removeAll()
+        for (_, promise) in pingPromises { promise.fail(error) }
+        pingPromises.removeAll()
         readyToWrite.removeAll()
         pendingDelivery.removeAll()
     }
@@ -787,9 +502,10 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
         guard !started, let context else { return }
         started = true
         scheduleIdleTimeout()
-        guard configuration.framing == .yamux else { return }
-        sendPing(promise: nil)  // measures the round-trip time for window auto-tuning
-        if let interval = configuration.keepAliveInterval {
+        // yamux: measures the round-trip time for window auto-tuning.
+        guard let ping = stateMachine.startPing(now: now) else { return }
+        sendPing(ping, promise: nil)
+        if let interval = stateMachine.keepAliveInterval {
             let bound = NIOLoopBound(self, eventLoop: context.eventLoop)
             keepAliveTask = context.eventLoop.scheduleRepeatedTask(initialDelay: interval, delay: interval) { _ in
                 bound.value.keepAlive()
@@ -798,12 +514,12 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
     }
 
     private func keepAlive() {
-        guard !session.isClosed else { return }
-        sendPing(promise: nil)
+        guard !hasEnded, let ping = try? stateMachine.ping(now: now) else { return }
+        sendPing(ping, promise: nil)
     }
 
     private func scheduleIdleTimeout() {
-        guard let timeout = configuration.idleTimeout, let context, idleTask == nil, !session.isClosed else { return }
+        guard let timeout = configuration.idleTimeout, let context, idleTask == nil, !hasEnded else { return }
         let bound = NIOLoopBound(self, eventLoop: context.eventLoop)
         idleTask = context.eventLoop.scheduleTask(in: timeout) {
             let handler = bound.value

@@ -29,13 +29,25 @@ public final class MultiplexerSession: Sendable {
         configuration: MultiplexerConfiguration = MultiplexerConfiguration(),
         inboundStreamInitializer: MultiplexerHandler.StreamInitializer? = nil
     ) -> EventLoopFuture<MultiplexerSession> {
+        configure(on: channel, role: role, configuration: configuration,
+                  inboundStreamInitializer: inboundStreamInitializer, sessionEnded: nil)
+    }
+
+    /// ``configure(on:role:configuration:inboundStreamInitializer:)`` with `sessionEnded` called once,
+    /// on the event loop, when the session ends.
+    static func configure(
+        on channel: Channel, role: MultiplexerRole, configuration: MultiplexerConfiguration,
+        inboundStreamInitializer: MultiplexerHandler.StreamInitializer?,
+        sessionEnded: (@Sendable () -> Void)?
+    ) -> EventLoopFuture<MultiplexerSession> {
         onLoop(channel.eventLoop) {
             if let marks = configuration.underlyingWriteBufferWaterMark {
                 // Not every channel has the option (embedded ones); the session works without it.
                 try? channel.syncOptions?.setOption(.writeBufferWaterMark, value: marks)
             }
             let handler = MultiplexerHandler(role: role, configuration: configuration,
-                                             inboundStreamInitializer: inboundStreamInitializer)
+                                             inboundStreamInitializer: inboundStreamInitializer,
+                                             sessionEnded: sessionEnded)
             try channel.pipeline.syncOperations.addHandler(handler)
             return channel.eventLoop.makeSucceededFuture(
                 MultiplexerSession(channel: channel, configuration: configuration, handler: handler))
@@ -50,6 +62,14 @@ public final class MultiplexerSession: Sendable {
                            initializer: MultiplexerHandler.StreamInitializer? = nil) -> EventLoopFuture<Channel> {
         onLoop(channel.eventLoop) {
             self.handler.value.createStream(name: name, on: self.channel.eventLoop, initializer: initializer)
+        }
+    }
+
+    /// Opens a stream whose `outputInitializer` makes an `Output` of its channel before it goes live.
+    func openStream<Output: Sendable>(name: String?,
+                                      outputInitializer: @escaping @Sendable (Channel) -> EventLoopFuture<Output>) -> EventLoopFuture<Output> {
+        onLoop(channel.eventLoop) {
+            self.handler.value.createStream(name: name, on: self.channel.eventLoop, initializer: outputInitializer)
         }
     }
 

@@ -43,11 +43,12 @@ public final class MultiplexerStreamChannel: Channel, ChannelCore, @unchecked Se
     private let writableBox = NIOLockedValueBox(true)
     private let activeBox = NIOLockedValueBox(false)
     weak var session: MultiplexerHandler?
-    /// The key of the stream in the session's table.
-    let key: UInt64
+    /// The stream in the session's state machine.
+    let ref: StreamRef
 
     // MARK: State shared with the session (event loop only)
-    var state = StreamStateMachine()
+    /// The stream's protocol state, kept by the session's state machine.
+    var state: StreamStateMachine { session?.streamState(self) ?? StreamStateMachine(state: .reset) }
     /// Whether the channel has been activated (its initializer completed).
     private(set) var activated = false
     /// Whether the channel has been torn down.
@@ -80,35 +81,17 @@ public final class MultiplexerStreamChannel: Channel, ChannelCore, @unchecked Se
     var isQueuedForWrite = false
     /// The session has forgotten the stream's id (it is over on the wire).
     var isDetached = false
-    /// The peer may still send a frame for the stream after it is over for us: anything that crosses
-    /// our reset, or a reset that crosses our close. Only the peer's own reset ends that (its id then
-    /// needs no wait before reuse).
-    var peerMaySendAfterDetach = true
-    /// The stream counts against the accept backlog (accepted, initializer still running).
-    var isInAcceptBacklog = false
-
-    // yamux flow control
-    /// Bytes this side may still send before the peer grants more.
-    var sendWindow = YamuxHeader.initialWindowSize
-    /// Bytes the peer may still send before this side grants more.
-    var receiveWindow = YamuxHeader.initialWindowSize
-    /// The window this side aims to keep granted; grows by auto-tuning.
-    var receiveWindowTarget = YamuxHeader.initialWindowSize
-    /// When the last window update was sent (auto-tuning compares it with the round-trip time).
-    var windowEpoch = NIODeadline.now()
-    /// The next frame this side sends for the stream must carry ACK (yamux, accepted streams).
-    var ackPending = false
 
     // Options
     private var autoRead = true
     private var allowRemoteHalfClosure = false
 
-    init(session: MultiplexerHandler, parent: Channel, key: UInt64, streamID: UInt64,
+    init(session: MultiplexerHandler, parent: Channel, ref: StreamRef, streamID: UInt64,
          isLocallyInitiated: Bool, name: String?) {
         self.session = session
         self.parent = parent
         self.eventLoop = parent.eventLoop
-        self.key = key
+        self.ref = ref
         self.streamID = streamID
         self.isLocallyInitiated = isLocallyInitiated
         self.name = name
@@ -349,7 +332,6 @@ public final class MultiplexerStreamChannel: Channel, ChannelCore, @unchecked Se
     func tearDown(error: Error?) {
         guard !tornDown else { return }
         tornDown = true
-        state.reset()
         let failure: Error = error ?? ChannelError.ioOnClosedChannel
         while let write = unflushed.popFirst() { write.promise?.fail(failure) }
         while let write = pending.popFirst() { write.promise?.fail(failure) }

@@ -14,7 +14,12 @@ struct StreamStateMachine: Sendable {
         case reset
     }
 
-    private(set) var state: State = .open
+    private(set) var state: State
+
+    /// A stream in `state` (new streams are open).
+    init(state: State = .open) {
+        self.state = state
+    }
 
     /// Whether this side may still send data or FIN.
     var canSend: Bool { state == .open || state == .remoteClosed }

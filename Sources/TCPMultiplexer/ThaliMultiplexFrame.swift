@@ -161,6 +161,12 @@ public struct ThaliMultiplexFrameDecoder: Sendable {
         self.maxPayloadLength = maxPayloadLength
     }
 
+    /// Whether part of a frame (a header's first bytes, a control body, or payload still to come) has
+    /// been fed.
+    public var isMidFrame: Bool {
+        payloadRemaining > 0 || pendingControl != nil || carry.readableBytes > 0 || buffer.readableBytes > 0
+    }
+
     /// Adds received bytes; call ``next()`` until it returns `nil` before feeding more.
     public mutating func feed(_ bytes: ByteBuffer) {
         if buffer.readableBytes == 0 {

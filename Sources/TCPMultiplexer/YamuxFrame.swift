@@ -109,6 +109,9 @@ public struct YamuxFrameDecoder: Sendable {
     /// Bytes of the current data frame's payload still to come.
     public var pendingPayloadBytes: Int { payloadRemaining }
 
+    /// Whether part of a frame (a header's first bytes, or payload still to come) has been fed.
+    public var isMidFrame: Bool { payloadRemaining > 0 || carry.readableBytes > 0 || buffer.readableBytes > 0 }
+
     /// Adds received bytes; call ``next()`` until it returns `nil` before feeding more.
     public mutating func feed(_ bytes: ByteBuffer) {
         if buffer.readableBytes == 0 {

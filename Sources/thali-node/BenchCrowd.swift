@@ -35,6 +35,7 @@ struct BenchCrowd: AsyncParsableCommand {
             if status != 0 { throw ExitCode(status) }
             return
         }
+        BenchNamespace.runningInside()
         BenchNamespace.raiseOpenFileLimit()
         let root = FileManager.default.temporaryDirectory.appendingPathComponent("thali-crowd-\(getpid())").path
         defer { try? FileManager.default.removeItem(atPath: root) }
@@ -57,9 +58,9 @@ struct BenchCrowd: AsyncParsableCommand {
             for step in 1...contacts {
                 let next = (index + step) % peers
                 let previous = (index - step + peers) % peers
-                try stores[index].addContact(name: name(next), publicKey: keys[next].publicKey.hexString(compressed: true))
-                if (try? stores[index].contact(named: name(previous))) == nil {
-                    try stores[index].addContact(name: name(previous), publicKey: keys[previous].publicKey.hexString(compressed: true))
+                // In a small crowd the next ones of one peer are the previous ones of another.
+                for other in [next, previous] where (try? stores[index].contact(named: name(other))) == nil {
+                    try stores[index].addContact(name: name(other), publicKey: keys[other].publicKey.hexString(compressed: true))
                 }
                 let text = "from \(name(index)) to \(name(next))"
                 _ = try stores[index].enqueueText(text, to: name(next), expiresAt: expiry)
@@ -98,7 +99,10 @@ struct BenchCrowd: AsyncParsableCommand {
         for peer in running { try await peer.start() }
         // Starting 150 peers one after the other takes seconds: delivery is also timed from the last start.
         let started = (ContinuousClock.now - start).seconds
-        if !json { print("crowd: \(peers) peers started in \(String(format: "%.1f", started)) s; \(items) items to deliver") }
+        if !json {
+            print("crowd: \(peers) peers started in \(String(format: "%.1f", started)) s; \(items) items to deliver")
+            fflush(nil)  // progress through a pipe too (naming stdout is not concurrency-safe in Swift 6)
+        }
         var allDelivered: Double?
         var lastReport = ContinuousClock.now
         while (ContinuousClock.now - start).seconds < timeout {
@@ -111,6 +115,7 @@ struct BenchCrowd: AsyncParsableCommand {
             if !json, (ContinuousClock.now - lastReport).seconds >= 5 {
                 lastReport = ContinuousClock.now
                 print(String(format: "  %5.1f s: %d/%d received", (ContinuousClock.now - start).seconds, count, items))
+                fflush(nil)
             }
         }
         let usageAfter = BenchNamespace.usage()

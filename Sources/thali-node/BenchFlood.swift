@@ -53,6 +53,7 @@ struct BenchFlood: AsyncParsableCommand {
             if status != 0 { throw ExitCode(status) }
             return
         }
+        BenchNamespace.runningInside()
         var results: [String: Any] = [:]
         for attack in attacks.split(separator: ",").map(String.init) {
             let result = try await measure(attack)

@@ -35,9 +35,38 @@ enum BenchNamespace {
         let child = Process()
         child.executableURL = URL(fileURLWithPath: ip)
         child.arguments = ["netns", "exec", name, CommandLine.arguments[0]] + arguments + [insideFlag]
+        // The child's standard input is a pipe only we write to: it reads end of file when we end,
+        // however we end (see ``runningInside()``).
+        let lifeline = Pipe()
+        child.standardInput = lifeline
         try child.run()
+        // A signal to us (a test's timeout, Ctrl-C) ends the child first, so that the namespace is
+        // deleted below and nothing is left running in it. Ignored only now: the child would inherit it.
+        let forwarded = [SIGTERM, SIGINT].map { number -> DispatchSourceSignal in
+            signal(number, SIG_IGN)
+            let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
+            source.setEventHandler { kill(child.processIdentifier, SIGTERM) }
+            source.resume()
+            return source
+        }
+        defer { forwarded.forEach { $0.cancel() } }
         child.waitUntilExit()
+        try? lifeline.fileHandleForWriting.close()
         return child.terminationStatus
+    }
+
+    /// Called first inside the namespace: we end when the process that made us ends, however it ends
+    /// (killed outright, it cannot stop us itself): its end closes our standard input.
+    static func runningInside() {
+        let watcher = Thread {
+            var byte: UInt8 = 0
+            while true {
+                let count = read(STDIN_FILENO, &byte, 1)
+                if count == 0 || (count < 0 && errno != EINTR) { exit(1) }
+            }
+        }
+        watcher.name = "bench: end with the parent"
+        watcher.start()
     }
 
     @discardableResult

@@ -6,7 +6,7 @@ import Testing
 
 /// TCP connections carried over a session: client -> bridge listener -> session (real loopback TCP)
 /// -> connecting bridge -> echo server, and back.
-@Suite(.serialized) struct BridgeTests {
+@Suite(.serialized, .timeLimit(.minutes(2))) struct BridgeTests {
     func bridge(to targetPort: Int, framing: MultiplexerFraming) async throws
         -> (bridgePort: Int, close: @Sendable () async -> Void) {
         var configuration = MultiplexerConfiguration(framing: framing)

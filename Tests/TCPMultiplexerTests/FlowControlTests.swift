@@ -5,85 +5,123 @@ import NIOPosix
 import Testing
 @testable import TCPMultiplexer
 
-/// Per-stream flow control over a real loopback TCP connection between two of our sessions.
-@Suite(.serialized) struct FlowControlTests {
-    /// Counts what it reads and completes at the end of the input.
-    final class Counter: ChannelInboundHandler {
-        typealias InboundIn = ByteBuffer
-        var count = 0
-        let done: EventLoopPromise<Int>
-        init(done: EventLoopPromise<Int>) { self.done = done }
-        func channelRead(context: ChannelHandlerContext, data: NIOAny) { count += unwrapInboundIn(data).readableBytes }
-        func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
-            if case ChannelEvent.inputClosed = event { done.succeed(count) }
-        }
-        func errorCaught(context: ChannelHandlerContext, error: Error) { done.fail(error) }
+/// Counts what it reads and completes at the end of the input.
+final class Counter: ChannelInboundHandler {
+    typealias InboundIn = ByteBuffer
+    var count = 0
+    let done: EventLoopPromise<Int>
+    init(done: EventLoopPromise<Int>) { self.done = done }
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) { count += unwrapInboundIn(data).readableBytes }
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if case ChannelEvent.inputClosed = event { done.succeed(count) }
     }
+    func errorCaught(context: ChannelHandlerContext, error: Error) { done.fail(error) }
+}
 
-    @Test func aStalledReaderDoesNotBlockTheOtherStreamNorGrowMemory() async throws {
-        let fastDone = testGroup.next().makePromise(of: Int.self)
-        // The server's first stream never reads; the second counts everything.
-        let order = ManagedCounter()
-        let (client, server, listener) = try await sessionPair(MultiplexerConfiguration()) { channel in
-            channel.eventLoop.makeCompletedFuture {
-                try channel.syncOptions?.setOption(.allowRemoteHalfClosure, value: true)
-                if order.next() == 0 {
-                    try channel.syncOptions?.setOption(.autoRead, value: false)
-                } else {
-                    try channel.pipeline.syncOperations.addHandler(Counter(done: fastDone))
-                }
+/// Two of our sessions on embedded channels, joined by ``EmbeddedSessionPair/pump()``: per-stream flow
+/// An inbound stream initializer for the stalled-reader tests: the first stream the peer opens never
+/// reads; every later one counts what it receives into `done`.
+func stalledThenCounting(_ done: EventLoopPromise<Int>) -> MultiplexerHandler.StreamInitializer {
+    let order = ManagedCounter()
+    return { channel in
+        channel.eventLoop.makeCompletedFuture {
+            try channel.syncOptions?.setOption(.allowRemoteHalfClosure, value: true)
+            if order.next() == 0 {
+                try channel.syncOptions?.setOption(.autoRead, value: false)
+            } else {
+                try channel.pipeline.syncOperations.addHandler(Counter(done: done))
             }
         }
-        defer { listener.close(promise: nil) }
-        let slow = try await client.openStream().get()
-        // Wait until the server has taken the slow stream, so the order is certain.
-        while try await server.metrics().get().streamsAccepted < 1 { try await Task.sleep(for: .milliseconds(5)) }
-        let slowWrite = slow.eventLoop.makePromise(of: Void.self)
-        slow.writeAndFlush(ByteBuffer(repeating: 1, count: 8 << 20), promise: slowWrite)
-        let fast = try await client.openStream().get()
-        let fastBytes = 64 << 20
-        try await fast.writeAndFlush(ByteBuffer(repeating: 2, count: fastBytes)).get()
-        try await fast.close(mode: .output).get()
-        #expect(try await fastDone.futureResult.get() == fastBytes)
+    }
+}
+
+/// control end to end with no socket, on the embedded loops' clocks.
+@Suite(.timeLimit(.minutes(2))) struct FlowControlTests {
+    @Test func aStalledReaderDoesNotBlockTheOtherStreamNorGrowMemory() throws {
+        // The server's first stream never reads; the second counts everything.
+        let fastDone = EmbeddedEventLoop().makePromise(of: Int.self)
+        let pair = try EmbeddedSessionPair(quietConfiguration(.yamux), serverInitializer: stalledThenCounting(fastDone))
+        let slow = try pair.clientSession.openStream().wait()
+        try pair.pump()
+        let slowWrite = slow.writeAndFlush(ByteBuffer(repeating: 1, count: 2 << 20))
+        let fast = try pair.clientSession.openStream().wait()
+        let fastBytes = 8 << 20
+        fast.writeAndFlush(ByteBuffer(repeating: 2, count: fastBytes), promise: nil)
+        fast.close(mode: .output, promise: nil)
+        try pair.pump()
+        #expect(try fastDone.futureResult.wait() == fastBytes)
 
         // The stalled stream holds exactly its first window on the server and was never granted more.
-        let serverMetrics = try await server.metrics().get()
+        let serverMetrics = try pair.serverSession.metrics().wait()
         let stalled = try #require(serverMetrics.streams.first { $0.streamID == slow.multiplexerStreamID })
         #expect(stalled.bufferedReceiveBytes == YamuxHeader.initialWindowSize)
-        #expect(stalled.bufferedReceiveBytes <= stalled.receiveWindow)
         #expect(stalled.receiveWindow == YamuxHeader.initialWindowSize)
         #expect(serverMetrics.bufferedReceiveBytes == YamuxHeader.initialWindowSize)
         // The client keeps the rest queued, with no send window and its channel not writable.
-        let clientMetrics = try await client.metrics().get()
+        let clientMetrics = try pair.clientSession.metrics().wait()
         let sender = try #require(clientMetrics.streams.first { $0.streamID == slow.multiplexerStreamID })
         #expect(sender.sendWindow == 0)
-        #expect(sender.queuedSendBytes == (8 << 20) - YamuxHeader.initialWindowSize)
+        #expect(sender.queuedSendBytes == (2 << 20) - YamuxHeader.initialWindowSize)
         #expect(!slow.isWritable)
-        try await client.close().get()
-        await #expect(throws: (any Error).self) { try await slowWrite.futureResult.get() }
+        // Reading the stalled stream releases the sender.
+        let stalledChannel = try #require(pair.accepted.first)
+        try stalledChannel.setOption(.autoRead, value: true).wait()
+        try pair.pump()
+        try slowWrite.wait()
+        #expect(slow.isWritable)
+        try pair.clientSession.close().wait()
     }
 
-    @Test func windowsGrowWhileTheReaderKeepsUpAndStayUnderTheCap() async throws {
-        var configuration = MultiplexerConfiguration()
-        configuration.maxStreamWindowSize = 1 << 20
-        let done = testGroup.next().makePromise(of: Int.self)
-        let (client, server, listener) = try await sessionPair(configuration) { channel in
+    /// A session pair whose server streams count what they receive into `done`; the start pings have
+    /// come back 1 ms later, so both sides know the round-trip time.
+    static func countingPair(_ configuration: MultiplexerConfiguration, done: EventLoopPromise<Int>) throws -> EmbeddedSessionPair {
+        let pair = try EmbeddedSessionPair(configuration) { channel in
             channel.eventLoop.makeCompletedFuture {
                 try channel.syncOptions?.setOption(.allowRemoteHalfClosure, value: true)
                 try channel.pipeline.syncOperations.addHandler(Counter(done: done))
             }
         }
-        defer { listener.close(promise: nil) }
-        _ = try await client.ping().get()  // both sides know the round-trip time
-        _ = try await server.ping().get()
-        let stream = try await client.openStream().get()
-        try await stream.writeAndFlush(ByteBuffer(repeating: 3, count: 32 << 20)).get()
-        try await stream.close(mode: .output).get()
-        #expect(try await done.futureResult.get() == 32 << 20)
-        let metrics = try await server.metrics().get()
-        #expect(metrics.windowGrowths > 0)
-        #expect(metrics.streams.allSatisfy { $0.receiveWindow <= 1 << 20 })
-        try await client.close().get()
+        pair.advanceTime(by: .milliseconds(1))
+        try pair.pump()
+        return pair
+    }
+
+    @Test func windowsGrowWhileTheReaderKeepsUpAndStayUnderTheCap() throws {
+        var configuration = quietConfiguration(.yamux)
+        configuration.maxStreamWindowSize = 1 << 20
+        let done = EmbeddedEventLoop().makePromise(of: Int.self)
+        let pair = try Self.countingPair(configuration, done: done)
+        let stream = try pair.clientSession.openStream().wait()
+        stream.writeAndFlush(ByteBuffer(repeating: 3, count: 8 << 20), promise: nil)
+        stream.close(mode: .output, promise: nil)
+        // No time passes while the bytes move: every window turns over within a round trip, so it doubles
+        // up to the cap and no further.
+        try pair.pump()
+        #expect(try done.futureResult.wait() == 8 << 20)
+        let metrics = try pair.serverSession.metrics().wait()
+        #expect(metrics.windowGrowths == 2)
+        #expect(metrics.streams.map(\.receiveWindow) == [1 << 20])
+        try pair.clientSession.close().wait()
+    }
+
+    @Test func aSlowReaderKeepsTheInitialWindow() throws {
+        let done = EmbeddedEventLoop().makePromise(of: Int.self)
+        let pair = try Self.countingPair(quietConfiguration(.yamux), done: done)
+        let stream = try pair.clientSession.openStream().wait()
+        try pair.pump()
+        for _ in 0..<16 {
+            // Each window takes longer than four round trips to turn over.
+            pair.advanceTime(by: .milliseconds(5))
+            try stream.writeAndFlush(ByteBuffer(repeating: 4, count: 128 << 10)).wait()
+            try pair.pump()
+        }
+        stream.close(mode: .output, promise: nil)
+        try pair.pump()
+        #expect(try done.futureResult.wait() == 16 * 128 << 10)
+        let metrics = try pair.serverSession.metrics().wait()
+        #expect(metrics.windowGrowths == 0)
+        #expect(metrics.windowUpdatesSent == 16)  // each 128 KiB read is half the window
+        #expect(metrics.streams.map(\.receiveWindow) == [YamuxHeader.initialWindowSize])
     }
 
     @Test func thaliMultiplexResetsAStreamWhoseBufferOverflows() throws {
@@ -109,6 +147,34 @@ import Testing
         let metrics = try session.metrics().wait()
         #expect(metrics.overflowResets == 1 && metrics.bufferedReceiveBytes == 0 && metrics.openStreams == 0)
         #expect(channel.isActive)  // the session survives; only the stream is gone
+    }
+}
+
+/// The same stalled reader over a real loopback TCP connection: the session also respects the
+/// underlying socket's writability (``MultiplexerConfiguration/underlyingWriteBufferWaterMark``).
+@Suite(.serialized, .timeLimit(.minutes(2))) struct LoopbackFlowControlTests {
+    @Test func aStalledReaderDoesNotBlockTheOtherStreamOverTCP() async throws {
+        let fastDone = testGroup.next().makePromise(of: Int.self)
+        let (client, server, listener) = try await sessionPair(MultiplexerConfiguration(),
+                                                               serverInitializer: stalledThenCounting(fastDone))
+        defer { listener.close(promise: nil) }
+        let slow = try await client.openStream().get()
+        // Wait until the server has taken the slow stream, so the order is certain.
+        while try await server.metrics().get().streamsAccepted < 1 { try await Task.sleep(for: .milliseconds(5)) }
+        let slowWrite = slow.eventLoop.makePromise(of: Void.self)
+        slow.writeAndFlush(ByteBuffer(repeating: 1, count: 8 << 20), promise: slowWrite)
+        let fast = try await client.openStream().get()
+        let fastBytes = 64 << 20
+        try await fast.writeAndFlush(ByteBuffer(repeating: 2, count: fastBytes)).get()
+        try await fast.close(mode: .output).get()
+        #expect(try await fastDone.futureResult.get() == fastBytes)
+        let serverMetrics = try await server.metrics().get()
+        #expect(serverMetrics.bufferedReceiveBytes == YamuxHeader.initialWindowSize)
+        let clientMetrics = try await client.metrics().get()
+        let sender = try #require(clientMetrics.streams.first { $0.streamID == slow.multiplexerStreamID })
+        #expect(sender.sendWindow == 0)
+        try await client.close().get()
+        await #expect(throws: (any Error).self) { try await slowWrite.futureResult.get() }
     }
 }
 

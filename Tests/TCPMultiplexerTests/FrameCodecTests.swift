@@ -51,7 +51,7 @@ func split(_ buffer: ByteBuffer, at offsets: [Int]) -> [ByteBuffer] {
     return pieces
 }
 
-@Suite struct YamuxFrameTests {
+@Suite(.timeLimit(.minutes(2))) struct YamuxFrameTests {
     @Test func headerEncodesBigEndianFields() {
         var buffer = ByteBuffer()
         YamuxHeader(type: .windowUpdate, flags: [.syn, .fin], streamID: 0x0102_0304, length: 0x0A0B_0C0D).write(to: &buffer)
@@ -132,7 +132,7 @@ func decodeThali(_ pieces: [ByteBuffer], maxPayload: Int = 1 << 20) throws -> [J
     return frames
 }
 
-@Suite struct ThaliMultiplexFrameTests {
+@Suite(.timeLimit(.minutes(2))) struct ThaliMultiplexFrameTests {
     @Test func varintsAreUnsignedLEB128() throws {
         let cases: [(UInt64, String)] = [(0, "00"), (1, "01"), (127, "7f"), (128, "8001"), (300, "ac02"),
                                          (16384, "808001"), (UInt64.max, "ffffffffffffffffff01")]

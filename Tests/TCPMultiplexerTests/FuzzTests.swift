@@ -5,7 +5,7 @@ import Testing
 
 /// Random, mutated and truncated input into both framings: never a crash; the session either stays
 /// usable or ends with a typed error, and its buffers stay within their limits.
-@Suite struct FuzzTests {
+@Suite(.timeLimit(.minutes(2))) struct FuzzTests {
     /// A reproducible random source (SplitMix64).
     struct Seeded: RandomNumberGenerator {
         var state: UInt64

@@ -6,7 +6,8 @@ import ThaliTestSupport
 @testable import TCPMultiplexer
 
 /// Our yamux against hashicorp/yamux running as a separate Go process.
-@Suite(.serialized, .enabled(if: TestEnvironment.available(GoPeer.available), "needs golang-go and golang-github-hashicorp-yamux-dev"))
+@Suite(.serialized, .enabled(if: TestEnvironment.available(GoPeer.available), "needs golang-go and golang-github-hashicorp-yamux-dev"),
+       .timeLimit(.minutes(4)))  // The first test may build the Go peer (up to 180 s).
 struct GoInteropTests {
     @Test func swiftOpensManyConcurrentStreamsToGoAndGetsTheEcho() async throws {
         let (peer, port) = try await GoPeer.serve()
@@ -84,7 +85,8 @@ struct GoInteropTests {
 }
 
 /// A stream used as an async duplex stream (`NIOAsyncChannel` on top of the stream channel).
-@Suite(.serialized, .enabled(if: TestEnvironment.available(GoPeer.available), "needs golang-go and golang-github-hashicorp-yamux-dev"))
+@Suite(.serialized, .enabled(if: TestEnvironment.available(GoPeer.available), "needs golang-go and golang-github-hashicorp-yamux-dev"),
+       .timeLimit(.minutes(4)))  // The first test may build the Go peer (up to 180 s).
 struct AsyncStreamTests {
     @Test func aStreamWorksAsAnAsyncChannelAgainstGo() async throws {
         let (peer, port) = try await GoPeer.serve()

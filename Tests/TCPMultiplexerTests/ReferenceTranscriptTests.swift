@@ -26,7 +26,7 @@ struct ReferenceTranscript {
     }
 }
 
-@Suite struct ReferenceTranscriptTests {
+@Suite(.timeLimit(.minutes(2))) struct ReferenceTranscriptTests {
     /// Our session plays A (the side that opens every stream): it must write A's bytes exactly and
     /// understand B's.
     @Test func playsTheOpenerByteForByte() throws {
@@ -124,7 +124,7 @@ struct ReferenceTranscript {
     }
 }
 
-@Suite struct ThaliMultiplexIDReuseTests {
+@Suite(.timeLimit(.minutes(2))) struct ThaliMultiplexIDReuseTests {
     /// The reference library reuses an id as soon as both sides closed the stream; the close and the
     /// next open may arrive in one read, before our channel has even seen its end.
     @Test func anIDReusedInTheSameReadOpensANewStream() throws {

@@ -4,7 +4,7 @@ import Testing
 @testable import TCPMultiplexer
 
 /// Keepalive and idle timeout, on the embedded event loop's clock.
-@Suite struct SessionTimerTests {
+@Suite(.timeLimit(.minutes(2))) struct SessionTimerTests {
     @Test func keepalivePingsAndAnUnansweredPingEndsTheSession() throws {
         var configuration = MultiplexerConfiguration()
         configuration.keepAliveInterval = .seconds(10)

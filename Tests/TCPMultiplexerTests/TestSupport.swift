@@ -134,3 +134,50 @@ struct PatternGenerator {
         while remaining > 0 { buffer.writeInteger(UInt8(truncatingIfNeeded: next())); remaining -= 1 }
     }
 }
+
+/// A client and a server session on two embedded channels; ``pump()`` carries each side's bytes to the
+/// other. No socket, no thread: flow control end to end, with time moved by the test.
+final class EmbeddedSessionPair {
+    let client = EmbeddedChannel()
+    let server = EmbeddedChannel()
+    let clientSession: MultiplexerSession
+    let serverSession: MultiplexerSession
+    private let acceptedBox = AcceptedChannels()
+
+    /// Streams the server accepted, in order.
+    var accepted: [Channel] { acceptedBox.channels }
+
+    final class AcceptedChannels: @unchecked Sendable { var channels: [Channel] = [] }
+
+    init(_ configuration: MultiplexerConfiguration, serverInitializer: @escaping MultiplexerHandler.StreamInitializer) throws {
+        let box = acceptedBox
+        try client.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 1)).wait()
+        try server.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 2)).wait()
+        clientSession = try MultiplexerSession.configure(on: client, role: .client, configuration: configuration).wait()
+        serverSession = try MultiplexerSession.configure(on: server, role: .server, configuration: configuration,
+                                                         inboundStreamInitializer: { channel in
+                                                             box.channels.append(channel)
+                                                             return serverInitializer(channel)
+                                                         }).wait()
+    }
+
+    /// Moves bytes both ways until neither side has anything more to send.
+    func pump() throws {
+        var moved = true
+        while moved {
+            moved = false
+            for (from, to) in [(client, server), (server, client)] {
+                let bytes = try from.drainOutbound()
+                guard bytes.readableBytes > 0, to.isActive else { continue }
+                try to.writeInbound(bytes)
+                moved = true
+            }
+        }
+    }
+
+    /// Moves both sides' clocks forward.
+    func advanceTime(by amount: TimeAmount) {
+        client.embeddedEventLoop.advanceTime(by: amount)
+        server.embeddedEventLoop.advanceTime(by: amount)
+    }
+}

@@ -4,7 +4,7 @@ import Testing
 @testable import TCPMultiplexer
 
 /// The session handler driven frame by frame through an `EmbeddedChannel`.
-@Suite struct YamuxHandlerTests {
+@Suite(.timeLimit(.minutes(2))) struct YamuxHandlerTests {
     /// A server session whose first frame (the round-trip ping) has been read off.
     func serverSession(_ accepted: AcceptedStreams, configure: (inout MultiplexerConfiguration) -> Void = { _ in })
         throws -> (EmbeddedChannel, MultiplexerSession) {
@@ -144,7 +144,7 @@ final class WriteFlag: @unchecked Sendable {
 }
 
 /// Limits and violations not covered above.
-@Suite struct SessionLimitTests {
+@Suite(.timeLimit(.minutes(2))) struct SessionLimitTests {
     @Test func streamsBeyondTheAcceptBacklogAreRefused() throws {
         var configuration = quietConfiguration(.yamux)
         configuration.acceptBacklog = 2
@@ -205,7 +205,7 @@ final class PendingInitializers: @unchecked Sendable {
 }
 
 /// A peer that floods without reading cannot make the session queue answers without bound.
-@Suite struct FloodTests {
+@Suite(.timeLimit(.minutes(2))) struct FloodTests {
     @Test func pingAnswersCoalesceAndRefusalFloodsEndTheSession() throws {
         let (channel, _) = try EmbeddedChannel.withSession(role: .server, configuration: quietConfiguration(.yamux),
                                                            initializer: nil)
@@ -235,7 +235,7 @@ final class PendingInitializers: @unchecked Sendable {
 /// Found by the yamux-pair fuzz harness: the peer's last data and FIN arrive in one read with the window
 /// update that lets our own queued data and FIN go out. Our FIN finishes the stream, but what the peer
 /// sent is still waiting for the pipeline: it must be delivered, not dropped with the channel.
-@Suite struct FinishedStreamDeliveryTests {
+@Suite(.timeLimit(.minutes(2))) struct FinishedStreamDeliveryTests {
     @Test func thePeersLastBytesArriveEvenWhenOurFINFinishesTheStreamFirst() throws {
         let accepted = AcceptedStreams(halfClosure: true)
         let (channel, _) = try EmbeddedChannel.withSession(role: .server, configuration: quietConfiguration(.yamux),

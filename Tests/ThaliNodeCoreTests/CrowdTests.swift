@@ -29,4 +29,18 @@ struct CrowdTests {
         #expect((figures["fetches"] as? Int ?? 0) >= 150 * 149, "every peer read every other's beacons: \(line)")
         #expect(figures["delivered_after_start_s"] is Double, "\(line)")
     }
+
+    /// A test that times out stops the benchmark with SIGTERM; the crowd runs in a child inside the
+    /// namespace, which used to inherit nothing of that and ran on (and the namespace stayed).
+    @Test(.enabled(if: TestEnvironment.available(TestEnvironment.canUseNetworkNamespaces)), .timeLimit(.minutes(1)))
+    func aStoppedBenchmarkLeavesNoProcessAndNoNamespace() async throws {
+        let bench = try ChildProcess(CommandLineTests.executable, ["bench", "crowd", "--peers", "30", "--timeout", "60"])
+        try await bench.waitForOutput(containing: "peers started", timeout: .seconds(30))
+        let namespace = "thali-bench-\(bench.pid)"
+        #expect(try ChildProcess.run("/usr/sbin/ip", ["netns", "list"]).output.contains(namespace))
+        #expect(bench.terminate() != 0, "stopped while the crowd still ran: \(bench.output)")
+        let inside = try ChildProcess.run("/usr/bin/pgrep", ["-f", "bench crowd --peers 30 --contacts"])
+        #expect(inside.output.isEmpty, "the crowd inside the namespace ended too")
+        #expect(!(try ChildProcess.run("/usr/sbin/ip", ["netns", "list"]).output.contains(namespace)), "the namespace is gone")
+    }
 }
