@@ -67,9 +67,12 @@ extension ThaliPeer {
         if route.binding == .wifi {
             bootstrap = bootstrap.bind(to: try SocketAddress(ipAddress: configuration.interfaceAddress, port: 0))
         }
+        // A route holds an address (SSDP's LOCATION must name its sender's; Bluetooth's relay is on
+        // loopback): connected to directly, not resolved by name and raced Happy-Eyeballs style.
+        let target = try SocketAddress(ipAddress: location.host, port: location.port)
         let client = try await bootstrap
             .connectTimeout(configuration.tls.connectTimeout)
-            .connect(host: location.host, port: location.port) { channel in
+            .connect(to: target) { channel in
                 AuthenticatedSession.configureClient(on: channel, context: clientContext, identity: match.pskIdentity,
                                                      psk: match.psk)
                     .flatMapThrowing { client in
