@@ -42,6 +42,9 @@ public struct PeerConformanceConfiguration: Sendable {
     public var maxItemBytes: UInt64 = 16 << 20
     /// Clock difference forgiven when judging expirations and creation times.
     public var clockSkewMilliseconds: UInt64 = 5_000
+    /// Longest wait for the answer to our close_notify: an implementation answers at once, so anything
+    /// longer is waiting for a timer, not for the network.
+    public var closeNotifyTimeout: TimeAmount = .seconds(2)
     /// Whether to play the sender too (we deliver an item to it).
     public var senderRole = true
 
@@ -89,6 +92,10 @@ public struct PeerConformance: Sendable {
         /// `peer/psk-tls/handshake`: PSK-TLS with the beacon's identity and PSK: TLS 1.2, 0x00AB, DH ≥ 2048.
         public static let handshake = ConformanceCase("peer/psk-tls/handshake", "PSK-TLS with the beacon's identity and PSK: TLS 1.2, 0x00AB, DH ≥ 2048",
                                                       ["PSK-1.1", "PSK-1.2", "PSK-1.7", "PSK-3.1", "PSK-3.2", "BCN-2.6", "BCN-2.7", "NODE-2.1"])
+        /// `peer/psk-tls/close-notify-answered`: our close_notify, with TCP kept open, is answered at once.
+        public static let closeNotify = ConformanceCase("peer/psk-tls/close-notify-answered",
+                                                        "our close_notify, with TCP kept open, is answered at once: its close_notify, then the connection closes",
+                                                        ["PSK-6.4", "NODE-1.21"])
         /// `peer/yamux/open-stream`: a yamux stream we open is accepted and served.
         public static let openStream = ConformanceCase("peer/yamux/open-stream", "a yamux stream we open is accepted and served",
                                                        ["MUX-0.1", "MUX-1.1", "MUX-2.6", "NODE-3.3", "NODE-1.19"])
@@ -150,7 +157,7 @@ public struct PeerConformance: Sendable {
         public static let dhFresh = ConformanceCase("peer/psk-tls/dh-fresh", "two handshakes carry different dh_Ys", ["PSK-2.2"])
 
         /// Every case of peer mode.
-        public static let all = [discovered, beaconFetch, beaconMatch, expiration, handshake, openStream, hello, offer,
+        public static let all = [discovered, beaconFetch, beaconMatch, expiration, handshake, closeNotify, openStream, hello, offer,
                                  transfer, done, usn, searchAnswer, byebye, senderConnects, senderBeaconRequest, senderStream, senderAck, refusesExpired, rejectsDamaged, senderClose, senderInbox,
                                  noHint, noCompression, noTickets, unknownIdentity, wrongPSK, tls13, otherSuites, dhSize, dhFresh]
         static let receiverRole = [openStream, hello, offer, transfer, done]
@@ -251,7 +258,7 @@ public struct PeerConformance: Sendable {
             }
         }
         guard let found else {
-            run.recordRemaining([Cases.beaconFetch, Cases.beaconMatch, Cases.expiration, Cases.handshake] + Cases.receiverRole,
+            run.recordRemaining([Cases.beaconFetch, Cases.beaconMatch, Cases.expiration, Cases.handshake, Cases.closeNotify] + Cases.receiverRole,
                                 .inconclusive, because: "no beacon for us found")
             return
         }
@@ -285,11 +292,30 @@ public struct PeerConformance: Sendable {
         } catch {
             run.record(Cases.handshake, .fail, expected: "a PSK-TLS handshake with the beacon's identity and PSK",
                        actual: "\(error)", started: handshakeStarted)
-            run.recordRemaining(Cases.receiverRole, .inconclusive, because: "no PSK-TLS session")
+            run.recordRemaining([Cases.closeNotify] + Cases.receiverRole, .inconclusive, because: "no PSK-TLS session")
             return
         }
+        await gradeCloseNotify(run, location: location, match: match)
         await receive(run, over: client.session, queuedID: queuedID, limits: limits)
         try? await client.session.close().get()
+    }
+
+    /// A second session with the same beacon, ended by our close_notify while TCP stays open: the
+    /// implementation answers with its own and closes within `closeNotifyTimeout` [PSK-6.4, NODE-1.21].
+    private func gradeCloseNotify(_ run: ConformanceRun, location: BeaconLocation, match: BeaconMatch) async {
+        let started = NIODeadline.now()
+        let timeout = configuration.closeNotifyTimeout
+        let outcome = await CloseNotifyProbe.run(host: location.host, port: location.port, identity: match.pskIdentity,
+                                                 psk: match.psk, timeout: timeout, group: group)
+        let verdict: ConformanceVerdict
+        switch outcome {
+        case .answered: verdict = .pass
+        case .closedWithoutAnswer: verdict = .warn  // the session ended, but the peer learns nothing of a clean end
+        case .stillOpen: verdict = .fail
+        case .noSession: verdict = .inconclusive
+        }
+        run.record(Cases.closeNotify, verdict, expected: "its close_notify and the connection closed within \(Self.text(timeout))",
+                   actual: outcome.description, started: started)
     }
 
     /// After the receiver role the implementation has nothing left for us: it withdraws the announcement
