@@ -157,8 +157,9 @@ public enum DeliveryFrame: Sendable, Hashable {
     /// The oldest sender version a receiver still accepts: version 1 has no `welcome` and no `error`,
     /// which is safe for the receiver (it sends neither to a version 1 sender).
     public static let oldestAcceptedVersion: UInt8 = 1
-    /// The longest reason an `error` frame carries, in UTF-8 bytes.
-    public static let maximumErrorReasonBytes = 1024
+    /// The longest reason an `error` frame carries, in UTF-8 bytes: with its code byte the frame fits in
+    /// the smallest frame maximum a side may have (``DeliveryLimits/minimumFramePayloadBytes``).
+    public static let maximumErrorReasonBytes = 1000
 
     /// The `error` frame that reports `failure` to the other side, its reason cut to
     /// ``maximumErrorReasonBytes`` on a character boundary; nil for failures that are not the other

@@ -96,7 +96,10 @@ struct DeliveryStateMachineTests {
         #expect(DeliveryFrame.error(reporting: named) == nil)
         let long = DeliveryProtocolError.malformedFrame(type: "offer", reason: String(repeating: "é", count: 2000))
         if case .error(_, let cut)? = DeliveryFrame.error(reporting: long) {
-            #expect(cut.utf8.count <= DeliveryFrame.maximumErrorReasonBytes && cut.utf8.count > 1000)
+            #expect(cut.utf8.count <= DeliveryFrame.maximumErrorReasonBytes && cut.utf8.count > 900)
+            var encoded = ByteBuffer()
+            DeliveryFrame.error(reporting: long)?.encode(into: &encoded)
+            #expect(encoded.readableBytes - DeliveryFrame.headerBytes <= DeliveryLimits.minimumFramePayloadBytes)
         } else {
             Issue.record("no error frame for a malformed frame")
         }
