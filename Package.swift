@@ -168,6 +168,7 @@ let package = Package(
             name: "ThaliFuzzHarnesses",
             dependencies: [
                 "ThaliBeacons", "ThaliSSDP", "ThaliPSKTLS", "TCPMultiplexer", "ThaliBLEBinding", "ThaliNodeCore",
+                "ThaliConformance",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),

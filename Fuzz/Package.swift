@@ -29,6 +29,8 @@ let harnesses: [(name: String, target: String)] = [
     ("conformance-vectors", "FuzzConformanceVectors"),
     ("psk-tls-server", "FuzzPSKTLSServer"),
     ("psk-tls-pair", "FuzzPSKTLSPair"),
+    ("tls-hello-flight", "FuzzTLSHelloFlight"),
+    ("ssdp-search-answers", "FuzzSSDPSearchAnswers"),
 ]
 
 let package = Package(

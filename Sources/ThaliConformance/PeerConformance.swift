@@ -42,6 +42,9 @@ public struct PeerConformanceConfiguration: Sendable {
     public var maxItemBytes: UInt64 = 16 << 20
     /// Clock difference forgiven when judging expirations and creation times.
     public var clockSkewMilliseconds: UInt64 = 5_000
+    /// Longest wait for the answer to our close_notify: an implementation answers at once, so anything
+    /// longer is waiting for a timer, not for the network.
+    public var closeNotifyTimeout: TimeAmount = .seconds(2)
     /// Whether to play the sender too (we deliver an item to it).
     public var senderRole = true
 
@@ -89,11 +92,19 @@ public struct PeerConformance: Sendable {
         /// `peer/psk-tls/handshake`: PSK-TLS with the beacon's identity and PSK: TLS 1.2, 0x00AB, DH ≥ 2048.
         public static let handshake = ConformanceCase("peer/psk-tls/handshake", "PSK-TLS with the beacon's identity and PSK: TLS 1.2, 0x00AB, DH ≥ 2048",
                                                       ["PSK-1.1", "PSK-1.2", "PSK-1.7", "PSK-3.1", "PSK-3.2", "BCN-2.6", "BCN-2.7", "NODE-2.1"])
+        /// `peer/psk-tls/close-notify-answered`: our close_notify, with TCP kept open, is answered at once.
+        public static let closeNotify = ConformanceCase("peer/psk-tls/close-notify-answered",
+                                                        "our close_notify, with TCP kept open, is answered at once: its close_notify, then the connection closes",
+                                                        ["PSK-6.4", "NODE-1.21"])
         /// `peer/yamux/open-stream`: a yamux stream we open is accepted and served.
         public static let openStream = ConformanceCase("peer/yamux/open-stream", "a yamux stream we open is accepted and served",
                                                        ["MUX-0.1", "MUX-1.1", "MUX-2.6", "NODE-3.3", "NODE-1.19"])
-        /// `peer/delivery/hello`: the sender's first frame is hello, version 1.
-        public static let hello = ConformanceCase("peer/delivery/hello", "the sender's first frame is hello, version 1", ["NODE-1.1", "NODE-1.4"])
+        /// `peer/delivery/hello`: the sender's first frame is hello, version 2.
+        public static let hello = ConformanceCase("peer/delivery/hello", "the sender's first frame is hello, version 2", ["NODE-1.1", "NODE-1.4"])
+        /// `peer/delivery/frame-maximum`: after our welcome announces 1024 bytes, its data frames stay within them.
+        public static let frameMaximum = ConformanceCase("peer/delivery/frame-maximum",
+                                                         "after our welcome announces a 1024-byte frame maximum, its data frames stay within it",
+                                                         ["NODE-1.18", "NODE-1.23"])
         /// `peer/delivery/offer`: the queued item is offered, well formed, epoch milliseconds.
         public static let offer = ConformanceCase("peer/delivery/offer", "the queued item is offered, well formed, epoch milliseconds",
                                                   ["NODE-1.3", "NODE-1.5", "NODE-1.20"])
@@ -109,6 +120,10 @@ public struct PeerConformance: Sendable {
         public static let senderBeaconRequest = ConformanceCase("peer/sender/beacon-request",
                                                                 "its beacon fetch is GET /NotificationBeacons HTTP/1.1, Host host:port, Connection: close, Accept: application/octet-stream",
                                                                 ["SSDP-6.6", "SSDP-6.8"])
+        /// `peer/sender/welcome`: it answers our hello(2) with welcome: version 2 and its frame maximum, at least 1024.
+        public static let senderWelcome = ConformanceCase("peer/sender/welcome",
+                                                          "it answers our hello(2) with welcome: version 2 and its frame maximum, at least 1024",
+                                                          ["NODE-1.22"])
         /// `peer/sender/opens-stream`: it opens a delivery stream and answers our offer.
         public static let senderStream = ConformanceCase("peer/sender/opens-stream", "it opens a delivery stream and answers our offer",
                                                          ["NODE-1.19", "NODE-1.3", "MUX-1.1"])
@@ -150,11 +165,11 @@ public struct PeerConformance: Sendable {
         public static let dhFresh = ConformanceCase("peer/psk-tls/dh-fresh", "two handshakes carry different dh_Ys", ["PSK-2.2"])
 
         /// Every case of peer mode.
-        public static let all = [discovered, beaconFetch, beaconMatch, expiration, handshake, openStream, hello, offer,
-                                 transfer, done, usn, searchAnswer, byebye, senderConnects, senderBeaconRequest, senderStream, senderAck, refusesExpired, rejectsDamaged, senderClose, senderInbox,
+        public static let all = [discovered, beaconFetch, beaconMatch, expiration, handshake, closeNotify, openStream, hello, offer,
+                                 transfer, frameMaximum, done, usn, searchAnswer, byebye, senderConnects, senderBeaconRequest, senderWelcome, senderStream, senderAck, refusesExpired, rejectsDamaged, senderClose, senderInbox,
                                  noHint, noCompression, noTickets, unknownIdentity, wrongPSK, tls13, otherSuites, dhSize, dhFresh]
-        static let receiverRole = [openStream, hello, offer, transfer, done]
-        static let senderRole = [senderConnects, senderBeaconRequest, senderStream, senderAck, refusesExpired, rejectsDamaged, senderClose, senderInbox]
+        static let receiverRole = [openStream, hello, offer, transfer, frameMaximum, done]
+        static let senderRole = [senderConnects, senderBeaconRequest, senderWelcome, senderStream, senderAck, refusesExpired, rejectsDamaged, senderClose, senderInbox]
     }
 
     /// Bounds and keys.
@@ -178,7 +193,9 @@ public struct PeerConformance: Sendable {
                 if configuration.addContact {
                     try await adapter.addContact(name: configuration.nameAtPeer, key: configuration.identity.publicKey)
                 }
-                queuedID = try await adapter.send(text: "thali-conformance receiver test \(UUID().uuidString)",
+                // Longer than the frame maximum our welcome announces, so that the frame-maximum case bites.
+                let filler = String(repeating: "0123456789abcdef", count: 192)
+                queuedID = try await adapter.send(text: "thali-conformance receiver test \(UUID().uuidString) \(filler)",
                                                   to: configuration.nameAtPeer)
             } catch {
                 run.note("adapter: \(error); expecting an item already queued for us")
@@ -251,7 +268,7 @@ public struct PeerConformance: Sendable {
             }
         }
         guard let found else {
-            run.recordRemaining([Cases.beaconFetch, Cases.beaconMatch, Cases.expiration, Cases.handshake] + Cases.receiverRole,
+            run.recordRemaining([Cases.beaconFetch, Cases.beaconMatch, Cases.expiration, Cases.handshake, Cases.closeNotify] + Cases.receiverRole,
                                 .inconclusive, because: "no beacon for us found")
             return
         }
@@ -285,11 +302,30 @@ public struct PeerConformance: Sendable {
         } catch {
             run.record(Cases.handshake, .fail, expected: "a PSK-TLS handshake with the beacon's identity and PSK",
                        actual: "\(error)", started: handshakeStarted)
-            run.recordRemaining(Cases.receiverRole, .inconclusive, because: "no PSK-TLS session")
+            run.recordRemaining([Cases.closeNotify] + Cases.receiverRole, .inconclusive, because: "no PSK-TLS session")
             return
         }
+        await gradeCloseNotify(run, location: location, match: match)
         await receive(run, over: client.session, queuedID: queuedID, limits: limits)
         try? await client.session.close().get()
+    }
+
+    /// A second session with the same beacon, ended by our close_notify while TCP stays open: the
+    /// implementation answers with its own and closes within `closeNotifyTimeout` [PSK-6.4, NODE-1.21].
+    private func gradeCloseNotify(_ run: ConformanceRun, location: BeaconLocation, match: BeaconMatch) async {
+        let started = NIODeadline.now()
+        let timeout = configuration.closeNotifyTimeout
+        let outcome = await CloseNotifyProbe.run(host: location.host, port: location.port, identity: match.pskIdentity,
+                                                 psk: match.psk, timeout: timeout, group: group)
+        let verdict: ConformanceVerdict
+        switch outcome {
+        case .answered: verdict = .pass
+        case .closedWithoutAnswer: verdict = .warn  // the session ended, but the peer learns nothing of a clean end
+        case .stillOpen: verdict = .fail
+        case .noSession: verdict = .inconclusive
+        }
+        run.record(Cases.closeNotify, verdict, expected: "its close_notify and the connection closed within \(Self.text(timeout))",
+                   actual: outcome.description, started: started)
     }
 
     /// After the receiver role the implementation has nothing left for us: it withdraws the announcement
@@ -469,8 +505,16 @@ public struct PeerConformance: Sendable {
         do {
             try await frames.executeThenClose { inbound, outbound in
                 try await outbound.write(.hello(version: DeliveryFrame.protocolVersion))
-                try await outbound.write(.offer(offer))
                 var iterator = inbound.makeAsyncIterator()
+                let welcome = try await iterator.next()
+                guard case .welcome(let version, let maximum)? = welcome else {
+                    run.record(Cases.senderWelcome, .fail, expected: "welcome", actual: welcome?.name ?? "the stream ended", started: streamStarted)
+                    return
+                }
+                run.grade(Cases.senderWelcome, holds: version == DeliveryFrame.protocolVersion && maximum >= DeliveryLimits.minimumFramePayloadBytes,
+                          expected: "welcome(2, ≥ \(DeliveryLimits.minimumFramePayloadBytes))", actual: "welcome(\(version), \(maximum))",
+                          started: streamStarted)
+                try await outbound.write(.offer(offer))
                 guard let answer = try await iterator.next() else {
                     run.record(Cases.senderStream, .fail, expected: "an answer to our offer", actual: "the stream ended", started: streamStarted)
                     return
@@ -733,6 +777,14 @@ struct ReceiverScript {
     let maxItemBytes: UInt64
     let skew: UInt64
     private var sawHello = false
+    /// The frame maximum our welcome announced (nil: a version 1 sender, no welcome), and the largest
+    /// data frame seen.
+    private var announced: Int?
+    private var largestData = 0
+    private var frameMaximumFailed = false
+    /// What our welcome announces: the smallest maximum a receiver may announce, so a sender that keeps
+    /// within it keeps within any.
+    static let announcedFrameMaximum = DeliveryLimits.minimumFramePayloadBytes
     private var offers: [ItemOffer] = []
     private var current: (offer: ItemOffer, hasher: SHA256, received: UInt64)?
     private var transferred = 0
@@ -755,8 +807,20 @@ struct ReceiverScript {
             guard case .hello(let version) = frame else {
                 return fail(Cases.hello, expected: "hello", actual: frame.name, run)
             }
-            run.grade(Cases.hello, holds: version == DeliveryFrame.protocolVersion, expected: "hello(1)", actual: "hello(\(version))")
-            return (nil, version != DeliveryFrame.protocolVersion)
+            switch version {
+            case DeliveryFrame.protocolVersion:
+                run.record(Cases.hello, .pass, expected: "hello(2)", actual: "hello(2)")
+                announced = Self.announcedFrameMaximum
+                return (.welcome(version: version, maxFramePayloadBytes: UInt32(Self.announcedFrameMaximum)), false)
+            case DeliveryFrame.oldestAcceptedVersion:
+                // Still accepted by receivers, but it cannot learn our frame maximum or hear our errors.
+                run.record(Cases.hello, .warn, expected: "hello(2)", actual: "hello(1): a version 1 sender")
+                run.record(Cases.frameMaximum, .notApplicable, expected: Cases.frameMaximum.title, actual: "a version 1 sender gets no welcome")
+                return (nil, false)
+            default:
+                run.record(Cases.hello, .fail, expected: "hello(2)", actual: "hello(\(version))")
+                return (nil, true)
+            }
         }
         switch frame {
         case .offer(let offer):
@@ -789,6 +853,12 @@ struct ReceiverScript {
             }
             buffer.withUnsafeReadableBytes { item.hasher.update(bufferPointer: $0) }
             current = item
+            largestData = max(largestData, buffer.readableBytes)
+            if let announced, buffer.readableBytes > announced, !frameMaximumFailed {
+                frameMaximumFailed = true
+                run.record(Cases.frameMaximum, .fail, expected: "data frames of at most \(announced) bytes",
+                           actual: "a data frame of \(buffer.readableBytes) bytes")
+            }
             return (nil, false)
         case .end(let id):
             guard let item = current, item.offer.id == id else { return fail(Cases.transfer, expected: "end of the current item", actual: "end(\(id))", run) }
@@ -796,6 +866,10 @@ struct ReceiverScript {
             let digest = Array(item.hasher.finalize())
             let intact = item.received == item.offer.size && digest == item.offer.sha256
             transferred += 1
+            if transferred == 1, let announced, !frameMaximumFailed {
+                run.record(Cases.frameMaximum, .pass, expected: "data frames of at most \(announced) bytes",
+                           actual: "largest data frame \(largestData) bytes, item of \(item.offer.size)")
+            }
             if transferred == 1 || !intact {
                 run.grade(Cases.transfer, holds: intact, expected: "\(item.offer.size) bytes with the offered SHA-256",
                           actual: "\(item.received) bytes, digest \(digest == item.offer.sha256 ? "matches" : "differs")")

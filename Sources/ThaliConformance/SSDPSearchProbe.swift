@@ -4,7 +4,7 @@ import ThaliSSDP
 
 /// One `M-SEARCH` for the Thali service from a unicast socket of the suite's own, and the answers that
 /// come back to it: an answer read here was sent to the searcher's source address and port [SSDP-2.7].
-struct SSDPSearchProbe: Sendable {
+package struct SSDPSearchProbe: Sendable {
     /// Our IPv4 address: the socket binds to it and multicasts from it.
     var address: String
     /// The SSDP group and port the implementation listens on.
@@ -18,12 +18,30 @@ struct SSDPSearchProbe: Sendable {
     var maxDatagrams = 64
 
     /// What came back.
-    struct Outcome: Sendable {
+    package struct Outcome: Sendable {
         /// The first answer with `usn`, and who sent it.
-        var answer: (SSDPSearchResponse, SocketAddress)?
+        package var answer: (SSDPSearchResponse, SocketAddress)?
         /// Datagrams read, and the last parse error among them.
-        var datagrams = 0
-        var lastError: SSDPParseError?
+        package var datagrams = 0
+        package var lastError: SSDPParseError?
+
+        package init() {}
+
+        /// Reads one datagram from `sender`: an answer carrying `usn` ends the search. Returns whether the
+        /// search is over (that answer came, or `maxDatagrams` were read).
+        package mutating func consider(_ datagram: ByteBufferView, from sender: SocketAddress, expecting usn: String,
+                                       maxDatagrams: Int) -> Bool {
+            datagrams += 1
+            do {
+                if case .searchResponse(let response) = try SSDPMessage.parse(datagram), response.uniqueServiceName == usn {
+                    answer = (response, sender)
+                    return true
+                }
+            } catch {
+                lastError = error
+            }
+            return datagrams >= maxDatagrams
+        }
     }
 
     /// Searches once and waits for an answer carrying `usn`.
@@ -55,17 +73,8 @@ struct SSDPSearchProbe: Sendable {
         defer { deadline.cancel() }
         var outcome = Outcome()
         for await envelope in datagrams {
-            outcome.datagrams += 1
-            do {
-                if case .searchResponse(let response) = try SSDPMessage.parse(envelope.data.readableBytesView),
-                    response.uniqueServiceName == usn {
-                    outcome.answer = (response, envelope.remoteAddress)
-                    break
-                }
-            } catch {
-                outcome.lastError = error
-            }
-            if outcome.datagrams >= maxDatagrams { break }
+            if outcome.consider(envelope.data.readableBytesView, from: envelope.remoteAddress, expecting: usn,
+                                maxDatagrams: maxDatagrams) { break }
         }
         return outcome
     }

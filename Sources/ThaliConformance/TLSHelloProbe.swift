@@ -157,8 +157,9 @@ public enum TLSHelloProbe {
         }
     }
 
-    /// Reassembles handshake messages from records until the answer is decided.
-    struct FlightParser {
+    /// Reassembles handshake messages from records until the answer is decided. Fed the server's bytes
+    /// as they arrive, in pieces of any size; the first non-nil result is the outcome.
+    package struct FlightParser {
         private var records: [UInt8] = []
         private var handshake: [UInt8] = []
         private var flight: ServerFlight?
@@ -166,7 +167,9 @@ public enum TLSHelloProbe {
         /// buffered, so records that each fit cannot add up to an unbounded handshake message.
         private var received = 0
 
-        mutating func feed(_ bytes: [UInt8]) -> Outcome? {
+        package init() {}
+
+        package mutating func feed(_ bytes: [UInt8]) -> Outcome? {
             received += bytes.count
             guard received <= TLSHelloProbe.maximumAnswerBytes else { return .malformed("answer over 64 KiB") }
             records += bytes

@@ -121,7 +121,7 @@ enum DeliveryFramesHarness {
             .data(ByteBuffer(string: "hel")), .data(ByteBuffer(string: "lo")), .end(id: offer.id), .done,
         ]
         let answers: [DeliveryFrame] = [
-            .answer(id: offer.id, .nothing), .answer(id: offer.id, .partial(offset: 3, prefixSHA256: Array(SHA256.hash(data: Array("hel".utf8))))),
+            .welcome(version: DeliveryFrame.protocolVersion, maxFramePayloadBytes: 1024), .answer(id: offer.id, .nothing), .answer(id: offer.id, .partial(offset: 3, prefixSHA256: Array(SHA256.hash(data: Array("hel".utf8))))),
             .ack(id: offer.id), .reject(id: offer.id, .digestMismatch), .answer(id: offer.id, .refused(.tooLarge)),
         ]
         func encode(_ frames: [DeliveryFrame]) -> [UInt8] {
@@ -129,7 +129,8 @@ enum DeliveryFramesHarness {
             for frame in frames { frame.encode(into: &buffer) }
             return Array(buffer.readableBytesView)
         }
-        return [[0] + encode(frames), [2, 3, 0, 40, 0] + encode(frames), [0] + encode(answers)]
+        let version1: [DeliveryFrame] = [.hello(version: 1), .offer(offer), .error(code: .frameTooLarge, reason: "frame payload of 32768 bytes exceeds the limit of 1024")]
+        return [[0] + encode(frames), [2, 3, 0, 40, 0] + encode(frames), [0] + encode(answers), [1, 9, 0] + encode(version1)]
     }
 }
 
@@ -140,15 +141,20 @@ enum DeliveryFramesHarness {
 ///
 /// Invariants: after a final session that nothing cuts, every item is in the inbox exactly once with
 /// exactly the sender's content, was committed once, and has left the outbox; no session ever
-/// commits content that differs from the sender's.
+/// commits content that differs from the sender's; the sender's chunks (larger than the receiver's frame
+/// maximum) come down to the maximum its welcome announced.
 enum DeliveryPairHarness {
     static let name = "delivery-pair"
+    /// The receiver's limits: the smallest frame maximum there is.
     static let limits: DeliveryLimits = {
         var limits = DeliveryLimits()
         limits.chunkBytes = 256
-        limits.maxFramePayloadBytes = 4096
+        limits.maxFramePayloadBytes = DeliveryLimits.minimumFramePayloadBytes
         return limits
     }()
+    /// The sender's own chunk size, above the receiver's maximum: the receiver's welcome must bring it down
+    /// (a data frame over the receiver's maximum fails the session, an invariant violation here).
+    static let senderChunkBytes = 2 * DeliveryLimits.minimumFramePayloadBytes
     static let now = DeliveryFramesHarness.now
 
     struct Item {
@@ -227,7 +233,7 @@ enum DeliveryPairHarness {
             let bytes = content[offer.id] ?? []
             var position = Int(offset)
             while position < bytes.count {
-                let end = min(bytes.count, position + limits.chunkBytes)
+                let end = min(bytes.count, position + min(senderChunkBytes, sender.receiverMaxFramePayloadBytes ?? senderChunkBytes))
                 send(.data(ByteBuffer(bytes: bytes[position..<end])), to: &toReceiver)
                 position = end
             }
@@ -246,7 +252,7 @@ enum DeliveryPairHarness {
                 case .delivered(let offer, _), .refused(let offer, _):
                     outbox.removeAll { $0 == offer.id }
                     try offerNext()
-                case .rejected:
+                case .rejected, .welcomed:
                     try offerNext()
                 }
                 return
@@ -290,8 +296,7 @@ enum DeliveryPairHarness {
         }
 
         do {
-            send(try sender.start(), to: &toReceiver)
-            try offerNext()
+            send(try sender.start(), to: &toReceiver)  // the first offer follows the receiver's welcome
             var open = true
             while open, moved < cutAfter, toReceiver.readableBytes + toSender.readableBytes > 0 {
                 // Move up to one chunk each way, then let each side read every complete frame it has.

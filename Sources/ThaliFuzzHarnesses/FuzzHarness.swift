@@ -78,6 +78,8 @@ public enum FuzzHarnesses {
         ConformanceVectorHarness.harness,
         PSKTLSServerHarness.harness,
         PSKTLSPairHarness.harness,
+        TLSHelloFlightHarness.harness,
+        SSDPSearchAnswersHarness.harness,
     ]
 
     /// The harness called `name`, if any.

@@ -51,6 +51,7 @@ struct PSKTLSFixture: @unchecked Sendable {
     /// A channel with a handler of `role` and an application log behind it, connected.
     func endpoint(server isServer: Bool) -> (EmbeddedChannel, TLSApplicationLog)? {
         let channel = EmbeddedChannel()
+        channel.allowRemoteHalfClosure = true  // as a TCP channel of PSKTLSServer or PSKTLSClient: half-closure is used
         let log = TLSApplicationLog()
         do {
             let handler = isServer

@@ -90,14 +90,51 @@ public enum ItemAnswer: Sendable, Hashable {
     case refused(ItemRefusal)
 }
 
-/// One frame of the delivery protocol (version 1).
+/// Why a side ended a delivery session, as an `error` frame carries it (protocol version 2). Any byte
+/// is kept as it came: a code this version does not name is still reported, by number.
+public struct DeliveryErrorCode: RawRepresentable, Sendable, Hashable, CustomStringConvertible {
+    /// The code's byte on the wire.
+    public var rawValue: UInt8
+    /// Creates the code with byte `rawValue`.
+    public init(rawValue: UInt8) { self.rawValue = rawValue }
+
+    /// A frame that the protocol does not allow, or that is malformed.
+    public static let protocolViolation = DeliveryErrorCode(rawValue: 1)
+    /// A frame payload above the receiver's maximum.
+    public static let frameTooLarge = DeliveryErrorCode(rawValue: 2)
+    /// A protocol version the side does not speak.
+    public static let unsupportedVersion = DeliveryErrorCode(rawValue: 3)
+    /// Another limit of the side exceeded (a file name too long, say).
+    public static let limitExceeded = DeliveryErrorCode(rawValue: 4)
+    /// The side failed on its own (a full disk, say); the other side did nothing wrong.
+    public static let internalError = DeliveryErrorCode(rawValue: 5)
+
+    public var description: String {
+        switch self {
+        case .protocolViolation: "protocol violation"
+        case .frameTooLarge: "frame too large"
+        case .unsupportedVersion: "unsupported version"
+        case .limitExceeded: "limit exceeded"
+        case .internalError: "internal error"
+        default: "error \(rawValue)"
+        }
+    }
+}
+
+/// One frame of the delivery protocol (version 2; a receiver also accepts a version 1 sender).
 ///
 /// Every frame is `type (1 byte) ‖ payload length (4 bytes, big endian) ‖ payload`. The payload length
 /// is bounded by ``DeliveryLimits/maxFramePayloadBytes``. Ids are the 16 raw bytes of a UUID, integers
-/// are unsigned big endian. See `spec/delivery.md`.
+/// are unsigned big endian. See `spec/node.md`, "Delivery protocol".
 public enum DeliveryFrame: Sendable, Hashable {
     /// Sender → receiver, first frame: the protocol version (``DeliveryFrame/protocolVersion``).
     case hello(version: UInt8)
+    /// Receiver → sender, the answer to `hello` from a version 2 sender: the version both speak and the
+    /// largest frame payload the receiver accepts. The sender's frames stay within it.
+    case welcome(version: UInt8, maxFramePayloadBytes: UInt32)
+    /// Either side, version 2, just before it ends the session on an error: why, as a code and in words
+    /// (UTF-8, at most ``DeliveryFrame/maximumErrorReasonBytes``).
+    case error(code: DeliveryErrorCode, reason: String)
     /// Sender → receiver: an item's metadata.
     case offer(ItemOffer)
     /// Receiver → sender: what the receiver already has of item `id`.
@@ -115,15 +152,43 @@ public enum DeliveryFrame: Sendable, Hashable {
     /// Sender → receiver: no more items in this session.
     case done
 
-    /// The protocol version this implementation speaks.
-    public static let protocolVersion: UInt8 = 1
+    /// The protocol version this implementation speaks (and sends in `hello`).
+    public static let protocolVersion: UInt8 = 2
+    /// The oldest sender version a receiver still accepts: version 1 has no `welcome` and no `error`,
+    /// which is safe for the receiver (it sends neither to a version 1 sender).
+    public static let oldestAcceptedVersion: UInt8 = 1
+    /// The longest reason an `error` frame carries, in UTF-8 bytes: with its code byte the frame fits in
+    /// the smallest frame maximum a side may have (``DeliveryLimits/minimumFramePayloadBytes``).
+    public static let maximumErrorReasonBytes = 1000
+
+    /// The `error` frame that reports `failure` to the other side, its reason cut to
+    /// ``maximumErrorReasonBytes`` on a character boundary; nil for failures that are not the other
+    /// side's to hear about (the stream already ended, or the other side reported the error itself).
+    public static func error(reporting failure: DeliveryProtocolError) -> DeliveryFrame? {
+        let code: DeliveryErrorCode
+        switch failure {
+        case .connectionClosed, .peerReported: return nil
+        case .frameTooLarge: code = .frameTooLarge
+        case .unsupportedVersion: code = .unsupportedVersion
+        case .nameTooLong: code = .limitExceeded
+        case .unknownFrameType, .malformedFrame, .unexpectedFrame, .itemMismatch, .sizeMismatch, .invalidOffset: code = .protocolViolation
+        }
+        var reason = ""
+        var bytes = 0
+        for character in failure.description {
+            bytes += character.utf8.count
+            guard bytes <= maximumErrorReasonBytes else { break }
+            reason.append(character)
+        }
+        return .error(code: code, reason: reason)
+    }
 
     /// The size of a frame header: type and payload length.
     public static let headerBytes = 5
 
     /// The frame type codes on the wire.
     enum FrameType: UInt8 {
-        case hello = 1, offer, answer, start, data, end, ack, reject, done
+        case hello = 1, offer, answer, start, data, end, ack, reject, done, welcome, error
     }
 
     /// A short name for errors and logs (no payload).
@@ -138,6 +203,8 @@ public enum DeliveryFrame: Sendable, Hashable {
         case .ack: "ack"
         case .reject: "reject"
         case .done: "done"
+        case .welcome: "welcome"
+        case .error: "error"
         }
     }
 }
@@ -165,6 +232,16 @@ public enum DeliveryProtocolError: Error, Hashable, CustomStringConvertible {
     case invalidOffset(UInt64)
     /// The byte stream ended before the session was finished.
     case connectionClosed(state: String)
+    /// The other side ended the session with an `error` frame. `peer` names it (the session's contact;
+    /// nil: "the peer"), `subject` is what it refused (the item in progress, or nil for the session).
+    case peerReported(code: DeliveryErrorCode, reason: String, peer: String?, subject: String?)
+
+    /// This error with the other side named `peer` (only a ``peerReported(code:reason:peer:subject:)``
+    /// names the other side).
+    public func naming(peer name: String) -> DeliveryProtocolError {
+        guard case .peerReported(let code, let reason, _, let subject) = self else { return self }
+        return .peerReported(code: code, reason: reason, peer: name, subject: subject)
+    }
 
     public var description: String {
         switch self {
@@ -178,6 +255,8 @@ public enum DeliveryProtocolError: Error, Hashable, CustomStringConvertible {
         case .sizeMismatch(let expected, let received): "item of \(expected) bytes but \(received) bytes sent"
         case .invalidOffset(let offset): "resume offset \(offset) was not proposed"
         case .connectionClosed(let state): "connection closed while \(state)"
+        case .peerReported(_, let reason, let peer, let subject):
+            subject.map { "\(peer ?? "the peer") refused \($0): \(reason)" } ?? "\(peer ?? "the peer") ended the delivery session: \(reason)"
         }
     }
 }

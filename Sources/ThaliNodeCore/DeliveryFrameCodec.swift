@@ -48,6 +48,12 @@ extension DeliveryFrame {
             buffer.writeInteger(failure.rawValue)
         case .done:
             break
+        case .welcome(let version, let maximum):
+            buffer.writeInteger(version)
+            buffer.writeInteger(maximum)
+        case .error(let code, let reason):
+            buffer.writeInteger(code.rawValue)
+            buffer.writeString(reason)
         }
         buffer.setInteger(UInt32(buffer.writerIndex - payloadStart), at: headerIndex + 1)
     }
@@ -131,6 +137,16 @@ extension DeliveryFrame {
             return .reject(id: id, failure)
         case .done:
             return .done
+        case .welcome:
+            let version: UInt8 = try reader.integer()
+            return .welcome(version: version, maxFramePayloadBytes: try reader.integer())
+        case .error:
+            let code = DeliveryErrorCode(rawValue: try reader.integer())
+            let reason = reader.buffer.readableBytesView
+            guard reason.count <= maximumErrorReasonBytes else { throw reader.malformed("reason of \(reason.count) bytes") }
+            guard let text = String(validating: reason, as: UTF8.self) else { throw reader.malformed("reason is not UTF-8") }
+            reader.buffer.moveReaderIndex(to: reader.buffer.writerIndex)
+            return .error(code: code, reason: text)
         }
     }
 
@@ -145,6 +161,8 @@ extension DeliveryFrame {
         case .ack: .ack
         case .reject: .reject
         case .done: .done
+        case .welcome: .welcome
+        case .error: .error
         }
     }
 }

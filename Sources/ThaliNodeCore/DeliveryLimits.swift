@@ -7,11 +7,12 @@ public struct DeliveryLimits: Sendable, Hashable {
     /// The largest frame payload accepted or sent, in bytes (the 5-byte frame header comes on top).
     /// The decoder rejects a larger length as soon as it reads the header, before buffering the payload.
     /// Default 64 KiB: large enough for efficient data chunks, small enough to bound each read. Values
-    /// below ``minimumFramePayloadBytes`` are raised to it (an offer must fit in one frame).
+    /// below ``minimumFramePayloadBytes`` are raised to it (an offer must fit in one frame). A receiver
+    /// announces it to a version 2 sender in its `welcome` frame.
     public var maxFramePayloadBytes: Int
 
-    /// The size of the data chunks the sender streams; must be at most `maxFramePayloadBytes`.
-    /// Default 32 KiB.
+    /// The size of the data chunks the sender streams; must be at most `maxFramePayloadBytes`, and is
+    /// lowered to the receiver's announced maximum in a session. Default 32 KiB.
     public var chunkBytes: Int
 
     /// The longest file name (UTF-8 bytes) accepted in an offer. Default 255 (a common file-system limit).
@@ -54,7 +55,8 @@ public struct DeliveryLimits: Sendable, Hashable {
         self.partialRetention = partialRetention
     }
 
-    /// The smallest accepted `maxFramePayloadBytes`: room for an offer with a 255-byte name.
+    /// The smallest accepted `maxFramePayloadBytes`: room for an offer with a 255-byte name. Every
+    /// receiver accepts frames this large, and a `welcome` announcing less is a protocol error.
     public static let minimumFramePayloadBytes = 1024
 
     /// The default limits.

@@ -74,81 +74,98 @@ public struct DeliveryReceiver: Sendable {
         if stale > 0 { logger.info("deleted abandoned partial files", metadata: ["count": "\(stale)"]) }
         return try await channel.executeThenClose { inbound, outbound in
             var machine = DeliveryReceiverStateMachine(limits: limits, now: { UInt64(max(0, clock().milliseconds)) })
-            var summary = Summary()
-            var partial: PartialFile?
-            var found: FoundPartial?
-            defer { partial?.close() }
-            for try await frame in inbound {
-                var action = try machine.receive(frame)
-                while true {
-                    switch action {
-                    case .none:
-                        break
-                    case .send(let reply):
-                        if case .answer(let id, .refused) = reply { summary.refused.append(id) }
-                        try await outbound.write(reply)
-                    case .lookUp(let offer):
-                        let (result, state) = try await blocking { try lookUp(offer) }
-                        found = state
-                        if result == .complete {
-                            summary.duplicates.append(offer.id)
-                            events?(.duplicate(id: offer.id))
-                        }
-                        action = try machine.lookUpCompleted(result)
-                        continue
-                    case .preparePartial(let offer, let offset):
-                        let resumed = found.flatMap { $0.length == offset && offset > 0 ? HashState(value: $0.hasher) : nil }
-                        let path = store.partialPath(for: offer.id, from: peer)
-                        partial = try await blocking { try PartialFile(path: path, keeping: offset, hasher: resumed?.value) }
-                        found = nil
-                        if offset > 0 { logger.info("resuming", metadata: ["item": "\(offer.id)", "offset": "\(offset)"]) }
-                        events?(.transferStarted(id: offer.id, offset: offset, total: offer.size))
-                    case .append(let bytes):
-                        if let file = partial { try await blocking { try file.append(bytes) } }
-                        summary.bytesReceived += UInt64(bytes.readableBytes)
-                        if case .receiving(let offer, let received) = machine.state {
-                            events?(.progress(id: offer.id, bytes: received, total: offer.size))
-                        }
-                    case .verify:
-                        let file = partial
-                        let digest = try await blocking { try file?.finish() ?? [] }
-                        partial = nil
-                        action = try machine.contentVerified(digest: digest)
-                        continue
-                    case .commit(let offer):
-                        let received = now()
-                        switch try await blocking({ try store.commitReceived(offer, from: peer, now: received) }) {
-                        case .stored(let item):
-                            summary.received.append(item)
-                            logger.info("received", metadata: ["item": "\(offer.id)", "kind": "\(offer.kind.rawValue)"])
-                            events?(.received(item))
-                        case .alreadyStored:
-                            summary.duplicates.append(offer.id)
-                            events?(.duplicate(id: offer.id))
-                        case .invalidText:
-                            action = try machine.commitRefusedInvalidText()
-                            continue
-                        }
-                        action = try machine.committed()
-                        continue
-                    case .discardPartial(let offer, let reply):
-                        let path = store.partialPath(for: offer.id, from: peer)
-                        _ = try? await blocking { try FileManager.default.removeItem(atPath: path) }
-                        if case .reject(_, let failure) = reply {
-                            summary.discarded.append(offer.id)
-                            logger.warning("discarded damaged content", metadata: ["item": "\(offer.id)", "reason": "\(failure)"])
-                            events?(.discarded(id: offer.id, failure))
-                        }
-                        try await outbound.write(reply)
-                    case .finish:
-                        return summary
-                    }
-                    break
+            do {
+                return try await session(inbound, outbound, &machine)
+            } catch let error as DeliveryProtocolError {
+                // A version 2 sender hears why the session ends: a frame over our maximum, a name too
+                // long, a frame out of place. It would otherwise see only the stream end.
+                if machine.senderHearsErrors, let report = DeliveryFrame.error(reporting: error) {
+                    try? await outbound.write(report)
                 }
+                throw error.naming(peer: peer.name)
             }
-            try machine.streamEnded()
-            return summary
         }
+    }
+
+    /// The frames of one session, after the claim and the sweep.
+    private func session(_ inbound: NIOAsyncChannelInboundStream<DeliveryFrame>,
+                         _ outbound: NIOAsyncChannelOutboundWriter<DeliveryFrame>,
+                         _ machine: inout DeliveryReceiverStateMachine) async throws -> Summary {
+        let store = self.store, peer = self.peer, now = self.now
+        var summary = Summary()
+        var partial: PartialFile?
+        var found: FoundPartial?
+        defer { partial?.close() }
+        for try await frame in inbound {
+            var action = try machine.receive(frame)
+            while true {
+                switch action {
+                case .none:
+                    break
+                case .send(let reply):
+                    if case .answer(let id, .refused) = reply { summary.refused.append(id) }
+                    try await outbound.write(reply)
+                case .lookUp(let offer):
+                    let (result, state) = try await blocking { try lookUp(offer) }
+                    found = state
+                    if result == .complete {
+                        summary.duplicates.append(offer.id)
+                        events?(.duplicate(id: offer.id))
+                    }
+                    action = try machine.lookUpCompleted(result)
+                    continue
+                case .preparePartial(let offer, let offset):
+                    let resumed = found.flatMap { $0.length == offset && offset > 0 ? HashState(value: $0.hasher) : nil }
+                    let path = store.partialPath(for: offer.id, from: peer)
+                    partial = try await blocking { try PartialFile(path: path, keeping: offset, hasher: resumed?.value) }
+                    found = nil
+                    if offset > 0 { logger.info("resuming", metadata: ["item": "\(offer.id)", "offset": "\(offset)"]) }
+                    events?(.transferStarted(id: offer.id, offset: offset, total: offer.size))
+                case .append(let bytes):
+                    if let file = partial { try await blocking { try file.append(bytes) } }
+                    summary.bytesReceived += UInt64(bytes.readableBytes)
+                    if case .receiving(let offer, let received) = machine.state {
+                        events?(.progress(id: offer.id, bytes: received, total: offer.size))
+                    }
+                case .verify:
+                    let file = partial
+                    let digest = try await blocking { try file?.finish() ?? [] }
+                    partial = nil
+                    action = try machine.contentVerified(digest: digest)
+                    continue
+                case .commit(let offer):
+                    let received = now()
+                    switch try await blocking({ try store.commitReceived(offer, from: peer, now: received) }) {
+                    case .stored(let item):
+                        summary.received.append(item)
+                        logger.info("received", metadata: ["item": "\(offer.id)", "kind": "\(offer.kind.rawValue)"])
+                        events?(.received(item))
+                    case .alreadyStored:
+                        summary.duplicates.append(offer.id)
+                        events?(.duplicate(id: offer.id))
+                    case .invalidText:
+                        action = try machine.commitRefusedInvalidText()
+                        continue
+                    }
+                    action = try machine.committed()
+                    continue
+                case .discardPartial(let offer, let reply):
+                    let path = store.partialPath(for: offer.id, from: peer)
+                    _ = try? await blocking { try FileManager.default.removeItem(atPath: path) }
+                    if case .reject(_, let failure) = reply {
+                        summary.discarded.append(offer.id)
+                        logger.warning("discarded damaged content", metadata: ["item": "\(offer.id)", "reason": "\(failure)"])
+                        events?(.discarded(id: offer.id, failure))
+                    }
+                    try await outbound.write(reply)
+                case .finish:
+                    return summary
+                }
+                break
+            }
+        }
+        try machine.streamEnded()
+        return summary
     }
 
     /// Runs blocking database or file work on the blocking pool.

@@ -4,8 +4,9 @@ import NIOCore
 /// The receiving side of a delivery session as a pure state machine: it consumes frames and the results
 /// of the I/O it asked for, and returns the next action. It performs no I/O itself.
 ///
-/// Per item: offer → (look up inbox and partial file) → answer → start → data… → end → (verify digest) →
-/// (commit to the inbox) → ack. Each step is only accepted in the state that expects it.
+/// hello → welcome (version 2 senders only), then per item: offer → (look up inbox and partial file) →
+/// answer → start → data… → end → (verify digest) → (commit to the inbox) → ack. Each step is only
+/// accepted in the state that expects it; an `error` frame from the sender ends the session.
 public struct DeliveryReceiverStateMachine: Sendable {
     /// The states of the receiving side.
     public enum State: Sendable, Hashable {
@@ -63,6 +64,12 @@ public struct DeliveryReceiverStateMachine: Sendable {
 
     /// The current state.
     public private(set) var state: State = .awaitingHello
+    /// The protocol version of the session, once the sender's `hello` came: 1 (no `welcome`, no `error`
+    /// frames) or ``DeliveryFrame/protocolVersion``.
+    public private(set) var version: UInt8?
+
+    /// Whether the sender understands `error` frames (it speaks version 2).
+    public var senderHearsErrors: Bool { (version ?? 0) >= 2 }
     /// The limits offers are checked against.
     public let limits: DeliveryLimits
     /// The receiver's clock (milliseconds since the epoch), to refuse expired offers.
@@ -77,10 +84,18 @@ public struct DeliveryReceiverStateMachine: Sendable {
     /// Feeds one frame from the sender.
     public mutating func receive(_ frame: DeliveryFrame) throws -> Action {
         switch (state, frame) {
-        case (.awaitingHello, .hello(let version)):
-            guard version == DeliveryFrame.protocolVersion else { return try fail(.unsupportedVersion(version)) }
+        case (.awaitingHello, .hello(let offered)):
+            guard offered >= DeliveryFrame.oldestAcceptedVersion else { return try fail(.unsupportedVersion(offered)) }
             state = .idle
-            return .none
+            // A later sender gets the highest version we speak; it speaks that one too.
+            let version = min(offered, DeliveryFrame.protocolVersion)
+            self.version = version
+            guard version >= 2 else { return .none }
+            return .send(.welcome(version: version, maxFramePayloadBytes: UInt32(clamping: limits.maxFramePayloadBytes)))
+        case (.finished, _), (.failed, _):
+            return try fail(.unexpectedFrame(frame: frame.name, state: stateName))
+        case (_, .error(let code, let reason)):
+            return try fail(.peerReported(code: code, reason: reason, peer: nil, subject: nil))
         case (.idle, .offer(let offer)):
             if let refusal = refusal(of: offer) { return .send(.answer(id: offer.id, .refused(refusal))) }
             state = .lookingUp(offer)

@@ -68,91 +68,113 @@ public struct DeliverySender: Sendable {
 
     /// The session itself, once ``run(on:)`` holds the claim.
     private func runClaimed(on channel: DeliveryChannel.AsyncFrames) async throws -> Summary {
-        let store = self.store, peer = self.peer, now = self.now
-        return try await channel.executeThenClose { inbound, outbound in
-            var frames = inbound.makeAsyncIterator()
+        try await channel.executeThenClose { inbound, outbound in
             var machine = DeliverySenderStateMachine()
-            var summary = Summary()
-            var handled = Set<UUID>()
-            try await outbound.write(machine.start())
-            _ = try await blocking { try store.sweepExpired(now: now()) }
-            // Items are fetched a batch at a time; an empty batch is refetched once, so items queued during
-            // the session go out too. `handled` keeps an item from being offered twice in one session.
-            var batch: [OutboxItem] = []
-            while true {
-                if batch.isEmpty {
-                    batch = try await blocking { [handled] in
-                        try store.pendingItems(for: peer, now: now()).filter { !handled.contains($0.id) }
-                    }
-                    if batch.isEmpty { break }
+            do {
+                return try await session(inbound.makeAsyncIterator(), outbound, &machine)
+            } catch let error as DeliveryProtocolError {
+                // A receiver that welcomed us hears why the session ends (it cannot see our side's reason).
+                if machine.receiverHearsErrors, let report = DeliveryFrame.error(reporting: error) {
+                    try? await outbound.write(report)
                 }
-                let item = batch.removeFirst()
-                handled.insert(item.id)
-                // Expired while waiting in this batch: the next sweep drops it; never offer it.
-                guard item.expiresAtMs > now().millisecondsSinceEpoch else { continue }
-                guard let content = ItemContent(item) else {
-                    logger.error("content of queued item is missing", metadata: ["item": "\(item.id)"])
-                    try await blocking { try store.recordProblem(item.id, "the node's copy of the file is missing or changed size") }
-                    continue
-                }
-                events?(.offered(item.offer))
-                try await outbound.write(machine.offer(item.offer))
-                var action = try machine.receive(try await next(&frames, &machine))
-                while true {
-                    switch action {
-                    case .verifyPrefix(_, let offset, let digest):
-                        let matches = try await blocking { try content.prefixDigest(length: offset) } == digest
-                        if !matches { logger.info("receiver's partial copy differs; restarting", metadata: ["item": "\(item.id)"]) }
-                        action = try machine.prefixVerified(matches: matches)
-                        continue
-                    case .stream(let offer, let offset):
-                        if offset != UInt64(max(0, item.acknowledgedBytes)) {
-                            try await blocking { try store.recordAcknowledgedBytes(offer.id, offset) }
-                        }
-                        events?(.transferStarted(id: offer.id, offset: offset, total: offer.size))
-                        try await outbound.write(.start(id: offer.id, offset: offset))
-                        let reader = try await blocking { try content.reader(from: offset) }
-                        defer { reader.close() }
-                        var position = offset
-                        while position < offer.size {
-                            let count = Int(min(UInt64(limits.chunkBytes), offer.size - position))
-                            let chunk = try await blocking { try reader.read(count) }
-                            position += UInt64(chunk.count)
-                            summary.bytesSent += UInt64(chunk.count)
-                            try await outbound.write(.data(ByteBuffer(bytes: chunk)))
-                            events?(.progress(id: offer.id, bytes: position, total: offer.size))
-                        }
-                        try await outbound.write(machine.contentSent())
-                        action = try machine.receive(try await next(&frames, &machine))
-                        continue
-                    case .delivered(let offer, let alreadyStored):
-                        try await blocking { try store.markDelivered(offer.id) }
-                        if alreadyStored { summary.alreadyStored.append(offer.id) } else { summary.delivered.append(offer.id) }
-                        logger.info("delivered", metadata: ["item": "\(offer.id)", "alreadyStored": "\(alreadyStored)"])
-                        events?(.delivered(id: offer.id, alreadyStored: alreadyStored))
-                    case .refused(let offer, let reason):
-                        try await blocking { try store.markRefused(offer.id, reason: "refused by the receiver: \(reason)") }
-                        summary.refused.append(offer.id)
-                        logger.warning("refused by the receiver", metadata: ["item": "\(offer.id)", "reason": "\(reason)"])
-                        events?(.refused(id: offer.id, reason))
-                    case .rejected(let offer, let failure):
-                        try await blocking { try store.recordProblem(offer.id, "rejected by the receiver as damaged (\(failure)); will be sent again") }
-                        summary.rejected.append(offer.id)
-                        logger.warning("rejected by the receiver as damaged; will be sent again", metadata: ["item": "\(offer.id)", "reason": "\(failure)"])
-                        events?(.rejected(id: offer.id, failure))
-                    }
-                    break
-                }
+                throw error.naming(peer: peer.name)
             }
-            try await outbound.write(machine.finish())
-            // The receiver closes after `done`; waiting for that lets `done` arrive before our close. How the
-            // stream ends (a clean EOF, or a reset as some multiplexers close) no longer matters: every item
-            // was settled by its own acknowledgement.
-            let after: DeliveryFrame?
-            do { after = try await frames.next() } catch { after = nil }
-            if let after { throw DeliveryProtocolError.unexpectedFrame(frame: after.name, state: machine.stateName) }
-            return summary
         }
+    }
+
+    /// The frames of one session, after the claim.
+    private func session(_ frames: NIOAsyncChannelInboundStream<DeliveryFrame>.AsyncIterator,
+                         _ outbound: NIOAsyncChannelOutboundWriter<DeliveryFrame>,
+                         _ machine: inout DeliverySenderStateMachine) async throws -> Summary {
+        let store = self.store, peer = self.peer, now = self.now
+        var frames = frames
+        var summary = Summary()
+        var handled = Set<UUID>()
+        var chunkBytes = limits.chunkBytes
+        try await outbound.write(machine.start())
+        // The receiver's welcome: its frame maximum bounds our chunks [NODE-1.18].
+        if case .welcomed(let maximum) = try machine.receive(try await next(&frames, &machine)) {
+            chunkBytes = max(1, min(chunkBytes, maximum))
+        }
+        _ = try await blocking { try store.sweepExpired(now: now()) }
+        // Items are fetched a batch at a time; an empty batch is refetched once, so items queued during
+        // the session go out too. `handled` keeps an item from being offered twice in one session.
+        var batch: [OutboxItem] = []
+        while true {
+            if batch.isEmpty {
+                batch = try await blocking { [handled] in
+                    try store.pendingItems(for: peer, now: now()).filter { !handled.contains($0.id) }
+                }
+                if batch.isEmpty { break }
+            }
+            let item = batch.removeFirst()
+            handled.insert(item.id)
+            // Expired while waiting in this batch: the next sweep drops it; never offer it.
+            guard item.expiresAtMs > now().millisecondsSinceEpoch else { continue }
+            guard let content = ItemContent(item) else {
+                logger.error("content of queued item is missing", metadata: ["item": "\(item.id)"])
+                try await blocking { try store.recordProblem(item.id, "the node's copy of the file is missing or changed size") }
+                continue
+            }
+            events?(.offered(item.offer))
+            try await outbound.write(machine.offer(item.offer))
+            var action = try machine.receive(try await next(&frames, &machine))
+            while true {
+                switch action {
+                case .verifyPrefix(_, let offset, let digest):
+                    let matches = try await blocking { try content.prefixDigest(length: offset) } == digest
+                    if !matches { logger.info("receiver's partial copy differs; restarting", metadata: ["item": "\(item.id)"]) }
+                    action = try machine.prefixVerified(matches: matches)
+                    continue
+                case .stream(let offer, let offset):
+                    if offset != UInt64(max(0, item.acknowledgedBytes)) {
+                        try await blocking { try store.recordAcknowledgedBytes(offer.id, offset) }
+                    }
+                    events?(.transferStarted(id: offer.id, offset: offset, total: offer.size))
+                    try await outbound.write(.start(id: offer.id, offset: offset))
+                    let reader = try await blocking { try content.reader(from: offset) }
+                    defer { reader.close() }
+                    var position = offset
+                    while position < offer.size {
+                        let count = Int(min(UInt64(chunkBytes), offer.size - position))
+                        let chunk = try await blocking { try reader.read(count) }
+                        position += UInt64(chunk.count)
+                        summary.bytesSent += UInt64(chunk.count)
+                        try await outbound.write(.data(ByteBuffer(bytes: chunk)))
+                        events?(.progress(id: offer.id, bytes: position, total: offer.size))
+                    }
+                    try await outbound.write(machine.contentSent())
+                    action = try machine.receive(try await next(&frames, &machine))
+                    continue
+                case .delivered(let offer, let alreadyStored):
+                    try await blocking { try store.markDelivered(offer.id) }
+                    if alreadyStored { summary.alreadyStored.append(offer.id) } else { summary.delivered.append(offer.id) }
+                    logger.info("delivered", metadata: ["item": "\(offer.id)", "alreadyStored": "\(alreadyStored)"])
+                    events?(.delivered(id: offer.id, alreadyStored: alreadyStored))
+                case .refused(let offer, let reason):
+                    try await blocking { try store.markRefused(offer.id, reason: "refused by the receiver: \(reason)") }
+                    summary.refused.append(offer.id)
+                    logger.warning("refused by the receiver", metadata: ["item": "\(offer.id)", "reason": "\(reason)"])
+                    events?(.refused(id: offer.id, reason))
+                case .rejected(let offer, let failure):
+                    try await blocking { try store.recordProblem(offer.id, "rejected by the receiver as damaged (\(failure)); will be sent again") }
+                    summary.rejected.append(offer.id)
+                    logger.warning("rejected by the receiver as damaged; will be sent again", metadata: ["item": "\(offer.id)", "reason": "\(failure)"])
+                    events?(.rejected(id: offer.id, failure))
+                case .welcomed:
+                    throw DeliveryProtocolError.unexpectedFrame(frame: "welcome", state: machine.stateName)
+                }
+                break
+            }
+        }
+        try await outbound.write(machine.finish())
+        // The receiver closes after `done`; waiting for that lets `done` arrive before our close. How the
+        // stream ends (a clean EOF, or a reset as some multiplexers close) no longer matters: every item
+        // was settled by its own acknowledgement.
+        let after: DeliveryFrame?
+        do { after = try await frames.next() } catch { after = nil }
+        if let after { throw DeliveryProtocolError.unexpectedFrame(frame: after.name, state: machine.stateName) }
+        return summary
     }
 
     /// Runs blocking database or file work on the blocking pool.

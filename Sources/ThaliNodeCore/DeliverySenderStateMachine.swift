@@ -3,13 +3,16 @@ import Foundation
 /// The sending side of a delivery session as a pure state machine: the driver tells it which item it
 /// offers and feeds it the receiver's frames and the results of local I/O; it returns the next action.
 ///
-/// Per item: offer → answer (nothing / partial / complete / refused) → [verify the partial's prefix] →
-/// start, data…, end → ack (remove the item) or reject (keep it for a later session).
+/// hello → welcome (the receiver's frame maximum), then per item: offer → answer (nothing / partial /
+/// complete / refused) → [verify the partial's prefix] → start, data…, end → ack (remove the item) or
+/// reject (keep it for a later session). An `error` frame from the receiver ends the session in any state.
 public struct DeliverySenderStateMachine: Sendable {
     /// The states of the sending side.
     public enum State: Sendable, Hashable {
         /// `hello` not sent yet.
         case initial
+        /// `hello` sent; waiting for the receiver's `welcome`.
+        case awaitingWelcome
         /// May offer the next item or finish.
         case ready
         /// Offered an item; waiting for the answer.
@@ -28,6 +31,9 @@ public struct DeliverySenderStateMachine: Sendable {
 
     /// What the driver must do next.
     public enum Action: Sendable, Hashable {
+        /// The receiver speaks version 2 and accepts frame payloads up to `maxFramePayloadBytes`: keep data
+        /// chunks within it, then offer.
+        case welcomed(maxFramePayloadBytes: Int)
         /// Compare the SHA-256 of the first `offset` bytes of the item with `digest`; call
         /// ``prefixVerified(matches:)``.
         case verifyPrefix(ItemOffer, offset: UInt64, digest: [UInt8])
@@ -43,6 +49,11 @@ public struct DeliverySenderStateMachine: Sendable {
 
     /// The current state.
     public private(set) var state: State = .initial
+    /// The largest frame payload the receiver accepts, from its `welcome` (nil before).
+    public private(set) var receiverMaxFramePayloadBytes: Int?
+
+    /// Whether the receiver understands `error` frames (it answered `hello` with `welcome`).
+    public var receiverHearsErrors: Bool { receiverMaxFramePayloadBytes != nil }
 
     /// Creates a sender in the `initial` state.
     public init() {}
@@ -50,7 +61,7 @@ public struct DeliverySenderStateMachine: Sendable {
     /// Opens the session: the `hello` frame to send.
     public mutating func start() throws -> DeliveryFrame {
         guard state == .initial else { return try failFrame(.unexpectedFrame(frame: "hello", state: stateName)) }
-        state = .ready
+        state = .awaitingWelcome
         return .hello(version: DeliveryFrame.protocolVersion)
     }
 
@@ -71,6 +82,18 @@ public struct DeliverySenderStateMachine: Sendable {
     /// Feeds one frame from the receiver.
     public mutating func receive(_ frame: DeliveryFrame) throws -> Action {
         switch (state, frame) {
+        case (.finished, _), (.failed, _):
+            return try fail(.unexpectedFrame(frame: frame.name, state: stateName))
+        case (_, .error(let code, let reason)):
+            return try fail(.peerReported(code: code, reason: reason, peer: nil, subject: subject))
+        case (.awaitingWelcome, .welcome(let version, let maximum)):
+            guard version == DeliveryFrame.protocolVersion else { return try fail(.unsupportedVersion(version)) }
+            guard maximum >= DeliveryLimits.minimumFramePayloadBytes else {
+                return try fail(.malformedFrame(type: "welcome", reason: "frame maximum \(maximum) below \(DeliveryLimits.minimumFramePayloadBytes)"))
+            }
+            receiverMaxFramePayloadBytes = Int(maximum)
+            state = .ready
+            return .welcomed(maxFramePayloadBytes: Int(maximum))
         case (.awaitingAnswer(let offer), .answer(let id, let answer)):
             guard id == offer.id else { return try fail(.itemMismatch(expected: offer.id, received: id)) }
             switch answer {
@@ -136,10 +159,20 @@ public struct DeliverySenderStateMachine: Sendable {
         throw error
     }
 
+    /// What the receiver refuses when it reports an error now: the item in progress, or nil (the session).
+    private var subject: String? {
+        switch state {
+        case .awaitingAnswer(let offer), .verifyingPrefix(let offer, _), .streaming(let offer, _), .awaitingAck(let offer):
+            offer.kind == .file ? "the file \"\(offer.name)\"" : "the text"
+        default: nil
+        }
+    }
+
     /// The state's name, for errors.
     public var stateName: String {
         switch state {
         case .initial: "starting"
+        case .awaitingWelcome: "awaiting the receiver's welcome"
         case .ready: "ready to offer"
         case .awaitingAnswer: "awaiting an answer"
         case .verifyingPrefix: "verifying a prefix"

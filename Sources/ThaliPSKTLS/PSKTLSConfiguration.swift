@@ -80,7 +80,10 @@ public struct PSKTLSConfiguration: Sendable {
     public var maximumBufferedFailures: Int = 64
 
     /// Whether receiving `close_notify` only ends the input (half-closure: `ChannelEvent.inputClosed` is
-    /// fired and writing stays possible) instead of closing the whole connection. Default: true.
+    /// fired and writing stays possible) instead of answering it with our own close_notify and closing the
+    /// whole connection at once (RFC 5246 §7.2.1). Half-closure also needs the channel's own
+    /// `ChannelOptions.allowRemoteHalfClosure` (which `PSKTLSServer` and `PSKTLSClient` set): a channel
+    /// that would close at the end of its TCP input closes at the end of its TLS input too. Default: true.
     public var allowRemoteHalfClosure: Bool = true
 
     /// The defaults.

@@ -10,7 +10,10 @@ import NIOCore
 /// - Every failure is fired as a `PSKTLSError` through `errorCaught` (and fails the handshake promise
 ///   while handshaking); any alert OpenSSL produced is sent first, then the channel is closed.
 /// - `close(mode: .all)` sends close_notify, then closes; `close(mode: .output)` sends close_notify and
-///   shuts down the TCP output (half-closure). A received close_notify fires `ChannelEvent.inputClosed`.
+///   shuts down the TCP output (half-closure). A received close_notify fires `ChannelEvent.inputClosed`
+///   when half-closure is allowed (`PSKTLSConfiguration.allowRemoteHalfClosure` and the channel's
+///   `ChannelOptions.allowRemoteHalfClosure`); otherwise it is answered at once with our close_notify
+///   and the channel is closed (RFC 5246 §7.2.1).
 /// - Backpressure: the handler never reads from the network on its own once the handshake is done;
 ///   each network read is decrypted and delivered entirely, so nothing is buffered between reads,
 ///   and the application's `read()` calls (or their absence) pace the network.
@@ -205,8 +208,14 @@ public final class PSKTLSHandler: ChannelDuplexHandler {
         }
     }
 
+    /// Answers the peer's close_notify at once unless both the configuration and the channel allow
+    /// half-closure. A channel without `ChannelOptions.allowRemoteHalfClosure` closes when its input ends
+    /// (NIO's rule for TCP), so nothing above it waits for an end of input that it would ignore: a
+    /// pipeline that never acts on `inputClosed` (a multiplexer session, say) would otherwise keep the
+    /// connection, and the peer waiting for our answer, open until some timeout.
     private func closeNotifyReceived(context: ChannelHandlerContext) {
-        switch stateMachine.closeNotifyReceived(allowHalfClosure: configuration.allowRemoteHalfClosure) {
+        let channelAllows = (try? context.channel.syncOptions?.getOption(ChannelOptions.allowRemoteHalfClosure)) ?? false
+        switch stateMachine.closeNotifyReceived(allowHalfClosure: configuration.allowRemoteHalfClosure && channelAllows) {
         case .fireInputClosed:
             context.fireUserInboundEventTriggered(ChannelEvent.inputClosed)
         case .replyAndClose:

@@ -27,6 +27,9 @@ struct DeliveryFrameCodecTests {
         .ack(id: id),
         .reject(id: id, .digestMismatch),
         .done,
+        .welcome(version: 2, maxFramePayloadBytes: 1024),
+        .error(code: .frameTooLarge, reason: "frame payload of 32768 bytes exceeds the limit of 1024"),
+        .error(code: DeliveryErrorCode(rawValue: 200), reason: ""),
     ]
 
     static func encoded(_ frames: [DeliveryFrame]) -> ByteBuffer {
@@ -52,6 +55,30 @@ struct DeliveryFrameCodecTests {
         #expect(bytes.prefix(5) == [4, 0, 0, 0, 24])
         #expect(Array(bytes[5..<21]) == withUnsafeBytes(of: Self.id.uuid) { Array($0) })
         #expect(Array(bytes[21...]) == [0, 0, 0, 0, 0, 0, 1, 2])
+    }
+
+    @Test("welcome and error frames: their wire layout, and an error reason that is too long or not UTF-8 is refused")
+    func welcomeAndErrorLayout() throws {
+        var buffer = ByteBuffer()
+        DeliveryFrame.welcome(version: 2, maxFramePayloadBytes: 0x0102_0304).encode(into: &buffer)
+        #expect(Array(buffer.readableBytesView) == [10, 0, 0, 0, 5, 2, 1, 2, 3, 4])
+        buffer.clear()
+        DeliveryFrame.error(code: .limitExceeded, reason: "é").encode(into: &buffer)
+        #expect(Array(buffer.readableBytesView) == [11, 0, 0, 0, 3, 4, 0xC3, 0xA9])
+
+        var notUTF8 = ByteBuffer(bytes: [11, 0, 0, 0, 2, 1, 0xFF])
+        #expect(throws: DeliveryProtocolError.malformedFrame(type: "error", reason: "reason is not UTF-8")) {
+            try DeliveryFrame.decode(from: &notUTF8, limits: Self.limits)
+        }
+        var long = ByteBuffer()
+        DeliveryFrame.error(code: .protocolViolation, reason: String(repeating: "x", count: 1001)).encode(into: &long)
+        #expect(throws: DeliveryProtocolError.malformedFrame(type: "error", reason: "reason of 1001 bytes")) {
+            try DeliveryFrame.decode(from: &long, limits: Self.limits)
+        }
+        var shortWelcome = ByteBuffer(bytes: [10, 0, 0, 0, 3, 2, 0, 0])
+        #expect(throws: DeliveryProtocolError.malformedFrame(type: "welcome", reason: "truncated")) {
+            try DeliveryFrame.decode(from: &shortWelcome, limits: Self.limits)
+        }
     }
 
     @Test("a stream split at every byte position decodes to the same frames through the channel handler")

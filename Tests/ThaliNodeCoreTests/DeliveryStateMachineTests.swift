@@ -14,8 +14,95 @@ struct DeliveryStateMachineTests {
 
     static func receiver(_ limits: DeliveryLimits = DeliveryLimits()) throws -> DeliveryReceiverStateMachine {
         var machine = DeliveryReceiverStateMachine(limits: limits, now: { now })
-        #expect(try machine.receive(.hello(version: 1)) == .none)
+        #expect(try machine.receive(.hello(version: 2)) == .send(.welcome(version: 2, maxFramePayloadBytes: UInt32(limits.maxFramePayloadBytes))))
         return machine
+    }
+
+    /// A sender past its hello and the receiver's welcome (a maximum of 1024).
+    static func welcomedSender() throws -> DeliverySenderStateMachine {
+        var machine = DeliverySenderStateMachine()
+        #expect(try machine.start() == .hello(version: 2))
+        #expect(try machine.receive(.welcome(version: 2, maxFramePayloadBytes: 1024)) == .welcomed(maxFramePayloadBytes: 1024))
+        return machine
+    }
+
+    @Test("versions: a receiver answers hello(2) with welcome and its maximum; hello(1) with nothing; a later version with its own")
+    func versionNegotiation() throws {
+        var limits = DeliveryLimits()
+        limits.maxFramePayloadBytes = 1024
+        var current = DeliveryReceiverStateMachine(limits: limits, now: { Self.now })
+        #expect(try current.receive(.hello(version: 2)) == .send(.welcome(version: 2, maxFramePayloadBytes: 1024)))
+        #expect(current.senderHearsErrors)
+
+        var old = DeliveryReceiverStateMachine(limits: limits, now: { Self.now })
+        #expect(try old.receive(.hello(version: 1)) == .none)
+        #expect(old.state == .idle && old.version == 1 && !old.senderHearsErrors)
+
+        var later = DeliveryReceiverStateMachine(limits: limits, now: { Self.now })
+        #expect(try later.receive(.hello(version: 7)) == .send(.welcome(version: 2, maxFramePayloadBytes: 1024)))
+
+        var zero = DeliveryReceiverStateMachine(limits: limits, now: { Self.now })
+        #expect(throws: DeliveryProtocolError.unsupportedVersion(0)) { try zero.receive(.hello(version: 0)) }
+
+        // The sender waits for the welcome before offering, and takes the receiver's maximum from it.
+        var sender = DeliverySenderStateMachine()
+        _ = try sender.start()
+        #expect(throws: DeliveryProtocolError.unexpectedFrame(frame: "offer", state: "awaiting the receiver's welcome")) {
+            try sender.offer(Self.offer())
+        }
+        var welcomed = try Self.welcomedSender()
+        #expect(welcomed.receiverMaxFramePayloadBytes == 1024 && welcomed.receiverHearsErrors)
+        #expect(try welcomed.finish() == .done)
+
+        var tiny = DeliverySenderStateMachine()
+        _ = try tiny.start()
+        #expect(throws: DeliveryProtocolError.self) { try tiny.receive(.welcome(version: 2, maxFramePayloadBytes: 100)) }
+        var wrongVersion = DeliverySenderStateMachine()
+        _ = try wrongVersion.start()
+        #expect(throws: DeliveryProtocolError.unsupportedVersion(3)) { try wrongVersion.receive(.welcome(version: 3, maxFramePayloadBytes: 4096)) }
+    }
+
+    @Test("error frames end the session on either side, with the reason and what was refused")
+    func errorFrames() throws {
+        let offer = Self.offer(name: "big.bin")
+        var sender = try Self.welcomedSender()
+        _ = try sender.offer(offer)
+        _ = try sender.receive(.answer(id: offer.id, .nothing))
+        let reason = "frame payload of 32768 bytes exceeds the limit of 1024"
+        #expect(throws: DeliveryProtocolError.peerReported(code: .frameTooLarge, reason: reason, peer: nil, subject: "the file \"big.bin\"")) {
+            try sender.receive(.error(code: .frameTooLarge, reason: reason))
+        }
+        #expect(sender.state == .failed)
+        let named = DeliveryProtocolError.peerReported(code: .frameTooLarge, reason: reason, peer: nil, subject: "the file \"big.bin\"")
+            .naming(peer: "bob")
+        #expect(named.description == "bob refused the file \"big.bin\": frame payload of 32768 bytes exceeds the limit of 1024")
+
+        var idle = try Self.welcomedSender()
+        #expect(throws: DeliveryProtocolError.peerReported(code: .internalError, reason: "disk full", peer: nil, subject: nil)) {
+            try idle.receive(.error(code: .internalError, reason: "disk full"))
+        }
+
+        var receiver = try Self.receiver()
+        #expect(throws: DeliveryProtocolError.peerReported(code: .protocolViolation, reason: "x", peer: nil, subject: nil)) {
+            try receiver.receive(.error(code: .protocolViolation, reason: "x"))
+        }
+        #expect(receiver.state == .failed)
+
+        // What each failure reports: its code, and its description as the reason.
+        #expect(DeliveryFrame.error(reporting: .frameTooLarge(length: 32768, limit: 1024))
+                == .error(code: .frameTooLarge, reason: "frame payload of 32768 bytes exceeds the limit of 1024"))
+        #expect(DeliveryFrame.error(reporting: .nameTooLong(length: 300, limit: 255))?.name == "error")
+        #expect(DeliveryFrame.error(reporting: .connectionClosed(state: "receiving")) == nil)
+        #expect(DeliveryFrame.error(reporting: named) == nil)
+        let long = DeliveryProtocolError.malformedFrame(type: "offer", reason: String(repeating: "é", count: 2000))
+        if case .error(_, let cut)? = DeliveryFrame.error(reporting: long) {
+            #expect(cut.utf8.count <= DeliveryFrame.maximumErrorReasonBytes && cut.utf8.count > 900)
+            var encoded = ByteBuffer()
+            DeliveryFrame.error(reporting: long)?.encode(into: &encoded)
+            #expect(encoded.readableBytes - DeliveryFrame.headerBytes <= DeliveryLimits.minimumFramePayloadBytes)
+        } else {
+            Issue.record("no error frame for a malformed frame")
+        }
     }
 
     @Test("receiver: a full transfer goes offer → look-up → answer → start → data → verify → commit → ack")
@@ -108,7 +195,7 @@ struct DeliveryStateMachineTests {
         #expect(noHello.state == .failed)
 
         var version = DeliveryReceiverStateMachine(limits: DeliveryLimits(), now: { Self.now })
-        #expect(throws: DeliveryProtocolError.unsupportedVersion(2)) { try version.receive(.hello(version: 2)) }
+        #expect(throws: DeliveryProtocolError.unsupportedVersion(0)) { try version.receive(.hello(version: 0)) }
 
         let offer = Self.offer(size: 3)
         var tooMuch = try Self.receiver()
@@ -148,8 +235,7 @@ struct DeliveryStateMachineTests {
     func senderAnswers() throws {
         let offer = Self.offer(size: 10)
         func offered() throws -> DeliverySenderStateMachine {
-            var machine = DeliverySenderStateMachine()
-            #expect(try machine.start() == .hello(version: 1))
+            var machine = try Self.welcomedSender()
             #expect(try machine.offer(offer) == .offer(offer))
             return machine
         }
@@ -191,24 +277,21 @@ struct DeliveryStateMachineTests {
         var machine = DeliverySenderStateMachine()
         #expect(throws: DeliveryProtocolError.unexpectedFrame(frame: "offer", state: "starting")) { try machine.offer(offer) }
 
-        var wrongItem = DeliverySenderStateMachine()
-        _ = try wrongItem.start()
+        var wrongItem = try Self.welcomedSender()
         _ = try wrongItem.offer(offer)
         let stranger = UUID()
         #expect(throws: DeliveryProtocolError.itemMismatch(expected: offer.id, received: stranger)) {
             try wrongItem.receive(.answer(id: stranger, .complete))
         }
 
-        var earlyAck = DeliverySenderStateMachine()
-        _ = try earlyAck.start()
+        var earlyAck = try Self.welcomedSender()
         _ = try earlyAck.offer(offer)
         #expect(throws: DeliveryProtocolError.unexpectedFrame(frame: "ack", state: "awaiting an answer")) {
             try earlyAck.receive(.ack(id: offer.id))
         }
         #expect(earlyAck.state == .failed)
 
-        var closed = DeliverySenderStateMachine()
-        _ = try closed.start()
+        var closed = try Self.welcomedSender()
         #expect(throws: DeliveryProtocolError.connectionClosed(state: "ready to offer")) { try closed.streamEnded() }
     }
 }

@@ -1,6 +1,7 @@
 import Crypto
 import Foundation
 import NIOCore
+import NIOPosix
 import Testing
 @testable import ThaliNodeCore
 
@@ -123,6 +124,98 @@ struct DeliveryTests {
         #expect(try pair.alice.contactsWithPendingItems().isEmpty)
     }
 
+    /// Issue 23: a receiver whose frame maximum (1024) is below the sender's chunks (32768) refused every
+    /// data frame in version 1, and the sender saw only the stream end. The receiver's welcome brings the
+    /// sender's chunks down to its maximum.
+    @Test("peers with different frame maximums deliver: the sender's chunks follow the receiver's welcome")
+    func differentFrameMaximumsDeliver() async throws {
+        let pair = try NodePair(limits: Self.limits)
+        let content = try Self.queueItems(pair, fileBytes: 40_000)
+        let senderLimits = DeliveryLimits(maxFramePayloadBytes: 64 << 10, chunkBytes: 32 << 10, idleTimeout: .seconds(30))
+        let receiverLimits = DeliveryLimits(maxFramePayloadBytes: 1024, idleTimeout: .seconds(30))
+        let senderLog = EventLog()
+        let outcome = try await deliverOverTCP(pair, limits: senderLimits, receiverLimits: receiverLimits,
+                                               senderEvents: senderLog.handler)
+        #expect(try outcome.sender.get().delivered.count == 3)
+        #expect(try outcome.receiver.get().received.count == 3)
+        try Self.expectDeliveredExactlyOnce(pair, file: content)
+        // The file went in chunks of the receiver's 1024 bytes, not the sender's 32768.
+        let progress = senderLog.events.compactMap { event -> UInt64? in
+            if case .progress(_, let bytes, 40_000) = event { return bytes }
+            return nil
+        }
+        #expect(progress.count == (40_000 + 1023) / 1024)
+        #expect(progress.first == 1024)
+    }
+
+    /// A version 2 receiver that ends the session on the sender's fault says why in an `error` frame; the
+    /// sender's error (which `run` prints in the session's `disconnected` event) gives that reason, the
+    /// contact and the item in words, where version 1 gave only "stream reset by peer".
+    @Test("an error frame reaches the sender and its error says, in words, who refused what and why")
+    func errorFrameReachesTheSender() async throws {
+        let pair = try NodePair(limits: Self.limits)
+        let source = pair.aliceHome.home.path + "/report.pdf"
+        try Data(randomBytes(100)).write(to: URL(fileURLWithPath: source))
+        try pair.alice.enqueueFile(at: source, to: "bob", expiresAt: Date().addingTimeInterval(3600))
+        // Bob takes no file name over 8 bytes: "report.pdf" (10) fails his decoder.
+        let receiverLimits = DeliveryLimits(chunkBytes: 4096, maxNameBytes: 8, idleTimeout: .seconds(30))
+        let outcome = try await deliverOverTCP(pair, limits: Self.limits, receiverLimits: receiverLimits)
+        #expect(throws: DeliveryProtocolError.nameTooLong(length: 10, limit: 8)) { try outcome.receiver.get() }
+        let expected = DeliveryProtocolError.peerReported(code: .limitExceeded, reason: "file name of 10 bytes exceeds the limit of 8",
+                                                          peer: "bob", subject: "the file \"report.pdf\"")
+        #expect(throws: expected) { try outcome.sender.get() }
+        guard case .failure(let error) = outcome.sender else { return }
+        #expect("\(error)" == "bob refused the file \"report.pdf\": file name of 10 bytes exceeds the limit of 8")
+        #expect(PeerConnectionError(error, address: "127.0.0.1:4242").description
+                == "delivery with 127.0.0.1:4242 failed: bob refused the file \"report.pdf\": file name of 10 bytes exceeds the limit of 8")
+        #expect(try pair.alice.outbox().count == 1, "the item stays pending")
+    }
+
+    /// A sender that ignores the welcome (a frame of 2000 bytes after a maximum of 1024) gets an `error`
+    /// frame with the code and the reason before the stream ends: what issue 23's sender never learned.
+    @Test("a frame over the announced maximum gets an error frame with its code and reason, then the end")
+    func oversizedFrameGetsAnErrorFrame() async throws {
+        let pair = try NodePair(limits: Self.limits)
+        let receiverLimits = DeliveryLimits(maxFramePayloadBytes: 1024, idleTimeout: .seconds(30))
+        let group = MultiThreadedEventLoopGroup.singleton
+        let server = try await ServerBootstrap(group: group).bind(host: "127.0.0.1", port: 0) { child in
+            child.eventLoop.makeCompletedFuture { try DeliveryChannel.configureSynchronously(child, limits: receiverLimits) }
+        }
+        let port = try #require(server.channel.localAddress?.port)
+        let receiver = DeliveryReceiver(store: pair.bob, authenticatedPeer: pair.aliceAtBob, limits: receiverLimits, logger: quietLogger)
+        async let received: Result<DeliveryReceiver.Summary, any Error> = {
+            do {
+                return .success(try await server.executeThenClose { connections in
+                    for try await connection in connections { return try await receiver.run(on: connection) }
+                    throw ChannelError.alreadyClosed
+                })
+            } catch { return .failure(error) }
+        }()
+        let client = try await ClientBootstrap(group: group).connect(host: "127.0.0.1", port: port) { channel in
+            channel.eventLoop.makeCompletedFuture { try DeliveryChannel.configureSynchronously(channel, limits: DeliveryLimits()) }
+        }
+        let content = randomBytes(2000)
+        let now = DeliveryClock.nowMilliseconds
+        let offer = ItemOffer(id: UUID(), kind: .file, size: 2000, sha256: Array(SHA256.hash(data: content)),
+                              createdMilliseconds: now, expiresMilliseconds: now + 3_600_000, name: "big.bin")
+        let frames: [DeliveryFrame] = try await client.executeThenClose { inbound, outbound in
+            var iterator = inbound.makeAsyncIterator()
+            var frames: [DeliveryFrame] = []
+            try await outbound.write(.hello(version: 2))
+            if let welcome = try await iterator.next() { frames.append(welcome) }
+            try await outbound.write(.offer(offer))
+            if let answer = try await iterator.next() { frames.append(answer) }
+            try await outbound.write(.start(id: offer.id, offset: 0))
+            try await outbound.write(.data(ByteBuffer(bytes: content)))
+            while let frame = try await iterator.next() { frames.append(frame) }
+            return frames
+        }
+        #expect(frames == [.welcome(version: 2, maxFramePayloadBytes: 1024), .answer(id: offer.id, .nothing),
+                           .error(code: .frameTooLarge, reason: "frame payload of 2000 bytes exceeds the limit of 1024")])
+        let receiverResult = await received
+        #expect(throws: DeliveryProtocolError.frameTooLarge(length: 2000, limit: 1024)) { try receiverResult.get() }
+    }
+
     @Test("a receiving session deletes its contact's abandoned partial files, keeps recent ones and others'")
     func abandonedPartialsSwept() async throws {
         let pair = try NodePair(limits: Self.limits)
@@ -171,8 +264,9 @@ struct DeliveryTests {
         let pair = try NodePair(limits: Self.limits)
         let content = try Self.queueItems(pair, fileBytes: 20_000)
         let first = try #require(try pair.alice.outbox().first)
-        // Bob's first answer is 22 bytes; a cut at 30 lets him commit the first text but not send its ack.
-        let cut = try await deliverOverTCP(pair, limits: Self.limits, cut: (.receiver, 30))
+        // Bob's welcome is 10 bytes and his first answer 22; a cut at 40 lets him commit the first text but
+        // not send its ack (21 bytes).
+        let cut = try await deliverOverTCP(pair, limits: Self.limits, cut: (.receiver, 40))
         #expect(throws: (any Error).self) { try cut.sender.get() }
         #expect(try pair.bob.inbox().map(\.itemID) == [first.id])
         #expect(try pair.alice.outboxItem(id: first.id) != nil)

@@ -95,7 +95,7 @@ struct SessionOutcome: Sendable {
 
 /// Runs one session over a real TCP connection on 127.0.0.1: Bob listens (ephemeral port) and receives,
 /// Alice connects and sends. `cut` closes one side's connection after that many written bytes.
-func deliverOverTCP(_ pair: NodePair, limits: DeliveryLimits, cut: (Side, Int)? = nil,
+func deliverOverTCP(_ pair: NodePair, limits: DeliveryLimits, receiverLimits: DeliveryLimits? = nil, cut: (Side, Int)? = nil,
                     now: @escaping @Sendable () -> Date = { Date() },
                     senderEvents: DeliveryEventHandler? = nil,
                     receiverEvents: DeliveryEventHandler? = nil) async throws -> SessionOutcome {
@@ -107,11 +107,11 @@ func deliverOverTCP(_ pair: NodePair, limits: DeliveryLimits, cut: (Side, Int)? 
                 if let (side, bytes) = cut, side == .receiver {
                     try child.pipeline.syncOperations.addHandler(CutAfterBytes(limit: bytes))
                 }
-                return try DeliveryChannel.configureSynchronously(child, limits: limits)
+                return try DeliveryChannel.configureSynchronously(child, limits: receiverLimits ?? limits)
             }
         }
     let port = try #require(server.channel.localAddress?.port, "the delivery listener has no port")
-    let receiver = DeliveryReceiver(store: pair.bob, authenticatedPeer: pair.aliceAtBob, limits: limits, now: now,
+    let receiver = DeliveryReceiver(store: pair.bob, authenticatedPeer: pair.aliceAtBob, limits: receiverLimits ?? limits, now: now,
                                     events: receiverEvents, logger: quietLogger)
     let sender = DeliverySender(store: pair.alice, authenticatedPeer: pair.bobAtAlice, limits: limits, now: now,
                                 events: senderEvents, logger: quietLogger)

@@ -53,9 +53,14 @@ struct EmbeddedPair {
     let clientReads = NetworkSide()
     let serverReads = NetworkSide()
 
+    /// `serverHalfClosure`: whether the server's channel allows remote half-closure (as a TCP channel of
+    /// `PSKTLSServer` does); the client's always does.
     init(clientPSK: [UInt8] = Fixtures.psk, identity: String = Fixtures.identity192, group: DHGroup = .ffdhe2048,
+         serverHalfClosure: Bool = true,
          configure: (inout PSKTLSConfiguration) -> Void = { _ in },
          lookup: @escaping PSKLookup = { $0 == Fixtures.identity192 ? Fixtures.psk : nil }) throws {
+        client.allowRemoteHalfClosure = true
+        server.allowRemoteHalfClosure = serverHalfClosure
         var configuration = PSKTLSConfiguration(dhGroup: group)
         configure(&configuration)
         let clientContext = try PSKTLSContext(role: .client, configuration: configuration)
@@ -198,6 +203,45 @@ extension PSKTLSTests {
                 #expect(throws: PSKTLSError.self) { try pair.client.writeAndFlush(ByteBuffer(string: "late")).wait() }
                 #expect(pair.serverRecorder.errors.isEmpty && pair.clientRecorder.errors.isEmpty,
                         "\(pair.serverRecorder.errors) \(pair.clientRecorder.errors)")
+            }
+        }
+
+        /// A channel that does not allow remote half-closure (the node's: its multiplexer never acts on
+        /// the end of its input) answers close_notify at once with its own and closes, so a peer that
+        /// sent close_notify and kept TCP open is not left waiting (issue 23: it waited 59.5 s for the
+        /// multiplexer's keepalive).
+        @Test func closeNotifyIsAnsweredAtOnceWithoutHalfClosure() throws {
+            try expectNoLeaksNow {
+                let pair = try EmbeddedPair(serverHalfClosure: false)
+                defer { pair.finish() }
+                try pair.activate()
+                try pair.exchange()
+                try pair.client.writeOutbound(ByteBuffer(string: "last words"))
+                let halfClosed = pair.client.close(mode: .output)  // close_notify; TCP stays open (NetworkSide)
+                try pair.move(from: pair.client, to: pair.server)
+                try halfClosed.wait()
+                #expect(pair.serverRecorder.received == Array("last words".utf8), "data before close_notify is delivered")
+                #expect(!pair.server.isActive, "the server closed at once")
+                // Its answer reaches the client: a clean end on both sides.
+                try pair.move(from: pair.server, to: pair.client)
+                #expect(!pair.client.isActive)
+                #expect(pair.serverRecorder.errors.isEmpty && pair.clientRecorder.errors.isEmpty,
+                        "\(pair.serverRecorder.errors) \(pair.clientRecorder.errors)")
+            }
+        }
+
+        /// Half-closure switched off in the configuration: answered and closed, whatever the channel allows.
+        @Test func closeNotifyIsAnsweredWhenTheConfigurationForbidsHalfClosure() throws {
+            try expectNoLeaksNow {
+                let pair = try EmbeddedPair(configure: { $0.allowRemoteHalfClosure = false })
+                defer { pair.finish() }
+                try pair.activate()
+                try pair.exchange()
+                let halfClosed = pair.client.close(mode: .output)
+                try pair.move(from: pair.client, to: pair.server)
+                try halfClosed.wait()
+                #expect(!pair.server.isActive)
+                #expect(!pair.serverRecorder.inputClosed)
             }
         }
 

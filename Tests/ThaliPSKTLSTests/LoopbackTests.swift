@@ -190,6 +190,58 @@ extension PSKTLSTests {
             }
         }
 
+        /// Over sockets: a server channel without remote half-closure (a plain `ServerBootstrap`, as the
+        /// node's port is) answers a client's close_notify at once although the client keeps its TCP
+        /// output open, and closes; the client sees the answer (a clean end) within a few seconds at most.
+        @Test func closeNotifyWithTCPKeptOpenIsAnsweredAtOnce() async throws {
+            try await expectNoLeaks {
+                let context = try PSKTLSContext(role: .server, configuration: PSKTLSConfiguration(dhGroup: .ffdhe2048))
+                let server = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+                    .childChannelInitializer { channel in
+                        channel.eventLoop.makeCompletedFuture {
+                            try channel.pipeline.syncOperations.addHandler(PSKTLSHandler(serverContext: context, lookup: Self.lookup))
+                        }
+                    }
+                    .bind(host: "127.0.0.1", port: 0).get()
+                let port = try #require(server.localAddress?.port)
+                let clientContext = try PSKTLSContext(role: .client, configuration: PSKTLSConfiguration(dhGroup: .ffdhe2048))
+                let handshake = MultiThreadedEventLoopGroup.singleton.next().makePromise(of: PSKTLSNegotiatedParameters.self)
+                let recorder = NIOLoopBoundBox<Recorder?>.makeEmptyBox(eventLoop: handshake.futureResult.eventLoop)
+                let client = try await ClientBootstrap(group: handshake.futureResult.eventLoop)
+                    .channelInitializer { channel in
+                        channel.eventLoop.makeCompletedFuture {
+                            let log = Recorder()
+                            recorder.value = log
+                            try channel.pipeline.syncOperations.addHandlers([
+                                NetworkSide(),  // swallows the TCP output shutdown: the connection stays open
+                                try PSKTLSHandler(clientContext: clientContext, identity: Fixtures.identity192, psk: Fixtures.psk,
+                                                  handshakePromise: handshake),
+                                log,
+                            ])
+                        }
+                    }
+                    .connect(host: "127.0.0.1", port: port).get()
+                _ = try await handshake.futureResult.get()
+                let sent = ContinuousClock.now
+                try await client.close(mode: .output).get()
+                // The server's answer closes the client (its close_notify arrives in state outputClosed); a
+                // server that does not answer is cut off after 3 s.
+                let timedOut = NIOLockedValueBox(false)
+                let cutOff = client.eventLoop.scheduleTask(in: .seconds(3)) {
+                    timedOut.withLockedValue { $0 = true }
+                    client.close(promise: nil)
+                }
+                try? await client.closeFuture.get()
+                cutOff.cancel()
+                print("close_notify answered after \(ContinuousClock.now - sent)")
+                #expect(!timedOut.withLockedValue { $0 }, "the server did not answer close_notify within 3 s")
+                let errors = try await client.eventLoop.submit { recorder.value?.errors.map { "\($0)" } ?? [] }.get()
+                #expect(errors.isEmpty, "a clean end, with the server's close_notify: \(errors)")
+                try? await client.close()
+                try await server.close()
+            }
+        }
+
         /// A reader that stops reading makes the writer wait: neither side buffers the whole transfer.
         /// The server side is a plain NIO writer that writes while the channel is writable (what
         /// `PSKTLSHandler` must keep meaningful: it holds no plaintext of its own once the handshake is
