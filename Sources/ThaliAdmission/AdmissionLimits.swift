@@ -27,10 +27,12 @@ public struct AdmissionLimits: Sendable, Hashable {
     public var maxOpenGlobal: Int = 128
     /// Connections admitted from all sources per ``globalWindow``. Exceeding it is the last resort: the
     /// owner closes its port for ``overloadClosePeriod``. Only connections that passed every per-source
-    /// bound count, so one abusive source can never trigger it. Default 200.
-    public var maxConnectionsGlobal: Int = 200
-    /// The global rate window. Default 1 s.
-    public var globalWindow: TimeAmount = .seconds(1)
+    /// bound count, so one abusive source can never trigger it. Default 1,000 per 5 s.
+    public var maxConnectionsGlobal: Int = 1000
+    /// The global rate window. Default 5 s: the mean stays 200 a second, but a loaded event loop that
+    /// stalled and then accepts its backlog at once (a crowd's beacon fetches, spread over seconds) is
+    /// not taken for an overload, as it was in a 1 s window (issue 24).
+    public var globalWindow: TimeAmount = .seconds(5)
     /// How long the port stays closed after a global overload. Default 30 s.
     public var overloadClosePeriod: TimeAmount = .seconds(30)
     /// Sources whose counts are remembered (bounds the gate's memory). When full, sources with nothing

@@ -82,7 +82,7 @@ public struct PeerConfiguration: Sendable {
     /// plus at most `retry.maxAttempts - 1` retries, so 30 connections per 10 s from one address (then
     /// refused for 60 s), 4 unauthenticated at once (a TLS connection is unauthenticated until its
     /// handshake succeeds; a beacon fetch never is), 16 open. Globally 32 unauthenticated, 128 open, and
-    /// 200 per second, whose excess closes the port for 30 s as the last resort. See spec/node.md.
+    /// 1,000 per 5 s, whose excess closes the port for 30 s as the last resort. See spec/node.md.
     public var admission = AdmissionLimits()
     /// How long a connection to the single port may take to send its first byte, and a beacon request to
     /// be answered; PSK-TLS then runs under its own handshake timeout (`PSKTLSConfiguration.handshakeTimeout`).
