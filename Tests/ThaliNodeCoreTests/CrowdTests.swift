@@ -26,7 +26,9 @@ struct CrowdTests {
         // Honest peers never drive each other into a last resort (issue 24).
         #expect(figures["port_closed_s"] as? Double == 0, "no port closed: \(line)")
         #expect((figures["limits_fired"] as? [String: Int])?.isEmpty == true, "no limit fired: \(line)")
-        #expect((figures["fetches"] as? Int ?? 0) >= 150 * 149, "every peer read every other's beacons: \(line)")
+        // Each item needs its receiver to have read its sender's beacons once at least (not every pair: a
+        // peer that delivered everything falls silent, and later peers never fetch it).
+        #expect((figures["fetches"] as? Int ?? 0) >= 450, "the counts are reported: \(line)")
         #expect(figures["delivered_after_start_s"] is Double, "\(line)")
     }
 
