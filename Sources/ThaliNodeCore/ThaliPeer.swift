@@ -59,6 +59,11 @@ public final class ThaliPeer: Sendable {
         /// announcement holds), and the one being served.
         var streams: [[UInt8]]
         var serving = 0
+
+        /// Whether a quarter of the announcement's validity or less is left at `nowMs`, for contacts.
+        func needsRenewal(nowMs: UInt64, validityMs: UInt64) -> Bool {
+            !contacts.isEmpty && expiration < nowMs + validityMs / 4
+        }
     }
 
     struct State: Sendable {
@@ -399,12 +404,11 @@ public final class ThaliPeer: Sendable {
     /// Whether time alone asks for ``refreshAdvertisement()``: a pending item expired, or a quarter of the
     /// announcement's validity is left.
     func advertisementDueByTime() -> Bool {
-        let nowMs = Int64(Date().timeIntervalSince1970 * 1000)
-        let validityMs = Int64(configuration.beaconValidity.components.seconds * 1000)
+        let nowMs = UInt64(Date().timeIntervalSince1970 * 1000)
+        let validityMs = UInt64(configuration.beaconValidity.components.seconds * 1000)
         return state.withLockedValue { state in
-            if let expiry = state.nextItemExpiryMs, expiry <= nowMs { return true }
-            guard let advertised = state.advertised, !advertised.contacts.isEmpty else { return false }
-            return Int64(advertised.expiration) < nowMs + validityMs / 4
+            if let expiry = state.nextItemExpiryMs, expiry <= Int64(nowMs) { return true }
+            return state.advertised?.needsRenewal(nowMs: nowMs, validityMs: validityMs) ?? false
         }
     }
 
@@ -429,7 +433,7 @@ public final class ThaliPeer: Sendable {
         let needed = state.withLockedValue { state -> Bool in
             guard let advertised = state.advertised else { return !keys.isEmpty }
             if advertised.contacts != keys || !items.isSubset(of: advertised.items) { return true }
-            return !keys.isEmpty && advertised.expiration < now + validityMs / 4
+            return advertised.needsRenewal(nowMs: now, validityMs: validityMs)
         }
         let bindings = self.bindings
         guard needed, !bindings.isEmpty else { return }

@@ -153,4 +153,7 @@ struct PeerTable {
 
     /// Where the peer announcing `serviceName` is, if tracked.
     func location(of serviceName: String) -> BeaconLocation? { locationByServiceName[serviceName] }
+
+    /// The USN the peer at `location` announces now, if tracked.
+    func serviceName(at location: BeaconLocation) -> String? { entries[location]?.peer.uniqueServiceName }
 }

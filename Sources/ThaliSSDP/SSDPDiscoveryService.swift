@@ -67,6 +67,9 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
     private var counters = SSDPDiscoveryCounters()
     private var pendingResponses = 0
     private var fetchQueue: [(BeaconLocation, String)] = []
+    /// Locations whose fetch waits out its spread (``SSDPDiscoveryLimits/fetchDelay(trackedPeers:using:)``):
+    /// one wait per tracked location, however many USNs it announces meanwhile.
+    private var spreadingLocations: Set<BeaconLocation> = []
     private var fetchesInFlight = 0
     private var aliveTask: RepeatedTask?
     private var housekeepingTask: RepeatedTask?
@@ -514,10 +517,13 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
                     enqueueFetch(location, serviceName: serviceName)
                     continue
                 }
-                // One scheduled task per tracked peer at most: the table asks for a USN's fetch once.
+                // A location already waiting fetches the USN current when its wait ends: a source that
+                // changes USN with every datagram gets one timer, not one per datagram.
+                guard spreadingLocations.insert(location).inserted else { continue }
                 eventLoop.scheduleTask(in: delay) { [self] in
-                    guard !stopped else { return }
-                    enqueueFetch(location, serviceName: serviceName)
+                    spreadingLocations.remove(location)
+                    guard !stopped, let current = table.serviceName(at: location) else { return }
+                    enqueueFetch(location, serviceName: current)
                 }
             case .capExceeded:
                 counters.peersRejectedAtCap += 1

@@ -292,6 +292,36 @@ struct SSDPDiscoveryServiceTests {
         await bob.stop()
     }
 
+    /// A location whose fetch waits out its spread fetches the USN current when the wait ends, once: a
+    /// source that announces a new USN with every datagram holds one timer, not one per datagram.
+    @Test("USNs announced while a location's fetch waits: one fetch, of the newest")
+    func usnChangesDuringTheSpreadFetchTheNewestOnce() async throws {
+        let port = try freeUDPPort()
+        var configuration = loopbackConfiguration(port: port)
+        // One peer tracked: its wait is below 3 s, long beside the millisecond the five datagrams take.
+        configuration.limits.fetchSpreadPerPeer = .seconds(3)
+        configuration.limits.maxFetchSpread = .seconds(3)
+        let consumed = ConsumerLog()
+        let bob = SSDPDiscoveryService(configuration: configuration, group: group) { peer, bytes in consumed.record(peer, bytes) }
+        try await bob.start()
+        let host = "127.0.0.73"
+        let server = BeaconHTTPServer(host: host, group: group)
+        let serverPort = try await server.start()
+        server.setBeacons([9])
+        let raw = try await RawSSDPSocket(host: host, groupPort: port)
+        let names = (0..<5).map { _ in ThaliServiceName.makeUniqueServiceName() }
+        for name in names {
+            try await raw.send(aliveText(port: port, usn: name, location: "http://\(host):\(serverPort)/NotificationBeacons"))
+        }
+        let deadline = ContinuousClock.now + .seconds(6)
+        while ContinuousClock.now < deadline, consumed.entries.isEmpty { try await Task.sleep(for: .milliseconds(50)) }
+        try await Task.sleep(for: .milliseconds(300))  // any further fetch would land by now
+        #expect(consumed.entries.map(\.0) == [names[4]], "only the newest USN is read")
+        #expect(server.counters.requestsAnswered == 1)
+        await bob.stop()
+        await server.stop()
+    }
+
     /// A USN is fetched once; a fetch that failed (or was not made, its source ignored) must still be
     /// retried, or a peer whose beacons never change (one item left for us, in a crowd) stays unread.
     @Test("a peer whose fetch failed, or was skipped while its source was ignored, is fetched on a later alive")
