@@ -71,7 +71,7 @@ public enum MultiplexerBridge {
             if let source = source(stream), let local = try? SocketAddress(ipAddress: source, port: 0) {
                 bootstrap = bootstrap.bind(to: local)
             }
-            return bootstrap
+            bootstrap = bootstrap
                 .channelOption(.allowRemoteHalfClosure, value: true)
                 .channelOption(.autoRead, value: false)  // until both ends are glued
                 .channelInitializer { connection in
@@ -79,7 +79,14 @@ public enum MultiplexerBridge {
                         try connection.pipeline.syncOperations.addHandler(tcpGlue.value)
                     }
                 }
-                .connect(host: host, port: port)
+            // Once per relayed connection: an address (the app's 127.0.0.1) is connected to directly; by
+            // name NIO resolves it through getaddrinfo and races it Happy-Eyeballs style.
+            let connected = if let address = try? SocketAddress(ipAddress: host, port: port) {
+                bootstrap.connect(to: address)
+            } else {
+                bootstrap.connect(host: host, port: port)
+            }
+            return connected
                 .flatMapThrowing { connection -> Channel in
                     try stream.syncOptions?.setOption(.allowRemoteHalfClosure, value: true)
                     try stream.pipeline.syncOperations.addHandler(streamGlue.value)
