@@ -90,18 +90,11 @@ public struct RequirementCatalog: Sendable, Hashable {
 
     /// Reads the catalog at `path`.
     public static func load(from path: String) throws(RequirementCatalogError) -> RequirementCatalog {
-        guard let handle = FileHandle(forReadingAtPath: path) else {
-            throw RequirementCatalogError(description: "cannot open \(path)")
-        }
-        defer { try? handle.close() }
         let data: Data
         do {
-            data = try handle.read(upToCount: maximumFileBytes + 1) ?? Data()
+            data = try BoundedFile.read(path, maximumBytes: maximumFileBytes)
         } catch {
-            throw RequirementCatalogError(description: "cannot read \(path): \(error)")
-        }
-        guard data.count <= maximumFileBytes else {
-            throw RequirementCatalogError(description: "\(path) is larger than \(maximumFileBytes) bytes")
+            throw RequirementCatalogError(description: error.description)
         }
         do {
             return try RequirementCatalog(json: data)

@@ -63,20 +63,7 @@ struct ConformancePeerCommand: AsyncParsableCommand {
     @Flag(help: "Do not play the sender (deliver nothing to the implementation).")
     var noSenderRole = false
 
-    @Option(help: "The requirement catalog (default: spec/requirements.json of this source tree).")
-    var catalog: String?
-
-    @Option(help: "Expected failures (thali-conformance-baseline/1).")
-    var baseline: String?
-
-    @Option(help: "Also write the report as JSON to this file.")
-    var jsonOut: String?
-
-    @Option(help: "Also write the report as JUnit XML to this file.")
-    var junitOut: String?
-
-    @Flag(help: "Print the report as JSON instead of the table (progress goes to standard error).")
-    var json = false
+    @OptionGroup var report: ReportOptions
 
     func validate() throws {
         if let location, BeaconLocation(parsing: location) == nil { throw ValidationError("\(location) is not http://IPv4:PORT") }
@@ -88,11 +75,6 @@ struct ConformancePeerCommand: AsyncParsableCommand {
     func run() async throws {
         let peer = try ContactKey.parse(peerKey)
         let key = try IdentityKeyFile.load(from: identity)
-        let requirements = try RequirementCatalog.load(from: catalog ?? RequirementCatalog.defaultPath)
-        var expected = ConformanceBaseline()
-        if let baseline {
-            expected = try ConformanceBaseline(json: try Data(contentsOf: URL(fileURLWithPath: baseline)))
-        }
         var configuration = PeerConformanceConfiguration(peerKey: peer, identity: key, address: address)
         configuration.ssdpPort = ssdpPort
         configuration.ssdpGroup = ssdpGroup
@@ -105,14 +87,14 @@ struct ConformancePeerCommand: AsyncParsableCommand {
         configuration.stepTimeout = .seconds(stepTimeoutS)
         configuration.senderRole = !noSenderRole
 
-        let json = self.json
-        let conformanceRun = ConformanceRun(target: "peer \(peer.hexString(compressed: true))", catalog: requirements,
-                                            baseline: expected) { result in
-            let line = ConformanceReport.progressLine(result)
+        let json = report.json
+        let conformanceRun = ConformanceRun(target: "peer \(peer.hexString(compressed: true))", catalog: try report.loadCatalog(),
+                                            baseline: try report.loadBaseline()) { result in
+            let line = TerminalText.escaped(ConformanceReport.progressLine(result))
             if json { FileHandle.standardError.write(Data((line + "\n").utf8)) } else { printNow(line) }
         }
         if !json { printNow("conformance peer: \(ConformancePeerCommand.announcement(configuration))") }
-        let outputs = ConformanceOutputs(json: json, jsonOut: jsonOut, junitOut: junitOut)
+        let outputs = report.outputs
         // SIGINT: print what the run has and leave; the cases still running are abandoned.
         signal(SIGINT, SIG_IGN)
         let interrupt = DispatchSource.makeSignalSource(signal: SIGINT, queue: DispatchQueue(label: "conformance.sigint"))
@@ -127,9 +109,9 @@ struct ConformancePeerCommand: AsyncParsableCommand {
         await PeerConformance(configuration: configuration, group: group).run(conformanceRun)
         interrupt.cancel()
         try? await group.shutdownGracefully()
-        let report = conformanceRun.report
-        outputs.write(report)
-        if !report.succeeded { throw ExitCode.failure }
+        let result = conformanceRun.report
+        outputs.write(result)
+        if !result.succeeded { throw ExitCode.failure }
     }
 
     static func announcement(_ configuration: PeerConformanceConfiguration) -> String {
@@ -147,6 +129,38 @@ func printNow(_ line: String) {
     fflush(nil)  // all streams: naming stdout is not concurrency-safe in Swift 6
 }
 
+/// The options of every command that grades: the catalog quoted, the expected failures, where the report goes.
+struct ReportOptions: ParsableArguments {
+    @Option(help: "The requirement catalog (default: spec/requirements.json of this source tree).")
+    var catalog: String?
+
+    @Option(help: "Expected failures (thali-conformance-baseline/1).")
+    var baseline: String?
+
+    @Option(help: "Also write the report as JSON to this file.")
+    var jsonOut: String?
+
+    @Option(help: "Also write the report as JUnit XML to this file.")
+    var junitOut: String?
+
+    @Flag(help: "Print the report as JSON instead of the table (progress goes to standard error).")
+    var json = false
+
+    /// The catalog given, or the source tree's.
+    func loadCatalog() throws -> RequirementCatalog {
+        try RequirementCatalog.load(from: catalog ?? RequirementCatalog.defaultPath)
+    }
+
+    /// The baseline given, or none.
+    func loadBaseline() throws -> ConformanceBaseline {
+        guard let baseline else { return ConformanceBaseline() }
+        return try ConformanceBaseline(json: try Data(contentsOf: URL(fileURLWithPath: baseline)))
+    }
+
+    /// Where the report goes.
+    var outputs: ConformanceOutputs { ConformanceOutputs(json: json, jsonOut: jsonOut, junitOut: junitOut) }
+}
+
 /// Where a report goes: the table (or JSON) on standard output, and the files asked for.
 struct ConformanceOutputs: Sendable {
     var json: Bool
@@ -154,7 +168,10 @@ struct ConformanceOutputs: Sendable {
     var junitOut: String?
 
     func write(_ report: ConformanceReport) {
-        print(json ? report.json() : report.table)
+        // The table quotes what the implementation under test said (error reasons, answers): escaped line
+        // by line, as every peer's text on a terminal is.
+        print(json ? report.json() : report.table.split(separator: "\n", omittingEmptySubsequences: false)
+            .map { TerminalText.escaped(String($0)) }.joined(separator: "\n"))
         if let jsonOut { try? Data(report.json().utf8).write(to: URL(fileURLWithPath: jsonOut)) }
         if let junitOut { try? Data(report.junitXML().utf8).write(to: URL(fileURLWithPath: junitOut)) }
     }

@@ -19,7 +19,7 @@ struct ConformanceCatalogTests {
     }
 
     /// Every case the suite has, in every mode.
-    static var allCases: [ConformanceCase] { PeerConformance.Cases.all + ConformanceProbe.cases }
+    static var allCases: [ConformanceCase] { PeerConformance.Cases.all + ConformanceProbe.cases + FrameVectorSets.cases }
 
     @Test("the catalog loads from the source tree, its ids are unique and each names an existing document")
     func loads() throws {

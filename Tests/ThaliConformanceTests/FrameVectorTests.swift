@@ -1,0 +1,172 @@
+import Foundation
+import Testing
+import ThaliBeacons
+import ThaliTestSupport
+
+@testable import ThaliConformance
+
+/// The frame vector sets of `spec/vectors/`: published as generated, graded right for this implementation
+/// however its decoders are fed, and graded wrong for answers that break a rule.
+@Suite("Frame vectors")
+struct FrameVectorTests {
+    static let vectorDirectory = PackagePaths.root() + "/spec/vectors"
+
+    static func grade(_ answers: FrameVectorAnswers, _ set: FrameVectorSet) throws -> ConformanceReport {
+        let run = ConformanceRun(target: "test", catalog: try RequirementCatalog.load(from: RequirementCatalog.defaultPath))
+        FrameVectorGrading.grade(answers, against: set, in: run)
+        return run.report
+    }
+
+    static func answers(_ set: FrameVectorSet, changing id: String, _ change: (inout FrameVectorAnswer) -> Void) -> FrameVectorAnswers {
+        var answers = FrameVectorReference.answers(to: set)
+        if let index = answers.answers.firstIndex(where: { $0.id == id }) { change(&answers.answers[index]) }
+        return answers
+    }
+
+    @Test("the committed files are what the sets generate", arguments: FrameVectorLayer.allCases)
+    func committedFilesAreCurrent(layer: FrameVectorLayer) throws {
+        let path = Self.vectorDirectory + "/" + layer.fileName
+        let committed = try Data(contentsOf: URL(fileURLWithPath: path))
+        #expect(committed == FrameVectorSets.set(layer).json(),
+                "\(path) differs from FrameVectorSets: run `thali-node conformance vectors emit spec/vectors`")
+        #expect(try FrameVectorSet.load(from: path) == FrameVectorSets.set(layer))
+    }
+
+    @Test("each set has unique ids, every kind of expectation, frames where they are due, and only catalog ids",
+          arguments: FrameVectorLayer.allCases)
+    func setsAreWellFormed(layer: FrameVectorLayer) throws {
+        let set = FrameVectorSets.set(layer)
+        let catalog = try RequirementCatalog.load(from: RequirementCatalog.defaultPath)
+        #expect(Set(set.cases.map(\.id)).count == set.cases.count)
+        for outcome in [FrameVectorOutcome.valid, .invalid, .incomplete] {
+            #expect(set.cases.contains { $0.expect == outcome }, "\(layer) has no \(outcome) case")
+        }
+        for vector in set.cases {
+            #expect(Hex.decode(vector.bytes) != nil && !vector.bytes.isEmpty, "\(vector.id)")
+            #expect((vector.frames == nil) == (vector.expect == .invalid), "\(vector.id): frames are listed for every outcome but invalid")
+            #expect((vector.error != nil) == (vector.expect == .invalid), "\(vector.id)")
+            #expect(!vector.requirements.isEmpty && vector.requirements.allSatisfy { catalog[$0] != nil }, "\(vector.id)")
+        }
+    }
+
+    @Test("this implementation passes every case, its decoders fed 1, 2, 3, 5 or 13 bytes at a time or all at once",
+          arguments: FrameVectorLayer.allCases)
+    func ourImplementationPasses(layer: FrameVectorLayer) throws {
+        let set = FrameVectorSets.set(layer)
+        let byteByByte = FrameVectorReference.answers(to: set)
+        for split in [2, 3, 5, 13, 1 << 20] {
+            #expect(FrameVectorReference.answers(to: set, split: split) == byteByByte, "split \(split)")
+        }
+        let report = try Self.grade(byteByByte, set)
+        #expect(report.results.count == set.cases.count)
+        for result in report.results where result.verdict != .pass {
+            Issue.record("\(result.testCase.id): \(result.verdict.rawValue), expected \(result.expected), got \(result.actual)")
+        }
+        #expect(report.succeeded)
+        // Every valid case was also encoded, byte for byte.
+        let valid = set.cases.filter { $0.expect == .valid }
+        #expect(byteByByte.answers.filter { $0.encoded != nil }.count == valid.count)
+    }
+
+    @Test("wrong answers are graded wrong: FAIL for a MUST, WARN for a PROFILE limit, INCONCLUSIVE when missing")
+    func wrongAnswersAreCaught() throws {
+        let delivery = FrameVectorSets.delivery
+        // A decoder that ignores trailing bytes (NODE-1.2, MUST).
+        var report = try Self.grade(Self.answers(delivery, changing: "D-ack-trailing") {
+            $0.result = .valid
+            $0.frames = [["type": "ack", "id": "000102030405060708090a0b0c0d0e0f"]]
+        }, delivery)
+        #expect(report.result("vectors/delivery/D-ack-trailing")?.verdict == .fail)
+        #expect(report.result("vectors/delivery/D-ack")?.verdict == .pass)
+        #expect(!report.succeeded)
+        // A decoder that reads a field wrong, and one whose encoder writes other bytes.
+        report = try Self.grade(Self.answers(delivery, changing: "D-start") { $0.frames?[0]["offset"] = "4097" }, delivery)
+        #expect(report.result("vectors/delivery/D-start")?.verdict == .fail)
+        report = try Self.grade(Self.answers(delivery, changing: "D-done") { $0.encoded = "0900000001" + "00" }, delivery)
+        #expect(report.result("vectors/delivery/D-done")?.verdict == .fail)
+        // A decoder that reports an error where the bytes only end early.
+        report = try Self.grade(Self.answers(delivery, changing: "D-offer-partial") { $0.result = .invalid }, delivery)
+        #expect(report.result("vectors/delivery/D-offer-partial")?.verdict == .fail)
+        // No answer at all.
+        var missing = FrameVectorReference.answers(to: delivery)
+        missing.answers.removeAll { $0.id == "D-welcome" }
+        report = try Self.grade(missing, delivery)
+        #expect(report.result("vectors/delivery/D-welcome")?.verdict == .inconclusive)
+        #expect(report.succeeded, "a missing answer is not a MUST failure")
+        // thali-multiplex: accepting a frame over our 1 MiB profile limit is a warning, not a failure.
+        let multiplex = FrameVectorSets.thaliMultiplex
+        report = try Self.grade(Self.answers(multiplex, changing: "M-message-over-limit") { $0.result = .incomplete }, multiplex)
+        #expect(report.result("vectors/thali-multiplex/M-message-over-limit")?.verdict == .warn)
+        #expect(report.succeeded)
+        // Either answer is conforming for an acceptable case; a wrong reading of it is not.
+        report = try Self.grade(Self.answers(multiplex, changing: "M-non-minimal-varint") { $0.result = .invalid; $0.frames = nil }, multiplex)
+        #expect(report.result("vectors/thali-multiplex/M-non-minimal-varint")?.verdict == .pass)
+        report = try Self.grade(Self.answers(multiplex, changing: "M-non-minimal-varint") { $0.frames = [["stream_id": "0", "flag": "0", "body": ""]] }, multiplex)
+        #expect(report.result("vectors/thali-multiplex/M-non-minimal-varint")?.verdict == .fail)
+        // Answers for another framing grade nothing.
+        let yamux = FrameVectorSets.yamux
+        report = try Self.grade(FrameVectorReference.answers(to: delivery), yamux)
+        #expect(report.count(.inconclusive) == yamux.cases.count)
+    }
+
+    @Test("a vector or answer file that is not one is a clear error")
+    func badFilesAreRefused() throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("frame-vectors-\(UUID())")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let path = directory.appendingPathComponent("bad.json").path
+        try Data(#"{"format":"thali-beacon-vectors/1","cases":[]}"#.utf8).write(to: URL(fileURLWithPath: path))
+        #expect(throws: FrameVectorError.self) { try FrameVectorSet.load(from: path) }
+        #expect(throws: FrameVectorError.self) { try FrameVectorAnswers.load(from: path) }
+        #expect(throws: FrameVectorError.self) { try FrameVectorSet.load(from: directory.appendingPathComponent("none").path) }
+    }
+}
+
+/// `thali-node conformance vectors` as an implementer runs it: a separate process, its output and status.
+@Suite("thali-node conformance vectors", .serialized, .enabled(if: TestEnvironment.available(PackagePaths.thaliNode() != nil)))
+struct VectorsCommandTests {
+    func run(_ arguments: [String]) async throws -> (status: Int32, output: String) {
+        let process = try ChildProcess(try #require(PackagePaths.thaliNode()), ["conformance", "vectors"] + arguments)
+        let status = try await process.waitForExit(timeout: .seconds(60))
+        try? await process.waitForOutput(containing: status == 0 ? "conform" : "\n", timeout: .seconds(2))
+        return (status, process.output)
+    }
+
+    @Test("emit writes the committed sets; check grades this implementation's answers and another's from a file")
+    func emitAnswerCheck() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("vectors-cli-\(UUID())").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        var (status, output) = try await run(["emit", directory])
+        #expect(status == 0, "\(output)")
+        for layer in FrameVectorLayer.allCases {
+            let written = try Data(contentsOf: URL(fileURLWithPath: directory + "/" + layer.fileName))
+            #expect(written == FrameVectorSets.set(layer).json())
+        }
+        let vectors = directory + "/" + FrameVectorLayer.yamux.fileName
+        (status, output) = try await run(["check", vectors])
+        #expect(status == 0, "\(output)")
+        #expect(output.contains("PASS         MUST    vectors/yamux/Y-version-1"))
+        #expect(output.contains("conforms"))
+
+        // An implementation that accepts yamux version 1: its answers file, graded, fails the MUST.
+        var answers = FrameVectorReference.answers(to: FrameVectorSets.yamux)
+        let index = try #require(answers.answers.firstIndex { $0.id == "Y-version-1" })
+        answers.answers[index] = FrameVectorAnswer(id: "Y-version-1", result: .valid,
+                                                   frames: [["type": "ping", "flags": "1", "stream_id": "0", "length": "7"]])
+        answers.implementation = "lenient\u{1b}[2J"
+        let answersPath = directory + "/answers.json"
+        try JSONEncoder().encode(answers).write(to: URL(fileURLWithPath: answersPath))
+        (status, output) = try await run(["check", vectors, "--answers", answersPath, "--junit-out", directory + "/junit.xml"])
+        #expect(status == 1)
+        #expect(output.contains("FAIL         MUST    vectors/yamux/Y-version-1"))
+        #expect(output.contains("[MUX-2.1]"))
+        #expect(!output.contains("\u{1b}"), "the answers' text reaches the terminal escaped")
+        let junit = try String(contentsOfFile: directory + "/junit.xml", encoding: .utf8)
+        #expect(junit.contains("<failure"))
+
+        (status, output) = try await run(["answer", vectors, "--split", "3"])
+        #expect(status == 0)
+        let printed = try JSONDecoder().decode(FrameVectorAnswers.self, from: Data(output.utf8))
+        #expect(printed == FrameVectorReference.answers(to: FrameVectorSets.yamux, split: 3))
+    }
+}
