@@ -45,6 +45,8 @@ let package = Package(
             providers: [.apt(["libbluetooth-dev"])]),
 
         // MARK: Library modules
+        /// Deliberate faults for grading the conformance suite, active only in debug builds (`THALI_MUTANT`).
+        .target(name: "ThaliMutants"),
         /// Admission of incoming connections (per source before global), shared by every listener; and the
         /// pacing every module shares: the fixed-window rate counter and the jittered exponential backoff.
         .target(
@@ -56,14 +58,14 @@ let package = Package(
         .target(
             name: "ThaliBeacons",
             dependencies: [
-                "CSecp256k1",
+                "CSecp256k1", "ThaliMutants",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "_CryptoExtras", package: "swift-crypto"),
             ]),
         .target(
             name: "ThaliPSKTLS",
             dependencies: [
-                "COpenSSL", "ThaliAdmission",
+                "COpenSSL", "ThaliAdmission", "ThaliMutants",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
@@ -72,7 +74,7 @@ let package = Package(
         .target(
             name: "ThaliSSDP",
             dependencies: [
-                "ThaliAdmission",
+                "ThaliAdmission", "ThaliMutants",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -82,6 +84,7 @@ let package = Package(
         .target(
             name: "TCPMultiplexer",
             dependencies: [
+                "ThaliMutants",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -111,7 +114,7 @@ let package = Package(
         .target(
             name: "ThaliNodeCore",
             dependencies: [
-                "ThaliAdmission", "ThaliBeacons", "ThaliSSDP", "ThaliPSKTLS", "TCPMultiplexer", "ThaliBLEBinding",
+                "ThaliAdmission", "ThaliBeacons", "ThaliMutants", "ThaliSSDP", "ThaliPSKTLS", "TCPMultiplexer", "ThaliBLEBinding",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),

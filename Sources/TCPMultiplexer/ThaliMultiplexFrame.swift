@@ -1,4 +1,5 @@
 import NIOCore
+import ThaliMutants
 
 /// A `thali-multiplex` frame header: `uvarint(id << 3 | flag) uvarint(length)` (unsigned LEB128), the
 /// format of npm `multiplex` 6.7.0 (= libp2p mplex). Each stream is named by its id *and* by which side
@@ -103,13 +104,14 @@ public struct ThaliMultiplexHeader: Hashable, Sendable {
     /// if the readable bytes end inside it.
     static func peekVarint(_ buffer: ByteBuffer, offset: Int) throws(MultiplexerError) -> (UInt64, Int)? {
         var value: UInt64 = 0
-        for index in 0..<maxVarintLength {
+        let longest = Mutant.thaliMultiplexLongVarints.isActive ? maxVarintLength + 1 : maxVarintLength
+        for index in 0..<longest {
             guard let byte = buffer.getInteger(at: buffer.readerIndex + offset + index, as: UInt8.self) else {
                 return nil
             }
             let bits = UInt64(byte & 0x7f)
             // The tenth byte may only hold the 64th bit.
-            if index == maxVarintLength - 1 && bits > 1 { throw .varintTooLong }
+            if index == maxVarintLength - 1 && bits > 1 && !Mutant.thaliMultiplexLongVarints.isActive { throw .varintTooLong }
             value |= bits << (7 * UInt64(index))
             if byte & 0x80 == 0 { return (value, index + 1) }
         }
@@ -216,7 +218,7 @@ public struct ThaliMultiplexFrameDecoder: Sendable {
             payloadRemaining = header.length
             return .header(header, body: nil)
         case .open, .close, .reset:
-            guard header.length <= Self.maxControlBodyLength else {
+            guard header.length <= Self.maxControlBodyLength || Mutant.thaliMultiplexUnboundedControlBodies.isActive else {
                 throw .frameTooLarge(length: UInt64(header.length), limit: Self.maxControlBodyLength)
             }
             pendingControl = header

@@ -1,4 +1,5 @@
 import NIOCore
+import ThaliMutants
 
 /// A yamux frame header (hashicorp/yamux `spec.md`, version 0): 12 bytes, big-endian —
 /// version (1), type (1), flags (2), stream id (4), length (4). For data frames `length` is the payload
@@ -75,7 +76,7 @@ public struct YamuxHeader: Hashable, Sendable {
         guard let (version, rawType, rawFlags, streamID, length) =
             buffer.getMultipleIntegers(at: buffer.readerIndex, as: (UInt8, UInt8, UInt16, UInt32, UInt32).self)
         else { return nil }
-        guard version == Self.version else { throw .unsupportedVersion(version) }
+        guard version == Self.version || Mutant.yamuxAcceptsAnyVersion.isActive else { throw .unsupportedVersion(version) }
         guard let type = FrameType(rawValue: rawType) else { throw .unknownFrameType(rawType) }
         buffer.moveReaderIndex(forwardBy: size)
         return YamuxHeader(type: type, flags: Flags(rawValue: rawFlags), streamID: streamID, length: length)

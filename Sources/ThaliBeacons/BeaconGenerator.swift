@@ -1,3 +1,5 @@
+import ThaliMutants
+
 /// Why a generator refused to make an announcement.
 public struct BeaconGenerationError: Error, Hashable, Sendable, CustomStringConvertible {
     /// What was wrong with the request.
@@ -55,7 +57,8 @@ public final class BeaconGenerator: Sendable {
         guard (1...BeaconWire.maximumValidityMilliseconds).contains(milliseconds) else {
             throw BeaconGenerationError("validity \(milliseconds) ms is outside 1 ... \(BeaconWire.maximumValidityMilliseconds) ms")
         }
-        let (expiration, overflow) = clock.now().addingReportingOverflow(milliseconds + UInt64(entropy.fuzz()))
+        let ahead = Mutant.beaconExpirationBeyondADay.isActive ? 25 * 3_600_000 : milliseconds
+        let (expiration, overflow) = clock.now().addingReportingOverflow(ahead + UInt64(entropy.fuzz()))
         guard !overflow else { throw BeaconGenerationError("the clock is too close to the end of UInt64 milliseconds") }
         return try makeAnnouncement(for: receivers, expiration: expiration, ephemeralKey: entropy.ephemeralKey())
     }

@@ -1,5 +1,6 @@
 import Foundation
 import NIOCore
+import ThaliMutants
 
 extension DeliveryFrame {
     /// Appends this frame's wire form (header and payload) to `buffer`.
@@ -67,14 +68,14 @@ extension DeliveryFrame {
         else { return nil }
         guard let type = FrameType(rawValue: typeByte) else { throw DeliveryProtocolError.unknownFrameType(typeByte) }
         let length = Int(length32)
-        guard length <= limits.maxFramePayloadBytes else {
+        guard length <= limits.maxFramePayloadBytes || Mutant.deliveryUnboundedFrames.isActive else {
             throw DeliveryProtocolError.frameTooLarge(length: length, limit: limits.maxFramePayloadBytes)
         }
         guard buffer.readableBytes >= headerBytes + length else { return nil }
         buffer.moveReaderIndex(forwardBy: headerBytes)
         guard var payload = buffer.readSlice(length: length) else { return nil }
         let frame = try parsePayload(type: type, &payload, limits: limits)
-        guard payload.readableBytes == 0 else {
+        guard payload.readableBytes == 0 || Mutant.deliveryIgnoresTrailingBytes.isActive else {
             throw DeliveryProtocolError.malformedFrame(type: frame.name, reason: "\(payload.readableBytes) trailing bytes")
         }
         return frame
@@ -122,7 +123,7 @@ extension DeliveryFrame {
             let id = try reader.uuid()
             return .start(id: id, offset: try reader.integer())
         case .data:
-            guard reader.buffer.readableBytes > 0 else { throw reader.malformed("empty data") }
+            guard reader.buffer.readableBytes > 0 || Mutant.deliveryAcceptsEmptyData.isActive else { throw reader.malformed("empty data") }
             let bytes = reader.buffer
             reader.buffer.moveReaderIndex(to: reader.buffer.writerIndex)
             return .data(bytes)

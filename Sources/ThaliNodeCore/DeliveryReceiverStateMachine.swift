@@ -1,5 +1,6 @@
 import Foundation
 import NIOCore
+import ThaliMutants
 
 /// The receiving side of a delivery session as a pure state machine: it consumes frames and the results
 /// of the I/O it asked for, and returns the next action. It performs no I/O itself.
@@ -142,7 +143,7 @@ public struct DeliveryReceiverStateMachine: Sendable {
     /// Reports the digest computed by ``Action/verify(_:)``.
     public mutating func contentVerified(digest: [UInt8]) throws -> Action {
         guard case .verifying(let offer) = state else { return try fail(.unexpectedFrame(frame: "digest", state: stateName)) }
-        guard digest == offer.sha256 else {
+        guard digest == offer.sha256 || Mutant.deliveryAcceptsDamaged.isActive else {
             state = .idle
             return .discardPartial(offer, then: .reject(id: offer.id, .digestMismatch))
         }
@@ -178,7 +179,7 @@ public struct DeliveryReceiverStateMachine: Sendable {
             if !FileNames.isSafe(offer.name) { return .invalidName }
             if offer.size > limits.maxItemBytes { return .tooLarge }
         }
-        if offer.expiresMilliseconds <= now() { return .expired }
+        if offer.expiresMilliseconds <= now() && !Mutant.deliveryAcceptsExpired.isActive { return .expired }
         return nil
     }
 

@@ -3,6 +3,7 @@ import Foundation
 import Logging
 import NIOCore
 import NIOPosix
+import ThaliMutants
 
 /// Delivers the pending items for one contact over one delivery stream: the session driver of
 /// ``DeliverySenderStateMachine``, doing the store and file I/O it asks for.
@@ -94,7 +95,7 @@ public struct DeliverySender: Sendable {
         try await outbound.write(machine.start())
         // The receiver's welcome: its frame maximum bounds our chunks [NODE-1.18].
         if case .welcomed(let maximum) = try machine.receive(try await next(&frames, &machine)) {
-            chunkBytes = max(1, min(chunkBytes, maximum))
+            if !Mutant.deliveryIgnoresFrameMaximum.isActive { chunkBytes = max(1, min(chunkBytes, maximum)) }
         }
         _ = try await blocking { try store.sweepExpired(now: now()) }
         // Items are fetched a batch at a time; an empty batch is refetched once, so items queued during

@@ -2,6 +2,7 @@ import NIOCore
 import NIOHTTP1
 import NIOPosix
 import ThaliAdmission
+import ThaliMutants
 
 /// Bounds and retry policy of beacon fetches (the seed: clients "MUST put in place protections to ensure
 /// that the response is not excessively long").
@@ -205,7 +206,7 @@ package final class BeaconResponseHandler: ChannelInboundHandler {
 
     package func channelActive(context: ChannelHandlerContext) {
         let head = HTTPRequestHead(version: .http1_1, method: .GET, uri: BeaconLocation.notificationBeaconsPath,
-                                   headers: HTTPHeaders([("Host", host), ("Connection", "close"),
+                                   headers: HTTPHeaders([("Host", Mutant.httpHostWithoutPort.isActive ? String(host.prefix { $0 != ":" }) : host), ("Connection", "close"),
                                                          ("Accept", "application/octet-stream")]))
         context.write(wrapOutboundOut(.head(head)), promise: nil)
         context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)

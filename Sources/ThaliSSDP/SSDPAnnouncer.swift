@@ -1,4 +1,5 @@
 import NIOCore
+import ThaliMutants
 
 /// What this peer announces, as a state machine: silent (nothing advertised), announcing a USN, or paused
 /// (a limit fired) while keeping the USN it will resume with.
@@ -29,7 +30,7 @@ struct SSDPAnnouncer {
     /// New beacons (or none): returns the byebye for the old USN and the alive for the new, in send order.
     mutating func beaconsChanged(advertising: Bool) -> [SSDPMessage] {
         var messages: [SSDPMessage] = []
-        if let old = serviceName { messages.append(byebye(old)) }
+        if let old = serviceName, !Mutant.ssdpNoByebye.isActive { messages.append(byebye(old)) }
         guard advertising else {
             state = .silent
             return messages
@@ -90,7 +91,7 @@ struct SSDPAnnouncer {
 
     /// The unicast answer to an M-SEARCH for `searchTarget`, if we announce now and the target is ours.
     func answer(to search: SSDPSearchRequest, date: String) -> SSDPMessage? {
-        guard case .announcing(let name) = state,
+        guard !Mutant.ssdpNoSearchAnswer.isActive, case .announcing(let name) = state,
             search.searchTarget == configuration.notificationType || search.searchTarget == SSDPSearchRequest.allTargets,
             search.searcherServiceName != name
         else { return nil }

@@ -1,4 +1,5 @@
 import struct Foundation.UUID
+import ThaliMutants
 
 /// Thali's SSDP identifiers: the notification type and the two USN forms a Thali peer may send.
 public enum ThaliServiceName {
@@ -6,7 +7,9 @@ public enum ThaliServiceName {
     public static let notificationType = "http://www.thaliproject.org/ssdp"
 
     /// A fresh `uuid:<UUID>` USN, as this implementation sends (one per beacon change).
-    public static func makeUniqueServiceName() -> String { "uuid:" + UUID().uuidString.lowercased() }
+    public static func makeUniqueServiceName() -> String {
+        "uuid:" + (Mutant.ssdpUppercaseUSN.isActive ? UUID().uuidString : UUID().uuidString.lowercased())
+    }
 
     /// Whether `usn` is a Thali USN: ours (`uuid:<UUID>`) or the deployed node-ssdp form
     /// (`data:<UUID>:<generation>`).

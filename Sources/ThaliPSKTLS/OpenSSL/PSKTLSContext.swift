@@ -1,4 +1,5 @@
 import COpenSSL
+import ThaliMutants
 
 /// An OpenSSL `SSL_CTX` configured for the Thali PSK profile, for one role. Immutable once built and
 /// shared by every connection of a client or server (building one costs far more than a handshake).
@@ -44,7 +45,9 @@ public final class PSKTLSContext: @unchecked Sendable {
         try check(SSL_CTX_set_ciphersuites(context, "") == 1, "TLS 1.3 suites")
         SSL_CTX_set_security_level(context, 2)
         _ = SSL_CTX_set_options(
-            context, thali_SSL_OP_NO_TICKET() | thali_SSL_OP_NO_RENEGOTIATION() | thali_SSL_OP_NO_COMPRESSION())
+            context, (Mutant.tlsSessionTickets.isActive ? 0 : thali_SSL_OP_NO_TICKET()) | thali_SSL_OP_NO_RENEGOTIATION()
+                | thali_SSL_OP_NO_COMPRESSION())
+        if Mutant.tlsIdentityHint.isActive && role == .server { _ = SSL_CTX_use_psk_identity_hint(context, "thali") }
         _ = thali_SSL_CTX_set_session_cache_mode(context, Int(SSL_SESS_CACHE_OFF))
         SSL_CTX_set_info_callback(context) { ssl, type, value in
             guard let ssl, type & SSL_CB_ALERT != 0, let connection = SSLConnection.owner(of: ssl) else { return }

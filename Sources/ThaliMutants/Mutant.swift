@@ -1,0 +1,67 @@
+#if DEBUG
+import Foundation
+#endif
+
+/// Deliberate faults that prove the conformance suite grades: each breaks one rule of `spec/`, and
+/// `spec/conformance-mutants.json` says exactly which conformance cases must catch it.
+///
+/// A mutant is switched on by the environment variable `THALI_MUTANT=<name>` in a **debug** build only
+/// (as `Fuzz/` stays out of release builds): in a release build ``active`` is the constant `nil`, so every
+/// check below is compiled away and no setting can turn a fault on.
+public enum Mutant: String, CaseIterable, Sendable {
+    /// The delivery decoder ignores bytes after a frame's fields [NODE-1.2].
+    case deliveryIgnoresTrailingBytes = "delivery-ignores-trailing-bytes"
+    /// The delivery decoder accepts a data frame with no bytes [NODE-1.3].
+    case deliveryAcceptsEmptyData = "delivery-accepts-empty-data"
+    /// The delivery decoder does not check a header's length against the frame maximum [NODE-1.1].
+    case deliveryUnboundedFrames = "delivery-unbounded-frames"
+    /// The delivery receiver accepts items that have already expired [NODE-1.16].
+    case deliveryAcceptsExpired = "delivery-accepts-expired"
+    /// The delivery receiver commits content whose SHA-256 is not the offer's [NODE-1.11].
+    case deliveryAcceptsDamaged = "delivery-accepts-damaged"
+    /// The delivery sender keeps its own chunk size after the receiver's welcome [NODE-1.23].
+    case deliveryIgnoresFrameMaximum = "delivery-ignores-frame-maximum"
+    /// The yamux decoder accepts any version byte [MUX-2.1].
+    case yamuxAcceptsAnyVersion = "yamux-accepts-any-version"
+    /// The thali-multiplex decoder reads varints of eleven bytes [MUX-3.1].
+    case thaliMultiplexLongVarints = "thali-multiplex-long-varints"
+    /// The thali-multiplex decoder takes open and reset bodies of any length [MUX-3.3].
+    case thaliMultiplexUnboundedControlBodies = "thali-multiplex-unbounded-control-bodies"
+    /// The PSK-TLS server sends an identity hint [PSK-1.6].
+    case tlsIdentityHint = "tls-identity-hint"
+    /// The PSK-TLS server offers session tickets [PSK-1.4].
+    case tlsSessionTickets = "tls-session-tickets"
+    /// The announcer does not answer M-SEARCH [SSDP-2.7].
+    case ssdpNoSearchAnswer = "ssdp-no-search-answer"
+    /// The announcer withdraws nothing when its beacons are gone: no byebye [SSDP-2.5].
+    case ssdpNoByebye = "ssdp-no-byebye"
+    /// The USN's UUID is in upper case [SSDP-2.3].
+    case ssdpUppercaseUSN = "ssdp-uppercase-usn"
+    /// The beacon fetch sends `Host` without the port [SSDP-6.8].
+    case httpHostWithoutPort = "http-host-without-port"
+    /// Beacon announcements expire 25 h ahead, beyond the 24 h a receiver accepts [BCN-1.2].
+    case beaconExpirationBeyondADay = "beacon-expiration-beyond-a-day"
+
+    /// The environment variable that names the active mutant (debug builds only).
+    public static let environmentVariable = "THALI_MUTANT"
+
+    /// The mutant this process runs with: read once from ``environmentVariable`` in a debug build; always
+    /// `nil` in a release build.
+    public static let active: Mutant? = {
+        #if DEBUG
+        ProcessInfo.processInfo.environment[environmentVariable].flatMap(Mutant.init(rawValue:))
+        #else
+        nil
+        #endif
+    }()
+
+    /// Whether this mutant is the active one.
+    @inlinable
+    public var isActive: Bool {
+        #if DEBUG
+        Self.active == self
+        #else
+        false
+        #endif
+    }
+}

@@ -1,0 +1,105 @@
+import Foundation
+import Testing
+import ThaliMutants
+import ThaliTestSupport
+
+@testable import ThaliConformance
+
+/// The suite grades, not just runs: every mutant of `ThaliMutants` (one broken rule each, switched on by
+/// `THALI_MUTANT` in a debug build) is caught by exactly the cases `spec/conformance-mutants.json` names,
+/// in vectors mode (the mutated `thali-node` answers the frame vectors) or in peer mode (the suite grades
+/// a mutated `thali-node run`).
+@Suite("Conformance mutants", .serialized, .enabled(if: TestEnvironment.available(PackagePaths.thaliNode() != nil)))
+struct MutantTests {
+    struct Table: Decodable {
+        struct Entry: Decodable, Sendable, CustomTestStringConvertible {
+            var name: String
+            var layer: String
+            var breaks: [String]
+            var description: String
+            var gradedBy: String
+            var caughtBy: [String]
+            var testDescription: String { name }
+        }
+        var format: String
+        var mutants: [Entry]
+    }
+
+    static let tablePath = PackagePaths.root() + "/spec/conformance-mutants.json"
+
+    static func table() throws -> Table {
+        let decoder = JSONDecoder()
+        decoder.keyDecodingStrategy = .convertFromSnakeCase
+        return try decoder.decode(Table.self, from: Data(contentsOf: URL(fileURLWithPath: tablePath)))
+    }
+
+    static func entries(gradedBy mode: String) -> [Table.Entry] {
+        ((try? table())?.mutants ?? []).filter { $0.gradedBy.hasPrefix(mode) }
+    }
+
+    static func node() throws -> String { try #require(PackagePaths.thaliNode()) }
+
+    /// The ids of the cases that did not pass.
+    static func caught(_ results: [ConformanceResult]) -> Set<String> {
+        Set(results.filter { $0.verdict != .pass && $0.verdict != .notApplicable }.map(\.testCase.id))
+    }
+
+    @Test("the table names every mutant once, at least 15, over every wire layer, with catalog ids and real cases")
+    func tableIsComplete() throws {
+        let table = try Self.table()
+        #expect(table.format == "thali-conformance-mutants/1")
+        let names = table.mutants.map(\.name)
+        #expect(Set(names).count == names.count, "a mutant is listed twice")
+        #expect(Set(names) == Set(Mutant.allCases.map(\.rawValue)), "the table and ThaliMutants disagree")
+        #expect(table.mutants.count >= 15)
+        #expect(Set(table.mutants.map(\.layer)) == ConformanceCatalogTests.coveredLayers)
+        let catalog = try RequirementCatalog.load(from: RequirementCatalog.defaultPath)
+        let cases = Set(ConformanceCatalogTests.allCases.map(\.id))
+        for mutant in table.mutants {
+            #expect(!mutant.breaks.isEmpty && mutant.breaks.allSatisfy { catalog[$0] != nil }, "\(mutant.name)")
+            #expect(!mutant.caughtBy.isEmpty && mutant.caughtBy.allSatisfy(cases.contains), "\(mutant.name): \(mutant.caughtBy)")
+            #expect(["vectors/delivery", "vectors/yamux", "vectors/thali-multiplex", "peer"].contains(mutant.gradedBy), "\(mutant.name)")
+        }
+    }
+
+    @Test("a mutated decoder's answers fail exactly the listed vectors", arguments: MutantTests.entries(gradedBy: "vectors/"))
+    func vectorsCatchMutant(_ mutant: Table.Entry) async throws {
+        let layer = try #require(FrameVectorLayer(rawValue: String(mutant.gradedBy.dropFirst("vectors/".count))))
+        let set = FrameVectorSets.set(layer)
+        let path = PackagePaths.root() + "/spec/vectors/" + layer.fileName
+        let process = try ChildProcess(try Self.node(), ["conformance", "vectors", "answer", path],
+                                       environment: [Mutant.environmentVariable: mutant.name])
+        #expect(try await process.waitForExit(timeout: .seconds(60)) == 0)
+        try? await process.waitForOutput(containing: "\n}", timeout: .seconds(2))
+        let answers = try JSONDecoder().decode(FrameVectorAnswers.self, from: Data(process.output.utf8))
+        let run = ConformanceRun(target: mutant.name, catalog: try RequirementCatalog.load(from: RequirementCatalog.defaultPath))
+        FrameVectorGrading.grade(answers, against: set, in: run)
+        #expect(Self.caught(run.report.results) == Set(mutant.caughtBy))
+    }
+
+    @Test("peer mode against a mutated thali-node run fails exactly the listed cases", arguments: MutantTests.entries(gradedBy: "peer"))
+    func peerModeCatchesMutant(_ mutant: Table.Entry) async throws {
+        let node = try Self.node()
+        let (iut, iutKey) = try PeerModeTests.home("mutant")
+        let (suite, suiteKey) = try PeerModeTests.home("suite")
+        defer {
+            try? FileManager.default.removeItem(atPath: iut)
+            try? FileManager.default.removeItem(atPath: suite)
+        }
+        _ = try ChildProcess.run(node, ["--home", iut, "contacts", "add", "conformance", suiteKey], timeout: .seconds(20))
+        let ssdpPort = Int.random(in: 20_000...40_000)
+        let peer = try RunningPeer("iut", node, ["run", "--home", iut, "--address", "127.0.0.1", "--ssdp-port", String(ssdpPort),
+                                                 "--json", "--max-age", "5"], environment: [Mutant.environmentVariable: mutant.name])
+        defer { _ = peer.kill(signal: SIGTERM) }
+        try await peer.waitFor("started") { isEvent($0, "started") }
+        let jsonPath = suite + "/report.json"
+        let run = try ChildProcess(node, ["conformance", "peer", "--peer-key", iutKey, "--identity", suite + "/identity.key",
+                                          "--address", "127.0.0.1", "--ssdp-port", String(ssdpPort), "--step-timeout-s", "5", "--discovery-timeout-s", "5",
+                                          "--adapter", "\(node) --home \(iut)", "--json-out", jsonPath])
+        _ = try await run.waitForExit(timeout: .seconds(120))
+        let report = try JSONSerialization.jsonObject(with: Data(contentsOf: URL(fileURLWithPath: jsonPath))) as? [String: Any]
+        let results = try #require(report?["results"] as? [[String: Any]])
+        let caught = Set(results.filter { !["PASS", "N/A"].contains($0["verdict"] as? String) }.compactMap { $0["id"] as? String })
+        #expect(caught == Set(mutant.caughtBy), "\(run.output)")
+    }
+}
