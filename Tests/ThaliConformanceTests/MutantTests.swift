@@ -80,22 +80,13 @@ struct MutantTests {
     @Test("peer mode against a mutated thali-node run fails exactly the listed cases", arguments: MutantTests.entries(gradedBy: "peer"))
     func peerModeCatchesMutant(_ mutant: Table.Entry) async throws {
         let node = try Self.node()
-        let (iut, iutKey) = try PeerModeTests.home("mutant")
-        let (suite, suiteKey) = try PeerModeTests.home("suite")
-        defer {
-            try? FileManager.default.removeItem(atPath: iut)
-            try? FileManager.default.removeItem(atPath: suite)
-        }
-        _ = try ChildProcess.run(node, ["--home", iut, "contacts", "add", "conformance", suiteKey], timeout: .seconds(20))
-        let ssdpPort = Int.random(in: 20_000...40_000)
-        let peer = try RunningPeer("iut", node, ["run", "--home", iut, "--address", "127.0.0.1", "--ssdp-port", String(ssdpPort),
-                                                 "--json", "--max-age", "5"], environment: [Mutant.environmentVariable: mutant.name])
-        defer { _ = peer.kill(signal: SIGTERM) }
-        try await peer.waitFor("started") { isEvent($0, "started") }
+        let implementation = try await PeerModeTests.startImplementation(environment: [Mutant.environmentVariable: mutant.name])
+        defer { implementation.remove() }
+        let (iutKey, suite, ssdpPort) = (implementation.iutKey, implementation.suite, implementation.ssdpPort)
         let jsonPath = suite + "/report.json"
         let run = try ChildProcess(node, ["conformance", "peer", "--peer-key", iutKey, "--identity", suite + "/identity.key",
                                           "--address", "127.0.0.1", "--ssdp-port", String(ssdpPort), "--step-timeout-s", "5", "--discovery-timeout-s", "5",
-                                          "--adapter", "\(node) --home \(iut)", "--json-out", jsonPath])
+                                          "--adapter", "\(node) --home \(implementation.iut)", "--json-out", jsonPath])
         _ = try await run.waitForExit(timeout: .seconds(120))
         let report = try JSONSerialization.jsonObject(with: Data(contentsOf: URL(fileURLWithPath: jsonPath))) as? [String: Any]
         let results = try #require(report?["results"] as? [[String: Any]])

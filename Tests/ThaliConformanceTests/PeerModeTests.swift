@@ -25,20 +25,39 @@ struct PeerModeTests {
         return (path, try #require(object["public_key"] as? String))
     }
 
-    @Test("against thali-node run: every MUST and SHOULD case passes, in both roles; JSON and JUnit outputs parse")
-    func againstOurNode() async throws {
-        let node = try Self.node()
-        let (iut, iutKey) = try Self.home("iut")
-        let (suite, suiteKey) = try Self.home("suite")
-        defer {
+    /// A `thali-node run` on loopback with the suite as its contact, and the suite's own data directory.
+    struct Implementation {
+        let iut: String, iutKey: String, suite: String, ssdpPort: Int
+        let peer: RunningPeer
+
+        /// Stops the node and deletes both directories.
+        func remove() {
+            _ = peer.kill(signal: SIGTERM)
             try? FileManager.default.removeItem(atPath: iut)
             try? FileManager.default.removeItem(atPath: suite)
         }
+    }
+
+    /// Starts the implementation under test (`environment` added to its own) and waits for `started`.
+    static func startImplementation(environment: [String: String]? = nil) async throws -> Implementation {
+        let node = try node()
+        let (iut, iutKey) = try home("iut")
+        let (suite, suiteKey) = try home("suite")
         _ = try ChildProcess.run(node, ["--home", iut, "contacts", "add", "conformance", suiteKey], timeout: .seconds(20))
         let ssdpPort = Int.random(in: 20_000...40_000)
         let peer = try RunningPeer("iut", node, ["run", "--home", iut, "--address", "127.0.0.1", "--ssdp-port", String(ssdpPort),
-                                                 "--json", "--max-age", "5"])
+                                                 "--json", "--max-age", "5"], environment: environment)
         try await peer.waitFor("started") { isEvent($0, "started") }
+        return Implementation(iut: iut, iutKey: iutKey, suite: suite, ssdpPort: ssdpPort, peer: peer)
+    }
+
+    @Test("against thali-node run: every MUST and SHOULD case passes, in both roles; JSON and JUnit outputs parse")
+    func againstOurNode() async throws {
+        let node = try Self.node()
+        let implementation = try await Self.startImplementation()
+        defer { implementation.remove() }
+        let (iut, iutKey, suite, ssdpPort, peer) = (implementation.iut, implementation.iutKey, implementation.suite,
+                                                    implementation.ssdpPort, implementation.peer)
 
         let jsonPath = suite + "/report.json", junitPath = suite + "/report.xml"
         let started = ContinuousClock.now
