@@ -205,7 +205,7 @@ enum TerminalText {
 struct Conformance: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Check wire formats against the conformance vectors, or probe another implementation's endpoint.",
-        subcommands: [ConformanceBeacons.self, ConformanceVectors.self, ConformanceProbeCommand.self, ConformancePeerCommand.self]
+        subcommands: [ConformanceBeacons.self, ConformanceVectors.self, ConformanceProbeCommand.self, ConformancePeerCommand.self, ConformanceTargetCommand.self]
     )
 }
 

@@ -1,0 +1,314 @@
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOPosix
+import ThaliBeacons
+import ThaliSSDP
+
+/// How target mode runs.
+public struct TargetConformanceConfiguration: Sendable {
+    /// Our IPv4 address: announcements go out from it and the scripted locations listen on it.
+    public var address: String
+    /// A second local address of ours, for a forged byebye and a spoofed LOCATION (on loopback, 127.0.0.2);
+    /// without one those two cases are N/A.
+    public var secondAddress: String?
+    /// The SSDP UDP port the implementation listens on.
+    public var ssdpPort = SSDPDiscoveryConfiguration.defaultPort
+    /// The SSDP multicast group.
+    public var ssdpGroup = SSDPDiscoveryConfiguration.defaultGroupAddress
+    /// How long the implementation has to react to each scripted step (a conforming peer may wait before it
+    /// fetches: our own spreads fetches over the crowd, spec/ssdp.md §5).
+    public var observation: TimeAmount = .seconds(3)
+
+    /// A configuration for `address`; on loopback the second address is 127.0.0.2.
+    public init(address: String) {
+        self.address = address
+        secondAddress = address == "127.0.0.1" ? "127.0.0.2" : nil
+    }
+}
+
+/// Target mode: the suite announces scripted peers, correct and deliberately broken, serves their beacon
+/// locations, and grades what the implementation under test does with them, from outside: which
+/// locations it fetches, how often, and whether it connects. It needs no keys: no beacon it is served is
+/// for it.
+public struct TargetConformance: Sendable {
+    /// The cases, in the order they are graded.
+    public enum Cases {
+        /// `target/ssdp/valid-fetched`: a well-formed alive from a new USN is fetched (the control: without
+        /// it, the "nothing fetched" cases below prove nothing).
+        public static let validFetched = ConformanceCase("target/ssdp/valid-fetched", "a well-formed alive of a new USN is fetched",
+                                                         ["SSDP-3.6"])
+        /// `target/ssdp/fetch-once-per-usn`: four more alives of that USN fetch it no more.
+        public static let fetchOnce = ConformanceCase("target/ssdp/fetch-once-per-usn", "more alives of a fetched USN fetch it no more",
+                                                      ["SSDP-5.1"])
+        /// `target/beacons/no-match-no-connect`: a stream without a beacon for it leads to no connection.
+        public static let noMatchNoConnect = ConformanceCase("target/beacons/no-match-no-connect",
+                                                             "a stream without a beacon for it leads to no connection", ["BCN-4.8"])
+        /// `target/ssdp/malformed-ignored`: datagrams that break the strict grammar are not acted on.
+        public static let malformed = ConformanceCase("target/ssdp/malformed-ignored",
+                                                      "alives that break the strict grammar (HTTP/1.0, bare LF, a header twice, NTS ssdp:update, no max-age, folded line, bytes after the end) are not fetched",
+                                                      ["SSDP-3.1"])
+        /// `target/ssdp/foreign-nt-ignored`: an alive of another NT is not fetched.
+        public static let foreignNT = ConformanceCase("target/ssdp/foreign-nt-ignored", "an alive of another UPnP NT is not fetched", ["SSDP-3.2"])
+        /// `target/ssdp/bad-usn-ignored`: an alive whose USN is not uuid:/data: is not fetched.
+        public static let badUSN = ConformanceCase("target/ssdp/bad-usn-ignored", "alives whose USN is neither uuid:<UUID> nor data:<UUID>:<n> are not fetched",
+                                                   ["SSDP-3.4"])
+        /// `target/ssdp/spoofed-location-ignored`: an alive whose LOCATION host is not its source is not fetched.
+        public static let spoofedLocation = ConformanceCase("target/ssdp/spoofed-location-ignored",
+                                                            "an alive whose LOCATION names another host than its source is not fetched", ["SSDP-3.5"])
+        /// `target/ssdp/forged-byebye-ignored`: a byebye from another address does not make it forget the peer.
+        public static let forgedByebye = ConformanceCase("target/ssdp/forged-byebye-ignored",
+                                                         "a byebye from another address does not withdraw the peer (its next alive fetches nothing)",
+                                                         ["SSDP-5.2"])
+
+        /// Every case of target mode.
+        public static let all = [validFetched, fetchOnce, noMatchNoConnect, malformed, foreignNT, badUSN, spoofedLocation, forgedByebye]
+    }
+
+    let configuration: TargetConformanceConfiguration
+    let group: EventLoopGroup
+
+    /// A run with `configuration` on `group`.
+    public init(configuration: TargetConformanceConfiguration, group: EventLoopGroup) {
+        self.configuration = configuration
+        self.group = group
+    }
+
+    /// Runs every case, recording each verdict in `run` as it is decided.
+    public func run(_ run: ConformanceRun) async {
+        do {
+            try await script(run)
+        } catch {
+            run.note("target mode stopped: \(error)")
+            run.recordRemaining(Cases.all, .inconclusive, because: "the run stopped: \(error)")
+        }
+    }
+
+    private func script(_ run: ConformanceRun) async throws {
+        let address = configuration.address
+        // A stream with one beacon, for a key nobody holds: well formed, and for nobody we know.
+        let stream = try BeaconGenerator(identity: PrivateKey()).makeAnnouncement(for: [PrivateKey().publicKey], validity: .seconds(600)).stream
+        let control = try await ScriptedLocation.start(host: address, body: stream, group: group)
+        let malformed = try await ScriptedLocation.start(host: address, body: stream, group: group)
+        let foreign = try await ScriptedLocation.start(host: address, body: stream, group: group)
+        let badUSN = try await ScriptedLocation.start(host: address, body: stream, group: group)
+        let byebyeTarget = try await ScriptedLocation.start(host: address, body: stream, group: group)
+        let spoofed = try await configuration.secondAddress.asyncMap { try await ScriptedLocation.start(host: $0, body: stream, group: group) }
+        let locations = [control, malformed, foreign, badUSN, byebyeTarget] + (spoofed.map { [$0] } ?? [])
+        defer { for location in locations { location.close() } }
+        let sender = try await MulticastSender.start(address: address, group: configuration.ssdpGroup, port: configuration.ssdpPort,
+                                                     on: group)
+        defer { sender.close() }
+        let secondSender = try await configuration.secondAddress.asyncMap {
+            try await MulticastSender.start(address: $0, multicastInterface: address, group: configuration.ssdpGroup,
+                                            port: configuration.ssdpPort, on: group)
+        }
+        defer { secondSender?.close() }
+        let datagrams = TargetDatagrams(host: "\(configuration.ssdpGroup):\(configuration.ssdpPort)")
+        let controlUSN = ThaliServiceName.makeUniqueServiceName()
+        let byebyeUSN = ThaliServiceName.makeUniqueServiceName()
+
+        // Step 1: everything at once, the broken first, so that a lenient implementation has every chance.
+        for bytes in datagrams.malformedAlives(location: malformed.url) { try await sender.send(bytes) }
+        try await sender.send(datagrams.alive(nt: "urn:schemas-upnp-org:device:Basic:1", usn: ThaliServiceName.makeUniqueServiceName(),
+                                              location: foreign.url))
+        for usn in ["uuid:not-a-uuid", "urn:thali:\(controlUSN.dropFirst(5))", "data:\(controlUSN.dropFirst(5))"] {
+            try await sender.send(datagrams.alive(usn: usn, location: badUSN.url))
+        }
+        if let spoofed { try await sender.send(datagrams.alive(usn: ThaliServiceName.makeUniqueServiceName(), location: spoofed.url)) }
+        try await sender.send(datagrams.alive(usn: controlUSN, location: control.url))
+        try await sender.send(datagrams.alive(usn: byebyeUSN, location: byebyeTarget.url))
+        try await Task.sleep(for: .nanoseconds(configuration.observation.nanoseconds))
+
+        let fetched = control.fetches
+        run.grade(Cases.validFetched, holds: fetched >= 1, expected: "at least one GET of \(control.url)",
+                  actual: "\(fetched) fetches")
+        guard fetched >= 1, byebyeTarget.fetches >= 1 else {
+            run.recordRemaining(Cases.all, .inconclusive,
+                                because: "the implementation fetched none of our well-formed alives: is it listening on \(configuration.ssdpGroup):\(configuration.ssdpPort)?")
+            return
+        }
+
+        // Step 2: the control USN again (nothing new to fetch), and a byebye for the other USN from a second
+        // address, then that USN's alive again: honouring the forged byebye would fetch it anew.
+        for _ in 0..<4 { try await sender.send(datagrams.alive(usn: controlUSN, location: control.url)) }
+        let byebyeFetchesBefore = byebyeTarget.fetches
+        if let secondSender {
+            try await secondSender.send(datagrams.byebye(usn: byebyeUSN))
+            try await Task.sleep(for: .milliseconds(300))
+            try await sender.send(datagrams.alive(usn: byebyeUSN, location: byebyeTarget.url))
+        }
+        try await Task.sleep(for: .nanoseconds(configuration.observation.nanoseconds))
+
+        run.grade(Cases.fetchOnce, holds: control.fetches == 1, expected: "exactly 1 fetch after 5 alives of one USN",
+                  actual: "\(control.fetches) fetches")
+        run.grade(Cases.noMatchNoConnect, holds: locations.allSatisfy { $0.otherConnections == 0 },
+                  expected: "no connection but beacon fetches to any location we announced",
+                  actual: "\(locations.map(\.otherConnections).reduce(0, +)) other connections (TLS or not HTTP)")
+        run.grade(Cases.malformed, holds: malformed.fetches == 0, expected: "no fetch", actual: "\(malformed.fetches) fetches")
+        run.grade(Cases.foreignNT, holds: foreign.fetches == 0, expected: "no fetch", actual: "\(foreign.fetches) fetches")
+        run.grade(Cases.badUSN, holds: badUSN.fetches == 0, expected: "no fetch", actual: "\(badUSN.fetches) fetches")
+        if let spoofed {
+            run.grade(Cases.spoofedLocation, holds: spoofed.fetches == 0, expected: "no fetch of \(spoofed.url)",
+                      actual: "\(spoofed.fetches) fetches")
+        } else {
+            run.record(Cases.spoofedLocation, .notApplicable, expected: "no fetch", actual: "no second address (--second-address)")
+        }
+        if secondSender != nil {
+            let again = byebyeTarget.fetches - byebyeFetchesBefore
+            run.grade(Cases.forgedByebye, holds: again == 0, expected: "no new fetch after a forged byebye and an alive",
+                      actual: "\(again) new fetches")
+        } else {
+            run.record(Cases.forgedByebye, .notApplicable, expected: "no new fetch", actual: "no second address (--second-address)")
+        }
+    }
+}
+
+/// The datagrams target mode sends, written out byte for byte (some deliberately broken).
+struct TargetDatagrams {
+    /// The `HOST` header: group:port.
+    let host: String
+
+    func alive(nt: String = ThaliServiceName.notificationType, usn: String, location: String) -> [UInt8] {
+        Array(("NOTIFY * HTTP/1.1\r\nHOST: \(host)\r\nCACHE-CONTROL: max-age=30\r\nLOCATION: \(location)\r\nNT: \(nt)\r\n"
+               + "NTS: ssdp:alive\r\nUSN: \(usn)\r\n\r\n").utf8)
+    }
+
+    func byebye(usn: String) -> [UInt8] {
+        Array("NOTIFY * HTTP/1.1\r\nHOST: \(host)\r\nNT: \(ThaliServiceName.notificationType)\r\nNTS: ssdp:byebye\r\nUSN: \(usn)\r\n\r\n".utf8)
+    }
+
+    /// Alives that break spec/ssdp.md §3 one rule each, all naming `location`, each with a fresh USN.
+    func malformedAlives(location: String) -> [[UInt8]] {
+        let nt = ThaliServiceName.notificationType
+        func usn() -> String { ThaliServiceName.makeUniqueServiceName() }
+        let good = { (usn: String) in
+            ["HOST: \(host)", "CACHE-CONTROL: max-age=30", "LOCATION: \(location)", "NT: \(nt)", "NTS: ssdp:alive", "USN: \(usn)"]
+        }
+        func datagram(_ start: String, _ lines: [String], ending: String = "\r\n", trailer: String = "") -> [UInt8] {
+            Array((([start] + lines).map { $0 + ending }.joined() + ending + trailer).utf8)
+        }
+        return [
+            datagram("NOTIFY * HTTP/1.0", good(usn())),
+            datagram("NOTIFY * HTTP/1.1", good(usn()), ending: "\n"),
+            datagram("NOTIFY * HTTP/1.1", good(usn()) + ["NT: \(nt)"]),
+            datagram("NOTIFY * HTTP/1.1", good(usn()).map { $0 == "NTS: ssdp:alive" ? "NTS: ssdp:update" : $0 }),
+            datagram("NOTIFY * HTTP/1.1", good(usn()).map { $0.hasPrefix("CACHE-CONTROL") ? "CACHE-CONTROL: no-cache" : $0 }),
+            datagram("NOTIFY * HTTP/1.1", good(usn()).map { $0.hasPrefix("NT:") ? "NT:\r\n \(nt)" : $0 }),
+            datagram("NOTIFY * HTTP/1.1", good(usn()), trailer: "tail"),
+        ]
+    }
+}
+
+/// A beacon location of the script: answers `GET /NotificationBeacons` with its body and counts the
+/// fetches; any other connection (a TLS ClientHello, anything not HTTP) is counted and closed.
+final class ScriptedLocation: Sendable {
+    private let channel: Channel
+    private let counts: NIOLockedValueBox<(fetches: Int, other: Int)>
+    /// The LOCATION naming it.
+    let url: String
+
+    /// The longest request head read before the connection is closed.
+    static let maxRequestBytes = 8 * 1024
+
+    private init(channel: Channel, counts: NIOLockedValueBox<(fetches: Int, other: Int)>, url: String) {
+        self.channel = channel
+        self.counts = counts
+        self.url = url
+    }
+
+    /// Beacon requests answered.
+    var fetches: Int { counts.withLockedValue { $0.fetches } }
+    /// Connections that were not a beacon request.
+    var otherConnections: Int { counts.withLockedValue { $0.other } }
+
+    static func start(host: String, body: [UInt8], group: EventLoopGroup) async throws -> ScriptedLocation {
+        let counts = NIOLockedValueBox((fetches: 0, other: 0))
+        let channel = try await ServerBootstrap(group: group)
+            .childChannelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.addHandler(ScriptedLocationHandler(body: body, counts: counts))
+                }
+            }
+            .bind(host: host, port: 0).get()
+        return ScriptedLocation(channel: channel, counts: counts, url: "http://\(host):\(channel.localAddress?.port ?? 0)/")
+    }
+
+    func close() { channel.close(promise: nil) }
+}
+
+/// Reads a request head (bounded), answers a beacon GET, counts the rest; only moves bytes.
+private final class ScriptedLocationHandler: ChannelInboundHandler {
+    typealias InboundIn = ByteBuffer
+    typealias OutboundOut = ByteBuffer
+    private let body: [UInt8]
+    private let counts: NIOLockedValueBox<(fetches: Int, other: Int)>
+    private var head: [UInt8] = []
+    private var done = false
+
+    init(body: [UInt8], counts: NIOLockedValueBox<(fetches: Int, other: Int)>) {
+        self.body = body
+        self.counts = counts
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        guard !done else { return }
+        head += unwrapInboundIn(data).readableBytesView
+        if head.first != UInt8(ascii: "G") || head.count > ScriptedLocation.maxRequestBytes {
+            finish(context, fetch: false)
+        } else if head.count >= 4, head.suffix(4) == Array("\r\n\r\n".utf8) {
+            let isBeaconRequest = head.starts(with: Array("GET /NotificationBeacons ".utf8))
+            if isBeaconRequest {
+                var response = context.channel.allocator.buffer(
+                    string: "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: \(body.count)\r\nConnection: close\r\n\r\n")
+                response.writeBytes(body)
+                context.writeAndFlush(wrapOutboundOut(response), promise: nil)
+            }
+            finish(context, fetch: isBeaconRequest)
+        }
+    }
+
+    private func finish(_ context: ChannelHandlerContext, fetch: Bool) {
+        done = true
+        counts.withLockedValue { fetch ? ($0.fetches += 1) : ($0.other += 1) }
+        context.close(promise: nil)
+    }
+}
+
+/// A UDP socket that multicasts datagrams to the SSDP group from one address.
+final class MulticastSender: Sendable {
+    private let channel: Channel
+    private let destination: SocketAddress
+
+    private init(channel: Channel, destination: SocketAddress) {
+        self.channel = channel
+        self.destination = destination
+    }
+
+    /// Binds to `address` and multicasts on the interface that has `multicastInterface` (default: `address`).
+    static func start(address: String, multicastInterface: String? = nil, group: String, port: Int,
+                      on eventLoopGroup: EventLoopGroup) async throws -> MulticastSender {
+        guard case .v4(let interface) = try SocketAddress(ipAddress: multicastInterface ?? address, port: 0) else {
+            throw SocketAddressError.failedToParseIPString(multicastInterface ?? address)
+        }
+        let channel = try await DatagramBootstrap(group: eventLoopGroup).bind(host: address, port: 0).get()
+        if let options = channel as? SocketOptionProvider {
+            try await options.setIPMulticastIF(interface.address.sin_addr).get()
+            try await options.setIPMulticastLoop(1).get()
+        }
+        return MulticastSender(channel: channel, destination: try SocketAddress(ipAddress: group, port: port))
+    }
+
+    func send(_ bytes: [UInt8]) async throws {
+        try await channel.writeAndFlush(AddressedEnvelope(remoteAddress: destination, data: channel.allocator.buffer(bytes: bytes)))
+    }
+
+    func close() { channel.close(promise: nil) }
+}
+
+extension Optional {
+    /// The async counterpart of `map`.
+    func asyncMap<T>(_ transform: (Wrapped) async throws -> T) async rethrows -> T? {
+        guard let self else { return nil }
+        return try await transform(self)
+    }
+}

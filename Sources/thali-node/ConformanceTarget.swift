@@ -1,0 +1,74 @@
+import ArgumentParser
+import Dispatch
+import Foundation
+import NIOCore
+import NIOPosix
+import ThaliConformance
+import ThaliSSDP
+
+/// `thali-node conformance target`: the suite announces scripted peers, correct and broken, and grades
+/// what the implementation under test does with them.
+struct ConformanceTargetCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "target",
+        abstract: "Announce scripted peers, correct and broken, and grade what the implementation does with them.",
+        discussion: """
+            The implementation under test only has to run and listen for SSDP on --ssdp-port: it needs no \
+            contact and no keys. The suite announces well-formed and deliberately broken alives (malformed \
+            datagrams, another NT, bad USNs, a spoofed LOCATION, a forged byebye from --second-address) whose \
+            locations it serves, and grades which the implementation fetches, how often, and that it \
+            connects to none (no beacon is for it). About two observation periods long. Prints each case \
+            as it ends, then a table; exits non-zero only when a MUST fails or --baseline does not hold.
+            """)
+
+    @Option(help: "Our IPv4 address: announcements go out from it and the scripted locations listen on it.")
+    var address = "127.0.0.1"
+
+    @Option(help: "A second local IPv4 address, for the forged byebye and the spoofed LOCATION (default: 127.0.0.2 on loopback).")
+    var secondAddress: String?
+
+    @Option(help: "SSDP UDP port.")
+    var ssdpPort = SSDPDiscoveryConfiguration.defaultPort
+
+    @Option(help: "SSDP multicast group.")
+    var ssdpGroup = SSDPDiscoveryConfiguration.defaultGroupAddress
+
+    @Option(help: "Seconds the implementation has to react to each step.")
+    var observeS: Int64 = 3
+
+    @OptionGroup var report: ReportOptions
+
+    func validate() throws {
+        guard observeS >= 1 else { throw ValidationError("--observe-s must be at least 1") }
+    }
+
+    func run() async throws {
+        var configuration = TargetConformanceConfiguration(address: address)
+        if let secondAddress { configuration.secondAddress = secondAddress }
+        configuration.ssdpPort = ssdpPort
+        configuration.ssdpGroup = ssdpGroup
+        configuration.observation = .seconds(observeS)
+        let json = report.json
+        let conformanceRun = ConformanceRun(target: "target over SSDP \(ssdpGroup):\(ssdpPort) from \(address)",
+                                            catalog: try report.loadCatalog(), baseline: try report.loadBaseline()) { result in
+            let line = TerminalText.escaped(ConformanceReport.progressLine(result))
+            if json { FileHandle.standardError.write(Data((line + "\n").utf8)) } else { printNow(line) }
+        }
+        let outputs = report.outputs
+        signal(SIGINT, SIG_IGN)
+        let interrupt = DispatchSource.makeSignalSource(signal: SIGINT, queue: DispatchQueue(label: "conformance.sigint"))
+        interrupt.setEventHandler {
+            conformanceRun.markInterrupted()
+            outputs.write(conformanceRun.report)
+            Foundation.exit(130)
+        }
+        interrupt.resume()
+        let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+        await TargetConformance(configuration: configuration, group: group).run(conformanceRun)
+        interrupt.cancel()
+        try? await group.shutdownGracefully()
+        let result = conformanceRun.report
+        outputs.write(result)
+        if !result.succeeded { throw ExitCode.failure }
+    }
+}

@@ -1,0 +1,94 @@
+import Foundation
+import Testing
+import ThaliTestSupport
+
+@testable import ThaliConformance
+
+/// `thali-node conformance target` against our own `thali-node run`, against nothing, and against a
+/// naive fetcher (an independent, deliberately lenient SSDP listener in Python): the cases pass for a
+/// conforming peer, cannot pass vacuously, and fail for one that fetches whatever it hears.
+@Suite("Conformance target mode", .serialized, .enabled(if: TestEnvironment.available(PackagePaths.thaliNode() != nil)))
+struct TargetModeTests {
+    /// Joins the SSDP group on loopback and fetches `/NotificationBeacons` from every LOCATION it reads,
+    /// on every datagram: what a receiver without the strict grammar does.
+    static let naiveFetcher = #"""
+    import re, socket, struct, sys, threading, urllib.request
+    port = int(sys.argv[1])
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("", port))
+    s.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP, struct.pack("4s4s", socket.inet_aton("239.255.255.250"), socket.inet_aton("127.0.0.1")))
+    print("listening", flush=True)
+    def fetch(location):
+        try:
+            urllib.request.urlopen(re.sub(r"^(http://[^/]+).*$", r"\1", location) + "/NotificationBeacons", timeout=2).read()
+        except Exception:
+            pass
+    while True:
+        data, _ = s.recvfrom(2048)
+        match = re.search(rb"(?im)^location:\s*(\S+)", data)
+        if match:
+            threading.Thread(target=fetch, args=(match.group(1).decode(),)).start()
+    """#
+
+    func runTarget(ssdpPort: Int, directory: String) async throws -> (status: Int32, verdicts: [String: String], output: String) {
+        let jsonPath = directory + "/target.json"
+        let run = try ChildProcess(try #require(PackagePaths.thaliNode()),
+                                   ["conformance", "target", "--address", "127.0.0.1", "--ssdp-port", String(ssdpPort),
+                                    "--observe-s", "2", "--json-out", jsonPath])
+        let status = try await run.waitForExit(timeout: .seconds(60))
+        let object = try JSONSerialization.jsonObject(with: Data(contentsOf: URL(fileURLWithPath: jsonPath))) as? [String: Any]
+        let results = try #require(object?["results"] as? [[String: Any]])
+        var verdicts: [String: String] = [:]
+        for result in results { if let id = result["id"] as? String { verdicts[id] = result["verdict"] as? String } }
+        return (status, verdicts, run.output)
+    }
+
+    static func scratch() throws -> String {
+        let path = FileManager.default.temporaryDirectory.appendingPathComponent("thali-target-\(UUID().uuidString)").path
+        try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
+        return path
+    }
+
+    @Test("against thali-node run: every case passes, each printed as it ends")
+    func againstOurNode() async throws {
+        let implementation = try await PeerModeTests.startImplementation()
+        defer { implementation.remove() }
+        let directory = try Self.scratch()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let (status, verdicts, output) = try await runTarget(ssdpPort: implementation.ssdpPort, directory: directory)
+        #expect(status == 0, "\(output)\n--- node:\n\(implementation.peer.output)")
+        #expect(Set(verdicts.keys) == Set(TargetConformance.Cases.all.map(\.id)))
+        for (id, verdict) in verdicts { #expect(verdict == "PASS", "\(id)\n\(output)") }
+        #expect(output.split(separator: "\n").filter { $0.hasPrefix("PASS ") }.count == TargetConformance.Cases.all.count)
+    }
+
+    @Test("against nothing: the control case fails and the rest cannot pass, so silence is not conformance")
+    func againstNothing() async throws {
+        let directory = try Self.scratch()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let (status, verdicts, output) = try await runTarget(ssdpPort: Int.random(in: 40_001...50_000), directory: directory)
+        #expect(status == 1)
+        #expect(verdicts[TargetConformance.Cases.validFetched.id] == "FAIL", "\(output)")
+        for testCase in TargetConformance.Cases.all.dropFirst() { #expect(verdicts[testCase.id] == "INCONCLUSIVE", "\(testCase.id)") }
+    }
+
+    @Test("against a naive fetcher: every case that needs the strict grammar or the USN rules fails")
+    func againstNaiveFetcher() async throws {
+        let python = ChildProcess.testVenvPython(packageRoot: PackagePaths.root()) ?? "/usr/bin/python3"
+        let ssdpPort = Int.random(in: 50_001...60_000)
+        let fetcher = try ChildProcess(python, ["-c", Self.naiveFetcher, String(ssdpPort)])
+        defer { fetcher.terminate(grace: .milliseconds(200)) }
+        try await fetcher.waitForOutput(containing: "listening", timeout: .seconds(10))
+        let directory = try Self.scratch()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let (status, verdicts, output) = try await runTarget(ssdpPort: ssdpPort, directory: directory)
+        #expect(status == 1)
+        let cases = TargetConformance.Cases.self
+        #expect(verdicts[cases.validFetched.id] == "PASS", "\(output)")
+        #expect(verdicts[cases.noMatchNoConnect.id] == "PASS", "\(output)")
+        for testCase in [cases.fetchOnce, cases.malformed, cases.foreignNT, cases.badUSN, cases.spoofedLocation, cases.forgedByebye] {
+            #expect(verdicts[testCase.id] == "FAIL", "\(testCase.id)\n\(output)")
+        }
+    }
+}
