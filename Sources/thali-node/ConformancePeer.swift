@@ -87,31 +87,10 @@ struct ConformancePeerCommand: AsyncParsableCommand {
         configuration.stepTimeout = .seconds(stepTimeoutS)
         configuration.senderRole = !noSenderRole
 
-        let json = report.json
-        let conformanceRun = ConformanceRun(target: "peer \(peer.hexString(compressed: true))", catalog: try report.loadCatalog(),
-                                            baseline: try report.loadBaseline()) { result in
-            let line = TerminalText.escaped(ConformanceReport.progressLine(result))
-            if json { FileHandle.standardError.write(Data((line + "\n").utf8)) } else { printNow(line) }
+        if !report.json { printNow("conformance peer: \(ConformancePeerCommand.announcement(configuration))") }
+        try await report.grade(target: "peer \(peer.hexString(compressed: true))", threads: 2) { [configuration] run, group in
+            await PeerConformance(configuration: configuration, group: group).run(run)
         }
-        if !json { printNow("conformance peer: \(ConformancePeerCommand.announcement(configuration))") }
-        let outputs = report.outputs
-        // SIGINT: print what the run has and leave; the cases still running are abandoned.
-        signal(SIGINT, SIG_IGN)
-        let interrupt = DispatchSource.makeSignalSource(signal: SIGINT, queue: DispatchQueue(label: "conformance.sigint"))
-        interrupt.setEventHandler {
-            conformanceRun.markInterrupted()
-            outputs.write(conformanceRun.report)
-            Foundation.exit(130)
-        }
-        interrupt.resume()
-
-        let group = MultiThreadedEventLoopGroup(numberOfThreads: 2)
-        await PeerConformance(configuration: configuration, group: group).run(conformanceRun)
-        interrupt.cancel()
-        try? await group.shutdownGracefully()
-        let result = conformanceRun.report
-        outputs.write(result)
-        if !result.succeeded { throw ExitCode.failure }
     }
 
     static func announcement(_ configuration: PeerConformanceConfiguration) -> String {
@@ -159,6 +138,35 @@ struct ReportOptions: ParsableArguments {
 
     /// Where the report goes.
     var outputs: ConformanceOutputs { ConformanceOutputs(json: json, jsonOut: jsonOut, junitOut: junitOut) }
+
+    /// Runs `cases` against `target` on an event loop group of `threads`, printing each result as it ends
+    /// (to standard error with `--json`); SIGINT prints what the run has and exits 130. Then writes the
+    /// report and fails when a MUST failed or the baseline does not hold.
+    func grade(target: String, threads: Int,
+               _ cases: @Sendable (ConformanceRun, MultiThreadedEventLoopGroup) async -> Void) async throws {
+        let json = self.json
+        let run = ConformanceRun(target: target, catalog: try loadCatalog(), baseline: try loadBaseline()) { result in
+            let line = TerminalText.escaped(ConformanceReport.progressLine(result))
+            if json { FileHandle.standardError.write(Data((line + "\n").utf8)) } else { printNow(line) }
+        }
+        let outputs = self.outputs
+        // SIGINT: print what the run has and leave; the cases still running are abandoned.
+        signal(SIGINT, SIG_IGN)
+        let interrupt = DispatchSource.makeSignalSource(signal: SIGINT, queue: DispatchQueue(label: "conformance.sigint"))
+        interrupt.setEventHandler {
+            run.markInterrupted()
+            outputs.write(run.report)
+            Foundation.exit(130)
+        }
+        interrupt.resume()
+        let group = MultiThreadedEventLoopGroup(numberOfThreads: threads)
+        await cases(run, group)
+        interrupt.cancel()
+        try? await group.shutdownGracefully()
+        let report = run.report
+        outputs.write(report)
+        if !report.succeeded { throw ExitCode.failure }
+    }
 }
 
 /// Where a report goes: the table (or JSON) on standard output, and the files asked for.

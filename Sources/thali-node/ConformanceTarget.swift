@@ -1,5 +1,4 @@
 import ArgumentParser
-import Dispatch
 import Foundation
 import NIOCore
 import NIOPosix
@@ -48,27 +47,8 @@ struct ConformanceTargetCommand: AsyncParsableCommand {
         configuration.ssdpPort = ssdpPort
         configuration.ssdpGroup = ssdpGroup
         configuration.observation = .seconds(observeS)
-        let json = report.json
-        let conformanceRun = ConformanceRun(target: "target over SSDP \(ssdpGroup):\(ssdpPort) from \(address)",
-                                            catalog: try report.loadCatalog(), baseline: try report.loadBaseline()) { result in
-            let line = TerminalText.escaped(ConformanceReport.progressLine(result))
-            if json { FileHandle.standardError.write(Data((line + "\n").utf8)) } else { printNow(line) }
+        try await report.grade(target: "target over SSDP \(ssdpGroup):\(ssdpPort) from \(address)", threads: 1) { [configuration] run, group in
+            await TargetConformance(configuration: configuration, group: group).run(run)
         }
-        let outputs = report.outputs
-        signal(SIGINT, SIG_IGN)
-        let interrupt = DispatchSource.makeSignalSource(signal: SIGINT, queue: DispatchQueue(label: "conformance.sigint"))
-        interrupt.setEventHandler {
-            conformanceRun.markInterrupted()
-            outputs.write(conformanceRun.report)
-            Foundation.exit(130)
-        }
-        interrupt.resume()
-        let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
-        await TargetConformance(configuration: configuration, group: group).run(conformanceRun)
-        interrupt.cancel()
-        try? await group.shutdownGracefully()
-        let result = conformanceRun.report
-        outputs.write(result)
-        if !result.succeeded { throw ExitCode.failure }
     }
 }
