@@ -338,8 +338,9 @@ public final class ThaliPeer: Sendable {
             let known = state.withLockedValue { $0.peersSeen.remove(origin) != nil }
             if known { emit(.peerLeft(location: origin, reason: reason)) }
         case .beaconsFetched(let origin, let location, let bytes):
-            state.withLockedValue { $0.discovery.beaconFetches += 1 }
             beaconsFetched(origin: origin, location: location, bytes)
+            // Counted once handled: whoever sees the count has seen the outcome too (a match's event).
+            state.withLockedValue { $0.discovery.beaconFetches += 1 }
         case .beaconFetchFailed:
             state.withLockedValue { $0.discovery.beaconFetchFailures += 1 }
         case .limitTriggered(let report):

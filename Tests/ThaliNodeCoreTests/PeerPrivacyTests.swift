@@ -27,9 +27,15 @@ struct PeerPrivacyTests {
         while clock.now < end, try !people["bob"].store.inboxContains(item.id, from: people["bob"].store.contact(named: "alice")) {
             try await Task.sleep(for: .milliseconds(50))
         }
-        // Give Mallory time to fetch Alice's beacons too (she hears the same announcements).
-        try await Task.sleep(for: .seconds(1))
+        // Mallory hears the same announcements: wait until she has read Alice's beacons (only Alice
+        // announces, she alone has an item), so that the silence asserted below follows a real read.
+        var malloryFetches = 0
+        while clock.now < end + .seconds(10), malloryFetches == 0 {
+            malloryFetches = await peers[2].status().discovery.beaconFetches
+            if malloryFetches == 0 { try await Task.sleep(for: .milliseconds(50)) }
+        }
         for peer in peers { await peer.stop() }
+        #expect(malloryFetches >= 1, "Mallory never read Alice's beacons: the test would prove nothing")
 
         let log = events.withLockedValue { $0 }
         #expect(try people.inbox(of: "bob").map(\.id) == [item.id])
