@@ -140,6 +140,8 @@ public final class PSKTLSServer: Sendable {
                 }
             }
             .bind(host: host, port: port).get()
+        // Sources in their refusal period are refused by the kernel too, before an accept.
+        ListenerSourceFilter.attach(to: channel, admission: admission)
         guard let localAddress = channel.localAddress else {
             try? await channel.close()
             throw PSKTLSError(.invalidConfiguration, role: .server, detail: "no local address after bind")
