@@ -15,7 +15,8 @@ public struct AdmissionLimits: Sendable, Hashable {
     /// The per-source rate window. Default 10 s.
     public var sourceWindow: TimeAmount = .seconds(10)
     /// How long a source that exceeded ``maxConnectionsPerSource`` is refused outright (0: only until its
-    /// window ends). Default 60 s. Refusing costs one accept and one close per attempt, nothing global.
+    /// window ends). Default 60 s. Refusing costs nothing global; on a listener with a
+    /// ``ListenerSourceFilter`` the kernel drops the source's SYNs, so not even an accept.
     public var sourceRefusalPeriod: TimeAmount = .seconds(60)
     /// Unauthenticated connections one source may hold open at once. Default 4.
     public var maxUnauthenticatedPerSource: Int = 4
