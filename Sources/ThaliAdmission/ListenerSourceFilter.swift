@@ -101,11 +101,7 @@ public final class ListenerSourceFilter: Sendable {
 
     private func update() {
         listener.eventLoop.assertInEventLoop()
-        let now = NIODeadline.now()
-        let refused = admission.refusedSources(now: now).compactMap { entry in
-            FilteredAddress(entry.source).map { (entry.source, $0, entry.until) }
-        }.prefix(admission.limits.maxFilteredSources)
-        let sources = refused.map(\.0).sorted()
+        // Cleared before the gate is read, so a refusal that starts meanwhile schedules another update.
         let (previous, closed) = state.withLockedValue { state in
             state.updatePending = false
             state.release?.cancel()
@@ -113,6 +109,10 @@ public final class ListenerSourceFilter: Sendable {
             return (state.installed, state.closed)
         }
         guard !closed else { return }
+        let refused = admission.refusedSources(now: .now()).compactMap { entry in
+            FilteredAddress(entry.source).map { (entry.source, $0, entry.until) }
+        }.prefix(admission.limits.maxFilteredSources)
+        let sources = refused.map(\.0).sorted()
         if sources != previous {
             let attached = install(SourceFilterProgram(refusing: refused.map(\.1)), detach: sources.isEmpty)
             state.withLockedValue { state in

@@ -130,6 +130,27 @@ struct ListenerSourceFilterTests {
         #expect(await connect(from: "127.0.0.5", to: "127.0.0.1", port: listener.port) == .connected)
     }
 
+    @Test("a listener bound while sources are refused (a port reopened) filters them from the start, at most maxFilteredSources")
+    func refusedBeforeBinding() async throws {
+        var limits = limits(refusalPeriod: .seconds(30))
+        limits.maxFilteredSources = 2
+        let admission = AdmissionController<String>(limits: limits)
+        let now = NIODeadline.now()
+        for (index, source) in ["127.0.0.7", "127.0.0.8", "127.0.0.9"].enumerated() {
+            for _ in 0..<4 { _ = admission.admit(source, now: now + .milliseconds(Int64(index))) }
+        }
+        #expect(admission.refusedSources().count == 3)
+        let listener = try await Listener(host: "127.0.0.1", admission: admission)
+        defer { listener.channel.close(promise: nil) }
+        // The latest two refusals.
+        #expect(await listener.nextUpdate() == ["127.0.0.8", "127.0.0.9"])
+        #expect(await connect(from: "127.0.0.9", to: "127.0.0.1", port: listener.port) == .timedOut)
+        // The third is refused after its accept, as without a filter.
+        #expect(await connect(from: "127.0.0.7", to: "127.0.0.1", port: listener.port) == .connected)
+        #expect(try await listener.waitForAccepted(1, from: "127.0.0.7"))
+        #expect(listener.acceptedCount(from: "127.0.0.9") == 0)
+    }
+
     @Test("no kernel filter when maxFilteredSources is 0: the gate alone refuses, after the accept")
     func disabled() async throws {
         var limits = limits(refusalPeriod: .seconds(30))
