@@ -193,6 +193,7 @@ let package = Package(
                 "ThaliAdmission", "ThaliTestSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
             ]),
         .testTarget(
             name: "ThaliPSKTLSTests",

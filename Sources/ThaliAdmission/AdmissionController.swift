@@ -10,6 +10,12 @@ public final class AdmissionController<Source: Hashable & Sendable>: Sendable {
     public let limits: AdmissionLimits
     private let gate: NIOLockedValueBox<AdmissionGate<Source>>
     private let onOverload: @Sendable (TimeAmount) -> Void
+    private let observers = NIOLockedValueBox(RefusalObservers())
+
+    private struct RefusalObservers {
+        var next = 0
+        var byID: [Int: @Sendable () -> Void] = [:]
+    }
 
     /// A controller enforcing `limits`; `onOverload` is called (outside the lock) when the global rate
     /// is exceeded, with the period the owner should close its port for.
@@ -33,10 +39,42 @@ public final class AdmissionController<Source: Hashable & Sendable>: Sendable {
         gate.withLockedValue { $0.isClosedForOverload(now: now) }
     }
 
+    /// The sources refused for their rate at `now`, the latest refusals first, with the end of each
+    /// refusal period (see ``AdmissionGate/refusedSources(at:)``).
+    public func refusedSources(now: NIODeadline = .now()) -> [(source: Source, until: NIODeadline)] {
+        gate.withLockedValue { $0.refusedSources(at: now) }
+    }
+
+    /// Calls `observer` (outside the gate's lock, on the admitting thread) whenever a source's refusal
+    /// period starts or a source is forgotten: a listener that refuses those sources in the kernel
+    /// (``ListenerSourceFilter``) reads ``refusedSources(now:)`` again then. The end of a refusal period
+    /// is not reported (nothing happens then); the observer knows it from ``refusedSources(now:)``.
+    /// Returns the id for ``removeRefusedSourcesObserver(_:)``.
+    public func addRefusedSourcesObserver(_ observer: @escaping @Sendable () -> Void) -> Int {
+        observers.withLockedValue { observers in
+            defer { observers.next += 1 }
+            observers.byID[observers.next] = observer
+            return observers.next
+        }
+    }
+
+    /// Stops calling the observer `id` (from ``addRefusedSourcesObserver(_:)``).
+    public func removeRefusedSourcesObserver(_ id: Int) {
+        _ = observers.withLockedValue { $0.byID.removeValue(forKey: id) }
+    }
+
     /// Decides about a connection from `source`: a ticket when admitted (release it when the connection
     /// closes, e.g. with ``AdmissionTicket/release(when:)``), else why it must be closed at once.
     public func admit(_ source: Source, now: NIODeadline = .now()) -> Result<AdmissionTicket<Source>, AdmissionRefusal> {
-        let decision = gate.withLockedValue { $0.admit(source, now: now) }
+        let (decision, refusalsChanged) = gate.withLockedValue { gate in
+            let before = (gate.counters.sourcesRefused, gate.counters.sourcesForgotten)
+            let decision = gate.admit(source, now: now)
+            return (decision, before != (gate.counters.sourcesRefused, gate.counters.sourcesForgotten))
+        }
+        // A refusal period started (or a source was forgotten, perhaps one in its refusal period).
+        if refusalsChanged {
+            for observer in observers.withLockedValue({ Array($0.byID.values) }) { observer() }
+        }
         switch decision {
         case .admitted:
             return .success(AdmissionTicket(source: source, gate: gate))

@@ -81,6 +81,15 @@ public struct AdmissionGate<Source: Hashable & Sendable>: Sendable {
         sources[source].map { ($0.open, $0.unauthenticated) } ?? (0, 0)
     }
 
+    /// The sources refused for their rate at `now` (each until the end of its refusal period), the
+    /// latest refusals first: what a listener may refuse in the kernel too, since the gate refuses
+    /// every connection of theirs until then whatever else happens.
+    public func refusedSources(at now: NIODeadline) -> [(source: Source, until: NIODeadline)] {
+        sources.compactMap { source, state in
+            state.refusedUntil.flatMap { now < $0 ? (source, $0) : nil }
+        }.sorted { $0.until > $1.until }
+    }
+
     /// Whether the port is closed for an overload at `now`.
     public func isClosedForOverload(now: NIODeadline) -> Bool {
         closedUntil.map { now < $0 } ?? false

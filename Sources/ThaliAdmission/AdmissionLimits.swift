@@ -15,7 +15,8 @@ public struct AdmissionLimits: Sendable, Hashable {
     /// The per-source rate window. Default 10 s.
     public var sourceWindow: TimeAmount = .seconds(10)
     /// How long a source that exceeded ``maxConnectionsPerSource`` is refused outright (0: only until its
-    /// window ends). Default 60 s. Refusing costs one accept and one close per attempt, nothing global.
+    /// window ends). Default 60 s. Refusing costs nothing global; on a listener with a
+    /// ``ListenerSourceFilter`` the kernel drops the source's SYNs, so not even an accept.
     public var sourceRefusalPeriod: TimeAmount = .seconds(60)
     /// Unauthenticated connections one source may hold open at once. Default 4.
     public var maxUnauthenticatedPerSource: Int = 4
@@ -35,6 +36,12 @@ public struct AdmissionLimits: Sendable, Hashable {
     public var globalWindow: TimeAmount = .seconds(5)
     /// How long the port stays closed after a global overload. Default 30 s.
     public var overloadClosePeriod: TimeAmount = .seconds(30)
+    /// Sources in their refusal period (see ``sourceRefusalPeriod``) that a listener refuses in the
+    /// kernel as well, the latest refusals first (``ListenerSourceFilter``: a socket filter drops their
+    /// segments before a connection exists, so a refused source costs no accept and no close); the
+    /// others are refused after their accept, as before. 0: no kernel filter. At most
+    /// ``SourceFilterProgram/maximumSources``. Default 64.
+    public var maxFilteredSources: Int = 64
     /// Sources whose counts are remembered (bounds the gate's memory). When full, sources with nothing
     /// open and the oldest windows are forgotten first. At least ``maxOpenGlobal``. Default 4,096.
     public var maxTrackedSources: Int = 4096
@@ -55,6 +62,10 @@ public struct AdmissionLimits: Sendable, Hashable {
         if globalWindow <= .zero { return "globalWindow must be positive" }
         if sourceRefusalPeriod < .zero { return "sourceRefusalPeriod must not be negative" }
         if overloadClosePeriod < .zero { return "overloadClosePeriod must not be negative" }
+        if maxFilteredSources < 0 { return "maxFilteredSources must not be negative" }
+        if maxFilteredSources > SourceFilterProgram.maximumSources {
+            return "maxFilteredSources must be at most \(SourceFilterProgram.maximumSources)"
+        }
         if maxTrackedSources < maxOpenGlobal { return "maxTrackedSources must be at least maxOpenGlobal" }
         return nil
     }

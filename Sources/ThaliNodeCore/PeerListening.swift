@@ -21,7 +21,8 @@ public struct PeerPortCounters: Sendable, Hashable, Codable {
 
 extension ThaliPeer {
     /// Binds the node's one TCP port: every connection passes the admission gate (per source, then
-    /// global) before a byte is read; its first byte sends it to the beacon server (HTTP) or to PSK-TLS.
+    /// global) before a byte is read, and a source in its refusal period is dropped by the kernel
+    /// before it is accepted (``ListenerSourceFilter``); its first byte sends it to the beacon server (HTTP) or to PSK-TLS.
     /// Returns the bound port.
     func bindPort() async throws -> Int {
         let channel = try await ServerBootstrap(group: group)
@@ -32,6 +33,8 @@ extension ThaliPeer {
                 return self.admitConnection(channel)
             }
             .bind(host: configuration.interfaceAddress, port: state.withLockedValue { $0.boundPort } ?? configuration.port).get()
+        // Sources in their refusal period are refused by the kernel too: no accept, no close.
+        ListenerSourceFilter.attach(to: channel, admission: admission)
         let port = channel.localAddress?.port ?? configuration.port
         let keep = state.withLockedValue { state -> Bool in
             guard !state.stopped else { return false }

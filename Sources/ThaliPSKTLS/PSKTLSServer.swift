@@ -36,9 +36,14 @@ public final class PSKTLSServer: Sendable {
     private let serverChannel: any Channel
     private let counters: NIOLockedValueBox<Statistics>
     private let admission: AdmissionController<String>
+    private let sourceFilter: ListenerSourceFilter?
 
     /// What the admission gate has counted: refusals by reason (per source, global), overloads.
     public var admissionCounters: AdmissionCounters { admission.counters }
+
+    /// The sources the kernel refuses now, before an accept (those in a per-source refusal period; see
+    /// `ListenerSourceFilter`). Empty where the listener cannot be filtered.
+    public var filteredSources: [String] { sourceFilter?.filteredSources ?? [] }
 
     /// The admission limits a server uses unless told otherwise: the gate's defaults, with
     /// `maximumConcurrentConnections` as the global bound on open (and unauthenticated) connections.
@@ -60,6 +65,7 @@ public final class PSKTLSServer: Sendable {
 
     private init(localAddress: SocketAddress, serverChannel: any Channel, context: PSKTLSContext,
                  counters: NIOLockedValueBox<Statistics>, admission: AdmissionController<String>,
+                 sourceFilter: ListenerSourceFilter?,
                  connections: (AsyncStream<PSKTLSConnection>, AsyncStream<PSKTLSConnection>.Continuation),
                  failures: (AsyncStream<PSKTLSError>, AsyncStream<PSKTLSError>.Continuation)) {
         self.localAddress = localAddress
@@ -67,6 +73,7 @@ public final class PSKTLSServer: Sendable {
         self.context = context
         self.counters = counters
         self.admission = admission
+        self.sourceFilter = sourceFilter
         (self.connections, self.connectionsContinuation) = connections
         (self.handshakeFailures, self.failuresContinuation) = failures
     }
@@ -140,12 +147,14 @@ public final class PSKTLSServer: Sendable {
                 }
             }
             .bind(host: host, port: port).get()
+        // Sources in their refusal period are refused by the kernel too, before an accept.
+        let sourceFilter = ListenerSourceFilter.attach(to: channel, admission: admission)
         guard let localAddress = channel.localAddress else {
             try? await channel.close()
             throw PSKTLSError(.invalidConfiguration, role: .server, detail: "no local address after bind")
         }
         return PSKTLSServer(localAddress: localAddress, serverChannel: channel, context: context, counters: counters,
-                            admission: admission,
+                            admission: admission, sourceFilter: sourceFilter,
                             connections: (connections.stream, connectionsContinuation),
                             failures: (failures.stream, failuresContinuation))
     }

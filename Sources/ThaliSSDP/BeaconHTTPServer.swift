@@ -168,6 +168,11 @@ public final class BeaconHTTPServer: Sendable {
             .serverChannelOption(.backlog, value: 64)
             .childChannelInitializer { [self] channel in self.admit(channel) }
             .bind(host: host, port: port)
+            .map { [admission] channel in
+                // Sources in their refusal period are refused by the kernel too, before an accept.
+                ListenerSourceFilter.attach(to: channel, admission: admission)
+                return channel
+            }
     }
 
     /// Decides, per accepted connection, whether it is served; enforces every limit before any byte is

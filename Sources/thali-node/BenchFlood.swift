@@ -28,7 +28,7 @@ struct BenchFlood: AsyncParsableCommand {
     var seconds = 15.0
     @Option(help: ArgumentHelp("thali-node executable for the victim and the honest peer (default: this one); an older build gives the before figures.", valueName: "path"))
     var node: String?
-    @Flag(help: "Print one JSON object: one key per attack, each {honest_delivery_s, victim_cpu_s, discovery_off_s}.")
+    @Flag(help: "Print one JSON object: one key per attack, each {honest_delivery_s, victim_cpu_s, discovery_off_s, attacker_actions}.")
     var json = false
     @Flag(name: .customLong(String(BenchNamespace.insideFlag.dropFirst(2))), help: .hidden) var insideNamespace = false
 
@@ -61,6 +61,7 @@ struct BenchFlood: AsyncParsableCommand {
                 "honest_delivery_s": result.delivery.map { ($0 * 100).rounded() / 100 } as Any? ?? NSNull(),
                 "victim_cpu_s": (result.victimCPU * 100).rounded() / 100,
                 "discovery_off_s": result.discoveryOff,
+                "attacker_actions": result.attackerActions,
             ]
             if !json {
                 print(String(format: "%-17@ honest delivery %@, victim CPU %.2f s, discovery off %.0f s", attack as NSString,
@@ -78,6 +79,8 @@ struct BenchFlood: AsyncParsableCommand {
         var delivery: Double?
         var victimCPU: Double
         var discoveryOff: Double
+        /// Datagrams sent, connections made or handshakes attempted by the attacker.
+        var attackerActions: Int
     }
 
     /// Runs one attack against a fresh victim and honest peer.
@@ -166,7 +169,8 @@ struct BenchFlood: AsyncParsableCommand {
         if off == 0, let log = try? String(contentsOfFile: root + "/victim.log", encoding: .utf8) {
             off = Double(log.components(separatedBy: "SSDP discovery off").count - 1) * 60
         }
-        return Measurement(delivery: delivery, victimCPU: cpu, discoveryOff: off)
+        return Measurement(delivery: delivery, victimCPU: cpu, discoveryOff: off,
+                           attackerActions: attacker.actions.withLockedValue { $0 })
     }
 
     /// User + system CPU seconds of process `pid` so far (from /proc).
@@ -242,11 +246,13 @@ final class Attacker: @unchecked Sendable {
     func startTCP(victimPort: Int) {
         switch kind {
         case "connection_flood":
-            // Connect and close, as fast as one host can (hundreds per second).
+            // Connect and close, as fast as one host can (hundreds per second). A connect the victim's
+            // kernel does not answer (it drops a refused source's SYNs) is given up after
+            // `Self.connectPatience` and the next one sent, so the attacker never stops trying.
             let source = BenchFlood.attackerAddresses[0]
             spawn { [self] in
                 while !isStopped {
-                    let socket = Glibc.socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+                    let socket = Glibc.socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue), 0)
                     guard socket >= 0 else { continue }
                     if Self.bind(socket, to: source), Self.connect(socket, to: BenchFlood.victimAddress, port: victimPort) {
                         actions.withLockedValue { $0 += 1 }
@@ -351,15 +357,26 @@ final class Attacker: @unchecked Sendable {
         }
     }
 
+    /// How long the connection flood waits for an answer to one connect (on this segment an answered
+    /// connect takes well under a millisecond).
+    static let connectPatience: Int32 = 20
+
+    /// Connects the non-blocking `socket`, waiting at most ``connectPatience`` ms; whether it connected.
     private static func connect(_ socket: Int32, to host: String, port: Int) -> Bool {
         var address = sockaddr_in()
         address.sin_family = sa_family_t(AF_INET)
         address.sin_port = in_port_t(UInt16(port).bigEndian)
         inet_pton(AF_INET, host, &address.sin_addr)
-        return withUnsafePointer(to: &address) { pointer in
+        let started = withUnsafePointer(to: &address) { pointer in
             pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                Glibc.connect(socket, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0
+                Glibc.connect(socket, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0 || errno == EINPROGRESS
             }
         }
+        guard started else { return false }
+        var descriptor = pollfd(fd: socket, events: Int16(POLLOUT), revents: 0)
+        guard poll(&descriptor, 1, connectPatience) == 1 else { return false }
+        var error: Int32 = 0
+        var length = socklen_t(MemoryLayout<Int32>.size)
+        return getsockopt(socket, SOL_SOCKET, SO_ERROR, &error, &length) == 0 && error == 0
     }
 }

@@ -72,8 +72,11 @@ struct ProbeAgainstBeaconServerTests {
             #expect(server.counters.rejectedPerSource > 0)
             let burst = try #require(report.check("burst")?.reason)
             #expect(burst.contains("40 sent"))
-            // A connection the server closed before the request went out is a refusal, not a timeout.
-            #expect(burst.contains(" 0 timed out"), "\(burst)")
+            // A connection the server closed before the request went out is a refusal, not a timeout. Once
+            // refused, the source's SYNs are dropped by the server's kernel for the rest of its window
+            // (ListenerSourceFilter), so later requests time out instead; each request is one of the three.
+            let numbers = burst.split(separator: " ").compactMap { Int($0) }  // before, sent, at a time, answered, refused, timed out
+            #expect(numbers.count == 6 && numbers[4] >= 1 && numbers[3] + numbers[4] + numbers[5] == numbers[1], "\(burst)")
             // Ten connections per source and second: before the first refusal, at most the rest of one
             // window and (on a slow machine) one more window were answered.
             let answered = try #require(Int(burst.split(separator: " ")[2]))

@@ -257,12 +257,23 @@ struct BeaconHTTPTests {
         try await slow.closeFuture.get()
         #expect(server.counters.timedOut == 1)
 
-        // The fourth connection from this source within the window is refused.
+        // The fourth connection from this source within the window is refused: closed at once.
+        var once = fastClient
+        once.maxAttempts = 1
+        once.connectTimeout = .milliseconds(300)
+        let onceClient = BeaconHTTPClient(configuration: once, group: group)
         do {
-            _ = try await client.fetch(location)
+            _ = try await onceClient.fetch(location)
             Issue.record("the per-source limit let a fourth request through")
         } catch {
             #expect(error.reason == .connectionClosed)
+        }
+        // For the rest of its refusal the kernel drops the source's SYNs: a connect gets no answer.
+        do {
+            _ = try await onceClient.fetch(location)
+            Issue.record("the refused source got through")
+        } catch {
+            guard case .connectFailed = error.reason else { Issue.record("\(error)"); return }
         }
         #expect(server.counters.rejectedPerSource >= 1)
         #expect(server.counters.requestsAnswered == 2)
