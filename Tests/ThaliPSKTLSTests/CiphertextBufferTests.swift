@@ -14,16 +14,23 @@ extension PSKTLSTests {
             return buffers
         }
 
-        private func deliver(_ buffers: [ByteBuffer], to pair: EmbeddedPair) throws {
-            for buffer in buffers { try pair.server.writeInbound(buffer) }
-        }
-
-        @Test func theWritesOfOneFlushGoOutInOneBufferWithEveryPromiseKept() throws {
+        /// Runs `body` on a client and server that have completed their handshake, checking for leaks.
+        private func afterHandshake(_ body: (EmbeddedPair) throws -> Void) throws {
             try expectNoLeaksNow {
                 let pair = try EmbeddedPair()
                 defer { pair.finish() }
                 try pair.activate()
                 try pair.exchange()
+                try body(pair)
+            }
+        }
+
+        private func deliver(_ buffers: [ByteBuffer], to pair: EmbeddedPair) throws {
+            for buffer in buffers { try pair.server.writeInbound(buffer) }
+        }
+
+        @Test func theWritesOfOneFlushGoOutInOneBufferWithEveryPromiseKept() throws {
+            try afterHandshake { pair in
                 // A multiplexer frame: a 12-byte header, then its payload; then a second frame.
                 let writes = [ByteBuffer(repeating: 1, count: 12), ByteBuffer(repeating: 2, count: 65_536),
                               ByteBuffer(repeating: 3, count: 12), ByteBuffer(repeating: 4, count: 1000)]
@@ -39,11 +46,7 @@ extension PSKTLSTests {
         }
 
         @Test func aLargeWriteIsCutIntoBuffersOfTheConfiguredSize() throws {
-            try expectNoLeaksNow {
-                let pair = try EmbeddedPair()
-                defer { pair.finish() }
-                try pair.activate()
-                try pair.exchange()
+            try afterHandshake { pair in
                 let message = (0..<(1 << 20)).map { UInt8(truncatingIfNeeded: $0 &* 7) }
                 try pair.client.writeOutbound(ByteBuffer(bytes: message))
                 let buffers = try written(by: pair.client)
@@ -57,11 +60,7 @@ extension PSKTLSTests {
         }
 
         @Test func ciphertextGoesIntoABufferTheChannelHasFinishedWithAndNeverIntoOneItHolds() throws {
-            try expectNoLeaksNow {
-                let pair = try EmbeddedPair()
-                defer { pair.finish() }
-                try pair.activate()
-                try pair.exchange()
+            try afterHandshake { pair in
                 let handler = try pair.client.pipeline.syncOperations.handler(type: PSKTLSHandler.self)
                 // The channel still holds the first buffer when the second write comes: fresh memory,
                 // and the first buffer's ciphertext stays intact.
