@@ -66,6 +66,17 @@ public struct PSKTLSConfiguration: Sendable {
     /// next one, so this bounds nothing by itself. Default: 64 KiB.
     public var plaintextReadChunkSize: Int = 64 << 10
 
+    /// The most ciphertext the handler puts in one buffer for the channel: the writes of one flush are
+    /// encrypted together into buffers of about this size (a large write is cut at record boundaries), so
+    /// a multiplexer's 12-byte frame header and its payload go out in one buffer, not two. Default: 256 KiB.
+    public var ciphertextBufferSize: Int = 256 << 10
+
+    /// How many ciphertext buffers of 64 KiB or more a connection keeps to write into again once the
+    /// channel has sent them, instead of allocating fresh memory (and paying its page faults) for every
+    /// large write; 0 keeps none. Each is at most `ciphertextBufferSize` (or one large write), so a busy
+    /// connection holds at most this many of them between writes. Default: 2.
+    public var recycledCiphertextBuffers: Int = 2
+
     /// Server only: how many connections (handshaking or established) may be open at once; more are
     /// closed as soon as they are accepted and counted in `PSKTLSServer.Statistics.refused`. Default: 256.
     /// The global open bound of `PSKTLSServer.defaultAdmission(for:)`; per-source bounds come first.

@@ -23,7 +23,7 @@ public final class PSKTLSHandler: ChannelDuplexHandler {
     public typealias OutboundIn = ByteBuffer
     public typealias OutboundOut = ByteBuffer
 
-    private let connection: SSLConnection
+    let connection: SSLConnection
     private let configuration: PSKTLSConfiguration
     private var stateMachine = PSKTLSStateMachine()
     private var handshakePromise: EventLoopPromise<PSKTLSNegotiatedParameters>?
@@ -35,6 +35,8 @@ public final class PSKTLSHandler: ChannelDuplexHandler {
     /// Plaintext written by the application and not yet encrypted.
     private var pendingWrites = MarkedCircularBuffer<(data: ByteBuffer, promise: EventLoopPromise<Void>?)>(initialCapacity: 8)
     private var pendingWriteBytes = 0
+    /// Promises of the writes whose ciphertext is in the output buffer being filled.
+    private var promisesOfOutput: [EventLoopPromise<Void>] = []
     /// The application asked for a read that no plaintext has answered yet.
     private var applicationReadPending = false
     /// Plaintext was delivered during the current read burst.
@@ -256,25 +258,77 @@ public final class PSKTLSHandler: ChannelDuplexHandler {
         if stateMachine.acceptsOutput { encryptPendingWrites(context: context) }
     }
 
-    /// Encrypts the flushed writes and writes the ciphertext of each with that write's promise. OpenSSL
-    /// writes the records straight into the buffer that goes to the channel.
+    /// Encrypts the flushed writes together into buffers of at most `ciphertextBufferSize` (OpenSSL
+    /// writes the records straight into them) and writes each buffer with the promises of the writes that
+    /// ended in it. One buffer per flush, not one per write: a multiplexer's frame header and its payload
+    /// share a buffer, and a write larger than a buffer is cut at record boundaries so that buffers stay of
+    /// a size the BIO can reuse.
     private func encryptPendingWrites(context: ChannelHandlerContext) {
+        let bufferSize = max(configuration.ciphertextBufferSize, Self.smallestCiphertextBuffer)
         var wroteAny = false
         while pendingWrites.hasMark, let write = pendingWrites.popFirst() {
-            let (plaintext, promise) = (write.data, write.promise)
+            var plaintext = write.data
             pendingWriteBytes -= plaintext.readableBytes
-            // Records add 29 bytes per 16 KiB (header, explicit nonce, tag).
-            connection.reserveOutput(plaintext.readableBytes + plaintext.readableBytes / 512 + 64)
-            let failure = plaintext.withUnsafeReadableBytes { connection.write($0) }
-            if let failure {
-                promise?.fail(failure)
-                fail(failure, context: context)
-                return
+            while plaintext.readableBytes > 0 {
+                let room = Self.plaintextFitting(bufferSize - connection.pendingOutput)
+                // Less than a record's room left: start a new buffer rather than cut a small record.
+                if room < min(plaintext.readableBytes, SSLConnection.maximumRecordPlaintext) {
+                    emitOutput(context: context)
+                    wroteAny = true
+                    continue
+                }
+                let piece = plaintext.readSlice(length: min(room, plaintext.readableBytes)) ?? ByteBuffer()
+                // A new buffer is sized for what this flush may still put in it, so it grows at most once.
+                let expected = connection.pendingOutput == 0 ? min(room, piece.readableBytes + plaintext.readableBytes + pendingWriteBytes)
+                                                             : piece.readableBytes
+                connection.reserveOutput(Self.ciphertextLength(ofPlaintext: expected))
+                if let failure = piece.withUnsafeReadableBytes({ connection.write($0) }) {
+                    write.promise?.fail(failure)
+                    fail(failure, context: context)
+                    return
+                }
             }
-            context.write(wrapOutboundOut(connection.takeOutput()), promise: promise)
+            if let promise = write.promise { promisesOfOutput.append(promise) }
+        }
+        if connection.pendingOutput > 0 || !promisesOfOutput.isEmpty {
+            emitOutput(context: context)
             wroteAny = true
         }
         if wroteAny { context.flush() }
+    }
+
+    /// Writes the ciphertext encrypted so far, completing the promises of the writes it finishes.
+    private func emitOutput(context: ChannelHandlerContext) {
+        let promise: EventLoopPromise<Void>?
+        switch promisesOfOutput.count {
+        case 0:
+            promise = nil
+        case 1:
+            promise = promisesOfOutput[0]
+        default:
+            let combined = context.eventLoop.makePromise(of: Void.self)
+            for each in promisesOfOutput { combined.futureResult.cascade(to: each) }
+            promise = combined
+        }
+        promisesOfOutput.removeAll(keepingCapacity: true)
+        context.write(wrapOutboundOut(connection.takeOutput()), promise: promise)
+    }
+
+    /// The smallest ciphertext buffer the handler uses whatever the configuration says: room for a full
+    /// record and more.
+    static let smallestCiphertextBuffer = 32 << 10
+
+    /// Bytes each record adds: a 5-byte header, the 8-byte explicit nonce and the 16-byte GCM tag.
+    static let recordOverhead = 29
+
+    /// The ciphertext `length` bytes of plaintext become (at most).
+    static func ciphertextLength(ofPlaintext length: Int) -> Int {
+        length + (length / SSLConnection.maximumRecordPlaintext + 1) * recordOverhead
+    }
+
+    /// The most plaintext whose ciphertext fits in `bytes`.
+    static func plaintextFitting(_ bytes: Int) -> Int {
+        max(0, bytes - (bytes / SSLConnection.maximumRecordPlaintext + 1) * recordOverhead)
     }
 
     public func close(context: ChannelHandlerContext, mode: CloseMode, promise: EventLoopPromise<Void>?) {
@@ -361,6 +415,8 @@ public final class PSKTLSHandler: ChannelDuplexHandler {
     }
 
     private func failPendingWrites(_ error: PSKTLSError) {
+        for promise in promisesOfOutput { promise.fail(error) }
+        promisesOfOutput.removeAll()
         while let write = pendingWrites.popFirst() { write.promise?.fail(error) }
         pendingWriteBytes = 0
     }

@@ -54,8 +54,21 @@ final class ByteBufferBIO {
     private var inbound = CircularBuffer<ByteBuffer>()
     private(set) var inboundBytes = 0
     private var outbound = ByteBuffer()
+    /// Output buffers already handed to the channel, kept so that the next large output is written into
+    /// the memory of one the channel has finished with. A fresh buffer of 64 KiB or more per write cost
+    /// the relay about a tenth of its CPU time in page faults (the allocator maps such buffers anew and the
+    /// kernel zeroes every page); see spec/psk-tls.md, "Performance".
+    private var spareOutputs: [ByteBuffer] = []
+    /// How many times output went into a kept buffer instead of fresh memory (for tests).
+    private(set) var reusedOutputBuffers = 0
+    /// How many output buffers are kept for reuse (`PSKTLSConfiguration.recycledCiphertextBuffers`).
+    private let keptOutputBuffers: Int
 
-    init() throws(PSKTLSError) {
+    /// Output buffers smaller than this are not kept: the allocator serves them from memory it keeps.
+    static let smallestKeptOutputBuffer = 64 << 10
+
+    init(keptOutputBuffers: Int = 0) throws(PSKTLSError) {
+        self.keptOutputBuffers = max(0, keptOutputBuffers)
         guard let method = Self.method?.pointer, let bio = BIO_new(method) else {
             throw PSKTLSError(.failed, role: .client, detail: "BIO_new: \(OpenSSLErrors.drain())")
         }
@@ -99,15 +112,38 @@ final class ByteBufferBIO {
     /// Bytes OpenSSL has written for the network and nobody has taken yet.
     var pendingOutput: Int { outbound.readableBytes }
 
-    /// Makes room for `bytes` more of output, so a large write lands in one allocation.
+    /// Makes room for `bytes` more of output, so a large write lands in one allocation: a large one in a
+    /// kept buffer the channel has finished with, if there is one.
     func reserveOutput(_ bytes: Int) {
+        guard outbound.writableBytes < bytes else { return }
+        let needed = outbound.readableBytes + bytes
+        if needed * 2 > Self.smallestKeptOutputBuffer { adoptSpareOutput(minimumCapacity: needed) }
         outbound.reserveCapacity(minimumWritableBytes: bytes)
     }
 
-    /// Everything OpenSSL has written for the network, handed over without a copy.
+    /// Makes a kept buffer that nobody else holds any more (the channel has written it) the output buffer,
+    /// with the output written so far.
+    private func adoptSpareOutput(minimumCapacity: Int) {
+        for index in spareOutputs.indices where spareOutputs[index].capacity >= minimumCapacity {
+            let free = spareOutputs[index].modifyIfUniquelyOwned { buffer in buffer.clear() } != nil
+            guard free else { continue }
+            var spare = spareOutputs.remove(at: index)
+            reusedOutputBuffers += 1
+            spare.writeBuffer(&outbound)
+            outbound = spare
+            return
+        }
+    }
+
+    /// Everything OpenSSL has written for the network, handed over without a copy (a large buffer is
+    /// also kept, to be written into again once the channel is done with it).
     func takeOutput() -> ByteBuffer {
         let output = outbound
         outbound = ByteBuffer()
+        if keptOutputBuffers > 0, output.capacity >= Self.smallestKeptOutputBuffer {
+            if spareOutputs.count >= keptOutputBuffers { spareOutputs.removeFirst() }
+            spareOutputs.append(output)
+        }
         return output
     }
 }

@@ -53,7 +53,7 @@ final class SSLConnection {
         }
         let bio: ByteBufferBIO
         do {
-            bio = try ByteBufferBIO()
+            bio = try ByteBufferBIO(keptOutputBuffers: context.configuration.recycledCiphertextBuffers)
         } catch {
             SSL_free(ssl)
             throw PSKTLSError(.failed, role: context.role, detail: error.detail)
@@ -113,6 +113,9 @@ final class SSLConnection {
 
     /// Makes room for `bytes` more ciphertext, so encrypting a large write allocates once.
     func reserveOutput(_ bytes: Int) { bio.reserveOutput(bytes) }
+
+    /// How many times ciphertext went into a buffer the channel had finished with (for tests).
+    var reusedOutputBuffers: Int { bio.reusedOutputBuffers }
 
     /// All ciphertext waiting for the network.
     func takeOutput() -> ByteBuffer { bio.takeOutput() }
