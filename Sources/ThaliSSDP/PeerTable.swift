@@ -169,8 +169,11 @@ struct PeerTable {
     }
 
     /// Removes peers whose byebye grace or max-age ran out by `now`.
+    /// A full table remembers the read USNs of the peers that expire as read too: in a hall whose alives
+    /// are read a sample at a time, a read peer can go a max-age unheard and would be fetched again.
     mutating func expire(now: NIODeadline) -> [Action] {
         var actions: [Action] = []
+        let narrowing = entries.count >= maxPeers
         for (location, entry) in entries {
             let reason: SSDPDiscoveryEvent.DepartureReason?
             switch entry.state {
@@ -180,6 +183,9 @@ struct PeerTable {
             guard let reason else { continue }
             entries[location] = nil
             locationByServiceName[entry.peer.uniqueServiceName] = nil
+            if narrowing, reason == .expired, case .fetched = entry.peer.beaconState {
+                readServiceNames.insert(entry.peer.uniqueServiceName)
+            }
             actions.append(.emit(.left(entry.peer, reason: reason)))
         }
         return actions

@@ -76,6 +76,23 @@ struct NarrowingTests {
         #expect(fetches == cap * 10, "each USN read once")
     }
 
+    @Test("a read peer that expires from a full table is not fetched again; from a table with room it is")
+    func readPeersExpiringFromAFullTableStayRead() {
+        var table = PeerTable(maxPeers: 2, byebyeGrace: .milliseconds(300))
+        _ = table.alive(serviceName: "uuid:1", location: location(1), maxAge: 5, now: start)
+        _ = table.alive(serviceName: "uuid:2", location: location(2), maxAge: 60, now: start)
+        _ = table.fetched(serviceName: "uuid:1", result: .fetched([1]), now: start)
+        _ = table.expire(now: start + .seconds(6))
+        #expect(table.alive(serviceName: "uuid:1", location: location(1), maxAge: 5, now: start + .seconds(7)) == [.alreadyRead])
+
+        var roomy = PeerTable(maxPeers: 3, byebyeGrace: .milliseconds(300))
+        _ = roomy.alive(serviceName: "uuid:1", location: location(1), maxAge: 5, now: start)
+        _ = roomy.fetched(serviceName: "uuid:1", result: .fetched([1]), now: start)
+        _ = roomy.expire(now: start + .seconds(6))
+        #expect(roomy.alive(serviceName: "uuid:1", location: location(1), maxAge: 5, now: start + .seconds(7)).last
+            == .fetch(location(1), serviceName: "uuid:1"))
+    }
+
     @Test func boundedHashMemoryForgetsTheOldestFirst() {
         var memory = BoundedHashMemory(capacity: 3)
         for name in ["a", "b", "c", "d"] { memory.insert(name) }
