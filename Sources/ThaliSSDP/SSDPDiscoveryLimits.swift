@@ -111,7 +111,8 @@ public struct SSDPDiscoveryCounters: Hashable, Sendable {
     public var spoofedLocationsIgnored = 0
     /// Times a flood switched discovery off.
     public var floodShutdowns = 0
-    /// Times the table filled up (`maxTrackedPeers`) and discovery started narrowing to a sample.
+    /// Times the table filled up (`maxTrackedPeers`, from below seven eighths of it) and discovery started
+    /// narrowing to a sample.
     public var peerCapNarrowings = 0
     /// Tracked peers, their beacons read, that gave their place to a new one in a full table.
     public var peersGivenUpAtCap = 0

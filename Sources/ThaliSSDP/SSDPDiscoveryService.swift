@@ -575,7 +575,8 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
         }
     }
 
-    /// The table is full and narrows: counted once each time it fills up (see `housekeeping`).
+    /// The table is full and narrows: counted once each time it fills up from below seven eighths of the
+    /// cap (see `housekeeping`).
     private func noteNarrowingAtCap() {
         guard !narrowingAtCap else { return }
         narrowingAtCap = true
@@ -674,7 +675,11 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
 
     private func housekeeping() {
         perform(table.expire(now: .now()))
-        if narrowingAtCap, table.count < configuration.limits.maxTrackedPeers { narrowingAtCap = false }
+        // Below seven eighths of the cap the table is no longer narrowing: the few peers a hall's table
+        // loses to expiry between refills do not count (and log) a new narrowing each time.
+        if narrowingAtCap, table.count < configuration.limits.maxTrackedPeers - configuration.limits.maxTrackedPeers / 8 {
+            narrowingAtCap = false
+        }
     }
 
     // MARK: Helpers
