@@ -71,6 +71,8 @@ public enum PeerDepartureReason: String, Sendable, Hashable, CustomStringConvert
     case expired
     /// Our discovery stopped.
     case stopped
+    /// Discovery tracks at most so many peers and gave its place, its beacons read, to another.
+    case narrowed
 
     /// The node-level reason of an SSDP departure.
     public init(_ reason: SSDPDiscoveryEvent.DepartureReason) {
@@ -78,15 +80,18 @@ public enum PeerDepartureReason: String, Sendable, Hashable, CustomStringConvert
         case .byebye: self = .byebye
         case .expired: self = .expired
         case .stopped: self = .stopped
+        case .narrowed: self = .narrowed
         }
     }
 
-    /// The reason in words ("it said byebye"); `--json` prints the name (`byebye`, `expired`, `stopped`).
+    /// The reason in words ("it said byebye"); `--json` prints the name (`byebye`, `expired`, `stopped`,
+    /// `narrowed`).
     public var description: String {
         switch self {
         case .byebye: "it said byebye"
         case .expired: "its announcement expired"
         case .stopped: "discovery stopped"
+        case .narrowed: "its beacons were read and the table made room for another"
         }
     }
 }

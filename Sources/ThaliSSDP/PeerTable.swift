@@ -20,6 +20,8 @@ struct PeerTable {
         var fetchFailures = 0
         /// After a failed fetch: when the next alive of the same USN fetches it again.
         var refetchAt: NIODeadline?
+        /// When the current USN's beacons were read: the order in which a full table gives up peers.
+        var readSequence: Int?
     }
 
     /// What the service must do after an input.
@@ -27,8 +29,12 @@ struct PeerTable {
         case emit(SSDPDiscoveryEvent)
         /// Fetch the beacons for this USN at this location.
         case fetch(BeaconLocation, serviceName: String)
-        /// A new peer was refused because the table is full.
+        /// A new peer was refused because the table is full and no tracked peer's beacons are read yet
+        /// (the ones being fetched keep their places).
         case capExceeded
+        /// A new peer announced a USN whose beacons were read before its peer gave its place up: nothing
+        /// new to read, so it is not tracked again.
+        case alreadyRead
     }
 
     let maxPeers: Int
@@ -38,13 +44,22 @@ struct PeerTable {
     let refetchBackoff: Backoff
     private(set) var entries: [BeaconLocation: Entry] = [:]
     private var locationByServiceName: [String: BeaconLocation] = [:]
+    /// Locations in the order their beacons were read, with the read's sequence number (an entry read
+    /// again since, or gone, is skipped): the front is the peer a full table gives up first.
+    private var readOrder: [(location: BeaconLocation, sequence: Int)] = []
+    private var readOrderStart = 0
+    private var nextReadSequence = 0
+    /// The USNs of peers given up after their beacons were read, at most `maxRememberedReadPeers`.
+    private var readServiceNames: BoundedHashMemory
 
     init(maxPeers: Int, byebyeGrace: TimeAmount,
          refetchDelay: TimeAmount = SSDPDiscoveryLimits().failedFetchRetryDelay,
-         maxRefetchDelay: TimeAmount = SSDPDiscoveryLimits().maxFailedFetchRetryDelay) {
+         maxRefetchDelay: TimeAmount = SSDPDiscoveryLimits().maxFailedFetchRetryDelay,
+         maxRememberedReadPeers: Int = SSDPDiscoveryLimits().maxRememberedReadPeers) {
         self.maxPeers = maxPeers
         self.byebyeGrace = byebyeGrace
         refetchBackoff = Backoff(base: Duration(refetchDelay), cap: Duration(maxRefetchDelay))
+        readServiceNames = BoundedHashMemory(capacity: maxRememberedReadPeers)
     }
 
     var count: Int { entries.count }
@@ -74,9 +89,15 @@ struct PeerTable {
             entries[location] = entry
             return [.emit(.changed(entry.peer, previousServiceName: previous)), .fetch(location, serviceName: serviceName)]
         }
-        guard entries.count < maxPeers else { return [.capExceeded] }
-        // A USN is unique to one location; if it moves, the old location's peer leaves.
+        // Narrowing (spec/ssdp.md 7.2): a full table gives up the peer read longest ago for a new one, so
+        // a crowd larger than the table is read a sample at a time; a USN already read is not tracked again.
+        guard !readServiceNames.contains(serviceName) else { return [.alreadyRead] }
         var actions: [Action] = []
+        if entries.count >= maxPeers {
+            guard let evicted = evictReadLongestAgo() else { return [.capExceeded] }
+            actions.append(.emit(.left(evicted.peer, reason: .narrowed)))
+        }
+        // A USN is unique to one location; if it moves, the old location's peer leaves.
         if let staleLocation = locationByServiceName[serviceName], let stale = entries.removeValue(forKey: staleLocation) {
             actions.append(.emit(.left(stale.peer, reason: .byebye)))
         }
@@ -112,7 +133,34 @@ struct PeerTable {
         }
         entry.fetchFailures = 0
         entry.refetchAt = nil
+        entry.readSequence = nextReadSequence
+        readOrder.append((location, nextReadSequence))
+        nextReadSequence += 1
+        compactReadOrder()
         return [.emit(.beaconsFetched(entry.peer))]
+    }
+
+    /// Removes and returns the tracked peer whose beacons were read longest ago (nil: none is read yet),
+    /// remembering its USN as read.
+    private mutating func evictReadLongestAgo() -> Entry? {
+        while readOrderStart < readOrder.count {
+            let (location, sequence) = readOrder[readOrderStart]
+            readOrderStart += 1
+            guard let entry = entries[location], entry.readSequence == sequence,
+                  case .fetched = entry.peer.beaconState else { continue }
+            entries[location] = nil
+            locationByServiceName[entry.peer.uniqueServiceName] = nil
+            readServiceNames.insert(entry.peer.uniqueServiceName)
+            return entry
+        }
+        return nil
+    }
+
+    /// Drops the consumed front of `readOrder`, and its stale records once they outnumber the table.
+    private mutating func compactReadOrder() {
+        guard readOrder.count > 2 * max(maxPeers, 16) else { return }
+        readOrder = readOrder[readOrderStart...].filter { entries[$0.location]?.readSequence == $0.sequence }
+        readOrderStart = 0
     }
 
     /// `refetchDelay` × 2^(failures − 1), at most `maxRefetchDelay`.
@@ -121,8 +169,11 @@ struct PeerTable {
     }
 
     /// Removes peers whose byebye grace or max-age ran out by `now`.
+    /// A full table remembers the read USNs of the peers that expire as read too: in a hall whose alives
+    /// are read a sample at a time, a read peer can go a max-age unheard and would be fetched again.
     mutating func expire(now: NIODeadline) -> [Action] {
         var actions: [Action] = []
+        let narrowing = entries.count >= maxPeers
         for (location, entry) in entries {
             let reason: SSDPDiscoveryEvent.DepartureReason?
             switch entry.state {
@@ -132,6 +183,9 @@ struct PeerTable {
             guard let reason else { continue }
             entries[location] = nil
             locationByServiceName[entry.peer.uniqueServiceName] = nil
+            if narrowing, reason == .expired, case .fetched = entry.peer.beaconState {
+                readServiceNames.insert(entry.peer.uniqueServiceName)
+            }
             actions.append(.emit(.left(entry.peer, reason: reason)))
         }
         return actions
@@ -142,6 +196,8 @@ struct PeerTable {
         let actions = entries.values.map { Action.emit(.left($0.peer, reason: .stopped)) }
         entries.removeAll()
         locationByServiceName.removeAll()
+        readOrder.removeAll()
+        readOrderStart = 0
         return actions
     }
 
@@ -156,4 +212,34 @@ struct PeerTable {
 
     /// The USN the peer at `location` announces now, if tracked.
     func serviceName(at location: BeaconLocation) -> String? { entries[location]?.peer.uniqueServiceName }
+}
+
+/// A set of strings remembered by hash, holding the newest `capacity` (the oldest forgotten first): a
+/// bounded memory of 16 bytes or so per string, whatever its length.
+struct BoundedHashMemory {
+    let capacity: Int
+    private var members: Set<Int> = []
+    private var order: [Int] = []
+    private var next = 0
+
+    init(capacity: Int) {
+        self.capacity = max(0, capacity)
+    }
+
+    var count: Int { members.count }
+
+    func contains(_ text: String) -> Bool { members.contains(text.hashValue) }
+
+    mutating func insert(_ text: String) {
+        guard capacity > 0 else { return }
+        let hash = text.hashValue
+        guard members.insert(hash).inserted else { return }
+        if order.count < capacity {
+            order.append(hash)
+        } else {
+            members.remove(order[next])
+            order[next] = hash
+            next = (next + 1) % capacity
+        }
+    }
 }

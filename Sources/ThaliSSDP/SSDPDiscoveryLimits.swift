@@ -5,8 +5,9 @@ import NIOCore
 ///
 /// Per source address first, then global: a source over its budget is ignored alone (its datagrams are
 /// dropped before parsing and count toward nothing global), so one host cannot switch discovery off for
-/// everyone; the global limits are the last resort against many sources at once, sized for crowds (see
-/// `spec/ssdp.md`: 150 peers at the foreground rate send about 375 datagrams per second in all).
+/// everyone; past the bounds a crowd of honest peers reaches (the multicast datagrams read, the peers
+/// tracked), discovery narrows to a sample instead of switching off (`spec/ssdp.md` 7.2); the global
+/// flood limit is the last resort against many sources at once.
 public struct SSDPDiscoveryLimits: Sendable {
     /// Length of the window over which received datagrams are counted, per source and in all.
     public var floodWindow: TimeAmount = .seconds(1)
@@ -24,16 +25,33 @@ public struct SSDPDiscoveryLimits: Sendable {
     public var sourceFetchFailureThreshold: Int = 3
     /// Source addresses remembered (bounds the per-source state); idle ones are forgotten first.
     public var maxTrackedSources: Int = 4096
+    /// Datagrams read per `floodWindow` from either socket, from anyone: past it discovery narrows
+    /// (`spec/ssdp.md` 7.2) and stops reading until the window ends, so the kernel drops the rest of the
+    /// crowd's announcements (and of the answers to our search) at the sockets' buffers and this process
+    /// pays for this many at most. The sockets stay open: what is read is a sample of the crowd in time,
+    /// and as every peer repeats its alive (twice a second in the foreground) each one is heard within a
+    /// few windows. 1,000 a second is 500 peers at the foreground rate (`spec/ssdp.md` 7.2 for its cost).
+    public var maxDatagramsReadPerWindow: Int = 1000
     /// Datagrams from sources within their budgets, in all, per `floodWindow`, beyond which discovery is
-    /// switched off (the last resort: it takes many sources): the multicast socket is closed, so the
-    /// kernel drops the flood instead of this process. About 800 peers at the foreground rate.
+    /// switched off (the last resort against many sources at once): the multicast socket is closed, so
+    /// the kernel drops the flood instead of this process. It only fires where it is set below
+    /// `maxDatagramsReadPerWindow`, which narrows reading first.
     public var maxDatagramsPerWindow: Int = 2000
-    /// How long discovery stays off after a flood or after the peer cap was exceeded.
+    /// How long discovery stays off after a flood (`maxDatagramsPerWindow`).
     public var discoveryCooldown: TimeAmount = .seconds(60)
-    /// The most peers tracked at once. A new peer beyond it is not tracked and switches discovery off for
-    /// `discoveryCooldown` (the seed: "configured with some maximum number of devices"; the last resort,
-    /// after `maxPeersPerSource`).
+    /// The most peers tracked at once (the seed: "configured with some maximum number of devices"). When
+    /// the table is full, discovery narrows instead of switching off (`spec/ssdp.md` 7.2): a new peer takes
+    /// the place of the tracked peer whose beacons were read longest ago (reported as it left,
+    /// `.narrowed`), whose USN is then remembered as read (`maxRememberedReadPeers`) and not tracked or
+    /// fetched again; while no tracked peer is read yet, new ones are not tracked (`peersRejectedAtCap`)
+    /// and heard again on their next alive. A crowd larger than the table is so read a sample at a time,
+    /// each peer once per USN, with at most this many tracked.
     public var maxTrackedPeers: Int = 1024
+    /// USNs of peers given up by a full table after their beacons were read, remembered (by a 64-bit hash,
+    /// about 16 bytes each) so that their next alive does not bring them back to be fetched again; the
+    /// oldest are forgotten first. 16,384 covers a hall of 10,000 (`spec/ssdp.md` 7.2); beyond it the
+    /// oldest reads are repeated once per cycle through the crowd.
+    public var maxRememberedReadPeers: Int = 16384
     /// Distinct sources whose fetches failed in a row, with no success in between, after which this peer
     /// concludes that unicast is blocked on this network and stops announcing for `unicastFailurePause`.
     /// Failures from one source count once: a host with closed ports is ignored alone
@@ -93,10 +111,18 @@ public struct SSDPDiscoveryCounters: Hashable, Sendable {
     public var spoofedLocationsIgnored = 0
     /// Times a flood switched discovery off.
     public var floodShutdowns = 0
-    /// Times the peer cap switched discovery off.
-    public var peerCapShutdowns = 0
-    /// New peers not tracked because the cap was reached.
+    /// Times the table filled up (`maxTrackedPeers`, from below seven eighths of it) and discovery started
+    /// narrowing to a sample.
+    public var peerCapNarrowings = 0
+    /// Tracked peers, their beacons read, that gave their place to a new one in a full table.
+    public var peersGivenUpAtCap = 0
+    /// New peers not tracked because the table was full and none of its peers' beacons were read yet.
     public var peersRejectedAtCap = 0
+    /// Alives of peers not tracked again because their USN's beacons were read before a full table gave
+    /// them up (`maxRememberedReadPeers`).
+    public var alreadyReadPeersIgnored = 0
+    /// Windows in which reading stopped at `maxDatagramsReadPerWindow`.
+    public var readPauses = 0
     /// M-SEARCHes sent.
     public var searchesSent = 0
     /// Unicast search answers sent.

@@ -60,6 +60,12 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
     private var searcher: SSDPSearcher
     private var table: PeerTable
     private var flood: RateWindow
+    /// Datagrams read in the current window, from either socket (`maxDatagramsReadPerWindow`).
+    private var reads: RateWindow
+    /// Whether reading waits for the end of the window (narrowed by the datagram rate).
+    private var readingPaused = false
+    /// Whether the table is full and narrowing (counted once per time it fills up).
+    private var narrowingAtCap = false
     private var sources: SSDPSourceBudgets
     /// Distinct sources whose fetches failed since the last success (the global unicast check).
     private var failingSources: Set<String> = []
@@ -94,8 +100,11 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
         self.table = PeerTable(maxPeers: configuration.limits.maxTrackedPeers,
                                byebyeGrace: configuration.byebyeGracePeriod,
                                refetchDelay: configuration.limits.failedFetchRetryDelay,
-                               maxRefetchDelay: configuration.limits.maxFailedFetchRetryDelay)
+                               maxRefetchDelay: configuration.limits.maxFailedFetchRetryDelay,
+                               maxRememberedReadPeers: configuration.limits.maxRememberedReadPeers)
         self.flood = RateWindow(limit: configuration.limits.maxDatagramsPerWindow,
+                                length: configuration.limits.floodWindow)
+        self.reads = RateWindow(limit: configuration.limits.maxDatagramsReadPerWindow,
                                 length: configuration.limits.floodWindow)
         self.sources = SSDPSourceBudgets(limits: configuration.limits)
         // The server reports overloads back here; a weak link, so the server does not keep us alive.
@@ -238,7 +247,7 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
         try? await eventLoop.submit { self.announcer.serviceName }.get()
     }
 
-    /// Whether discovery is currently switched off by a flood or the peer cap.
+    /// Whether discovery is currently switched off by a flood.
     public func isDiscoveryOff() async -> Bool {
         (try? await eventLoop.submit { self.discoveryOffUntil != nil }.get()) ?? false
     }
@@ -321,12 +330,16 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
                         .map { channel }
                 }
                 .map { (channel: Channel) in
-                    if self.stopped { channel.close(promise: nil) } else { self.multicastChannel = channel }
+                    if self.stopped { channel.close(promise: nil) } else {
+                        self.multicastChannel = channel
+                        if self.readingPaused { channel.setOption(ChannelOptions.autoRead, value: false).whenFailure { _ in } }
+                    }
                 }
         }
     }
 
-    /// Switches discovery off: the multicast socket closes so the kernel, not this process, drops the flood.
+    /// Switches discovery off (the last resort of `maxDatagramsPerWindow`): the multicast socket closes
+    /// so the kernel, not this process, drops the flood.
     private func switchDiscoveryOff(_ kind: SSDPDiscoveryEvent.LimitKind) {
         guard discoveryOffUntil == nil else { return }
         discoveryOffUntil = .now() + configuration.limits.discoveryCooldown
@@ -345,6 +358,27 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
                 }
                 searchIfAllowed()
             }
+        }
+    }
+
+    /// Narrowing by the datagram rate: stops reading both sockets until the current window ends (their
+    /// datagrams meanwhile wait in, then overflow, the sockets' buffers: the kernel drops them).
+    private func pauseReading(now: NIODeadline) {
+        guard !readingPaused else { return }
+        readingPaused = true
+        counters.readPauses += 1
+        setReadingPaused(true)
+        let windowEnd = (reads.start ?? now) + configuration.limits.floodWindow
+        eventLoop.scheduleTask(in: max(.zero, windowEnd - now)) { [self] in
+            readingPaused = false
+            guard !stopped else { return }
+            setReadingPaused(false)
+        }
+    }
+
+    private func setReadingPaused(_ paused: Bool) {
+        for channel in [multicastChannel, unicastChannel].compactMap({ $0 }) {
+            channel.setOption(ChannelOptions.autoRead, value: !paused).whenFailure { _ in }
         }
     }
 
@@ -388,6 +422,8 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
         counters.datagramsReceived += 1
         let now = NIODeadline.now()
         guard discoveryOffUntil == nil else { return }  // stragglers read before the socket closed
+        // What this process reads of the crowd is bounded first: past it, the kernel drops the rest.
+        guard reads.record(now: now) else { return pauseReading(now: now) }
         // Per source before anything global: an ignored source's datagrams are not even parsed.
         let sourceAddress = envelope.remoteAddress.ipAddress ?? "?"
         let (admitted, newlyRefused) = sources.admitDatagram(from: sourceAddress, now: now)
@@ -506,7 +542,12 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
             case .emit(let event):
                 switch event {
                 case .appeared(let peer): sources.peerTracked(at: peer.location.host, now: .now())
-                case .left(let peer, _): sources.peerLeft(at: peer.location.host)
+                case .left(let peer, let reason):
+                    sources.peerLeft(at: peer.location.host)
+                    if reason == .narrowed {
+                        counters.peersGivenUpAtCap += 1
+                        noteNarrowingAtCap()
+                    }
                 default: break
                 }
                 eventSink.yield(event)
@@ -527,12 +568,21 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
                 }
             case .capExceeded:
                 counters.peersRejectedAtCap += 1
-                if discoveryOffUntil == nil {
-                    counters.peerCapShutdowns += 1
-                    switchDiscoveryOff(.peerCap)
-                }
+                noteNarrowingAtCap()
+            case .alreadyRead:
+                counters.alreadyReadPeersIgnored += 1
             }
         }
+    }
+
+    /// The table is full and narrows: counted once each time it fills up from below seven eighths of the
+    /// cap (see `housekeeping`).
+    private func noteNarrowingAtCap() {
+        guard !narrowingAtCap else { return }
+        narrowingAtCap = true
+        counters.peerCapNarrowings += 1
+        logger.notice("SSDP discovery narrowed: the peer table is full",
+                      metadata: ["maxTrackedPeers": "\(configuration.limits.maxTrackedPeers)"])
     }
 
     private func enqueueFetch(_ location: BeaconLocation, serviceName: String) {
@@ -625,6 +675,11 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
 
     private func housekeeping() {
         perform(table.expire(now: .now()))
+        // Below seven eighths of the cap the table is no longer narrowing: the few peers a hall's table
+        // loses to expiry between refills do not count (and log) a new narrowing each time.
+        if narrowingAtCap, table.count < configuration.limits.maxTrackedPeers - configuration.limits.maxTrackedPeers / 8 {
+            narrowingAtCap = false
+        }
     }
 
     // MARK: Helpers
@@ -648,6 +703,7 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
         for (name, value) in positiveTimes where value <= .zero { throw .invalidConfiguration(name) }
         let positiveCounts: [(String, Int)] = [
             ("maxAge", configuration.maxAge), ("maxDatagramsPerWindow", configuration.limits.maxDatagramsPerWindow),
+            ("maxDatagramsReadPerWindow", configuration.limits.maxDatagramsReadPerWindow),
             ("maxTrackedPeers", configuration.limits.maxTrackedPeers),
             ("maxConcurrentFetches", configuration.limits.maxConcurrentFetches),
             ("unicastFailureThreshold", configuration.limits.unicastFailureThreshold),

@@ -43,13 +43,16 @@ public enum SSDPDiscoveryEvent: Hashable, Sendable {
         case expired
         /// Discovery was stopped.
         case stopped
+        /// The table was full (`maxTrackedPeers`) and gave this peer's place, its beacons read, to a new
+        /// one (narrowing, `spec/ssdp.md` 7.2).
+        case narrowed
     }
 
     /// The limit that fired.
     public enum LimitKind: String, Hashable, Sendable {
         /// Too many datagrams: discovery off for `discoveryCooldown`.
         case announcementFlood
-        /// More than `maxTrackedPeers`: discovery off for `discoveryCooldown`.
+        /// Not emitted any more: a full table narrows discovery instead (`SSDPDiscoveryLimits/maxTrackedPeers`).
         case peerCap
         /// Every unicast failed: announcing paused for `unicastFailurePause`.
         case unicastFailure

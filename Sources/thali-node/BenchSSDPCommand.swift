@@ -57,7 +57,7 @@ struct BenchSSDP: AsyncParsableCommand {
             let object: [String: Any] = [
                 "parse_per_s": Int(parse), "flood_cpu_s": flood.cpuSeconds, "flood_peers_tracked": flood.peersTracked,
                 "flood_datagrams_sent": flood.sent, "flood_datagrams_processed": flood.processed,
-                "flood_shutdowns": flood.floodShutdowns, "peer_cap_shutdowns": flood.capShutdowns,
+                "flood_shutdowns": flood.floodShutdowns, "peer_cap_narrowings": flood.capNarrowings,
                 "beacon_fetch_max_ms": flood.maxFetchMilliseconds, "beacon_fetch_failures": flood.fetchFailures,
             ]
             let data = try JSONSerialization.data(withJSONObject: object, options: [.sortedKeys])
@@ -67,7 +67,7 @@ struct BenchSSDP: AsyncParsableCommand {
             print("flood: \(peers) peers x \(ratePerPeer)/s for \(seconds) s = \(flood.sent) datagrams sent")
             print("  peer CPU during the flood: \(String(format: "%.3f", flood.cpuSeconds)) s")
             print("  datagrams the peer read: \(flood.processed); flood shutdowns: \(flood.floodShutdowns); "
-                  + "peer-cap shutdowns: \(flood.capShutdowns)")
+                  + "peer-cap narrowings: \(flood.capNarrowings)")
             print("  peers tracked at the end: \(flood.peersTracked)")
             print("  own /NotificationBeacons during the flood: slowest \(flood.maxFetchMilliseconds) ms, "
                   + "\(flood.fetchFailures) failures")
@@ -103,7 +103,7 @@ struct BenchSSDP: AsyncParsableCommand {
         var sent: Int
         var processed: Int
         var floodShutdowns: Int
-        var capShutdowns: Int
+        var capNarrowings: Int
         var maxFetchMilliseconds: Int
         var fetchFailures: Int
     }
@@ -151,7 +151,7 @@ struct BenchSSDP: AsyncParsableCommand {
         await service.stop()
         let milliseconds = Int(slowest.components.seconds * 1000 + slowest.components.attoseconds / 1_000_000_000_000_000)
         return FloodResult(cpuSeconds: cpu, peersTracked: tracked, sent: sent, processed: counters.datagramsReceived,
-                           floodShutdowns: counters.floodShutdowns, capShutdowns: counters.peerCapShutdowns,
+                           floodShutdowns: counters.floodShutdowns, capNarrowings: counters.peerCapNarrowings,
                            maxFetchMilliseconds: milliseconds, fetchFailures: failures)
     }
 

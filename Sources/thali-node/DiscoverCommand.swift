@@ -61,7 +61,7 @@ struct Discover: AsyncParsableCommand {
     @Option(help: "Datagrams per second beyond which discovery switches off for the cool-down.")
     var maxDatagramsPerSecond: Int = 400
 
-    @Option(help: "Discovery cool-down after a flood or the peer cap, in seconds.")
+    @Option(help: "Discovery cool-down after a flood, in seconds.")
     var cooldownS: Int = 60
 
     @Option(help: "Stop after this many seconds (default: run until stopped).")

@@ -213,6 +213,6 @@ struct Conformance: AsyncParsableCommand {
 struct Bench: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Measure the speed of the suite's layers.",
-        subcommands: [BenchBeacons.self, BenchSSDP.self, BenchMux.self, BenchTLS.self, BenchBLE.self, BenchDelivery.self, BenchCrowd.self, BenchFlood.self, BenchRelay.self]
+        subcommands: [BenchBeacons.self, BenchSSDP.self, BenchMux.self, BenchTLS.self, BenchBLE.self, BenchDelivery.self, BenchCrowd.self, BenchHall.self, BenchFlood.self, BenchRelay.self]
     )
 }
