@@ -189,6 +189,7 @@ public struct DeliverySender: Sendable {
     private func whole(_ item: OutboxItem, _ machine: inout DeliverySenderStateMachine) -> (offer: ItemOffer, content: ByteBuffer)? {
         guard machine.receiverSpeaksProgress, item.kind == .text, let text = item.text,
               let maximum = machine.receiverMaxFramePayloadBytes,
+              UInt64(text.utf8.count) == item.offer.size,
               DeliveryFrame.itemHeaderBytes(item.offer) + text.utf8.count <= maximum
         else { return nil }
         return (item.offer, ByteBuffer(string: text))
@@ -266,9 +267,13 @@ public struct DeliverySender: Sendable {
         do { while let current = reading {
             var block = try await current.get()
             let after = position + UInt64(block.readableBytes)
-            while let window, after - machine.reportedBytes > window {
+            while let window, after - min(after, machine.reportedBytes) > window {
                 guard case .progressed(_, let bytes) = try machine.receive(try await next(&frames, &machine)) else {
                     throw DeliveryProtocolError.unexpectedFrame(frame: "answer", state: machine.stateName)
+                }
+                // Written cannot exceed sent: a receiver that says so is not believed.
+                guard bytes <= position else {
+                    throw DeliveryProtocolError.malformedFrame(type: "progress", reason: "\(bytes) bytes written of \(position) sent")
                 }
                 events?(.progress(id: offer.id, bytes: bytes, total: offer.size))
             }
