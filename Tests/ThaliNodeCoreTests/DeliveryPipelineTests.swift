@@ -70,12 +70,7 @@ struct DeliveryPipelineTests {
                               createdMilliseconds: now, expiresMilliseconds: now + 3_600_000, name: "old.bin")
         let frames = try await Self.withReceiver(pair) { inbound, outbound in
             var iterator = inbound.makeAsyncIterator()
-            var frames: [DeliveryFrame] = []
-            try await outbound.write(.hello(version: 2))
-            if let welcome = try await iterator.next() { frames.append(welcome) }
-            try await outbound.write(.offer(offer))
-            if let answer = try await iterator.next() { frames.append(answer) }
-            try await outbound.write(.start(id: offer.id, offset: 0))
+            var frames = try await startAsVersion2Sender(offer, &iterator, outbound)
             for start in stride(from: 0, to: content.count, by: 4096) {
                 try await outbound.write(.data(ByteBuffer(bytes: content[start..<min(start + 4096, content.count)])))
             }
@@ -163,4 +158,17 @@ struct DeliveryPipelineTests {
         _ = try await received
         return result
     }
+}
+
+/// A version 2 sender's opening, scripted: hello(2), then the offer of `offer` and `start(0)`. Returns the
+/// receiver's welcome and answer.
+func startAsVersion2Sender(_ offer: ItemOffer, _ iterator: inout NIOAsyncChannelInboundStream<DeliveryFrame>.AsyncIterator,
+                           _ outbound: NIOAsyncChannelOutboundWriter<DeliveryFrame>) async throws -> [DeliveryFrame] {
+    var frames: [DeliveryFrame] = []
+    try await outbound.write(.hello(version: 2))
+    if let welcome = try await iterator.next() { frames.append(welcome) }
+    try await outbound.write(.offer(offer))
+    if let answer = try await iterator.next() { frames.append(answer) }
+    try await outbound.write(.start(id: offer.id, offset: 0))
+    return frames
 }

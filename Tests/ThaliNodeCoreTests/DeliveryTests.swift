@@ -202,12 +202,7 @@ struct DeliveryTests {
                               createdMilliseconds: now, expiresMilliseconds: now + 3_600_000, name: "big.bin")
         let frames: [DeliveryFrame] = try await client.executeThenClose { inbound, outbound in
             var iterator = inbound.makeAsyncIterator()
-            var frames: [DeliveryFrame] = []
-            try await outbound.write(.hello(version: 2))
-            if let welcome = try await iterator.next() { frames.append(welcome) }
-            try await outbound.write(.offer(offer))
-            if let answer = try await iterator.next() { frames.append(answer) }
-            try await outbound.write(.start(id: offer.id, offset: 0))
+            var frames = try await startAsVersion2Sender(offer, &iterator, outbound)
             try await outbound.write(.data(ByteBuffer(bytes: content)))
             while let frame = try await iterator.next() { frames.append(frame) }
             return frames
