@@ -504,14 +504,15 @@ public struct PeerConformance: Sendable {
         var unwanted: [UUID] = []  // items it must not keep: the expired one and the damaged one
         do {
             try await frames.executeThenClose { inbound, outbound in
-                try await outbound.write(.hello(version: DeliveryFrame.protocolVersion))
+                // The probe speaks version 2 (no progress frames, no batches), which later peers still serve.
+                try await outbound.write(.hello(version: probeDeliveryVersion))
                 var iterator = inbound.makeAsyncIterator()
                 let welcome = try await iterator.next()
-                guard case .welcome(let version, let maximum)? = welcome else {
+                guard case .welcome(let version, let maximum, _)? = welcome else {
                     run.record(Cases.senderWelcome, .fail, expected: "welcome", actual: welcome?.name ?? "the stream ended", started: streamStarted)
                     return
                 }
-                run.grade(Cases.senderWelcome, holds: version == DeliveryFrame.protocolVersion && maximum >= DeliveryLimits.minimumFramePayloadBytes,
+                run.grade(Cases.senderWelcome, holds: version == probeDeliveryVersion && maximum >= DeliveryLimits.minimumFramePayloadBytes,
                           expected: "welcome(2, ≥ \(DeliveryLimits.minimumFramePayloadBytes))", actual: "welcome(\(version), \(maximum))",
                           started: streamStarted)
                 try await outbound.write(.offer(offer))
@@ -808,10 +809,11 @@ struct ReceiverScript {
                 return fail(Cases.hello, expected: "hello", actual: frame.name, run)
             }
             switch version {
-            case DeliveryFrame.protocolVersion:
-                run.record(Cases.hello, .pass, expected: "hello(2)", actual: "hello(2)")
+            case probeDeliveryVersion...:
+                // A later sender speaks version 2 when welcomed with it.
+                run.record(Cases.hello, .pass, expected: "hello(2)", actual: "hello(\(version))")
                 announced = Self.announcedFrameMaximum
-                return (.welcome(version: version, maxFramePayloadBytes: UInt32(Self.announcedFrameMaximum)), false)
+                return (.welcome(version: probeDeliveryVersion, maxFramePayloadBytes: UInt32(Self.announcedFrameMaximum)), false)
             case DeliveryFrame.oldestAcceptedVersion:
                 // Still accepted by receivers, but it cannot learn our frame maximum or hear our errors.
                 run.record(Cases.hello, .warn, expected: "hello(2)", actual: "hello(1): a version 1 sender")
@@ -902,3 +904,8 @@ struct ReceiverScript {
         return (nil, true)
     }
 }
+
+/// The delivery protocol version the probe speaks, as sender and as receiver: 2, which every later peer
+/// still serves (a version 3 receiver welcomes a `hello(2)` with 2; a version 3 sender welcomed with 2
+/// speaks 2).
+private let probeDeliveryVersion: UInt8 = 2

@@ -57,6 +57,7 @@ enum DeliveryFramesHarness {
                     if case .append = action { break }
                     if case .preparePartial = action { break }
                     if case .discardPartial = action { break }
+                    if case .batch = action { break }
                 }
             } catch let violation as FuzzInvariantViolation {
                 throw violation
@@ -121,7 +122,7 @@ enum DeliveryFramesHarness {
             .data(ByteBuffer(string: "hel")), .data(ByteBuffer(string: "lo")), .end(id: offer.id), .done,
         ]
         let answers: [DeliveryFrame] = [
-            .welcome(version: DeliveryFrame.protocolVersion, maxFramePayloadBytes: 1024), .answer(id: offer.id, .nothing), .answer(id: offer.id, .partial(offset: 3, prefixSHA256: Array(SHA256.hash(data: Array("hel".utf8))))),
+            .welcome(version: 2, maxFramePayloadBytes: 1024), .answer(id: offer.id, .nothing), .answer(id: offer.id, .partial(offset: 3, prefixSHA256: Array(SHA256.hash(data: Array("hel".utf8))))),
             .ack(id: offer.id), .reject(id: offer.id, .digestMismatch), .answer(id: offer.id, .refused(.tooLarge)),
         ]
         func encode(_ frames: [DeliveryFrame]) -> [UInt8] {
@@ -130,7 +131,23 @@ enum DeliveryFramesHarness {
             return Array(buffer.readableBytesView)
         }
         let version1: [DeliveryFrame] = [.hello(version: 1), .offer(offer), .error(code: .frameTooLarge, reason: "frame payload of 32768 bytes exceeds the limit of 1024")]
-        return [[0] + encode(frames), [2, 3, 0, 40, 0] + encode(frames), [0] + encode(answers), [1, 9, 0] + encode(version1)]
+        // Version 3: texts whole in a batch, progress reports, the welcome with its window.
+        func text(_ index: UInt8, _ content: String) -> ItemOffer {
+            ItemOffer(id: UUID(uuid: (index, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16)), kind: .text,
+                      size: UInt64(content.utf8.count), sha256: Array(SHA256.hash(data: Array(content.utf8))),
+                      createdMilliseconds: now, expiresMilliseconds: now + 86_400_000, name: "")
+        }
+        let version3: [DeliveryFrame] = [
+            .hello(version: 3), .item(text(7, "hi"), content: ByteBuffer(string: "hi"), endsBatch: false),
+            .item(text(8, "ho"), content: ByteBuffer(string: "ho"), endsBatch: true), .offer(offer),
+            .start(id: offer.id, offset: 0), .data(ByteBuffer(string: "hello")), .end(id: offer.id), .done,
+        ]
+        let answers3: [DeliveryFrame] = [
+            .welcome(version: 3, maxFramePayloadBytes: 1024, progressWindowBytes: 4096), .answer(id: offer.id, .nothing),
+            .progress(id: offer.id, bytes: 3), .progress(id: offer.id, bytes: 5), .ack(id: offer.id),
+        ]
+        return [[0] + encode(frames), [2, 3, 0, 40, 0] + encode(frames), [0] + encode(answers), [1, 9, 0] + encode(version1),
+                [0] + encode(version3), [0] + encode(answers3)]
     }
 }
 
@@ -216,12 +233,29 @@ enum DeliveryPairHarness {
         var inboundToReceiver = ByteBuffer(), inboundToSender = ByteBuffer()  // moved, not yet decoded
         var moved = 0
         var pending = outbox
+        var batch: [DeliveryReceiverStateMachine.BatchEntry] = []  // received items of a batch, not yet committed
         let content = Dictionary(uniqueKeysWithValues: items.map { ($0.offer.id, $0.content) })
 
         func send(_ frame: DeliveryFrame, to buffer: inout ByteBuffer) { frame.encode(into: &buffer) }
         /// The sender's next move once it is ready: offer the next item, or finish.
+        /// A text that fits in one of the receiver's frames goes whole, in a batch with the texts after it
+        /// (version 3), as the node sends them.
+        func whole(_ id: UUID) -> (offer: ItemOffer, content: ByteBuffer)? {
+            guard sender.receiverSpeaksProgress, let item = items.first(where: { $0.offer.id == id }), item.offer.kind == .text,
+                  DeliveryFrame.itemHeaderBytes(item.offer) + item.content.count <= sender.receiverMaxFramePayloadBytes ?? 0
+            else { return nil }
+            return (item.offer, ByteBuffer(bytes: item.content))
+        }
         func offerNext() throws {
-            if let id = pending.first, let item = items.first(where: { $0.offer.id == id }) {
+            if let id = pending.first, let text = whole(id) {
+                var texts = [text]
+                pending.removeFirst()
+                while texts.count < 3, let next = pending.first, let text = whole(next) {  // small batches: more boundaries
+                    pending.removeFirst()
+                    texts.append(text)
+                }
+                for frame in try sender.offerBatch(texts) { send(frame, to: &toReceiver) }
+            } else if let id = pending.first, let item = items.first(where: { $0.offer.id == id }) {
                 pending.removeFirst()
                 send(try sender.offer(item.offer), to: &toReceiver)
             } else {
@@ -251,10 +285,14 @@ enum DeliveryPairHarness {
                     try stream(offer, from: offset)
                 case .delivered(let offer, _), .refused(let offer, _):
                     outbox.removeAll { $0 == offer.id }
-                    try offerNext()
                 case .rejected, .welcomed:
-                    try offerNext()
+                    break
+                case .progressed(let offer, let bytes):
+                    // What the sender reports never runs ahead of what it sent.
+                    let sent = UInt64(content[offer.id]?.count ?? 0)
+                    if bytes > sent { throw FuzzInvariantViolation(harness: name, detail: "progress \(bytes) beyond \(sent)") }
                 }
+                if case .ready = sender.state { try offerNext() }
                 return
             }
         }
@@ -273,7 +311,33 @@ enum DeliveryPairHarness {
                     store.partial[offer.id] = Array((store.partial[offer.id] ?? []).prefix(Int(offset)))
                     return true
                 case .append(let bytes):
-                    if case .receiving(let offer, _) = receiver.state { store.partial[offer.id, default: []] += bytes.readableBytesView }
+                    if case .receiving(let offer, _) = receiver.state {
+                        store.partial[offer.id, default: []] += bytes.readableBytesView
+                        // As the node does after each block it wrote (here: each frame).
+                        if let progress = receiver.progress(written: UInt64(store.partial[offer.id]?.count ?? 0)) { send(progress, to: &toSender) }
+                    }
+                    return true
+                case .batch(let entry, let commit):
+                    batch.append(entry)
+                    guard commit else { return true }
+                    for entry in batch {
+                        switch entry {
+                        case .refused(let offer, let reason):
+                            send(.answer(id: offer.id, .refused(reason)), to: &toSender)
+                        case .text(let offer, let bytes):
+                            let text = Array(bytes.readableBytesView)
+                            if Array(SHA256.hash(data: text)) != offer.sha256 {
+                                send(.reject(id: offer.id, .digestMismatch), to: &toSender)
+                            } else if store.inbox[offer.id] != nil {
+                                send(.answer(id: offer.id, .complete), to: &toSender)
+                            } else {
+                                store.inbox[offer.id] = text
+                                store.commits[offer.id, default: 0] += 1
+                                send(.ack(id: offer.id), to: &toSender)
+                            }
+                        }
+                    }
+                    batch = []
                     return true
                 case .verify(let offer):
                     action = try receiver.contentVerified(digest: Array(SHA256.hash(data: store.partial[offer.id] ?? [])))

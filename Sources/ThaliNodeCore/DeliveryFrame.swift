@@ -121,7 +121,8 @@ public struct DeliveryErrorCode: RawRepresentable, Sendable, Hashable, CustomStr
     }
 }
 
-/// One frame of the delivery protocol (version 2; a receiver also accepts a version 1 sender).
+/// One frame of the delivery protocol (version 3; a receiver also accepts version 1 and 2 senders, and a
+/// sender speaks version 2 with a receiver that welcomes it so).
 ///
 /// Every frame is `type (1 byte) ‖ payload length (4 bytes, big endian) ‖ payload`. The payload length
 /// is bounded by ``DeliveryLimits/maxFramePayloadBytes``. Ids are the 16 raw bytes of a UUID, integers
@@ -129,9 +130,11 @@ public struct DeliveryErrorCode: RawRepresentable, Sendable, Hashable, CustomStr
 public enum DeliveryFrame: Sendable, Hashable {
     /// Sender → receiver, first frame: the protocol version (``DeliveryFrame/protocolVersion``).
     case hello(version: UInt8)
-    /// Receiver → sender, the answer to `hello` from a version 2 sender: the version both speak and the
-    /// largest frame payload the receiver accepts. The sender's frames stay within it.
-    case welcome(version: UInt8, maxFramePayloadBytes: UInt32)
+    /// Receiver → sender, the answer to `hello` from a version 2 or later sender: the version both speak
+    /// and the largest frame payload the receiver accepts. The sender's frames stay within it. From
+    /// version 3 it also carries `progressWindowBytes`: the sender never has more content bytes sent
+    /// beyond the receiver's last `progress` (nil: version 2, no window and no `progress` frames).
+    case welcome(version: UInt8, maxFramePayloadBytes: UInt32, progressWindowBytes: UInt32? = nil)
     /// Either side, version 2, just before it ends the session on an error: why, as a code and in words
     /// (UTF-8, at most ``DeliveryFrame/maximumErrorReasonBytes``).
     case error(code: DeliveryErrorCode, reason: String)
@@ -151,9 +154,19 @@ public enum DeliveryFrame: Sendable, Hashable {
     case reject(id: UUID, TransferFailure)
     /// Sender → receiver: no more items in this session.
     case done
+    /// Receiver → sender, version 3: `bytes` of item `id` (counted from its start, a resumed prefix
+    /// included) are written to the receiver's partial file. What a sender reports as progress.
+    case progress(id: UUID, bytes: UInt64)
+    /// Sender → receiver, version 3: a whole text item in one frame, its offer and content together.
+    /// Items follow one another without waiting; `endsBatch` marks the last of a batch, which the
+    /// receiver commits in one transaction before it answers each item in order (`ack`, or `answer`
+    /// complete / refused, or `reject`).
+    case item(ItemOffer, content: ByteBuffer, endsBatch: Bool)
 
     /// The protocol version this implementation speaks (and sends in `hello`).
-    public static let protocolVersion: UInt8 = 2
+    public static let protocolVersion: UInt8 = 3
+    /// The first version with `progress` frames, the progress window and `item` batches.
+    public static let progressVersion: UInt8 = 3
     /// The oldest sender version a receiver still accepts: version 1 has no `welcome` and no `error`,
     /// which is safe for the receiver (it sends neither to a version 1 sender).
     public static let oldestAcceptedVersion: UInt8 = 1
@@ -188,8 +201,11 @@ public enum DeliveryFrame: Sendable, Hashable {
 
     /// The frame type codes on the wire.
     enum FrameType: UInt8 {
-        case hello = 1, offer, answer, start, data, end, ack, reject, done, welcome, error
+        case hello = 1, offer, answer, start, data, end, ack, reject, done, welcome, error, progress, item
     }
+
+    /// The encoded size of an `item` frame's payload before the content: flags, then the offer.
+    public static func itemHeaderBytes(_ offer: ItemOffer) -> Int { 1 + ItemOffer.fixedBytes + offer.name.utf8.count }
 
     /// A short name for errors and logs (no payload).
     public var name: String {
@@ -205,6 +221,8 @@ public enum DeliveryFrame: Sendable, Hashable {
         case .done: "done"
         case .welcome: "welcome"
         case .error: "error"
+        case .progress: "progress"
+        case .item: "item"
         }
     }
 }

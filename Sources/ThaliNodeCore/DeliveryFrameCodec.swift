@@ -13,15 +13,14 @@ extension DeliveryFrame {
         case .hello(let version):
             buffer.writeInteger(version)
         case .offer(let offer):
-            buffer.writeUUID(offer.id)
-            buffer.writeInteger(offer.kind.wireCode)
-            buffer.writeInteger(offer.size)
-            buffer.writeBytes(offer.sha256)
-            buffer.writeInteger(offer.createdMilliseconds)
-            buffer.writeInteger(offer.expiresMilliseconds)
-            let name = Array(offer.name.utf8)
-            buffer.writeInteger(UInt16(truncatingIfNeeded: name.count))
-            buffer.writeBytes(name)
+            buffer.writeOffer(offer)
+        case .item(let offer, var content, let endsBatch):
+            buffer.writeInteger(UInt8(endsBatch ? 1 : 0))
+            buffer.writeOffer(offer)
+            buffer.writeBuffer(&content)
+        case .progress(let id, let bytes):
+            buffer.writeUUID(id)
+            buffer.writeInteger(bytes)
         case .answer(let id, let answer):
             buffer.writeUUID(id)
             switch answer {
@@ -49,9 +48,10 @@ extension DeliveryFrame {
             buffer.writeInteger(failure.rawValue)
         case .done:
             break
-        case .welcome(let version, let maximum):
+        case .welcome(let version, let maximum, let window):
             buffer.writeInteger(version)
             buffer.writeInteger(maximum)
+            if let window { buffer.writeInteger(window) }
         case .error(let code, let reason):
             buffer.writeInteger(code.rawValue)
             buffer.writeString(reason)
@@ -88,21 +88,21 @@ extension DeliveryFrame {
         case .hello:
             return .hello(version: try reader.integer())
         case .offer:
-            let id = try reader.uuid()
-            let kindByte: UInt8 = try reader.integer()
-            guard let kind = ItemKind(wireCode: kindByte) else { throw reader.malformed("unknown item kind \(kindByte)") }
-            let size: UInt64 = try reader.integer()
-            let digest = try reader.bytes(32)
-            let created: UInt64 = try reader.integer()
-            let expires: UInt64 = try reader.integer()
-            let nameLength = Int(try reader.integer() as UInt16)
-            guard nameLength <= limits.maxNameBytes else {
-                throw DeliveryProtocolError.nameTooLong(length: nameLength, limit: limits.maxNameBytes)
+            return .offer(try reader.offer(limits: limits))
+        case .item:
+            let flags: UInt8 = try reader.integer()
+            guard flags <= 1 else { throw reader.malformed("unknown flags \(flags)") }
+            let offer = try reader.offer(limits: limits)
+            guard offer.kind == .text else { throw reader.malformed("an item frame carries a text, not a file") }
+            guard UInt64(reader.buffer.readableBytes) == offer.size else {
+                throw reader.malformed("\(reader.buffer.readableBytes) content bytes for an item of \(offer.size)")
             }
-            let nameBytes = try reader.bytes(nameLength)
-            guard let name = String(validating: nameBytes, as: UTF8.self) else { throw reader.malformed("name is not UTF-8") }
-            return .offer(ItemOffer(id: id, kind: kind, size: size, sha256: digest, createdMilliseconds: created,
-                                    expiresMilliseconds: expires, name: name))
+            let content = reader.buffer
+            reader.buffer.moveReaderIndex(to: reader.buffer.writerIndex)
+            return .item(offer, content: content, endsBatch: flags == 1)
+        case .progress:
+            let id = try reader.uuid()
+            return .progress(id: id, bytes: try reader.integer())
         case .answer:
             let id = try reader.uuid()
             let code: UInt8 = try reader.integer()
@@ -140,7 +140,10 @@ extension DeliveryFrame {
             return .done
         case .welcome:
             let version: UInt8 = try reader.integer()
-            return .welcome(version: version, maxFramePayloadBytes: try reader.integer())
+            let maximum: UInt32 = try reader.integer()
+            // Version 3 and later add the progress window; version 2 has none.
+            let window: UInt32? = version >= progressVersion ? try reader.integer() : nil
+            return .welcome(version: version, maxFramePayloadBytes: maximum, progressWindowBytes: window)
         case .error:
             let code = DeliveryErrorCode(rawValue: try reader.integer())
             let reason = reader.buffer.readableBytesView
@@ -164,6 +167,8 @@ extension DeliveryFrame {
         case .done: .done
         case .welcome: .welcome
         case .error: .error
+        case .progress: .progress
+        case .item: .item
         }
     }
 }
@@ -187,6 +192,25 @@ private struct PayloadReader {
         return bytes
     }
 
+    /// An offer's fields (in an `offer` or an `item` frame).
+    mutating func offer(limits: DeliveryLimits) throws -> ItemOffer {
+        let id = try uuid()
+        let kindByte: UInt8 = try integer()
+        guard let kind = ItemKind(wireCode: kindByte) else { throw malformed("unknown item kind \(kindByte)") }
+        let size: UInt64 = try integer()
+        let digest = try bytes(32)
+        let created: UInt64 = try integer()
+        let expires: UInt64 = try integer()
+        let nameLength = Int(try integer() as UInt16)
+        guard nameLength <= limits.maxNameBytes else {
+            throw DeliveryProtocolError.nameTooLong(length: nameLength, limit: limits.maxNameBytes)
+        }
+        let nameBytes = try bytes(nameLength)
+        guard let name = String(validating: nameBytes, as: UTF8.self) else { throw malformed("name is not UTF-8") }
+        return ItemOffer(id: id, kind: kind, size: size, sha256: digest, createdMilliseconds: created,
+                         expiresMilliseconds: expires, name: name)
+    }
+
     mutating func uuid() throws -> UUID {
         let b = try bytes(16)
         return UUID(uuid: (b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7],
@@ -197,6 +221,18 @@ private struct PayloadReader {
 extension ByteBuffer {
     mutating func writeUUID(_ id: UUID) {
         withUnsafeBytes(of: id.uuid) { _ = writeBytes($0) }
+    }
+
+    mutating func writeOffer(_ offer: ItemOffer) {
+        writeUUID(offer.id)
+        writeInteger(offer.kind.wireCode)
+        writeInteger(offer.size)
+        writeBytes(offer.sha256)
+        writeInteger(offer.createdMilliseconds)
+        writeInteger(offer.expiresMilliseconds)
+        let name = Array(offer.name.utf8)
+        writeInteger(UInt16(truncatingIfNeeded: name.count))
+        writeBytes(name)
     }
 }
 

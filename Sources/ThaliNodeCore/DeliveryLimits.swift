@@ -25,6 +25,24 @@ public struct DeliveryLimits: Sendable, Hashable {
     /// The largest text item, in UTF-8 bytes. Default 64 KiB.
     public var maxTextBytes: UInt64
 
+    /// The size of the blocks content moves in off the event loop: a sender reads its file this much at a
+    /// time (sending it as several data frames), a receiver writes and hashes this much at a time while
+    /// the next frames arrive, and reports `progress` after each block (version 3). Default 1 MiB:
+    /// large enough that a hop to the blocking pool costs little per byte, small enough to bound what
+    /// each side holds in memory.
+    public var blockBytes: Int
+
+    /// The longest a receiver holds content that arrived before it starts writing it when a block fills
+    /// slowly (a slow link): the write, and the `progress` after it, come at least this often while
+    /// content arrives. Default 100 ms.
+    public var writeInterval: TimeAmount
+
+    /// The most text items a receiver keeps waiting for one group commit (version 3 `item` frames): at
+    /// this many it commits and answers them even before the sender marks the end of its batch, and a
+    /// sender puts at most this many in a batch. Bounds the receiver's memory (each item is one frame)
+    /// and the items an interruption leaves unanswered. Default 64.
+    public var maxBatchItems: Int
+
     /// How long a delivery session may go without reading or writing anything before it is closed, so a
     /// silent or stalled peer cannot hold a session (and its partial file) open forever. Default 60 s.
     public var idleTimeout: TimeAmount
@@ -41,6 +59,9 @@ public struct DeliveryLimits: Sendable, Hashable {
         maxNameBytes: Int = 255,
         maxItemBytes: UInt64 = 1 << 30,
         maxTextBytes: UInt64 = 64 * 1024,
+        blockBytes: Int = 1 << 20,
+        writeInterval: TimeAmount = .milliseconds(100),
+        maxBatchItems: Int = 64,
         idleTimeout: TimeAmount = .seconds(60),
         partialRetention: TimeAmount = .hours(24 * 7)
     ) {
@@ -51,9 +72,17 @@ public struct DeliveryLimits: Sendable, Hashable {
         self.maxNameBytes = maxNameBytes
         self.maxItemBytes = maxItemBytes
         self.maxTextBytes = maxTextBytes
+        self.blockBytes = min(max(blockBytes, 1), 1 << 28)
+        self.writeInterval = writeInterval
+        self.maxBatchItems = max(maxBatchItems, 1)
         self.idleTimeout = idleTimeout
         self.partialRetention = partialRetention
     }
+
+    /// The progress window a receiver announces in its version 3 `welcome`: twice the most it can hold
+    /// unreported while no data arrives (a block being written, one filling, one frame over), so a sender
+    /// that sends at most half the window at once never waits for a `progress` that cannot come.
+    public var progressWindowBytes: Int { 2 * (2 * blockBytes + maxFramePayloadBytes) }
 
     /// The smallest accepted `maxFramePayloadBytes`: room for an offer with a 255-byte name. Every
     /// receiver accepts frames this large, and a `welcome` announcing less is a protocol error.

@@ -1,15 +1,19 @@
 import Crypto
 import Foundation
 import Logging
+import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
 
 /// Receives items from one contact over one delivery stream: the session driver of
 /// ``DeliveryReceiverStateMachine``, doing the store and file I/O it asks for.
 ///
-/// Content goes to a partial file under `partial/` (kept across sessions for resuming), is made durable
-/// and verified (size and SHA-256), then committed to the inbox in one transaction; only then is the
-/// item acknowledged. An item the inbox already holds is acknowledged without a transfer.
+/// Content goes to a partial file under `partial/` (kept across sessions for resuming), written and hashed
+/// in blocks off the event loop while the next frames arrive (a version 3 sender hears `progress` after
+/// each block), made durable once at the end and verified (size and SHA-256), then committed to the inbox
+/// in one durable transaction; only then is the item acknowledged. Texts that come whole in a batch of
+/// `item` frames are committed together, in one transaction, before any of them is acknowledged. An
+/// item the inbox already holds is acknowledged without a transfer.
 public struct DeliveryReceiver: Sendable {
     /// What one session achieved.
     public struct Summary: Sendable, Hashable {
@@ -72,10 +76,11 @@ public struct DeliveryReceiver: Sendable {
         let cutoff = now().addingTimeInterval(-Double(limits.partialRetention.nanoseconds) / 1e9)
         let stale = try await blocking { store.sweepStalePartials(from: peer, before: cutoff) }
         if stale > 0 { logger.info("deleted abandoned partial files", metadata: ["count": "\(stale)"]) }
+        let eventLoop = channel.channel.eventLoop
         return try await channel.executeThenClose { inbound, outbound in
             var machine = DeliveryReceiverStateMachine(limits: limits, now: { UInt64(max(0, clock().milliseconds)) })
             do {
-                return try await session(inbound, outbound, &machine)
+                return try await session(inbound, outbound, &machine, eventLoop)
             } catch let error as DeliveryProtocolError {
                 // A version 2 sender hears why the session ends: a frame over our maximum, a name too
                 // long, a frame out of place. It would otherwise see only the stream end.
@@ -90,12 +95,37 @@ public struct DeliveryReceiver: Sendable {
     /// The frames of one session, after the claim and the sweep.
     private func session(_ inbound: NIOAsyncChannelInboundStream<DeliveryFrame>,
                          _ outbound: NIOAsyncChannelOutboundWriter<DeliveryFrame>,
-                         _ machine: inout DeliveryReceiverStateMachine) async throws -> Summary {
+                         _ machine: inout DeliveryReceiverStateMachine, _ eventLoop: any EventLoop) async throws -> Summary {
+        var summary = Summary()
+        var writer: BlockWriter?
+        do {
+            summary = try await frames(inbound, outbound, &machine, &writer, eventLoop)
+        } catch {
+            // What arrived is kept for a resume: the block in flight finishes and the one filling is
+            // written (not made durable; a resume checks the prefix's digest) before the file closes.
+            await writer?.drain()
+            writer?.file.close()
+            throw error
+        }
+        return summary
+    }
+
+    private func frames(_ inbound: NIOAsyncChannelInboundStream<DeliveryFrame>,
+                        _ outbound: NIOAsyncChannelOutboundWriter<DeliveryFrame>,
+                        _ machine: inout DeliveryReceiverStateMachine, _ writer: inout BlockWriter?,
+                        _ eventLoop: any EventLoop) async throws -> Summary {
         let store = self.store, peer = self.peer, now = self.now
         var summary = Summary()
-        var partial: PartialFile?
         var found: FoundPartial?
-        defer { partial?.close() }
+        var batch: [DeliveryReceiverStateMachine.BatchEntry] = []
+        /// Tells the sender (version 3) and the events how much of the item is written.
+        func report(_ written: [UInt64]) async throws {
+            guard let offer = machine.transferring else { return }
+            for bytes in written {
+                if let frame = machine.progress(written: bytes) { try await outbound.write(frame) }
+                events?(.progress(id: offer.id, bytes: bytes, total: offer.size))
+            }
+        }
         for try await frame in inbound {
             var action = try machine.receive(frame)
             while true {
@@ -117,20 +147,19 @@ public struct DeliveryReceiver: Sendable {
                 case .preparePartial(let offer, let offset):
                     let resumed = found.flatMap { $0.length == offset && offset > 0 ? HashState(value: $0.hasher) : nil }
                     let path = store.partialPath(for: offer.id, from: peer)
-                    partial = try await blocking { try PartialFile(path: path, keeping: offset, hasher: resumed?.value) }
+                    let file = try await blocking { try PartialFile(path: path, keeping: offset, hasher: resumed?.value) }
+                    writer = BlockWriter(file: file, written: offset, limits: limits, pool: blockingPool, eventLoop: eventLoop)
                     found = nil
                     if offset > 0 { logger.info("resuming", metadata: ["item": "\(offer.id)", "offset": "\(offset)"]) }
                     events?(.transferStarted(id: offer.id, offset: offset, total: offer.size))
                 case .append(let bytes):
-                    if let file = partial { try await blocking { try file.append(bytes) } }
                     summary.bytesReceived += UInt64(bytes.readableBytes)
-                    if case .receiving(let offer, let received) = machine.state {
-                        events?(.progress(id: offer.id, bytes: received, total: offer.size))
-                    }
+                    try await report(try await writer?.append(bytes) ?? [])
                 case .verify:
-                    let file = partial
+                    try await report(try await writer?.flush() ?? [])
+                    let file = writer?.file
+                    writer = nil
                     let digest = try await blocking { try file?.finish() ?? [] }
-                    partial = nil
                     action = try machine.contentVerified(digest: digest)
                     continue
                 case .commit(let offer):
@@ -158,6 +187,12 @@ public struct DeliveryReceiver: Sendable {
                         events?(.discarded(id: offer.id, failure))
                     }
                     try await outbound.write(reply)
+                case .batch(let entry, let commit):
+                    batch.append(entry)
+                    if commit {
+                        try await commitBatch(batch, outbound, &summary)
+                        batch = []
+                    }
                 case .finish:
                     return summary
                 }
@@ -166,6 +201,64 @@ public struct DeliveryReceiver: Sendable {
         }
         try machine.streamEnded()
         return summary
+    }
+
+    /// Verifies the texts of a batch, commits the intact ones in one durable transaction, then answers
+    /// every entry in order: each `ack` follows the commit of its text.
+    private func commitBatch(_ entries: [DeliveryReceiverStateMachine.BatchEntry],
+                             _ outbound: NIOAsyncChannelOutboundWriter<DeliveryFrame>, _ summary: inout Summary) async throws {
+        let store = self.store, peer = self.peer, received = now()
+        let outcomes = try await blocking { () -> [BatchOutcome] in
+            var outcomes: [BatchOutcome] = []
+            var texts: [(offer: ItemOffer, text: String)] = []
+            for entry in entries {
+                switch entry {
+                case .refused(let offer, let reason):
+                    outcomes.append(.refused(offer, reason))
+                case .text(let offer, let content):
+                    let digest = content.withUnsafeReadableBytes { Array(SHA256.hash(data: $0)) }
+                    if digest != offer.sha256 {
+                        outcomes.append(.discarded(offer, .digestMismatch))
+                    } else if let text = String(validating: content.readableBytesView, as: UTF8.self) {
+                        outcomes.append(.pending(offer))
+                        texts.append((offer, text))
+                    } else {
+                        outcomes.append(.discarded(offer, .invalidText))
+                    }
+                }
+            }
+            var results = try store.commitReceivedTexts(texts, from: peer, now: received)[...]
+            return outcomes.map { outcome in
+                guard case .pending(let offer) = outcome, let result = results.popFirst() else { return outcome }
+                if case .stored(let item) = result { return .stored(item) }
+                return .duplicate(offer)
+            }
+        }
+        var replies: [DeliveryFrame] = []
+        for outcome in outcomes {
+            switch outcome {
+            case .stored(let item):
+                summary.received.append(item)
+                events?(.received(item))
+                replies.append(.ack(id: item.itemID))
+            case .duplicate(let offer):
+                summary.duplicates.append(offer.id)
+                events?(.duplicate(id: offer.id))
+                replies.append(.answer(id: offer.id, .complete))
+            case .refused(let offer, let reason):
+                summary.refused.append(offer.id)
+                replies.append(.answer(id: offer.id, .refused(reason)))
+            case .discarded(let offer, let failure):
+                summary.discarded.append(offer.id)
+                logger.warning("discarded damaged content", metadata: ["item": "\(offer.id)", "reason": "\(failure)"])
+                events?(.discarded(id: offer.id, failure))
+                replies.append(.reject(id: offer.id, failure))
+            case .pending(let offer):
+                throw NodeError.storeUnavailable(path: store.home.databasePath, reason: "no commit result for item \(offer.id)")
+            }
+        }
+        logger.info("received a batch", metadata: ["items": "\(entries.count)"])
+        try await outbound.write(contentsOf: replies)
     }
 
     /// Runs blocking database or file work on the blocking pool.
@@ -201,6 +294,89 @@ private struct HashState: @unchecked Sendable {
     var value: SHA256
 }
 
+/// What became of one text of a batch.
+private enum BatchOutcome: Sendable {
+    case pending(ItemOffer)
+    case stored(InboxItem)
+    case duplicate(ItemOffer)
+    case refused(ItemOffer, ItemRefusal)
+    case discarded(ItemOffer, TransferFailure)
+}
+
+/// Collects received content into blocks and writes (and hashes) each on the blocking pool while the
+/// next frames arrive, at most one block in flight. A block is written once it holds
+/// ``DeliveryLimits/blockBytes``, or when nothing is being written and ``DeliveryLimits/writeInterval``
+/// passed since the last write began (a slow link still sees its content written and reported).
+private struct BlockWriter {
+    let file: PartialFile
+    /// Bytes of the item in the file once the block in flight is written.
+    private var written: UInt64
+    private let blockBytes: Int
+    private let interval: TimeAmount
+    private let pool: NIOThreadPool
+    private let eventLoop: any EventLoop
+    private var block = ByteBuffer()
+    private var inFlight: (write: EventLoopFuture<UInt64>, done: NIOLockedValueBox<Bool>)?
+    private var nextWrite = NIODeadline.now()
+
+    init(file: PartialFile, written: UInt64, limits: DeliveryLimits, pool: NIOThreadPool, eventLoop: any EventLoop) {
+        self.file = file
+        self.written = written
+        self.blockBytes = limits.blockBytes
+        self.interval = limits.writeInterval
+        self.pool = pool
+        self.eventLoop = eventLoop
+    }
+
+    /// Adds `bytes` and starts a write when one is due (waiting for the previous one only when a full
+    /// block is waiting behind it). Returns the item's bytes in the file after each write that completed.
+    mutating func append(_ bytes: ByteBuffer) async throws -> [UInt64] {
+        if block.capacity == 0 { block.reserveCapacity(blockBytes + bytes.readableBytes) }
+        var bytes = bytes
+        block.writeBuffer(&bytes)
+        var done: [UInt64] = []
+        if let (write, finished) = inFlight, block.readableBytes >= blockBytes || finished.withLockedValue({ $0 }) {
+            done.append(try await write.get())
+            inFlight = nil
+        }
+        if inFlight == nil && (block.readableBytes >= blockBytes || NIODeadline.now() >= nextWrite) { start() }
+        return done
+    }
+
+    /// Writes everything still held; returns the item's bytes in the file after each write that completed.
+    mutating func flush() async throws -> [UInt64] {
+        var done: [UInt64] = []
+        if let previous = try await inFlight?.write.get() { done.append(previous) }
+        inFlight = nil
+        guard block.readableBytes > 0 else { return done }
+        start()
+        if let last = try await inFlight?.write.get() { done.append(last) }
+        inFlight = nil
+        return done
+    }
+
+    /// After a failure: waits for the block in flight and writes the one filling, ignoring errors (the
+    /// session is failing anyway; what gets written only spares a resume some bytes).
+    mutating func drain() async {
+        _ = try? await flush()
+    }
+
+    private mutating func start() {
+        let (file, data) = (self.file, block)
+        written += UInt64(data.readableBytes)
+        let after = written
+        let finished = NIOLockedValueBox(false)
+        let write = pool.runIfActive(eventLoop: eventLoop) {
+            defer { finished.withLockedValue { $0 = true } }
+            try file.append(data)
+            return after
+        }
+        inFlight = (write, finished)
+        block = ByteBuffer()
+        nextWrite = .now() + interval
+    }
+}
+
 /// A file being received: truncated to the agreed offset, appended to, hashed as it grows. Used by one
 /// session at a time (each call awaited before the next), hence unchecked.
 private final class PartialFile: @unchecked Sendable {
@@ -231,11 +407,11 @@ private final class PartialFile: @unchecked Sendable {
         }
     }
 
+    /// Writes `bytes` at the end (straight from the buffer, no copy) and hashes them.
     func append(_ bytes: ByteBuffer) throws {
         try bytes.withUnsafeReadableBytes { raw in
-            let data = Data(raw)
-            try inWords { try handle.write(contentsOf: data) }
-            hasher.update(data: data)
+            try inWords { try FileContent.writeAll(raw, to: handle.fileDescriptor) }
+            hasher.update(bufferPointer: raw)
         }
     }
 

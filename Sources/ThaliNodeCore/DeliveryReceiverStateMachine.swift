@@ -5,9 +5,11 @@ import ThaliMutants
 /// The receiving side of a delivery session as a pure state machine: it consumes frames and the results
 /// of the I/O it asked for, and returns the next action. It performs no I/O itself.
 ///
-/// hello → welcome (version 2 senders only), then per item: offer → (look up inbox and partial file) →
-/// answer → start → data… → end → (verify digest) → (commit to the inbox) → ack. Each step is only
-/// accepted in the state that expects it; an `error` frame from the sender ends the session.
+/// hello → welcome (version 2 and later senders), then per item: offer → (look up inbox and partial file)
+/// → answer → start → data… → end → (verify digest) → (commit to the inbox) → ack. From version 3 a text
+/// may instead come whole in an `item` frame; the items of a batch are committed together, then answered
+/// in order. Each step is only accepted in the state that expects it; an `error` frame from the sender
+/// ends the session.
 public struct DeliveryReceiverStateMachine: Sendable {
     /// The states of the receiving side.
     public enum State: Sendable, Hashable {
@@ -51,6 +53,18 @@ public struct DeliveryReceiverStateMachine: Sendable {
         case discardPartial(ItemOffer, then: DeliveryFrame)
         /// The session is over; close the stream.
         case finish
+        /// Version 3: keep this entry of the current batch, in order; when `commit`, verify and commit the
+        /// batch's texts in one transaction, then send each entry's answer in order (see ``BatchEntry``).
+        case batch(BatchEntry, commit: Bool)
+    }
+
+    /// One item of a batch of `item` frames, answered after the batch's commit in the order it came.
+    public enum BatchEntry: Sendable, Hashable {
+        /// A text to verify (SHA-256, UTF-8) and commit: answered `ack` once committed, `answer(complete)`
+        /// if the inbox already held it, `reject` if damaged.
+        case text(ItemOffer, content: ByteBuffer)
+        /// Refused without a commit: answered `answer(refused)`.
+        case refused(ItemOffer, ItemRefusal)
     }
 
     /// The result of looking up an offered item.
@@ -71,6 +85,10 @@ public struct DeliveryReceiverStateMachine: Sendable {
 
     /// Whether the sender understands `error` frames (it speaks version 2).
     public var senderHearsErrors: Bool { (version ?? 0) >= 2 }
+    /// Whether the sender reads `progress` frames (it speaks version 3).
+    public var senderHearsProgress: Bool { (version ?? 0) >= DeliveryFrame.progressVersion }
+    /// Items of the current batch received but not yet committed.
+    public private(set) var itemsInBatch = 0
     /// The limits offers are checked against.
     public let limits: DeliveryLimits
     /// The receiver's clock (milliseconds since the epoch), to refuse expired offers.
@@ -92,11 +110,22 @@ public struct DeliveryReceiverStateMachine: Sendable {
             let version = min(offered, DeliveryFrame.protocolVersion)
             self.version = version
             guard version >= 2 else { return .none }
-            return .send(.welcome(version: version, maxFramePayloadBytes: UInt32(clamping: limits.maxFramePayloadBytes)))
+            let window = version >= DeliveryFrame.progressVersion ? UInt32(clamping: limits.progressWindowBytes) : nil
+            return .send(.welcome(version: version, maxFramePayloadBytes: UInt32(clamping: limits.maxFramePayloadBytes),
+                                  progressWindowBytes: window))
         case (.finished, _), (.failed, _):
             return try fail(.unexpectedFrame(frame: frame.name, state: stateName))
         case (_, .error(let code, let reason)):
             return try fail(.peerReported(code: code, reason: reason, peer: nil, subject: nil))
+        case (.idle, .item(let offer, let content, let endsBatch)) where senderHearsProgress:
+            itemsInBatch += 1
+            let commit = endsBatch || itemsInBatch >= limits.maxBatchItems
+            if commit { itemsInBatch = 0 }
+            let entry: BatchEntry = refusal(of: offer).map { .refused(offer, $0) } ?? .text(offer, content: content)
+            return .batch(entry, commit: commit)
+        case (.idle, .offer) where itemsInBatch > 0, (.idle, .done) where itemsInBatch > 0:
+            // A batch ends with its marked item; nothing else comes in between.
+            return try fail(.unexpectedFrame(frame: frame.name, state: "in a batch of items"))
         case (.idle, .offer(let offer)):
             if let refusal = refusal(of: offer) { return .send(.answer(id: offer.id, .refused(refusal))) }
             state = .lookingUp(offer)
@@ -163,6 +192,24 @@ public struct DeliveryReceiverStateMachine: Sendable {
         guard case .committing(let offer) = state else { return try fail(.unexpectedFrame(frame: "commit", state: stateName)) }
         state = .idle
         return .send(.ack(id: offer.id))
+    }
+
+    /// The item whose content is arriving or being verified, if any.
+    public var transferring: ItemOffer? {
+        switch state {
+        case .receiving(let offer, _), .verifying(let offer): offer
+        default: nil
+        }
+    }
+
+    /// The `progress` frame that reports `written` bytes of the item being received, for a version 3
+    /// sender; nil for an older one or outside a transfer.
+    public func progress(written: UInt64) -> DeliveryFrame? {
+        guard senderHearsProgress else { return nil }
+        switch state {
+        case .receiving(let offer, _), .verifying(let offer): return .progress(id: offer.id, bytes: written)
+        default: return nil
+        }
     }
 
     /// Reports the end of the byte stream; an error unless the session had finished.

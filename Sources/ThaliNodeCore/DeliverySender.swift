@@ -9,7 +9,9 @@ import ThaliMutants
 /// ``DeliverySenderStateMachine``, doing the store and file I/O it asks for.
 ///
 /// The peer is the contact that the layer below (beacons + PSK-TLS) authenticated; only that contact's
-/// items are offered. An item is removed from the outbox only after the receiver acknowledges it (or
+/// items are offered. A file is read in blocks off the event loop (the next block while the previous one
+/// is sent); with a version 3 receiver, progress is what the receiver reported writing, and texts go in
+/// batches of `item` frames without a round trip each. An item is removed from the outbox only after the receiver acknowledges it (or
 /// reports it already stored); anything else leaves it pending for the next session.
 public struct DeliverySender: Sendable {
     /// What one session achieved.
@@ -69,10 +71,11 @@ public struct DeliverySender: Sendable {
 
     /// The session itself, once ``run(on:)`` holds the claim.
     private func runClaimed(on channel: DeliveryChannel.AsyncFrames) async throws -> Summary {
-        try await channel.executeThenClose { inbound, outbound in
+        let eventLoop = channel.channel.eventLoop
+        return try await channel.executeThenClose { inbound, outbound in
             var machine = DeliverySenderStateMachine()
             do {
-                return try await session(inbound.makeAsyncIterator(), outbound, &machine)
+                return try await session(inbound.makeAsyncIterator(), outbound, &machine, eventLoop)
             } catch let error as DeliveryProtocolError {
                 // A receiver that welcomed us hears why the session ends (it cannot see our side's reason).
                 if machine.receiverHearsErrors, let report = DeliveryFrame.error(reporting: error) {
@@ -86,7 +89,7 @@ public struct DeliverySender: Sendable {
     /// The frames of one session, after the claim.
     private func session(_ frames: NIOAsyncChannelInboundStream<DeliveryFrame>.AsyncIterator,
                          _ outbound: NIOAsyncChannelOutboundWriter<DeliveryFrame>,
-                         _ machine: inout DeliverySenderStateMachine) async throws -> Summary {
+                         _ machine: inout DeliverySenderStateMachine, _ eventLoop: any EventLoop) async throws -> Summary {
         let store = self.store, peer = self.peer, now = self.now
         var frames = frames
         var summary = Summary()
@@ -112,6 +115,18 @@ public struct DeliverySender: Sendable {
             handled.insert(item.id)
             // Expired while waiting in this batch: the next sweep drops it; never offer it.
             guard item.expiresAtMs > now().millisecondsSinceEpoch else { continue }
+            // Texts that fit in one frame go whole, as many together as a batch holds (version 3).
+            if let first = whole(item, &machine) {
+                var texts = [first]
+                while texts.count < limits.maxBatchItems, let next = batch.first,
+                      next.expiresAtMs > now().millisecondsSinceEpoch, let text = whole(next, &machine) {
+                    batch.removeFirst()
+                    handled.insert(next.id)
+                    texts.append(text)
+                }
+                try await sendBatch(texts, &frames, outbound, &machine, &summary)
+                continue
+            }
             guard let content = ItemContent(item) else {
                 logger.error("content of queued item is missing", metadata: ["item": "\(item.id)"])
                 try await blocking { try store.recordProblem(item.id, "the node's copy of the file is missing or changed size") }
@@ -133,35 +148,27 @@ public struct DeliverySender: Sendable {
                     }
                     events?(.transferStarted(id: offer.id, offset: offset, total: offer.size))
                     try await outbound.write(.start(id: offer.id, offset: offset))
-                    let reader = try await blocking { try content.reader(from: offset) }
-                    defer { reader.close() }
-                    var position = offset
-                    while position < offer.size {
-                        let count = Int(min(UInt64(chunkBytes), offer.size - position))
-                        let chunk = try await blocking { try reader.read(count) }
-                        position += UInt64(chunk.count)
-                        summary.bytesSent += UInt64(chunk.count)
-                        try await outbound.write(.data(ByteBuffer(bytes: chunk)))
-                        events?(.progress(id: offer.id, bytes: position, total: offer.size))
-                    }
+                    try await stream(content, offer, from: offset, chunkBytes: chunkBytes, &frames, outbound, &machine, &summary, eventLoop)
                     try await outbound.write(machine.contentSent())
+                    action = try machine.receive(try await next(&frames, &machine))
+                    continue
+                case .progressed(let offer, let bytes):
+                    events?(.progress(id: offer.id, bytes: bytes, total: offer.size))
                     action = try machine.receive(try await next(&frames, &machine))
                     continue
                 case .delivered(let offer, let alreadyStored):
                     try await blocking { try store.markDelivered(offer.id) }
                     if alreadyStored { summary.alreadyStored.append(offer.id) } else { summary.delivered.append(offer.id) }
                     logger.info("delivered", metadata: ["item": "\(offer.id)", "alreadyStored": "\(alreadyStored)"])
+                    // A version 2 receiver reports nothing before its ack, which covers every byte.
+                    if !alreadyStored && !machine.receiverSpeaksProgress && offer.size > 0 {
+                        events?(.progress(id: offer.id, bytes: offer.size, total: offer.size))
+                    }
                     events?(.delivered(id: offer.id, alreadyStored: alreadyStored))
                 case .refused(let offer, let reason):
-                    try await blocking { try store.markRefused(offer.id, reason: "refused by the receiver: \(reason)") }
-                    summary.refused.append(offer.id)
-                    logger.warning("refused by the receiver", metadata: ["item": "\(offer.id)", "reason": "\(reason)"])
-                    events?(.refused(id: offer.id, reason))
+                    try await settle(.refused(offer, reason), &summary)
                 case .rejected(let offer, let failure):
-                    try await blocking { try store.recordProblem(offer.id, "rejected by the receiver as damaged (\(failure)); will be sent again") }
-                    summary.rejected.append(offer.id)
-                    logger.warning("rejected by the receiver as damaged; will be sent again", metadata: ["item": "\(offer.id)", "reason": "\(failure)"])
-                    events?(.rejected(id: offer.id, failure))
+                    try await settle(.rejected(offer, failure), &summary)
                 case .welcomed:
                     throw DeliveryProtocolError.unexpectedFrame(frame: "welcome", state: machine.stateName)
                 }
@@ -176,6 +183,113 @@ public struct DeliverySender: Sendable {
         do { after = try await frames.next() } catch { after = nil }
         if let after { throw DeliveryProtocolError.unexpectedFrame(frame: after.name, state: machine.stateName) }
         return summary
+    }
+
+    /// `item` as an `item` frame's offer and content, if the receiver takes batches (version 3) and it is
+    /// a text that fits in one of its frames.
+    private func whole(_ item: OutboxItem, _ machine: inout DeliverySenderStateMachine) -> (offer: ItemOffer, content: ByteBuffer)? {
+        guard machine.receiverSpeaksProgress, item.kind == .text, let text = item.text,
+              let maximum = machine.receiverMaxFramePayloadBytes,
+              UInt64(text.utf8.count) == item.offer.size,
+              DeliveryFrame.itemHeaderBytes(item.offer) + text.utf8.count <= maximum
+        else { return nil }
+        return (item.offer, ByteBuffer(string: text))
+    }
+
+    /// Sends `texts` as one batch of `item` frames, then reads their answers in order and settles them:
+    /// the delivered ones leave the outbox in one transaction.
+    private func sendBatch(_ texts: [(offer: ItemOffer, content: ByteBuffer)],
+                           _ frames: inout NIOAsyncChannelInboundStream<DeliveryFrame>.AsyncIterator,
+                           _ outbound: NIOAsyncChannelOutboundWriter<DeliveryFrame>,
+                           _ machine: inout DeliverySenderStateMachine, _ summary: inout Summary) async throws {
+        for text in texts { events?(.offered(text.offer)) }
+        try await outbound.write(contentsOf: machine.offerBatch(texts))
+        var delivered: [(id: UUID, alreadyStored: Bool)] = []
+        var others: [DeliverySenderStateMachine.Action] = []
+        for _ in texts {
+            let action = try machine.receive(try await next(&frames, &machine))
+            switch action {
+            case .delivered(let offer, let alreadyStored): delivered.append((offer.id, alreadyStored))
+            default: others.append(action)
+            }
+        }
+        let store = self.store, ids = delivered.map(\.id)
+        try await blocking { try store.markDelivered(ids) }
+        summary.bytesSent += texts.reduce(0) { $0 + UInt64($1.content.readableBytes) }
+        for (id, alreadyStored) in delivered {
+            if alreadyStored { summary.alreadyStored.append(id) } else { summary.delivered.append(id) }
+            events?(.delivered(id: id, alreadyStored: alreadyStored))
+        }
+        logger.info("delivered a batch", metadata: ["items": "\(delivered.count)", "of": "\(texts.count)"])
+        for action in others { try await settle(action, &summary) }
+    }
+
+    /// Records a refused or rejected item.
+    private func settle(_ action: DeliverySenderStateMachine.Action, _ summary: inout Summary) async throws {
+        let store = self.store
+        switch action {
+        case .refused(let offer, let reason):
+            try await blocking { try store.markRefused(offer.id, reason: "refused by the receiver: \(reason)") }
+            summary.refused.append(offer.id)
+            logger.warning("refused by the receiver", metadata: ["item": "\(offer.id)", "reason": "\(reason)"])
+            events?(.refused(id: offer.id, reason))
+        case .rejected(let offer, let failure):
+            try await blocking { try store.recordProblem(offer.id, "rejected by the receiver as damaged (\(failure)); will be sent again") }
+            summary.rejected.append(offer.id)
+            logger.warning("rejected by the receiver as damaged; will be sent again", metadata: ["item": "\(offer.id)", "reason": "\(failure)"])
+            events?(.rejected(id: offer.id, failure))
+        default:
+            throw DeliveryProtocolError.unexpectedFrame(frame: "answer", state: "settling an item")
+        }
+    }
+
+    /// Streams `content` from `offset` in data frames of `chunkBytes`: blocks are read on the blocking pool
+    /// (the next while the current one is sent) and written as several frames at once. With a version 3
+    /// receiver, content sent beyond its last `progress` stays within its window: when the next block
+    /// would exceed it, the sender reads progress reports (and reports them) until it fits.
+    private func stream(_ content: ItemContent, _ offer: ItemOffer, from offset: UInt64, chunkBytes: Int,
+                        _ frames: inout NIOAsyncChannelInboundStream<DeliveryFrame>.AsyncIterator,
+                        _ outbound: NIOAsyncChannelOutboundWriter<DeliveryFrame>,
+                        _ machine: inout DeliverySenderStateMachine, _ summary: inout Summary,
+                        _ eventLoop: any EventLoop) async throws {
+        let reader = try await blocking { try content.reader(from: offset) }
+        defer { reader.close() }
+        let window = machine.progressWindowBytes.map(UInt64.init)
+        // At most half the window at once: the receiver reports before it holds half of it unreported.
+        let blockBytes = UInt64(min(limits.blockBytes, machine.progressWindowBytes.map { $0 / 2 } ?? .max))
+        let chunkBytes = min(chunkBytes, Int(blockBytes))
+        func read(at position: UInt64) -> EventLoopFuture<ByteBuffer> {
+            let count = Int(min(blockBytes, offer.size - position))
+            return blockingPool.runIfActive(eventLoop: eventLoop) { try reader.read(count) }
+        }
+        var position = offset
+        var reading = position < offer.size ? read(at: position) : nil
+        // On any failure, the block being read finishes before the reader closes.
+        do { while let current = reading {
+            var block = try await current.get()
+            let after = position + UInt64(block.readableBytes)
+            while let window, after - min(after, machine.reportedBytes) > window {
+                guard case .progressed(_, let bytes) = try machine.receive(try await next(&frames, &machine)) else {
+                    throw DeliveryProtocolError.unexpectedFrame(frame: "answer", state: machine.stateName)
+                }
+                // Written cannot exceed sent: a receiver that says so is not believed.
+                guard bytes <= position else {
+                    throw DeliveryProtocolError.malformedFrame(type: "progress", reason: "\(bytes) bytes written of \(position) sent")
+                }
+                events?(.progress(id: offer.id, bytes: bytes, total: offer.size))
+            }
+            reading = after < offer.size ? read(at: after) : nil
+            var chunks: [DeliveryFrame] = []
+            while let chunk = block.readSlice(length: min(chunkBytes, block.readableBytes)), chunk.readableBytes > 0 {
+                chunks.append(.data(chunk))
+            }
+            try await outbound.write(contentsOf: chunks)
+            summary.bytesSent += after - position
+            position = after
+        } } catch {
+            _ = try? await reading?.get()
+            throw error
+        }
     }
 
     /// Runs blocking database or file work on the blocking pool.
@@ -256,16 +370,16 @@ private final class ContentReader: @unchecked Sendable {
     }
 
     /// The next `count` bytes; throws if the content ends early.
-    func read(_ count: Int) throws -> [UInt8] {
+    func read(_ count: Int) throws -> ByteBuffer {
         if let handle {
-            guard let block = try handle.read(upToCount: count), block.count == count else {
+            guard let block = try FileContent.read(count, from: handle.fileDescriptor) else {
                 throw NodeError.unreadableFile(path: path, reason: "shorter than its recorded size")
             }
-            return Array(block)
+            return block
         }
         let end = min(offset + count, bytes.count)
         defer { offset = end }
-        return Array(bytes[offset..<end])
+        return ByteBuffer(bytes: bytes[offset..<end])
     }
 
     func close() { try? handle?.close() }

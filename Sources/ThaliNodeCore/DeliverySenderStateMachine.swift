@@ -1,11 +1,14 @@
 import Foundation
+import NIOCore
 
 /// The sending side of a delivery session as a pure state machine: the driver tells it which item it
 /// offers and feeds it the receiver's frames and the results of local I/O; it returns the next action.
 ///
 /// hello → welcome (the receiver's frame maximum), then per item: offer → answer (nothing / partial /
 /// complete / refused) → [verify the partial's prefix] → start, data…, end → ack (remove the item) or
-/// reject (keep it for a later session). An `error` frame from the receiver ends the session in any state.
+/// reject (keep it for a later session). From version 3 the receiver reports `progress` while content
+/// streams, and texts may go as a batch of `item` frames, answered in order. An `error` frame from the
+/// receiver ends the session in any state.
 public struct DeliverySenderStateMachine: Sendable {
     /// The states of the sending side.
     public enum State: Sendable, Hashable {
@@ -23,6 +26,8 @@ public struct DeliverySenderStateMachine: Sendable {
         case streaming(ItemOffer, offset: UInt64)
         /// All content sent; waiting for `ack` or `reject`.
         case awaitingAck(ItemOffer)
+        /// A batch of `item` frames sent; waiting for their answers, in this order.
+        case awaitingBatchAnswers([ItemOffer])
         /// `done` sent.
         case finished
         /// A protocol error ended the session.
@@ -34,6 +39,8 @@ public struct DeliverySenderStateMachine: Sendable {
         /// The receiver speaks version 2 and accepts frame payloads up to `maxFramePayloadBytes`: keep data
         /// chunks within it, then offer.
         case welcomed(maxFramePayloadBytes: Int)
+        /// The receiver holds `bytes` of the item being streamed (written, not yet durable): report them.
+        case progressed(ItemOffer, bytes: UInt64)
         /// Compare the SHA-256 of the first `offset` bytes of the item with `digest`; call
         /// ``prefixVerified(matches:)``.
         case verifyPrefix(ItemOffer, offset: UInt64, digest: [UInt8])
@@ -54,27 +61,46 @@ public struct DeliverySenderStateMachine: Sendable {
 
     /// Whether the receiver understands `error` frames (it answered `hello` with `welcome`).
     public var receiverHearsErrors: Bool { receiverMaxFramePayloadBytes != nil }
+    /// The version the receiver welcomed us with (nil before).
+    public private(set) var version: UInt8?
+    /// The receiver's progress window (version 3): content bytes sent beyond its last `progress` stay
+    /// within it. Nil: no window (version 2, which sends no `progress`).
+    public private(set) var progressWindowBytes: Int?
+    /// Whether the receiver reports progress and takes batches of `item` frames (version 3).
+    public var receiverSpeaksProgress: Bool { progressWindowBytes != nil }
+    /// The receiver's last reported progress of the item being streamed.
+    public private(set) var reportedBytes: UInt64 = 0
 
     /// Creates a sender in the `initial` state.
     public init() {}
 
     /// Opens the session: the `hello` frame to send.
     public mutating func start() throws -> DeliveryFrame {
-        guard state == .initial else { return try failFrame(.unexpectedFrame(frame: "hello", state: stateName)) }
+        guard state == .initial else { return try fail(.unexpectedFrame(frame: "hello", state: stateName)) }
         state = .awaitingWelcome
         return .hello(version: DeliveryFrame.protocolVersion)
     }
 
     /// Offers `offer`: the frame to send.
     public mutating func offer(_ offer: ItemOffer) throws -> DeliveryFrame {
-        guard state == .ready else { return try failFrame(.unexpectedFrame(frame: "offer", state: stateName)) }
+        guard state == .ready else { return try fail(.unexpectedFrame(frame: "offer", state: stateName)) }
         state = .awaitingAnswer(offer)
         return .offer(offer)
     }
 
+    /// Offers a batch of texts whole (version 3), each with its content: the `item` frames to send, the
+    /// last one marked. Their answers come in the same order.
+    public mutating func offerBatch(_ items: [(offer: ItemOffer, content: ByteBuffer)]) throws -> [DeliveryFrame] {
+        guard state == .ready, receiverSpeaksProgress, !items.isEmpty,
+              items.allSatisfy({ $0.offer.kind == .text && UInt64($0.content.readableBytes) == $0.offer.size })
+        else { return try fail(.unexpectedFrame(frame: "item", state: stateName)) }
+        state = .awaitingBatchAnswers(items.map(\.offer))
+        return items.indices.map { .item(items[$0].offer, content: items[$0].content, endsBatch: $0 == items.count - 1) }
+    }
+
     /// Ends the session: the `done` frame to send.
     public mutating func finish() throws -> DeliveryFrame {
-        guard state == .ready else { return try failFrame(.unexpectedFrame(frame: "done", state: stateName)) }
+        guard state == .ready else { return try fail(.unexpectedFrame(frame: "done", state: stateName)) }
         state = .finished
         return .done
     }
@@ -86,11 +112,17 @@ public struct DeliverySenderStateMachine: Sendable {
             return try fail(.unexpectedFrame(frame: frame.name, state: stateName))
         case (_, .error(let code, let reason)):
             return try fail(.peerReported(code: code, reason: reason, peer: nil, subject: subject))
-        case (.awaitingWelcome, .welcome(let version, let maximum)):
-            guard version == DeliveryFrame.protocolVersion else { return try fail(.unsupportedVersion(version)) }
+        case (.awaitingWelcome, .welcome(let version, let maximum, let window)):
+            // A version 2 receiver welcomes us with 2: we speak 2 with it (no progress, no batches).
+            guard (2...DeliveryFrame.protocolVersion).contains(version) else { return try fail(.unsupportedVersion(version)) }
             guard maximum >= DeliveryLimits.minimumFramePayloadBytes else {
                 return try fail(.malformedFrame(type: "welcome", reason: "frame maximum \(maximum) below \(DeliveryLimits.minimumFramePayloadBytes)"))
             }
+            if let window, window < 2 * DeliveryLimits.minimumFramePayloadBytes {
+                return try fail(.malformedFrame(type: "welcome", reason: "progress window \(window) below \(2 * DeliveryLimits.minimumFramePayloadBytes)"))
+            }
+            self.version = version
+            progressWindowBytes = window.map(Int.init)
             receiverMaxFramePayloadBytes = Int(maximum)
             state = .ready
             return .welcomed(maxFramePayloadBytes: Int(maximum))
@@ -105,15 +137,41 @@ public struct DeliverySenderStateMachine: Sendable {
                 return .refused(offer, reason)
             case .nothing:
                 state = .streaming(offer, offset: 0)
+                reportedBytes = 0
                 return .stream(offer, offset: 0)
             case .partial(let offset, let digest):
                 guard offset <= offer.size, digest.count == 32 else {
                     state = .streaming(offer, offset: 0)
+                    reportedBytes = 0
                     return .stream(offer, offset: 0)
                 }
                 state = .verifyingPrefix(offer, offset: offset)
                 return .verifyPrefix(offer, offset: offset, digest: digest)
             }
+        case (.streaming(let offer, _), .progress(let id, let bytes)), (.awaitingAck(let offer), .progress(let id, let bytes)):
+            guard receiverSpeaksProgress else { return try fail(.unexpectedFrame(frame: frame.name, state: stateName)) }
+            guard id == offer.id else { return try fail(.itemMismatch(expected: offer.id, received: id)) }
+            // Each report moves forward and stays within the item: a receiver cannot make us report more.
+            guard bytes > reportedBytes, bytes <= offer.size else {
+                return try fail(.malformedFrame(type: "progress", reason: "\(bytes) bytes after \(reportedBytes) of \(offer.size)"))
+            }
+            reportedBytes = bytes
+            return .progressed(offer, bytes: bytes)
+        case (.awaitingBatchAnswers(var offers), _):
+            let offer = offers.removeFirst()
+            let action: Action
+            switch frame {
+            case .ack(let id) where id == offer.id: action = .delivered(offer, alreadyStored: false)
+            case .answer(let id, .complete) where id == offer.id: action = .delivered(offer, alreadyStored: true)
+            case .answer(let id, .refused(let reason)) where id == offer.id: action = .refused(offer, reason)
+            case .reject(let id, let failure) where id == offer.id: action = .rejected(offer, failure)
+            case .ack(let id), .answer(let id, _), .reject(let id, _):
+                return try fail(id == offer.id ? .unexpectedFrame(frame: frame.name, state: stateName) : .itemMismatch(expected: offer.id, received: id))
+            default:
+                return try fail(.unexpectedFrame(frame: frame.name, state: stateName))
+            }
+            state = offers.isEmpty ? .ready : .awaitingBatchAnswers(offers)
+            return action
         case (.awaitingAck(let offer), .ack(let id)):
             guard id == offer.id else { return try fail(.itemMismatch(expected: offer.id, received: id)) }
             state = .ready
@@ -134,27 +192,24 @@ public struct DeliverySenderStateMachine: Sendable {
         }
         let from = matches ? offset : 0
         state = .streaming(offer, offset: from)
+        reportedBytes = from
         return .stream(offer, offset: from)
     }
 
     /// Reports that all content was sent: the `end` frame to send.
     public mutating func contentSent() throws -> DeliveryFrame {
-        guard case .streaming(let offer, _) = state else { return try failFrame(.unexpectedFrame(frame: "end", state: stateName)) }
+        guard case .streaming(let offer, _) = state else { return try fail(.unexpectedFrame(frame: "end", state: stateName)) }
         state = .awaitingAck(offer)
         return .end(id: offer.id)
     }
 
     /// Reports the end of the byte stream; an error unless the session had finished.
     public mutating func streamEnded() throws {
-        if state != .finished { _ = try fail(.connectionClosed(state: stateName)) }
+        if state != .finished { try fail(.connectionClosed(state: stateName)) as Void }
     }
 
-    private mutating func fail(_ error: DeliveryProtocolError) throws -> Action {
-        state = .failed
-        throw error
-    }
-
-    private mutating func failFrame(_ error: DeliveryProtocolError) throws -> DeliveryFrame {
+    /// Fails the session with `error` (whatever the caller would have returned).
+    private mutating func fail<Result>(_ error: DeliveryProtocolError) throws -> Result {
         state = .failed
         throw error
     }
@@ -164,6 +219,7 @@ public struct DeliverySenderStateMachine: Sendable {
         switch state {
         case .awaitingAnswer(let offer), .verifyingPrefix(let offer, _), .streaming(let offer, _), .awaitingAck(let offer):
             offer.kind == .file ? "the file \"\(offer.name)\"" : "the text"
+        case .awaitingBatchAnswers(let offers): offers.count == 1 ? "the text" : "\(offers.count) texts"
         default: nil
         }
     }
@@ -178,6 +234,7 @@ public struct DeliverySenderStateMachine: Sendable {
         case .verifyingPrefix: "verifying a prefix"
         case .streaming: "streaming"
         case .awaitingAck: "awaiting an acknowledgement"
+        case .awaitingBatchAnswers: "awaiting the answers to a batch"
         case .finished: "finished"
         case .failed: "failed"
         }

@@ -1,5 +1,9 @@
 import Crypto
 import Foundation
+import NIOCore
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// File operations of the delivery with hashing on the way; all reads are in bounded chunks.
 enum FileContent {
@@ -91,6 +95,38 @@ enum FileContent {
             hashed += UInt64(block.count)
         }
         return (hasher, hashed)
+    }
+
+    /// Writes all of `bytes` to `descriptor` at its position (retrying short writes and interruptions).
+    static func writeAll(_ bytes: UnsafeRawBufferPointer, to descriptor: Int32) throws {
+        var done = 0
+        while done < bytes.count {
+            let count = Glibc.write(descriptor, bytes.baseAddress.map { $0 + done }, bytes.count - done)
+            if count < 0 {
+                if errno == EINTR { continue }
+                throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO)
+            }
+            done += count
+        }
+    }
+
+    /// Reads exactly `count` bytes from `descriptor` at its position into a new buffer (no copy through
+    /// `Data`); nil if the file ends first.
+    static func read(_ count: Int, from descriptor: Int32) throws -> ByteBuffer? {
+        var buffer = ByteBufferAllocator().buffer(capacity: count)
+        while buffer.readableBytes < count {
+            let wanted = count - buffer.readableBytes
+            let got = try buffer.writeWithUnsafeMutableBytes(minimumWritableBytes: wanted) { target -> Int in
+                while true {
+                    let result = Glibc.read(descriptor, target.baseAddress, wanted)
+                    if result < 0 && errno == EINTR { continue }
+                    if result < 0 { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO) }
+                    return result
+                }
+            }
+            if got == 0 { return nil }
+        }
+        return buffer
     }
 
     /// The size of the file at `path`, or nil if there is none.

@@ -27,6 +27,9 @@ public final class NodeStore: Sendable {
     private let pool: DatabasePool
     private let sessions = NIOLockedValueBox<Set<SessionKey>>([])
     private let expiryObservers = NIOLockedValueBox<[@Sendable ([OutboxItem]) -> Void]>([])
+    /// Durable transactions committed since the store was opened (``durableWrite(_:)``): the inbox
+    /// commits, which tests count to see texts committed as a group.
+    let durableCommits = NIOLockedValueBox(0)
 
     /// Opens (creating if needed) the store in `home`, migrating its schema to the current version.
     /// Refuses a database file of 0 bytes beside received or queued files (it was truncated or replaced:
@@ -419,12 +422,18 @@ public final class NodeStore: Sendable {
 
     /// Removes a delivered item (the receiver acknowledged it or already had it) and its file copy.
     public func markDelivered(_ id: UUID) throws {
-        let file = try pool.write { db -> String? in
-            let item = try OutboxItem.fetchOne(db, key: id)
-            _ = try OutboxItem.deleteOne(db, key: id)
-            return item.map(resolved)?.filePath
+        try markDelivered([id])
+    }
+
+    /// Removes delivered items and their file copies in one transaction (a batch the receiver answered).
+    public func markDelivered(_ ids: [UUID]) throws {
+        guard !ids.isEmpty else { return }
+        let files = try pool.write { db -> [String] in
+            let items = try OutboxItem.fetchAll(db, keys: ids)
+            _ = try OutboxItem.deleteAll(db, keys: ids)
+            return items.compactMap { resolved($0).filePath }
         }
-        if let file { try? FileManager.default.removeItem(atPath: file) }
+        for file in files { try? FileManager.default.removeItem(atPath: file) }
     }
 
     /// Marks an item refused by its receiver: kept for the user to see, never offered again.
@@ -506,7 +515,7 @@ public final class NodeStore: Sendable {
         }
         let directory = "\(home.inboxDirectory)/\(offer.id.uuidString)"
         let destination = "\(directory)/\(offer.name)"
-        let result = try pool.write { db -> CommitResult in
+        let result = try durableWrite { db -> CommitResult in
             if try InboxItem.filter(Column("fromPublicKey") == contact.publicKey && Column("itemID") == offer.id).fetchCount(db) > 0 {
                 return .alreadyStored
             }
@@ -532,6 +541,51 @@ public final class NodeStore: Sendable {
         }
         if result == .alreadyStored || offer.kind == .text { try? FileManager.default.removeItem(atPath: partial) }
         return result
+    }
+}
+
+extension NodeStore {
+    /// Commits texts that arrived whole (a batch of version 3 `item` frames, each verified by the caller)
+    /// in one durable transaction: one fsync for the batch, so every text is on disk before any of them
+    /// is acknowledged. Returns, in order, `.stored` or `.alreadyStored` (idempotent per sender).
+    public func commitReceivedTexts(_ texts: [(offer: ItemOffer, text: String)], from contact: Contact,
+                                    now: Date = Date()) throws -> [CommitResult] {
+        guard !texts.isEmpty else { return [] }
+        return try durableWrite { db -> [CommitResult] in
+            var results: [CommitResult] = []
+            for (offer, text) in texts {
+                if try InboxItem.filter(Column("fromPublicKey") == contact.publicKey && Column("itemID") == offer.id).fetchCount(db) > 0 {
+                    results.append(.alreadyStored)
+                    continue
+                }
+                var item = InboxItem(itemID: offer.id, fromContact: contact.name, fromPublicKey: contact.publicKey,
+                                     kind: .text, text: text, filePath: nil, fileName: nil, size: Int64(clamping: offer.size),
+                                     sha256: Data(offer.sha256), createdAtMs: Int64(clamping: offer.createdMilliseconds),
+                                     receivedAtMs: now.milliseconds)
+                try item.insert(db)
+                results.append(.stored(item))
+            }
+            return results
+        }
+    }
+
+    /// Runs `body` in a write transaction that is on disk when this returns (SQLite `synchronous = FULL`
+    /// for it, which syncs the write-ahead log at the commit): what an `ack` promises, that the item
+    /// survives a power loss too. Other writes keep WAL's `NORMAL`, durable when the process dies.
+    func durableWrite<T>(_ body: (Database) throws -> T) throws -> T {
+        try pool.writeWithoutTransaction { db -> T in
+            try db.execute(sql: "PRAGMA synchronous = FULL")
+            defer { try? db.execute(sql: "PRAGMA synchronous = NORMAL") }
+            var result: Result<T, any Error>?
+            try db.inTransaction {
+                result = Result { try body(db) }
+                if case .failure = result { return .rollback }
+                return .commit
+            }
+            guard let result else { throw NodeError.storeUnavailable(path: home.databasePath, reason: "the transaction did not run") }
+            if case .success = result { durableCommits.withLockedValue { $0 += 1 } }
+            return try result.get()
+        }
     }
 }
 

@@ -7,7 +7,8 @@ import ThaliBeacons
 import ThaliNodeCore
 
 /// `thali-node bench delivery [--json]`: delivery throughput between two stores over loopback TCP (no
-/// TLS, no multiplexer: the cost of the store-and-forward core alone).
+/// TLS, no multiplexer: the cost of the store-and-forward core alone), and in the same run the PSK-TLS
+/// bulk throughput of one connection (`bench tls`'s figure), the layer a node's delivery runs on.
 struct BenchDelivery: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "delivery",
@@ -16,10 +17,11 @@ struct BenchDelivery: AsyncParsableCommand {
     @Option(help: "How many texts to deliver.") var texts = 200
     @Option(help: "Size of the file to deliver, in MiB.") var fileMib = 64
     @Option(help: "Data chunk size in bytes.") var chunkBytes = DeliveryLimits.default.chunkBytes
+    @Option(help: "MiB sent over one PSK-TLS connection for the TLS bulk figure (0: skip it).") var tlsMib = 512
     @Flag(help: """
         Print one JSON object instead of lines (keys texts, texts_s, texts_per_s, ms_per_text, file_mib, \
-        file_queue_s, file_queue_mb_s, file_s, file_mb_s, chunk_bytes; rates in items/s and MiB/s; the text or \
-        file keys absent when --texts or --file-mib is 0).
+        file_queue_s, file_queue_mb_s, file_s, file_mb_s, chunk_bytes, tls_bulk_mb_s, file_tls_ratio; rates in \
+        items/s and MiB/s; the text, file or TLS keys absent when --texts, --file-mib or --tls-mib is 0).
         """)
     var json = false
 
@@ -35,6 +37,8 @@ struct BenchDelivery: AsyncParsableCommand {
         var fileSeconds: Double?
         var fileMiBPerSecond: Double?
         var chunkBytes: Int?
+        var tlsBulkMiBPerSecond: Double?
+        var fileToTLSRatio: Double?
 
         enum CodingKeys: String, CodingKey {
             case texts
@@ -47,6 +51,8 @@ struct BenchDelivery: AsyncParsableCommand {
             case fileSeconds = "file_s"
             case fileMiBPerSecond = "file_mb_s"
             case chunkBytes = "chunk_bytes"
+            case tlsBulkMiBPerSecond = "tls_bulk_mb_s"
+            case fileToTLSRatio = "file_tls_ratio"
         }
     }
 
@@ -74,6 +80,12 @@ struct BenchDelivery: AsyncParsableCommand {
             }
         }
 
+        if tlsMib > 0 {
+            figures.tlsBulkMiBPerSecond = try await tlsBulkMiBPerSecond()
+            if !json, let bulk = figures.tlsBulkMiBPerSecond {
+                print(String(format: "PSK-TLS bulk, one connection, same run: %.0f MiB/s (%d MiB)", bulk, tlsMib))
+            }
+        }
         guard fileMib > 0 else { return try printJSONIfAsked(figures) }
         let source = root + "/payload.bin"
         _ = FileManager.default.createFile(atPath: source, contents: nil)
@@ -88,11 +100,29 @@ struct BenchDelivery: AsyncParsableCommand {
         let mib = Double(fileMib)
         (figures.fileMiB, figures.fileQueueSeconds, figures.fileQueueMiBPerSecond) = (fileMib, queueSeconds, mib / queueSeconds)
         (figures.fileSeconds, figures.fileMiBPerSecond, figures.chunkBytes) = (fileSeconds, mib / fileSeconds, limits.chunkBytes)
+        figures.fileToTLSRatio = figures.tlsBulkMiBPerSecond.map { (mib / fileSeconds) / $0 }
         if !json {
             print(String(format: "file: %d MiB queued (copy + SHA-256) in %.3f s (%.0f MiB/s); delivered in %.3f s: %.0f MiB/s, chunks of %d bytes",
                          fileMib, queueSeconds, mib / queueSeconds, fileSeconds, mib / fileSeconds, limits.chunkBytes))
+            if let ratio = figures.fileToTLSRatio { print(String(format: "file delivery / PSK-TLS bulk: %.2f", ratio)) }
         }
         try printJSONIfAsked(figures)
+    }
+
+    /// `bench tls`'s bulk figure (one PSK-TLS connection, sender and receiver on two event loops) for
+    /// `tlsMib` MiB, in MiB/s like the delivery figures.
+    private func tlsBulkMiBPerSecond() async throws -> Double {
+        let bench = try BenchTLS.parse(["--megabytes", String(max(1, tlsMib * 1_048_576 / 1_000_000))])
+        let group = MultiThreadedEventLoopGroup(numberOfThreads: 2)
+        let bulk: Double
+        do {
+            bulk = try await bench.bulkThroughput(eventLoops: group).megabytesPerSecond
+        } catch {
+            try? await group.shutdownGracefully()
+            throw error
+        }
+        try await group.shutdownGracefully()
+        return bulk * 1_000_000 / 1_048_576
     }
 
     private func printJSONIfAsked(_ figures: Figures) throws {

@@ -92,7 +92,7 @@ struct BenchTLS: AsyncParsableCommand {
 
     /// Sends `megabytes` over one connection with large writes and returns MB/s (10^6 bytes per second)
     /// of wall time, and MB per second of process CPU time (which a busy machine disturbs less).
-    private func bulkThroughput(eventLoops: any EventLoopGroup) async throws -> (megabytesPerSecond: Double, megabytesPerCPUSecond: Double) {
+    func bulkThroughput(eventLoops: any EventLoopGroup) async throws -> (megabytesPerSecond: Double, megabytesPerCPUSecond: Double) {
         let identity = "bench"
         let psk = [UInt8](repeating: 0x17, count: 16)
         let total = megabytes * 1_000_000

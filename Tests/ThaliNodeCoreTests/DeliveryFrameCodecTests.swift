@@ -28,6 +28,12 @@ struct DeliveryFrameCodecTests {
         .reject(id: id, .digestMismatch),
         .done,
         .welcome(version: 2, maxFramePayloadBytes: 1024),
+        .welcome(version: 3, maxFramePayloadBytes: 1024, progressWindowBytes: 1 << 22),
+        .progress(id: id, bytes: 1 << 33),
+        .item(ItemOffer(id: id, kind: .text, size: 5, sha256: Array(0..<32), createdMilliseconds: 1,
+                        expiresMilliseconds: 2, name: ""), content: ByteBuffer(string: "héé"), endsBatch: false),
+        .item(ItemOffer(id: id, kind: .text, size: 0, sha256: Array(0..<32), createdMilliseconds: 1,
+                        expiresMilliseconds: 2, name: ""), content: ByteBuffer(), endsBatch: true),
         .error(code: .frameTooLarge, reason: "frame payload of 32768 bytes exceeds the limit of 1024"),
         .error(code: DeliveryErrorCode(rawValue: 200), reason: ""),
     ]
@@ -75,6 +81,17 @@ struct DeliveryFrameCodecTests {
         #expect(throws: DeliveryProtocolError.malformedFrame(type: "error", reason: "reason of 1001 bytes")) {
             try DeliveryFrame.decode(from: &long, limits: Self.limits)
         }
+        // Version 3: the progress window follows the maximum.
+        buffer.clear()
+        DeliveryFrame.welcome(version: 3, maxFramePayloadBytes: 0x0102_0304, progressWindowBytes: 0x0506_0708).encode(into: &buffer)
+        #expect(Array(buffer.readableBytesView) == [10, 0, 0, 0, 9, 3, 1, 2, 3, 4, 5, 6, 7, 8])
+        var windowless = ByteBuffer(bytes: [10, 0, 0, 0, 5, 3, 1, 2, 3, 4])
+        #expect(throws: DeliveryProtocolError.malformedFrame(type: "welcome", reason: "truncated")) {
+            try DeliveryFrame.decode(from: &windowless, limits: Self.limits)
+        }
+        buffer.clear()
+        DeliveryFrame.progress(id: Self.id, bytes: 0x0102).encode(into: &buffer)
+        #expect(Array(buffer.readableBytesView) == [12, 0, 0, 0, 24] + withUnsafeBytes(of: Self.id.uuid) { Array($0) } + [0, 0, 0, 0, 0, 0, 1, 2])
         var shortWelcome = ByteBuffer(bytes: [10, 0, 0, 0, 3, 2, 0, 0])
         #expect(throws: DeliveryProtocolError.malformedFrame(type: "welcome", reason: "truncated")) {
             try DeliveryFrame.decode(from: &shortWelcome, limits: Self.limits)
@@ -176,6 +193,17 @@ struct DeliveryFrameCodecTests {
          .malformedFrame(type: "offer", reason: "truncated")),
         ("name not UTF-8", frame(type: 2, payload: offerPayload(nameLength: 2, name: [0xC3, 0x28])),
          .malformedFrame(type: "offer", reason: "name is not UTF-8")),
+        // `item` (version 3): flags, an offer of a text (size 0 in offerPayload), exactly its content.
+        ("item with unknown flags", frame(type: 13, payload: [2] + offerPayload(kind: 0, nameLength: 0, name: [])),
+         .malformedFrame(type: "item", reason: "unknown flags 2")),
+        ("item of a file", frame(type: 13, payload: [1] + offerPayload(kind: 1, nameLength: 0, name: [])),
+         .malformedFrame(type: "item", reason: "an item frame carries a text, not a file")),
+        ("item with more content than its size", frame(type: 13, payload: [1] + offerPayload(kind: 0, nameLength: 0, name: []) + [65]),
+         .malformedFrame(type: "item", reason: "1 content bytes for an item of 0")),
+        ("item with a truncated offer", frame(type: 13, payload: [1] + idBytes), .malformedFrame(type: "item", reason: "truncated")),
+        ("progress without its count", frame(type: 12, payload: idBytes + [0, 0, 0]), .malformedFrame(type: "progress", reason: "truncated")),
+        ("progress with a trailing byte", frame(type: 12, payload: idBytes + Array(repeating: 0, count: 9)),
+         .malformedFrame(type: "progress", reason: "1 trailing bytes")),
     ]
 
     @Test("malformed frames give typed errors", arguments: 0..<malformed.count)

@@ -18,11 +18,22 @@ struct DeliveryStateMachineTests {
         return machine
     }
 
-    /// A sender past its hello and the receiver's welcome (a maximum of 1024).
+    /// A sender past its hello and a version 2 receiver's welcome (a maximum of 1024).
     static func welcomedSender() throws -> DeliverySenderStateMachine {
         var machine = DeliverySenderStateMachine()
-        #expect(try machine.start() == .hello(version: 2))
+        #expect(try machine.start() == .hello(version: DeliveryFrame.protocolVersion))
         #expect(try machine.receive(.welcome(version: 2, maxFramePayloadBytes: 1024)) == .welcomed(maxFramePayloadBytes: 1024))
+        #expect(!machine.receiverSpeaksProgress)
+        return machine
+    }
+
+    /// A sender welcomed by a version 3 receiver (a maximum of 1024, a window of 8192).
+    static func progressSender() throws -> DeliverySenderStateMachine {
+        var machine = DeliverySenderStateMachine()
+        _ = try machine.start()
+        #expect(try machine.receive(.welcome(version: 3, maxFramePayloadBytes: 1024, progressWindowBytes: 8192))
+                == .welcomed(maxFramePayloadBytes: 1024))
+        #expect(machine.receiverSpeaksProgress && machine.progressWindowBytes == 8192 && machine.version == 3)
         return machine
     }
 
@@ -39,7 +50,13 @@ struct DeliveryStateMachineTests {
         #expect(old.state == .idle && old.version == 1 && !old.senderHearsErrors)
 
         var later = DeliveryReceiverStateMachine(limits: limits, now: { Self.now })
-        #expect(try later.receive(.hello(version: 7)) == .send(.welcome(version: 2, maxFramePayloadBytes: 1024)))
+        let window = UInt32(limits.progressWindowBytes)
+        #expect(try later.receive(.hello(version: 7)) == .send(.welcome(version: 3, maxFramePayloadBytes: 1024, progressWindowBytes: window)))
+        #expect(later.senderHearsProgress)
+
+        var progress = DeliveryReceiverStateMachine(limits: limits, now: { Self.now })
+        #expect(try progress.receive(.hello(version: 3)) == .send(.welcome(version: 3, maxFramePayloadBytes: 1024, progressWindowBytes: window)))
+        #expect(!current.senderHearsProgress)
 
         var zero = DeliveryReceiverStateMachine(limits: limits, now: { Self.now })
         #expect(throws: DeliveryProtocolError.unsupportedVersion(0)) { try zero.receive(.hello(version: 0)) }
@@ -59,7 +76,12 @@ struct DeliveryStateMachineTests {
         #expect(throws: DeliveryProtocolError.self) { try tiny.receive(.welcome(version: 2, maxFramePayloadBytes: 100)) }
         var wrongVersion = DeliverySenderStateMachine()
         _ = try wrongVersion.start()
-        #expect(throws: DeliveryProtocolError.unsupportedVersion(3)) { try wrongVersion.receive(.welcome(version: 3, maxFramePayloadBytes: 4096)) }
+        #expect(throws: DeliveryProtocolError.unsupportedVersion(4)) {
+            try wrongVersion.receive(.welcome(version: 4, maxFramePayloadBytes: 4096, progressWindowBytes: 1 << 20))
+        }
+        var smallWindow = DeliverySenderStateMachine()
+        _ = try smallWindow.start()
+        #expect(throws: DeliveryProtocolError.self) { try smallWindow.receive(.welcome(version: 3, maxFramePayloadBytes: 4096, progressWindowBytes: 100)) }
     }
 
     @Test("error frames end the session on either side, with the reason and what was refused")
@@ -293,5 +315,112 @@ struct DeliveryStateMachineTests {
 
         var closed = try Self.welcomedSender()
         #expect(throws: DeliveryProtocolError.connectionClosed(state: "ready to offer")) { try closed.streamEnded() }
+    }
+
+    @Test("version 3 receiver: items of a batch are kept until its end (or its limit), then committed together; nothing else may interrupt a batch")
+    func receiverBatches() throws {
+        var limits = DeliveryLimits()
+        limits.maxBatchItems = 3
+        var machine = DeliveryReceiverStateMachine(limits: limits, now: { Self.now })
+        _ = try machine.receive(.hello(version: 3))
+        let texts = (0..<4).map { _ in Self.offer(kind: .text, size: 2, name: "") }
+        let expired = Self.offer(kind: .text, size: 2, name: "", expires: Self.now - 1)
+        let content = ByteBuffer(string: "hi")
+        #expect(try machine.receive(.item(texts[0], content: content, endsBatch: false)) == .batch(.text(texts[0], content: content), commit: false))
+        #expect(try machine.receive(.item(expired, content: content, endsBatch: true)) == .batch(.refused(expired, .expired), commit: true))
+        #expect(machine.itemsInBatch == 0 && machine.state == .idle)
+        // The receiver's limit ends a batch the sender has not ended.
+        for index in 1...3 {
+            #expect(try machine.receive(.item(texts[index], content: content, endsBatch: false))
+                    == .batch(.text(texts[index], content: content), commit: index == 3))
+        }
+        _ = try machine.receive(.item(texts[0], content: content, endsBatch: false))
+        #expect(throws: DeliveryProtocolError.unexpectedFrame(frame: "done", state: "in a batch of items")) { try machine.receive(.done) }
+
+        // A version 2 sender never sends items.
+        var older = try Self.receiver()
+        #expect(throws: DeliveryProtocolError.self) { try older.receive(.item(texts[0], content: content, endsBatch: true)) }
+        #expect(older.progress(written: 1) == nil)
+    }
+
+    @Test("version 3 receiver: progress frames report what is written, only during a transfer")
+    func receiverProgress() throws {
+        var machine = DeliveryReceiverStateMachine(limits: DeliveryLimits(), now: { Self.now })
+        _ = try machine.receive(.hello(version: 3))
+        let offer = Self.offer(size: 10)
+        #expect(machine.progress(written: 0) == nil)
+        _ = try machine.receive(.offer(offer))
+        _ = try machine.lookUpCompleted(.nothing)
+        _ = try machine.receive(.start(id: offer.id, offset: 0))
+        _ = try machine.receive(.data(ByteBuffer(bytes: Array(repeating: 1, count: 10))))
+        #expect(machine.progress(written: 4) == .progress(id: offer.id, bytes: 4))
+        _ = try machine.receive(.end(id: offer.id))
+        #expect(machine.progress(written: 10) == .progress(id: offer.id, bytes: 10))
+    }
+
+    @Test("version 3 sender: a batch goes as item frames, the last marked; answers come in order")
+    func senderBatches() throws {
+        var sender = try Self.progressSender()
+        let texts = (0..<4).map { _ in Self.offer(kind: .text, size: 2, name: "") }
+        let content = ByteBuffer(string: "hi")
+        let frames = try sender.offerBatch(texts.map { ($0, content) })
+        #expect(frames == texts.indices.map { .item(texts[$0], content: content, endsBatch: $0 == 3) })
+        #expect(try sender.receive(.ack(id: texts[0].id)) == .delivered(texts[0], alreadyStored: false))
+        #expect(try sender.receive(.answer(id: texts[1].id, .complete)) == .delivered(texts[1], alreadyStored: true))
+        #expect(try sender.receive(.answer(id: texts[2].id, .refused(.expired))) == .refused(texts[2], .expired))
+        #expect(sender.state == .awaitingBatchAnswers([texts[3]]))
+        #expect(try sender.receive(.reject(id: texts[3].id, .invalidText)) == .rejected(texts[3], .invalidText))
+        #expect(sender.state == .ready)
+
+        var outOfOrder = try Self.progressSender()
+        _ = try outOfOrder.offerBatch(texts.map { ($0, content) })
+        #expect(throws: DeliveryProtocolError.itemMismatch(expected: texts[0].id, received: texts[1].id)) {
+            try outOfOrder.receive(.ack(id: texts[1].id))
+        }
+        var partial = try Self.progressSender()
+        _ = try partial.offerBatch([(texts[0], content)])
+        #expect(throws: DeliveryProtocolError.unexpectedFrame(frame: "answer", state: "awaiting the answers to a batch")) {
+            try partial.receive(.answer(id: texts[0].id, .nothing))
+        }
+        // No batches for a version 2 receiver, and none of files or of content that is not the offer's size.
+        var older = try Self.welcomedSender()
+        #expect(throws: DeliveryProtocolError.self) { try older.offerBatch([(texts[0], content)]) }
+        var file = try Self.progressSender()
+        #expect(throws: DeliveryProtocolError.self) { try file.offerBatch([(Self.offer(size: 2), content)]) }
+        var short = try Self.progressSender()
+        #expect(throws: DeliveryProtocolError.self) { try short.offerBatch([(texts[0], ByteBuffer(string: "h"))]) }
+    }
+
+    @Test("version 3 sender: progress reports move forward within the item and the transfer; a version 2 receiver sends none")
+    func senderProgress() throws {
+        let offer = Self.offer(size: 100)
+        var sender = try Self.progressSender()
+        _ = try sender.offer(offer)
+        _ = try sender.receive(.answer(id: offer.id, .nothing))
+        #expect(try sender.receive(.progress(id: offer.id, bytes: 40)) == .progressed(offer, bytes: 40))
+        #expect(sender.reportedBytes == 40)
+        _ = try sender.contentSent()
+        #expect(try sender.receive(.progress(id: offer.id, bytes: 100)) == .progressed(offer, bytes: 100))
+        #expect(try sender.receive(.ack(id: offer.id)) == .delivered(offer, alreadyStored: false))
+
+        for bad: DeliveryFrame in [.progress(id: offer.id, bytes: 101), .progress(id: offer.id, bytes: 0), .progress(id: UUID(), bytes: 1)] {
+            var machine = try Self.progressSender()
+            _ = try machine.offer(offer)
+            _ = try machine.receive(.answer(id: offer.id, .nothing))
+            #expect(throws: DeliveryProtocolError.self) { try machine.receive(bad) }
+            #expect(machine.state == .failed)
+        }
+        var backwards = try Self.progressSender()
+        _ = try backwards.offer(offer)
+        _ = try backwards.receive(.answer(id: offer.id, .nothing))
+        _ = try backwards.receive(.progress(id: offer.id, bytes: 50))
+        #expect(throws: DeliveryProtocolError.self) { try backwards.receive(.progress(id: offer.id, bytes: 50)) }
+
+        var older = try Self.welcomedSender()
+        _ = try older.offer(offer)
+        _ = try older.receive(.answer(id: offer.id, .nothing))
+        #expect(throws: DeliveryProtocolError.unexpectedFrame(frame: "progress", state: "streaming")) {
+            try older.receive(.progress(id: offer.id, bytes: 1))
+        }
     }
 }

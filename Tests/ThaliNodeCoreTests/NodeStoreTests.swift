@@ -199,4 +199,26 @@ struct NodeStoreTests {
         #expect(!FileManager.default.fileExists(atPath: partial))
         #expect(try store.inbox().compactMap(\.text) == ["kept"])
     }
+
+    @Test("a batch of texts commits in one durable transaction, in order, idempotent per sender; delivered items leave in one")
+    func textBatchCommit() throws {
+        let pair = try NodePair(limits: DeliveryLimits())
+        let now = DeliveryClock.nowMilliseconds
+        let offers = (0..<3).map { index in
+            ItemOffer(id: UUID(), kind: .text, size: 1, sha256: Array(SHA256.hash(data: [UInt8(65 + index)])),
+                      createdMilliseconds: now, expiresMilliseconds: now + 60_000, name: "")
+        }
+        let before = pair.bob.durableCommits.withLockedValue { $0 }
+        let first = try pair.bob.commitReceivedTexts([(offers[1], "B")], from: pair.aliceAtBob)
+        #expect(first.count == 1 && first.allSatisfy { if case .stored = $0 { true } else { false } })
+        let batch = try pair.bob.commitReceivedTexts(offers.enumerated().map { ($1, String(UnicodeScalar(UInt8(65 + $0)))) },
+                                                     from: pair.aliceAtBob)
+        #expect(batch.map { if case .stored = $0 { "stored" } else { "\($0)" } } == ["stored", "alreadyStored", "stored"])
+        #expect(pair.bob.durableCommits.withLockedValue { $0 } - before == 2)
+        #expect(try pair.bob.inbox().compactMap(\.text).sorted() == ["A", "B", "C"])
+
+        let queued = try (0..<3).map { try pair.alice.enqueueText("t\($0)", to: "bob", expiresAt: Date().addingTimeInterval(60)).id }
+        try pair.alice.markDelivered(Array(queued.prefix(2)))
+        #expect(try pair.alice.outbox().map(\.id) == [queued[2]])
+    }
 }
