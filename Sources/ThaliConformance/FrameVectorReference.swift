@@ -135,20 +135,22 @@ private struct DeliveryReading: FrameReading {
         switch frame {
         case .hello(let version):
             fields["version"] = "\(version)"
-        case .welcome(let version, let maximum):
+        case .welcome(let version, let maximum, let window):
             fields["version"] = "\(version)"
             fields["max_frame_payload_bytes"] = "\(maximum)"
+            if let window { fields["progress_window_bytes"] = "\(window)" }
+        case .progress(let id, let bytes):
+            fields["id"] = hex(id)
+            fields["bytes"] = "\(bytes)"
+        case .item(let offer, let content, let endsBatch):
+            fields.merge(Self.offerFields(offer)) { $1 }
+            fields["ends_batch"] = endsBatch ? "true" : "false"
+            fields["content"] = Hex.encode(content.readableBytesView)
         case .error(let code, let reason):
             fields["code"] = "\(code.rawValue)"
             fields["reason"] = reason
         case .offer(let offer):
-            fields["id"] = hex(offer.id)
-            fields["kind"] = offer.kind.rawValue
-            fields["size"] = "\(offer.size)"
-            fields["sha256"] = Hex.encode(offer.sha256)
-            fields["created_ms"] = "\(offer.createdMilliseconds)"
-            fields["expires_ms"] = "\(offer.expiresMilliseconds)"
-            fields["name"] = offer.name
+            fields.merge(Self.offerFields(offer)) { $1 }
         case .answer(let id, let answer):
             fields["id"] = hex(id)
             switch answer {
@@ -178,17 +180,32 @@ private struct DeliveryReading: FrameReading {
         return fields
     }
 
+    static func offerFields(_ offer: ItemOffer) -> FrameFields {
+        ["id": hex(offer.id), "kind": offer.kind.rawValue, "size": "\(offer.size)", "sha256": Hex.encode(offer.sha256),
+         "created_ms": "\(offer.createdMilliseconds)", "expires_ms": "\(offer.expiresMilliseconds)", "name": offer.name]
+    }
+
+    static func offer(_ fields: inout FieldReader) throws(FrameVectorError) -> ItemOffer {
+        guard let kind = ItemKind(rawValue: try fields.string("kind")) else { throw FrameVectorError(description: "unknown kind in \(fields.fields)") }
+        return ItemOffer(id: try fields.uuid("id"), kind: kind, size: try fields.integer("size"), sha256: try fields.bytes("sha256"),
+                         createdMilliseconds: try fields.integer("created_ms"), expiresMilliseconds: try fields.integer("expires_ms"),
+                         name: try fields.string("name"))
+    }
+
     static func frame(_ fields: inout FieldReader) throws(FrameVectorError) -> DeliveryFrame {
         let type = try fields.string("type")
         switch type {
         case "hello": return .hello(version: try fields.integer("version"))
-        case "welcome": return .welcome(version: try fields.integer("version"), maxFramePayloadBytes: try fields.integer("max_frame_payload_bytes"))
+        case "welcome":
+            let window: UInt32? = fields.fields["progress_window_bytes"] == nil ? nil : try fields.integer("progress_window_bytes")
+            return .welcome(version: try fields.integer("version"), maxFramePayloadBytes: try fields.integer("max_frame_payload_bytes"),
+                            progressWindowBytes: window)
+        case "progress": return .progress(id: try fields.uuid("id"), bytes: try fields.integer("bytes"))
+        case "item":
+            return .item(try offer(&fields), content: ByteBuffer(bytes: try fields.bytes("content")),
+                         endsBatch: try fields.string("ends_batch") == "true")
         case "error": return .error(code: DeliveryErrorCode(rawValue: try fields.integer("code")), reason: try fields.string("reason"))
-        case "offer":
-            guard let kind = ItemKind(rawValue: try fields.string("kind")) else { throw FrameVectorError(description: "unknown kind in \(fields.fields)") }
-            return .offer(ItemOffer(id: try fields.uuid("id"), kind: kind, size: try fields.integer("size"), sha256: try fields.bytes("sha256"),
-                                    createdMilliseconds: try fields.integer("created_ms"), expiresMilliseconds: try fields.integer("expires_ms"),
-                                    name: try fields.string("name")))
+        case "offer": return .offer(try offer(&fields))
         case "answer":
             let id = try fields.uuid("id")
             switch try fields.string("answer") {

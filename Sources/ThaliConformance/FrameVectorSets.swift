@@ -37,6 +37,9 @@ public enum FrameVectorSets {
         func offer(kind: UInt8, size: UInt64, name: [UInt8], nameLength: UInt16? = nil) -> [UInt8] {
             frame(2, id + [kind] + be(size) + digest + be(created) + be(expires) + be(nameLength ?? UInt16(name.count)) + name)
         }
+        func item(flags: UInt8, kind: UInt8, size: UInt64, content: [UInt8]) -> [UInt8] {
+            frame(13, [flags] + id + [kind] + be(size) + digest + be(created) + be(expires) + be(UInt16(0)) + content)
+        }
         let layout = ["NODE-1.1", "NODE-1.3"]
         let malformed = ["NODE-1.2"]
         let resume = Array("résumé.pdf".utf8)
@@ -94,6 +97,14 @@ public enum FrameVectorSets {
                   expect: .valid,
                   frames: [["type": "hello", "version": "2"], offerFields, ["type": "start", "id": idHex, "offset": "0"],
                            ["type": "data", "body": hex(Array("hello".utf8))], ["type": "end", "id": idHex], ["type": "done"]]),
+            .init(id: "D-welcome-3", description: "welcome, version 3: frame maximum 65,536 and a progress window of 256 KiB",
+                  requirements: layout, bytes: frame(10, [3] + be(UInt32(65_536)) + be(UInt32(262_144))), expect: .valid,
+                  frames: [["type": "welcome", "version": "3", "max_frame_payload_bytes": "65536", "progress_window_bytes": "262144"]]),
+            .init(id: "D-progress", description: "progress (version 3): 1 MiB of the item written", requirements: layout,
+                  bytes: frame(12, id + be(UInt64(1 << 20))), expect: .valid, frames: [["type": "progress", "id": idHex, "bytes": "1048576"]]),
+            .init(id: "D-item", description: "item (version 3): the last text of a batch, with its 5 content bytes", requirements: layout,
+                  bytes: item(flags: 1, kind: 0, size: 5, content: Array("hello".utf8)), expect: .valid,
+                  frames: [offerFields.merging(["type": "item", "ends_batch": "true", "content": hex(Array("hello".utf8))]) { $1 }]),
             .init(id: "D-welcome-small", description: "welcome announcing 512 bytes, below the least maximum of 1,024 (the framing reads it; a sender may refuse it)",
                   requirements: layout, bytes: frame(10, [2] + be(UInt32(512))), expect: .acceptable,
                   frames: [["type": "welcome", "version": "2", "max_frame_payload_bytes": "512"]]),
@@ -125,6 +136,12 @@ public enum FrameVectorSets {
             ("D-error-not-utf8", "error whose reason is not UTF-8", ["NODE-1.3"], frame(11, [1, 0xc3, 0x28]), "malformed"),
             ("D-error-long-reason", "error with a reason of 1,001 bytes", ["NODE-1.3"],
              frame(11, [1] + Array(repeating: 0x78, count: 1001)), "malformed"),
+            ("D-welcome-3-truncated", "welcome of version 3 without its progress window", malformed,
+             frame(10, [3] + be(UInt32(65_536))), "malformed"),
+            ("D-progress-truncated", "progress with a 4-byte count", malformed, frame(12, id + [0, 0, 0, 1]), "malformed"),
+            ("D-item-file", "item carrying a file (kind 1)", malformed, item(flags: 0, kind: 1, size: 5, content: Array("hello".utf8)), "malformed"),
+            ("D-item-flags-2", "item with flag bit 1 set", malformed, item(flags: 2, kind: 0, size: 5, content: Array("hello".utf8)), "malformed"),
+            ("D-item-short", "item of 5 bytes with 3 content bytes", malformed, item(flags: 0, kind: 0, size: 5, content: Array("hel".utf8)), "malformed"),
             ("D-invalid-after-valid", "hello, then a frame of type 0", malformed, hello + frame(0, []), "unknown-frame-type"),
         ]
         cases += invalid.map { FrameVectorCase(id: $0.0, description: $0.1, requirements: $0.2, bytes: $0.3, expect: .invalid, error: $0.4) }
