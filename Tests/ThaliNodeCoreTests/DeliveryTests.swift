@@ -279,8 +279,12 @@ struct DeliveryTests {
         let content = try Self.queueItems(pair, fileBytes: 100_000)
         let file = try #require(try pair.alice.outbox().first { $0.kind == .file })
         _ = try await deliverOverTCP(pair, limits: Self.limits, cut: (.sender, 60_000))
+        // What the receiver kept is what it had read when the cut came: the cut closes the sender's socket
+        // with the receiver's progress frames possibly unread, a reset after which the receiver's kernel
+        // drops bytes it had not read yet. Its first block is written as soon as it arrives, so something
+        // is kept, and never more than was sent.
         let partial = FileContent.size(of: pair.bob.partialPath(for: file.id, from: pair.aliceAtBob)) ?? 0
-        #expect(partial > 40_000 && partial < 60_000)
+        #expect(partial > 0 && partial < 60_000, "partial \(partial)")
         #expect(try pair.alice.outboxItem(id: file.id) != nil)
         let log = EventLog()
         let outcome = try await deliverOverTCP(pair, limits: Self.limits, senderEvents: log.handler)

@@ -52,22 +52,15 @@ final class NodePair: @unchecked Sendable {
 }
 
 /// Closes the connection once `limit` bytes have been written through it (the rest of the write that
-/// crosses the limit is cut off): an interruption at an exact byte position. With `outputOnly` it ends
-/// only its output (a FIN the other side reads after every byte before it); a full close with the
-/// other side's frames still unread sends a reset instead, and the other side's kernel then drops what
-/// it had received but not yet read, so where the other side stops would depend on timing.
+/// crosses the limit is cut off): an interruption at an exact byte position.
 final class CutAfterBytes: ChannelOutboundHandler, @unchecked Sendable {
     typealias OutboundIn = ByteBuffer
     typealias OutboundOut = ByteBuffer
     let limit: Int
-    let outputOnly: Bool
     private var written = 0
     private var cut = false
 
-    init(limit: Int, outputOnly: Bool = false) {
-        self.limit = limit
-        self.outputOnly = outputOnly
-    }
+    init(limit: Int) { self.limit = limit }
 
     func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
         var buffer = unwrapOutboundIn(data)
@@ -87,7 +80,7 @@ final class CutAfterBytes: ChannelOutboundHandler, @unchecked Sendable {
         }
         context.flush()
         promise?.fail(ChannelError.ioOnClosedChannel)
-        context.close(mode: outputOnly ? .output : .all, promise: nil)
+        context.close(promise: nil)
     }
 }
 
@@ -135,9 +128,7 @@ func deliverOverTCP(_ pair: NodePair, limits: DeliveryLimits, receiverLimits: De
         let client = try await ClientBootstrap(group: group).connect(host: "127.0.0.1", port: port) { channel in
             channel.eventLoop.makeCompletedFuture {
                 if let (side, bytes) = cut, side == .sender {
-                    // Version 3 receivers send progress during a file: a sender closing with those unread
-                    // would reset the connection and cost the receiver bytes it had already been sent.
-                    try channel.pipeline.syncOperations.addHandler(CutAfterBytes(limit: bytes, outputOnly: true))
+                    try channel.pipeline.syncOperations.addHandler(CutAfterBytes(limit: bytes))
                 }
                 return try DeliveryChannel.configureSynchronously(channel, limits: limits)
             }
