@@ -87,22 +87,29 @@ public struct TargetConformance: Sendable {
         let address = configuration.address
         // A stream with one beacon, for a key nobody holds: well formed, and for nobody we know.
         let stream = try BeaconGenerator(identity: PrivateKey()).makeAnnouncement(for: [PrivateKey().publicKey], validity: .seconds(600)).stream
-        let control = try await ScriptedLocation.start(host: address, body: stream, group: group)
-        let malformed = try await ScriptedLocation.start(host: address, body: stream, group: group)
-        let foreign = try await ScriptedLocation.start(host: address, body: stream, group: group)
-        let badUSN = try await ScriptedLocation.start(host: address, body: stream, group: group)
-        let byebyeTarget = try await ScriptedLocation.start(host: address, body: stream, group: group)
-        let spoofed = try await configuration.secondAddress.asyncMap { try await ScriptedLocation.start(host: $0, body: stream, group: group) }
-        let locations = [control, malformed, foreign, badUSN, byebyeTarget] + (spoofed.map { [$0] } ?? [])
-        defer { for location in locations { location.close() } }
-        let sender = try await MulticastSender.start(address: address, group: configuration.ssdpGroup, port: configuration.ssdpPort,
-                                                     on: group)
-        defer { sender.close() }
-        let secondSender = try await configuration.secondAddress.asyncMap {
-            try await MulticastSender.start(address: $0, multicastInterface: address, group: configuration.ssdpGroup,
-                                            port: configuration.ssdpPort, on: group)
+        // Everything opened is closed however the script ends, a failed start halfway included.
+        var locations: [ScriptedLocation] = []
+        var senders: [MulticastSender] = []
+        defer {
+            for location in locations { location.close() }
+            for sender in senders { sender.close() }
         }
-        defer { secondSender?.close() }
+        for _ in 0..<5 { locations.append(try await ScriptedLocation.start(host: address, body: stream, group: group)) }
+        let (control, malformed, foreign, badUSN, byebyeTarget) = (locations[0], locations[1], locations[2], locations[3], locations[4])
+        senders.append(try await MulticastSender.start(address: address, group: configuration.ssdpGroup, port: configuration.ssdpPort,
+                                                       on: group))
+        let sender = senders[0]
+        var spoofed: ScriptedLocation?
+        var secondSender: MulticastSender?
+        if let second = configuration.secondAddress {
+            let location = try await ScriptedLocation.start(host: second, body: stream, group: group)
+            locations.append(location)
+            spoofed = location
+            let other = try await MulticastSender.start(address: second, multicastInterface: address, group: configuration.ssdpGroup,
+                                                        port: configuration.ssdpPort, on: group)
+            senders.append(other)
+            secondSender = other
+        }
         let datagrams = TargetDatagrams(host: "\(configuration.ssdpGroup):\(configuration.ssdpPort)")
         let controlUSN = ThaliServiceName.makeUniqueServiceName()
         let byebyeUSN = ThaliServiceName.makeUniqueServiceName()
@@ -303,12 +310,4 @@ final class MulticastSender: Sendable {
     }
 
     func close() { channel.close(promise: nil) }
-}
-
-extension Optional {
-    /// The async counterpart of `map`.
-    func asyncMap<T>(_ transform: (Wrapped) async throws -> T) async rethrows -> T? {
-        guard let self else { return nil }
-        return try await transform(self)
-    }
 }
