@@ -21,6 +21,10 @@ public enum Mutant: String, CaseIterable, Sendable {
     case deliveryAcceptsDamaged = "delivery-accepts-damaged"
     /// The delivery sender keeps its own chunk size after the receiver's welcome [NODE-1.23].
     case deliveryIgnoresFrameMaximum = "delivery-ignores-frame-maximum"
+    /// The version 3 delivery sender streams past the receiver's progress window [NODE-1.28].
+    case deliveryIgnoresProgressWindow = "delivery-ignores-progress-window"
+    /// The version 3 delivery receiver sends no `progress` frames [NODE-1.27].
+    case deliverySendsNoProgress = "delivery-sends-no-progress"
     /// The yamux decoder accepts any version byte [MUX-2.1].
     case yamuxAcceptsAnyVersion = "yamux-accepts-any-version"
     /// The thali-multiplex decoder reads varints of eleven bytes [MUX-3.1].
