@@ -196,12 +196,34 @@ public struct PeerConformance: Sendable {
         /// `peer/psk-tls/dh-fresh`: two handshakes carry different dh_Ys.
         public static let dhFresh = ConformanceCase("peer/psk-tls/dh-fresh", "two handshakes carry different dh_Ys", ["PSK-2.2"])
 
+        /// `peer/yamux/ping-answered`: a raw Ping with SYN is answered with ACK and the same value.
+        public static let pingAnswered = ConformanceCase("peer/yamux/ping-answered", "a Ping with SYN is answered by a Ping with ACK and the same opaque value",
+                                                         ["MUX-2.3"])
+        /// `peer/yamux/data-after-fin`: data on a stream after our FIN resets that stream, and only it.
+        public static let dataAfterFIN = ConformanceCase("peer/yamux/data-after-fin",
+                                                         "data on a stream after our FIN resets that stream (RST), and the session goes on",
+                                                         ["MUX-2.10", "MUX-2.8"])
+        /// `peer/yamux/reset-stream`: after our RST, and data on the reset stream, the session goes on.
+        public static let resetStream = ConformanceCase("peer/yamux/reset-stream",
+                                                        "after our RST on an open stream, and a late data frame on it (dropped), the session goes on: no GoAway, a Ping answered",
+                                                        ["MUX-2.9"])
+        /// `peer/yamux/wrong-parity`: a stream we open with the server's parity ends the session with GoAway 1.
+        public static let wrongParity = ConformanceCase("peer/yamux/wrong-parity",
+                                                        "a stream opened by the client with an even id ends the session with GoAway code 1 (protocol error)",
+                                                        ["MUX-2.5", "MUX-2.4", "MUX-2.15"])
+        /// `peer/yamux/window-overrun`: a data frame beyond the 256 KiB window ends the session with GoAway 1.
+        public static let windowOverrun = ConformanceCase("peer/yamux/window-overrun",
+                                                          "a data frame of 256 KiB + 1 on a new stream, beyond its window, ends the session with GoAway code 1",
+                                                          ["MUX-2.12", "MUX-2.15"])
+
         /// Every case of peer mode.
         public static let all = [discovered, beaconFetch, beaconMatch, expiration, handshake, closeNotify, openStream, hello, offer,
                                  transfer, frameMaximum, window, itemBatch, done, version2Fallback, usn, searchAnswer, byebye,
                                  senderConnects, senderBeaconRequest, senderWelcome, senderStream, senderProgress, senderAck, refusesExpired,
                                  rejectsDamaged, senderBatch, senderClose, senderInbox,
-                                 noHint, noCompression, noTickets, unknownIdentity, wrongPSK, tls13, otherSuites, dhSize, dhFresh]
+                                 noHint, noCompression, noTickets, unknownIdentity, wrongPSK, tls13, otherSuites, dhSize, dhFresh,
+                                 pingAnswered, dataAfterFIN, resetStream, wrongParity, windowOverrun]
+        static let rawMultiplexer = [pingAnswered, dataAfterFIN, resetStream, wrongParity, windowOverrun]
         static let receiverRole = [openStream, hello, offer, transfer, frameMaximum, window, itemBatch, done]
         static let senderRole = [senderConnects, senderBeaconRequest, senderWelcome, senderStream, senderProgress, senderAck, refusesExpired,
                                  rejectsDamaged, senderBatch, senderClose, senderInbox]
@@ -277,6 +299,9 @@ public struct PeerConformance: Sendable {
         let found = lastMatch.withLockedValue { $0 }
         if let location = found?.1 ?? configuration.location, !Task.isCancelled {
             await negativeCases(run, location: location, match: found?.0)
+            if let match = found?.0, !Task.isCancelled {
+                await rawMultiplexerCases(run, location: location, match: match)
+            }
         }
         run.recordRemaining(Cases.all, .inconclusive, because: Task.isCancelled ? "interrupted" : "an earlier step failed")
     }
@@ -966,6 +991,92 @@ public struct PeerConformance: Sendable {
         } catch {
             run.record(testCase, .warn, expected: expected, actual: "\(error)", started: started)
         }
+    }
+
+    // MARK: Raw multiplexer cases
+
+    /// Yamux written by hand inside sessions keyed by its beacon: three connections, the first kept alive
+    /// through a ping, a stream with data after FIN and a reset stream; the other two each ended by a
+    /// protocol error (a stream of the wrong parity, a window overrun).
+    private func rawMultiplexerCases(_ run: ConformanceRun, location: BeaconLocation, match: BeaconMatch) async {
+        let timeout = configuration.stepTimeout
+        var started = NIODeadline.now()
+        do {
+            try await RawYamuxSession.run(host: location.host, port: location.port, identity: match.pskIdentity, psk: match.psk,
+                                          group: group) { session in
+                let (answer, answered) = try await Self.ping(&session, value: 0xC0FF_EE01, timeout: timeout)
+                run.grade(Cases.pingAnswered, holds: answered, expected: "Ping ACK stream 0 length \(0xC0FF_EE01)", actual: answer.summary,
+                          started: started)
+                started = NIODeadline.now()
+                try await session.send([(YamuxHeader(type: .windowUpdate, flags: .syn, streamID: 1, length: 0), 0),
+                                        (YamuxHeader(type: .windowUpdate, flags: .fin, streamID: 1, length: 0), 0),
+                                        (YamuxHeader(type: .data, streamID: 1, length: 4), 4)])
+                let (reset, _) = try await session.waitFor(within: timeout) { $0.streamID == 1 && $0.flags.contains(.rst) || $0.type == .goAway }
+                let (_, held) = try await Self.ping(&session, value: 0xC0FF_EE02, timeout: timeout)
+                var holds = false
+                if case .frame(let header) = reset, header.type != .goAway { holds = held }
+                run.grade(Cases.dataAfterFIN, holds: holds, expected: "RST on stream 1, then a Ping still answered",
+                          actual: "\(reset.summary)\(held ? ", then the Ping answered" : ", then no Ping answer")", started: started)
+                started = NIODeadline.now()
+                try await session.send([(YamuxHeader(type: .windowUpdate, flags: .syn, streamID: 3, length: 0), 0),
+                                        (YamuxHeader(type: .windowUpdate, flags: .rst, streamID: 3, length: 0), 0),
+                                        (YamuxHeader(type: .data, streamID: 3, length: 4), 4),
+                                        (YamuxHeader(type: .ping, flags: .syn, streamID: 0, length: 0xC0FF_EE03), 0)])
+                let (last, before) = try await session.waitFor(within: timeout) { $0.type == .goAway || $0.type == .ping && $0.flags.contains(.ack) }
+                var goesOn = false
+                if case .frame(let header) = last { goesOn = header.type == .ping && header.length == 0xC0FF_EE03 }
+                run.grade(Cases.resetStream, holds: goesOn, expected: "no GoAway; the Ping after them answered",
+                          actual: last.summary + (before.isEmpty ? "" : " after \(before.map(\.summary).joined(separator: ", "))"), started: started)
+            }
+        } catch {
+            run.recordRemaining([Cases.pingAnswered, Cases.dataAfterFIN, Cases.resetStream], .inconclusive, because: "no PSK-TLS session: \(error)")
+        }
+        // The wrong parity is a header alone. The overrun's header goes first, alone too: an implementation
+        // that judges it from the header ends the session before any payload is sent (payload still
+        // unread when it closes would make its kernel reset the connection, and drop its GoAway on our
+        // side); one that waits for the bytes gets them after a quiet period, and a GoAway then is a
+        // WARN (it read past its window first).
+        let overrun = YamuxHeader.initialWindowSize + 1
+        let endings: [(ConformanceCase, [(YamuxHeader, payload: Int)], payload: Int)] = [
+            (Cases.wrongParity, [(YamuxHeader(type: .windowUpdate, flags: .syn, streamID: 2, length: 0), 0)], 0),
+            (Cases.windowOverrun, [(YamuxHeader(type: .data, flags: .syn, streamID: 1, length: UInt32(overrun)), 0)], overrun),
+        ]
+        for (testCase, frames, payload) in endings {
+            started = NIODeadline.now()
+            do {
+                try await RawYamuxSession.run(host: location.host, port: location.port, identity: match.pskIdentity, psk: match.psk,
+                                              group: group) { session in
+                    try await session.send(frames)
+                    var (ending, _) = try await session.waitFor(within: payload > 0 ? configuration.windowQuietPeriod : timeout) { $0.type == .goAway }
+                    var afterPayload = ""
+                    if payload > 0, ending == .timedOut {
+                        try await session.sendPayload(payload)
+                        (ending, _) = try await session.waitFor(within: timeout) { $0.type == .goAway }
+                        afterPayload = " (after the payload)"
+                    }
+                    let verdict: ConformanceVerdict
+                    switch ending {
+                    // Refused, but only once the bytes beyond the window came: the header alone said it.
+                    case .frame(let header) where !afterPayload.isEmpty: verdict = header.isGoAway(.protocolError) ? .warn : .fail
+                    case .frame(let header): verdict = header.isGoAway(.protocolError) ? .pass : .fail
+                    case .ended where !afterPayload.isEmpty: verdict = .inconclusive  // a reset may have dropped its GoAway
+                    default: verdict = .fail
+                    }
+                    run.record(testCase, verdict, expected: "GoAway code 1 (protocol error)", actual: ending.summary + afterPayload, started: started)
+                }
+            } catch {
+                run.record(testCase, .inconclusive, expected: testCase.title, actual: "no PSK-TLS session: \(error)", started: started)
+            }
+        }
+    }
+
+    /// Sends a Ping with SYN and `value`: the answer (or what came instead) and whether it is the Ping
+    /// with ACK and the same value.
+    private static func ping(_ session: inout RawYamuxSession, value: UInt32, timeout: TimeAmount) async throws -> (RawYamuxSession.Input, Bool) {
+        try await session.send([(YamuxHeader(type: .ping, flags: .syn, streamID: 0, length: value), 0)])
+        let (answer, _) = try await session.waitFor(within: timeout) { $0.type == .ping && $0.flags.contains(.ack) || $0.type == .goAway }
+        if case .frame(let header) = answer { return (answer, header.type == .ping && header.length == value) }
+        return (answer, false)
     }
 
     // MARK: Helpers

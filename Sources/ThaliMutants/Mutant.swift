@@ -27,6 +27,12 @@ public enum Mutant: String, CaseIterable, Sendable {
     case deliverySendsNoProgress = "delivery-sends-no-progress"
     /// The yamux decoder accepts any version byte [MUX-2.1].
     case yamuxAcceptsAnyVersion = "yamux-accepts-any-version"
+    /// A yamux session accepts a stream the peer opened with our parity [MUX-2.5].
+    case yamuxAcceptsWrongParity = "yamux-accepts-wrong-parity"
+    /// A yamux stream takes data after the peer's FIN [MUX-2.10].
+    case yamuxAcceptsDataAfterFIN = "yamux-accepts-data-after-fin"
+    /// A yamux session takes a data frame longer than the stream's receive window [MUX-2.12].
+    case yamuxIgnoresReceiveWindow = "yamux-ignores-receive-window"
     /// The thali-multiplex decoder reads varints of eleven bytes [MUX-3.1].
     case thaliMultiplexLongVarints = "thali-multiplex-long-varints"
     /// The thali-multiplex decoder takes open and reset bodies of any length [MUX-3.3].
