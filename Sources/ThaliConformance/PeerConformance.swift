@@ -651,6 +651,8 @@ public struct PeerConformance: Sendable {
                     lastFailure.withLockedValue { $0 = reason }
                 case .stream(let frames):
                     return frames
+                case .beaconsFetched, .wake:
+                    break
                 }
             }
             return nil

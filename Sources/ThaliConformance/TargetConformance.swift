@@ -2,6 +2,7 @@ import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
 import ThaliBeacons
+import ThaliNodeCore
 import ThaliSSDP
 
 /// How target mode runs.
@@ -18,6 +19,10 @@ public struct TargetConformanceConfiguration: Sendable {
     /// How long the implementation has to react to each scripted step (a conforming peer may wait before it
     /// fetches: our own spreads fetches over the crowd, spec/ssdp.md §5).
     public var observation: TimeAmount = .seconds(3)
+    /// The implementation's public key and the suite's identity, which it has as a contact: with both, the
+    /// beacon cases announce beacons for it (tampered, good, replayed) and watch whether it connects;
+    /// without them those cases are N/A.
+    public var keys: (peer: PublicKey, identity: PrivateKey)?
 
     /// A configuration for `address`; on loopback the second address is 127.0.0.2.
     public init(address: String) {
@@ -60,8 +65,26 @@ public struct TargetConformance: Sendable {
                                                          "a byebye from another address does not withdraw the peer (its next alive fetches nothing)",
                                                          ["SSDP-5.2"])
 
+        /// `target/beacons/tampered-no-connect`: our announcement for it with a flipped tag byte is fetched
+        /// and leads to no connection.
+        public static let tamperedNoConnect = ConformanceCase("target/beacons/tampered-no-connect",
+                                                              "an announcement for it from a contact, one byte of its beacon's tag flipped, is fetched and leads to no connection",
+                                                              ["BCN-4.8"])
+        /// `target/beacons/match-connects`: a good announcement for it from a contact leads to a PSK-TLS
+        /// connection (the control of the two cases around it).
+        public static let matchConnects = ConformanceCase("target/beacons/match-connects",
+                                                          "a good announcement for it from a contact is fetched and leads to a PSK-TLS session",
+                                                          ["NODE-3.2", "BCN-4.7"])
+        /// `target/beacons/replay-no-connect`: the same announcement again from the same location, under a
+        /// new USN, is fetched and leads to no connection.
+        public static let replayNoConnect = ConformanceCase("target/beacons/replay-no-connect",
+                                                            "the same announcement again from the same location, under a new USN, is fetched and leads to no connection",
+                                                            ["BCN-4.5"])
+
         /// Every case of target mode.
-        public static let all = [validFetched, fetchOnce, noMatchNoConnect, malformed, foreignNT, badUSN, spoofedLocation, forgedByebye]
+        public static let all = [validFetched, fetchOnce, noMatchNoConnect, malformed, foreignNT, badUSN, spoofedLocation, forgedByebye,
+                                 tamperedNoConnect, matchConnects, replayNoConnect]
+        static let beacons = [tamperedNoConnect, matchConnects, replayNoConnect]
     }
 
     let configuration: TargetConformanceConfiguration
@@ -166,6 +189,131 @@ public struct TargetConformance: Sendable {
                       actual: "\(again) new fetches")
         } else {
             run.record(Cases.forgedByebye, .notApplicable, expected: "no new fetch", actual: "no second address (--second-address)")
+        }
+        try await beaconCases(run, sender: sender, datagrams: datagrams)
+    }
+
+    /// Announcements for the implementation from a contact, served on a port that also speaks PSK-TLS: a
+    /// tampered one (no connection may follow), a good one (a session must), then the good one again from
+    /// the same location under a new USN (a replay: no connection may follow).
+    private func beaconCases(_ run: ConformanceRun, sender: MulticastSender, datagrams: TargetDatagrams) async throws {
+        guard let (peer, identity) = configuration.keys else {
+            for testCase in Cases.beacons {
+                run.record(testCase, .notApplicable, expected: testCase.title, actual: "no keys (--peer-key and --identity)")
+            }
+            return
+        }
+        let server = try await PeerSuiteServer.start(host: configuration.address, peer: peer, limits: DeliveryLimits(), group: group)
+        var watch = ServerWatch(server: server)
+        do {
+            let generator = BeaconGenerator(identity: identity)
+            let good = try generator.makeAnnouncement(for: [peer], validity: .seconds(600))
+            let other = try generator.makeAnnouncement(for: [peer], validity: .seconds(600))
+            var flipped = other.stream
+            flipped[other.profile.preambleLength + BeaconWire.flagLength - 1] ^= 0x01  // the last byte of its beacon's flag (the GCM tag)
+            let tampered = BeaconAnnouncement(profile: other.profile, stream: flipped, expiration: other.expiration, beacons: other.beacons)
+            let location = "http://\(configuration.address):\(server.port)/"
+
+            var started = NIODeadline.now()
+            server.serve(tampered)
+            try await sender.send(datagrams.alive(usn: ThaliServiceName.makeUniqueServiceName(), location: location))
+            let tamperedSeen = try await watch.observe(for: configuration.observation)
+            started = NIODeadline.now()
+            server.serve(good)
+            try await sender.send(datagrams.alive(usn: ThaliServiceName.makeUniqueServiceName(), location: location))
+            let connected = try await watch.untilSession(within: configuration.observation)
+            run.grade(Cases.matchConnects, holds: connected.session, expected: "a fetch, then a PSK-TLS session",
+                      actual: connected.description, started: started)
+            guard connected.session else {
+                for testCase in [Cases.tamperedNoConnect, Cases.replayNoConnect] {
+                    run.record(testCase, .inconclusive, expected: testCase.title, actual: "a good announcement led to no session either")
+                }
+                await server.close()
+                return
+            }
+            run.grade(Cases.tamperedNoConnect, holds: tamperedSeen.fetches > 0 && tamperedSeen.connections == 0,
+                      expected: "a fetch and no connection within \(PeerConformance.text(configuration.observation))",
+                      actual: tamperedSeen.description)
+            started = NIODeadline.now()
+            try await sender.send(datagrams.alive(usn: ThaliServiceName.makeUniqueServiceName(), location: location))
+            let replayed = try await watch.observe(for: configuration.observation)
+            let expected = "a fetch and no connection within \(PeerConformance.text(configuration.observation))"
+            if replayed.fetches == 0 {
+                run.record(Cases.replayNoConnect, .inconclusive, expected: expected, actual: replayed.description, started: started)
+            } else {
+                run.grade(Cases.replayNoConnect, holds: replayed.connections == 0, expected: expected, actual: replayed.description, started: started)
+            }
+        } catch {
+            await server.close()
+            throw error
+        }
+        await server.close()
+    }
+}
+
+/// Reads a ``PeerSuiteServer``'s events for target mode: counts fetches and connection attempts over a
+/// period, or waits for a session (and plays the sender on it: hello, welcome, done).
+struct ServerWatch {
+    /// What the implementation did in one period.
+    struct Seen: CustomStringConvertible {
+        var fetches = 0
+        /// PSK-TLS handshakes, authenticated or failed.
+        var connections = 0
+        var session = false
+        var description: String {
+            "\(fetches) fetch(es), \(connections) connection(s)" + (session ? ", a session" : "")
+        }
+    }
+
+    let server: PeerSuiteServer
+    private var events: AsyncStream<PeerSuiteServer.Event>.AsyncIterator
+    private var wakes = 0
+
+    init(server: PeerSuiteServer) {
+        self.server = server
+        events = server.events.makeAsyncIterator()
+    }
+
+    /// Everything that happens in `period` (a connection here is what a negative case looks for, so the
+    /// whole period is watched).
+    mutating func observe(for period: TimeAmount) async throws -> Seen {
+        try await watch(period) { _ in false }
+    }
+
+    /// Waits until a session is authenticated and its delivery stream ends, or `timeout` passes.
+    mutating func untilSession(within timeout: TimeAmount) async throws -> Seen {
+        try await watch(timeout) { $0.session }
+    }
+
+    private mutating func watch(_ period: TimeAmount, until done: (Seen) -> Bool) async throws -> Seen {
+        wakes += 1
+        let wake = wakes
+        server.wake(after: period, id: wake)
+        var seen = Seen()
+        while let event = await events.next() {
+            switch event {
+            case .beaconsFetched: seen.fetches += 1
+            case .authenticated: seen.connections += 1
+            case .handshakeFailed: seen.connections += 1
+            case .stream(let frames):
+                try? await Self.finishSession(frames)
+                seen.session = true
+            case .wake(let id) where id == wake: return seen
+            case .wake: break
+            }
+            if done(seen) { return seen }
+        }
+        return seen
+    }
+
+    /// Plays a sender with nothing to send: hello, its welcome, done, then the end of the stream.
+    static func finishSession(_ frames: DeliveryChannel.AsyncFrames) async throws {
+        try await frames.executeThenClose { inbound, outbound in
+            var iterator = inbound.makeAsyncIterator()
+            try await outbound.write(.hello(version: DeliveryFrame.protocolVersion))
+            guard case .welcome? = try await iterator.next() else { return }
+            try await outbound.write(.done)
+            while try await iterator.next() != nil {}
         }
     }
 }

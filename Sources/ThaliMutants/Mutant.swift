@@ -49,6 +49,11 @@ public enum Mutant: String, CaseIterable, Sendable {
     case ssdpUppercaseUSN = "ssdp-uppercase-usn"
     /// The beacon fetch sends `Host` without the port [SSDP-6.8].
     case httpHostWithoutPort = "http-host-without-port"
+    /// The beacon receiver keeps no replay cache: an announcement fetched again from the same origin
+    /// matches again [BCN-4.5].
+    case beaconNoReplayCache = "beacon-no-replay-cache"
+    /// The beacon receiver (profile spec) takes a flag whose GCM tag does not verify [BCN-4.8].
+    case beaconIgnoresFlagTag = "beacon-ignores-flag-tag"
     /// Beacon announcements expire 25 h ahead, beyond the 24 h a receiver accepts [BCN-1.2].
     case beaconExpirationBeyondADay = "beacon-expiration-beyond-a-day"
 
