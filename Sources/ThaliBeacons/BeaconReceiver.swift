@@ -137,7 +137,8 @@ public final class BeaconReceiver: Sendable {
                 // The spec's scan ends at the first authenticated flag whose sender is not a contact (such a
                 // flag is certainly ours). Flags skipped above could be one; only now does that matter.
                 for earlier in checkedBefore..<index {
-                    if let stranger = authenticatedKeyId(earlier), addressBook.entry(for: stranger) == nil {
+                    if let stranger = authenticatedKeyId(earlier), addressBook.entry(for: stranger) == nil,
+                       !Mutant.beaconSkipsStrangerFlag.isActive {
                         throw BeaconRejection(.noMatch, "beacon \(earlier) is for us but its sender is not in the address book")
                     }
                 }

@@ -70,6 +70,12 @@ public struct TargetConformance: Sendable {
         public static let tamperedNoConnect = ConformanceCase("target/beacons/tampered-no-connect",
                                                               "an announcement for it from a contact, one byte of its beacon's tag flipped, is fetched and leads to no connection",
                                                               ["BCN-4.8"])
+        /// `target/beacons/stranger-first-no-connect`: an announcement whose first beacon is for it from a
+        /// stranger (its flag verifies) and whose second is ours leads to no connection: the scan ends at
+        /// the stranger's flag.
+        public static let strangerFirstNoConnect = ConformanceCase("target/beacons/stranger-first-no-connect",
+                                                                   "an announcement whose first beacon is for it from a stranger and whose second is ours, from a contact, is fetched and leads to no connection",
+                                                                   ["BCN-4.6"])
         /// `target/beacons/match-connects`: a good announcement for it from a contact leads to a PSK-TLS
         /// connection (the control of the two cases around it).
         public static let matchConnects = ConformanceCase("target/beacons/match-connects",
@@ -83,8 +89,8 @@ public struct TargetConformance: Sendable {
 
         /// Every case of target mode.
         public static let all = [validFetched, fetchOnce, noMatchNoConnect, malformed, foreignNT, badUSN, spoofedLocation, forgedByebye,
-                                 tamperedNoConnect, matchConnects, replayNoConnect]
-        static let beacons = [tamperedNoConnect, matchConnects, replayNoConnect]
+                                 tamperedNoConnect, strangerFirstNoConnect, matchConnects, replayNoConnect]
+        static let beacons = [tamperedNoConnect, strangerFirstNoConnect, matchConnects, replayNoConnect]
     }
 
     let configuration: TargetConformanceConfiguration
@@ -218,6 +224,9 @@ public struct TargetConformance: Sendable {
             server.serve(tampered)
             try await sender.send(datagrams.alive(usn: ThaliServiceName.makeUniqueServiceName(), location: location))
             let tamperedSeen = try await watch.observe(for: configuration.observation)
+            server.serve(try Self.strangerFirst(for: peer, identity: identity))
+            try await sender.send(datagrams.alive(usn: ThaliServiceName.makeUniqueServiceName(), location: location))
+            let strangerSeen = try await watch.observe(for: configuration.observation)
             started = NIODeadline.now()
             server.serve(good)
             try await sender.send(datagrams.alive(usn: ThaliServiceName.makeUniqueServiceName(), location: location))
@@ -225,15 +234,16 @@ public struct TargetConformance: Sendable {
             run.grade(Cases.matchConnects, holds: connected.session, expected: "a fetch, then a PSK-TLS session",
                       actual: connected.description, started: started)
             guard connected.session else {
-                for testCase in [Cases.tamperedNoConnect, Cases.replayNoConnect] {
+                for testCase in [Cases.tamperedNoConnect, Cases.strangerFirstNoConnect, Cases.replayNoConnect] {
                     run.record(testCase, .inconclusive, expected: testCase.title, actual: "a good announcement led to no session either")
                 }
                 await server.close()
                 return
             }
-            run.grade(Cases.tamperedNoConnect, holds: tamperedSeen.fetches > 0 && tamperedSeen.connections == 0,
-                      expected: "a fetch and no connection within \(PeerConformance.text(configuration.observation))",
-                      actual: tamperedSeen.description)
+            for (testCase, seen) in [(Cases.tamperedNoConnect, tamperedSeen), (Cases.strangerFirstNoConnect, strangerSeen)] {
+                run.grade(testCase, holds: seen.fetches > 0 && seen.connections == 0,
+                          expected: "a fetch and no connection within \(PeerConformance.text(configuration.observation))", actual: seen.description)
+            }
             started = NIODeadline.now()
             try await sender.send(datagrams.alive(usn: ThaliServiceName.makeUniqueServiceName(), location: location))
             let replayed = try await watch.observe(for: configuration.observation)
@@ -248,6 +258,22 @@ public struct TargetConformance: Sendable {
             throw error
         }
         await server.close()
+    }
+}
+
+extension TargetConformance {
+    /// One announcement, under one ephemeral key, of two beacons for `peer`: the first from a stranger
+    /// (its flag verifies for `peer`, naming a KeyId it does not know), the second from `identity`.
+    static func strangerFirst(for peer: PublicKey, identity: PrivateKey) throws -> BeaconAnnouncement {
+        let ephemeralKey = PrivateKey()
+        let expiration = DeliveryClock.nowMilliseconds + 600_000
+        let stranger = try BeaconGenerator(identity: PrivateKey()).makeAnnouncement(for: [peer], expiration: expiration, ephemeralKey: ephemeralKey)
+        let ours = try BeaconGenerator(identity: identity).makeAnnouncement(for: [peer], expiration: expiration, ephemeralKey: ephemeralKey)
+        // Both streams share the preamble (ephemeral key, expiration); a beacon's PSK identity depends only
+        // on the preamble and its own bytes, so ours keeps its identity and PSK at index 1.
+        let preamble = ours.profile.preambleLength
+        return BeaconAnnouncement(profile: ours.profile, stream: stranger.stream + ours.stream[preamble...], expiration: expiration,
+                                  beacons: stranger.beacons + ours.beacons)
     }
 }
 

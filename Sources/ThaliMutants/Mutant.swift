@@ -54,6 +54,8 @@ public enum Mutant: String, CaseIterable, Sendable {
     case beaconNoReplayCache = "beacon-no-replay-cache"
     /// The beacon receiver (profile spec) takes a flag whose GCM tag does not verify [BCN-4.8].
     case beaconIgnoresFlagTag = "beacon-ignores-flag-tag"
+    /// The beacon receiver (profile spec) skips a verified flag from a stranger and scans on [BCN-4.6].
+    case beaconSkipsStrangerFlag = "beacon-skips-stranger-flag"
     /// Beacon announcements expire 25 h ahead, beyond the 24 h a receiver accepts [BCN-1.2].
     case beaconExpirationBeyondADay = "beacon-expiration-beyond-a-day"
 

@@ -19,8 +19,9 @@ struct ConformanceTargetCommand: AsyncParsableCommand {
             datagrams, another NT, bad USNs, a spoofed LOCATION, a forged byebye from --second-address) whose \
             locations it serves, and grades which the implementation fetches, how often, and that it \
             connects to none (no beacon is for it). With --peer-key and --identity (a contact of the \
-            implementation), it also serves announcements for it: a tampered one and a replayed one must \
-            lead to no connection, a good one to a session. About five observation periods long. Prints each case \
+            implementation), it also serves announcements for it: a tampered one, one whose first beacon is \
+            a stranger's, and a replayed one must lead to no connection, a good one to a session. About six \
+            observation periods long. Prints each case \
             as it ends, then a table; exits non-zero only when a MUST fails or --baseline does not hold.
             """)
 
