@@ -39,6 +39,8 @@ public enum Mutant: String, CaseIterable, Sendable {
     case thaliMultiplexUnboundedControlBodies = "thali-multiplex-unbounded-control-bodies"
     /// The PSK-TLS server sends an identity hint [PSK-1.6].
     case tlsIdentityHint = "tls-identity-hint"
+    /// The PSK-TLS client takes a DH group under 2048 bits (security level 0) [PSK-2.3].
+    case tlsAcceptsSmallGroup = "tls-accepts-small-group"
     /// The PSK-TLS server offers session tickets [PSK-1.4].
     case tlsSessionTickets = "tls-session-tickets"
     /// The announcer does not answer M-SEARCH [SSDP-2.7].
