@@ -140,11 +140,27 @@ let package = Package(
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
             ]),
+        /// `thali-node bench`: the benchmarks of every layer (beacons, SSDP, the multiplexer, PSK-TLS, the
+        /// Bluetooth relay, delivery) and of whole peers (crowd, hall, flood, relay), apart from the CLI's
+        /// commands; the CLI runs them. Not an API for applications.
+        .target(
+            name: "ThaliNodeBenchmarks",
+            dependencies: [
+                "ThaliAdmission", "ThaliBeacons", "ThaliPSKTLS", "ThaliSSDP", "TCPMultiplexer", "ThaliBLEBinding",
+                "ThaliNodeCore", "ThaliProcess",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+            ]),
+        /// The command-line peer: identity, contacts, send, run, the demo and the conformance tools; its
+        /// `bench` command is ThaliNodeBenchmarks.
         .executableTarget(
             name: "thali-node",
             dependencies: [
                 "ThaliAdmission", "ThaliBeacons", "ThaliPSKTLS", "ThaliSSDP", "TCPMultiplexer", "ThaliBLEBinding",
-                "ThaliConformance", "ThaliNodeCore", "ThaliNodeBluetooth", "ThaliProcess",
+                "ThaliConformance", "ThaliNodeCore", "ThaliNodeBluetooth", "ThaliNodeBenchmarks", "ThaliProcess",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),
