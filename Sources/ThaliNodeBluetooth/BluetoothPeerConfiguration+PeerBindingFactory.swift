@@ -19,6 +19,7 @@ extension BluetoothPeerConfiguration: PeerBindingFactory {
     }
 }
 
+/// Bluetooth among a peer's bindings.
 extension PeerConfiguration {
     /// The Bluetooth binding among `extraBindings`, or nil for none; setting it replaces that one
     /// (nil removes it), and a new one starts after the bindings already there.
