@@ -5,6 +5,7 @@ import NIOCore
 import NIOPosix
 import Testing
 import ThaliBeacons
+import ThaliNodeBluetooth
 import ThaliNodeCore
 import ThaliSSDP
 import ThaliTestSupport

@@ -53,7 +53,7 @@ public struct NodeConfiguration: Sendable, Hashable {
     /// powered one. Default `null` (`run --adapter`).
     public var bluetoothAdapter: String?
     /// `bluetoothMakeConnectable`: whether `run` makes the adapter discoverable when bluetoothd left its
-    /// page scan off, so that peers can connect (``BluetoothPeerConfiguration/makeConnectable``). Default
+    /// page scan off, so that peers can connect (ThaliNodeBluetooth's `BluetoothPeerConfiguration.makeConnectable`). Default
     /// `true`; `false` only warns.
     public var bluetoothMakeConnectable: Bool
 
