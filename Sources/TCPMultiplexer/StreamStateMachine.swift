@@ -1,3 +1,5 @@
+import ThaliMutants
+
 /// The life of one stream, the same for both framings: each direction is closed on its own (FIN /
 /// close frame) and a reset ends both at once.
 struct StreamStateMachine: Sendable {
@@ -49,7 +51,9 @@ struct StreamStateMachine: Sendable {
 
     /// The peer sends data: allowed only while its direction is open.
     func receiveData(streamID: UInt64) throws(MultiplexerError) {
-        guard canReceive else { throw .unexpectedFrame(streamID: streamID, reason: "data after the peer's FIN") }
+        guard canReceive || Mutant.yamuxAcceptsDataAfterFIN.isActive else {
+            throw .unexpectedFrame(streamID: streamID, reason: "data after the peer's FIN")
+        }
     }
 
     /// Either side resets the stream.

@@ -1,4 +1,5 @@
 import NIOCore
+import ThaliMutants
 
 /// The yamux session (hashicorp/yamux `spec.md`, version 0) apart from I/O: decodes frames, keeps every
 /// stream's state and ``StreamWindow``, answers pings, and encodes this side's frames.
@@ -85,7 +86,7 @@ struct YamuxSessionStateMachine: MultiplexerSessionStateMachine {
             guard stream == nil else { throw .duplicateStream(id) }
             // The client opens odd ids, the server even ones.
             let remoteOpensOdd = core.role == .server
-            guard (id % 2 == 1) == remoteOpensOdd else { throw .invalidStreamID(id) }
+            guard (id % 2 == 1) == remoteOpensOdd || Mutant.yamuxAcceptsWrongParity.isActive else { throw .invalidStreamID(id) }
             stream = acceptRemoteStream(streamID: id, key: id, name: nil, now: now)
             // Our first frame on the stream acknowledges it.
             if let stream { core.update(stream) { record in record.ackPending = true } }

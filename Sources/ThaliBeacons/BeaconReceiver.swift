@@ -1,3 +1,5 @@
+import ThaliMutants
+
 /// Reads announcements and finds the beacon addressed to us, if any.
 ///
 /// Checks, in order: length (`malformed`), ephemeral key (`invalid-key`), expiration (`expired`,
@@ -109,7 +111,7 @@ public final class BeaconReceiver: Sendable {
 
         let replayKey = ReplayCache.Key(origin: origin, ephemeralKey: ephemeralKey.uncompressed)
         let fresh = state.withLock { $0.replayCache.insert(replayKey, expiration: expiration, now: now) }
-        guard fresh else {
+        guard fresh || Mutant.beaconNoReplayCache.isActive else {
             throw BeaconRejection(.replayed, "ephemeral key seen before from this origin in an announcement that has not expired")
         }
 
@@ -130,11 +132,13 @@ public final class BeaconReceiver: Sendable {
                 // spec: only a flag naming a contact can lead to a match, so the dictionary lookup of the
                 // KeyId the flag would carry comes first and the GCM tag is verified for those alone.
                 let candidate = KeyId(bytes: stream[start..<flagEnd], xoring: keystream)
-                guard let known = addressBook.entry(for: candidate), authenticatedKeyId(index) == candidate else { continue }
+                guard let known = addressBook.entry(for: candidate),
+                      Mutant.beaconIgnoresFlagTag.isActive || authenticatedKeyId(index) == candidate else { continue }
                 // The spec's scan ends at the first authenticated flag whose sender is not a contact (such a
                 // flag is certainly ours). Flags skipped above could be one; only now does that matter.
                 for earlier in checkedBefore..<index {
-                    if let stranger = authenticatedKeyId(earlier), addressBook.entry(for: stranger) == nil {
+                    if let stranger = authenticatedKeyId(earlier), addressBook.entry(for: stranger) == nil,
+                       !Mutant.beaconSkipsStrangerFlag.isActive {
                         throw BeaconRejection(.noMatch, "beacon \(earlier) is for us but its sender is not in the address book")
                     }
                 }

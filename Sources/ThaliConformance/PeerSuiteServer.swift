@@ -21,6 +21,10 @@ final class PeerSuiteServer: Sendable {
         case handshakeFailed(String)
         /// It opened a stream, set up for the delivery protocol.
         case stream(DeliveryChannel.AsyncFrames)
+        /// It fetched our beacons.
+        case beaconsFetched
+        /// A wait scheduled with ``wake(after:id:)`` ended.
+        case wake(Int)
     }
 
     let channel: Channel
@@ -48,6 +52,13 @@ final class PeerSuiteServer: Sendable {
     /// The heads of the beacon requests answered so far, oldest first (at most ``maxRecordedRequests``).
     var beaconRequests: [HTTPRequestHead] { requests.withLockedValue { $0 } }
 
+    /// Adds `.wake(id)` to ``events`` after `delay`: a reader of the events waits for one of them or a
+    /// deadline, without a second task.
+    func wake(after delay: TimeAmount, id: Int) {
+        let sink = self.sink
+        channel.eventLoop.scheduleTask(in: delay) { sink.yield(.wake(id)) }
+    }
+
     /// The bound port.
     var port: Int { channel.localAddress?.port ?? 0 }
 
@@ -59,6 +70,7 @@ final class PeerSuiteServer: Sendable {
         let requests = NIOLockedValueBox<[HTTPRequestHead]>([])
         let record: @Sendable (HTTPRequestHead) -> Void = { head in
             requests.withLockedValue { if $0.count < maxRecordedRequests { $0.append(head) } }
+            sink.yield(.beaconsFetched)
         }
         let context = try PSKTLSContext(role: .server, configuration: PSKTLSConfiguration(dhGroup: .ffdhe2048))
         let channel = try await ServerBootstrap(group: group)

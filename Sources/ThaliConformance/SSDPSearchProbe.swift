@@ -19,7 +19,7 @@ package struct SSDPSearchProbe: Sendable {
 
     /// What came back.
     package struct Outcome: Sendable {
-        /// The first answer with `usn`, and who sent it.
+        /// The first answer with `usn` (or the expected LOCATION), and who sent it.
         package var answer: (SSDPSearchResponse, SocketAddress)?
         /// Datagrams read, and the last parse error among them.
         package var datagrams = 0
@@ -27,13 +27,15 @@ package struct SSDPSearchProbe: Sendable {
 
         package init() {}
 
-        /// Reads one datagram from `sender`: an answer carrying `usn` ends the search. Returns whether the
-        /// search is over (that answer came, or `maxDatagrams` were read).
+        /// Reads one datagram from `sender`: an answer carrying `usn`, or `location` when given, ends the
+        /// search (an implementation whose beacons changed since we found it answers under a new USN from
+        /// the same LOCATION). Returns whether the search is over (that answer came, or `maxDatagrams` were
+        /// read).
         package mutating func consider(_ datagram: ByteBufferView, from sender: SocketAddress, expecting usn: String,
-                                       maxDatagrams: Int) -> Bool {
+                                       orLocation location: String? = nil, maxDatagrams: Int) -> Bool {
             datagrams += 1
             do {
-                if case .searchResponse(let response) = try SSDPMessage.parse(datagram), response.uniqueServiceName == usn {
+                if case .searchResponse(let response) = try SSDPMessage.parse(datagram), response.uniqueServiceName == usn || response.location == location {
                     answer = (response, sender)
                     return true
                 }
@@ -44,8 +46,8 @@ package struct SSDPSearchProbe: Sendable {
         }
     }
 
-    /// Searches once and waits for an answer carrying `usn`.
-    func search(expecting usn: String, on eventLoopGroup: EventLoopGroup) async throws -> Outcome {
+    /// Searches once and waits for an answer carrying `usn` (or `location`, when given).
+    func search(expecting usn: String, orLocation location: String? = nil, on eventLoopGroup: EventLoopGroup) async throws -> Outcome {
         guard case .v4(let source) = try SocketAddress(ipAddress: address, port: 0) else {
             throw SocketAddressError.failedToParseIPString(address)
         }
@@ -73,7 +75,7 @@ package struct SSDPSearchProbe: Sendable {
         defer { deadline.cancel() }
         var outcome = Outcome()
         for await envelope in datagrams {
-            if outcome.consider(envelope.data.readableBytesView, from: envelope.remoteAddress, expecting: usn,
+            if outcome.consider(envelope.data.readableBytesView, from: envelope.remoteAddress, expecting: usn, orLocation: location,
                                 maxDatagrams: maxDatagrams) { break }
         }
         return outcome

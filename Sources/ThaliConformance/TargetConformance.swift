@@ -2,6 +2,7 @@ import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
 import ThaliBeacons
+import ThaliNodeCore
 import ThaliSSDP
 
 /// How target mode runs.
@@ -18,6 +19,10 @@ public struct TargetConformanceConfiguration: Sendable {
     /// How long the implementation has to react to each scripted step (a conforming peer may wait before it
     /// fetches: our own spreads fetches over the crowd, spec/ssdp.md §5).
     public var observation: TimeAmount = .seconds(3)
+    /// The implementation's public key and the suite's identity, which it has as a contact: with both, the
+    /// beacon cases announce beacons for it (tampered, good, replayed) and watch whether it connects;
+    /// without them those cases are N/A.
+    public var keys: (peer: PublicKey, identity: PrivateKey)?
 
     /// A configuration for `address`; on loopback the second address is 127.0.0.2.
     public init(address: String) {
@@ -60,8 +65,38 @@ public struct TargetConformance: Sendable {
                                                          "a byebye from another address does not withdraw the peer (its next alive fetches nothing)",
                                                          ["SSDP-5.2"])
 
+        /// `target/beacons/tampered-no-connect`: our announcement for it with a flipped tag byte is fetched
+        /// and leads to no connection.
+        public static let tamperedNoConnect = ConformanceCase("target/beacons/tampered-no-connect",
+                                                              "an announcement for it from a contact, one byte of its beacon's tag flipped, is fetched and leads to no connection",
+                                                              ["BCN-4.8"])
+        /// `target/beacons/stranger-first-no-connect`: an announcement whose first beacon is for it from a
+        /// stranger (its flag verifies) and whose second is ours leads to no connection: the scan ends at
+        /// the stranger's flag.
+        public static let strangerFirstNoConnect = ConformanceCase("target/beacons/stranger-first-no-connect",
+                                                                   "an announcement whose first beacon is for it from a stranger and whose second is ours, from a contact, is fetched and leads to no connection",
+                                                                   ["BCN-4.6"])
+        /// `target/beacons/match-connects`: a good announcement for it from a contact leads to a PSK-TLS
+        /// connection (the control of the two cases around it).
+        public static let matchConnects = ConformanceCase("target/beacons/match-connects",
+                                                          "a good announcement for it from a contact is fetched and leads to a PSK-TLS session",
+                                                          ["NODE-3.2", "BCN-4.7"])
+        /// `target/beacons/replay-no-connect`: the same announcement again from the same location, under a
+        /// new USN, is fetched and leads to no connection.
+        public static let replayNoConnect = ConformanceCase("target/beacons/replay-no-connect",
+                                                            "the same announcement again from the same location, under a new USN, is fetched and leads to no connection",
+                                                            ["BCN-4.5"])
+
+        /// `target/psk-tls/small-group-refused`: connecting on a good beacon to a server that offers a
+        /// 1536-bit DH group, it refuses with handshake_failure and sends no ClientKeyExchange.
+        public static let smallGroupRefused = ConformanceCase("target/psk-tls/small-group-refused",
+                                                              "offered a 1536-bit DH group after a good beacon, it refuses with a fatal handshake_failure, no ClientKeyExchange",
+                                                              ["PSK-2.3"])
+
         /// Every case of target mode.
-        public static let all = [validFetched, fetchOnce, noMatchNoConnect, malformed, foreignNT, badUSN, spoofedLocation, forgedByebye]
+        public static let all = [validFetched, fetchOnce, noMatchNoConnect, malformed, foreignNT, badUSN, spoofedLocation, forgedByebye,
+                                 tamperedNoConnect, strangerFirstNoConnect, matchConnects, replayNoConnect, smallGroupRefused]
+        static let beacons = [tamperedNoConnect, strangerFirstNoConnect, matchConnects, replayNoConnect, smallGroupRefused]
     }
 
     let configuration: TargetConformanceConfiguration
@@ -167,6 +202,230 @@ public struct TargetConformance: Sendable {
         } else {
             run.record(Cases.forgedByebye, .notApplicable, expected: "no new fetch", actual: "no second address (--second-address)")
         }
+        try await beaconCases(run, sender: sender, datagrams: datagrams)
+    }
+
+    /// Announcements for the implementation from a contact, served on a port that also speaks PSK-TLS: a
+    /// tampered one (no connection may follow), a good one (a session must), then the good one again from
+    /// the same location under a new USN (a replay: no connection may follow).
+    private func beaconCases(_ run: ConformanceRun, sender: MulticastSender, datagrams: TargetDatagrams) async throws {
+        guard let (peer, identity) = configuration.keys else {
+            for testCase in Cases.beacons {
+                run.record(testCase, .notApplicable, expected: testCase.title, actual: "no keys (--peer-key and --identity)")
+            }
+            return
+        }
+        let server = try await PeerSuiteServer.start(host: configuration.address, peer: peer, limits: DeliveryLimits(), group: group)
+        var watch = ServerWatch(server: server)
+        do {
+            let generator = BeaconGenerator(identity: identity)
+            let good = try generator.makeAnnouncement(for: [peer], validity: .seconds(600))
+            let other = try generator.makeAnnouncement(for: [peer], validity: .seconds(600))
+            var flipped = other.stream
+            flipped[other.profile.preambleLength + BeaconWire.flagLength - 1] ^= 0x01  // the last byte of its beacon's flag (the GCM tag)
+            let tampered = BeaconAnnouncement(profile: other.profile, stream: flipped, expiration: other.expiration, beacons: other.beacons)
+            let location = "http://\(configuration.address):\(server.port)/"
+
+            var started = NIODeadline.now()
+            server.serve(tampered)
+            try await sender.send(datagrams.alive(usn: ThaliServiceName.makeUniqueServiceName(), location: location))
+            let tamperedSeen = try await watch.observe(for: configuration.observation)
+            server.serve(try Self.strangerFirst(for: peer, identity: identity))
+            try await sender.send(datagrams.alive(usn: ThaliServiceName.makeUniqueServiceName(), location: location))
+            let strangerSeen = try await watch.observe(for: configuration.observation)
+            started = NIODeadline.now()
+            server.serve(good)
+            try await sender.send(datagrams.alive(usn: ThaliServiceName.makeUniqueServiceName(), location: location))
+            let connected = try await watch.untilSession(within: configuration.observation)
+            run.grade(Cases.matchConnects, holds: connected.session, expected: "a fetch, then a PSK-TLS session",
+                      actual: connected.description, started: started)
+            guard connected.session else {
+                for testCase in [Cases.tamperedNoConnect, Cases.strangerFirstNoConnect, Cases.replayNoConnect, Cases.smallGroupRefused] {
+                    run.record(testCase, .inconclusive, expected: testCase.title, actual: "a good announcement led to no session either")
+                }
+                await server.close()
+                return
+            }
+            for (testCase, seen) in [(Cases.tamperedNoConnect, tamperedSeen), (Cases.strangerFirstNoConnect, strangerSeen)] {
+                run.grade(testCase, holds: seen.fetches > 0 && seen.connections == 0,
+                          expected: "a fetch and no connection within \(PeerConformance.text(configuration.observation))", actual: seen.description)
+            }
+            started = NIODeadline.now()
+            try await sender.send(datagrams.alive(usn: ThaliServiceName.makeUniqueServiceName(), location: location))
+            let replayed = try await watch.observe(for: configuration.observation)
+            let expected = "a fetch and no connection within \(PeerConformance.text(configuration.observation))"
+            if replayed.fetches == 0 {
+                run.record(Cases.replayNoConnect, .inconclusive, expected: expected, actual: replayed.description, started: started)
+            } else {
+                run.grade(Cases.replayNoConnect, holds: replayed.connections == 0, expected: expected, actual: replayed.description, started: started)
+            }
+        } catch {
+            await server.close()
+            throw error
+        }
+        await server.close()
+        try await smallGroup(run, sender: sender, datagrams: datagrams, peer: peer, identity: identity)
+    }
+
+    /// A good announcement for it on a location whose TLS side offers a 1536-bit group: the client must
+    /// refuse it at the ServerKeyExchange [PSK-2.3]. The server's flight is written by hand (no TLS
+    /// library would offer the group); nothing after it is needed, since a conforming client stops there.
+    private func smallGroup(_ run: ConformanceRun, sender: MulticastSender, datagrams: TargetDatagrams,
+                            peer: PublicKey, identity: PrivateKey) async throws {
+        let started = NIODeadline.now()
+        let announcement = try BeaconGenerator(identity: identity).makeAnnouncement(for: [peer], validity: .seconds(600))
+        let location = try await ScriptedLocation.start(host: configuration.address, body: announcement.stream,
+                                                        tlsFlight: SmallGroupFlight.bytes(), group: group)
+        defer { location.close() }
+        try await sender.send(datagrams.alive(usn: ThaliServiceName.makeUniqueServiceName(), location: location.url))
+        try await Task.sleep(for: .nanoseconds(configuration.observation.nanoseconds))
+        let replies = location.tlsReplies
+        let expected = "a fatal handshake_failure alert after our ServerKeyExchange"
+        guard let first = replies.first else {
+            run.record(Cases.smallGroupRefused, .inconclusive, expected: expected,
+                       actual: "\(location.fetches) fetch(es), no TLS connection", started: started)
+            return
+        }
+        let verdict: ConformanceVerdict
+        switch first {
+        case .alert(2, 40): verdict = .pass
+        case .alert, .closed: verdict = .warn  // refused, but not with the specified alert
+        case .continued: verdict = .fail
+        }
+        run.record(Cases.smallGroupRefused, verdict, expected: expected,
+                   actual: "\(replies.count) connection(s): " + replies.map(\.description).reduce(into: [String]()) { kinds, reply in
+                       if !kinds.contains(reply) { kinds.append(reply) }
+                   }.joined(separator: "; "), started: started)
+    }
+}
+
+/// The server's first flight offering a 1536-bit DH group (RFC 3526 group 5) for TLS_DHE_PSK_WITH_AES_256_GCM_SHA384:
+/// ServerHello (with an empty renegotiation_info, which OpenSSL clients require), ServerKeyExchange (an
+/// empty identity hint, p, g = 2, a Ys), ServerHelloDone, in one record.
+enum SmallGroupFlight {
+    static let prime: [UInt8] = {
+        let hex = Array("""
+            FFFFFFFFFFFFFFFFC90FDAA22168C234C4C6628B80DC1CD129024E088A67CC74020BBEA63B139B22514A08798E3404DD\
+            EF9519B3CD3A431B302B0A6DF25F14374FE1356D6D51C245E485B576625E7EC6F44C42E9A637ED6B0BFF5CB6F406B7ED\
+            EE386BFB5A899FA5AE9F24117C4B1FE649286651ECE45B3DC2007CB8A163BF0598DA48361C55D39A69163FA8FD24CF5F\
+            83655D23DCA3AD961C62F356208552BB9ED529077096966D670C354E4ABC9804F1746C08CA237327FFFFFFFFFFFFFFFF
+            """)
+        return stride(from: 0, to: hex.count, by: 2).map { UInt8(String(hex[$0...$0 + 1]), radix: 16) ?? 0 }
+    }()
+
+    static func bytes() -> [UInt8] {
+        func vector16(_ bytes: [UInt8]) -> [UInt8] { [UInt8(bytes.count >> 8), UInt8(bytes.count & 0xFF)] + bytes }
+        func handshake(_ type: UInt8, _ body: [UInt8]) -> [UInt8] {
+            [type, 0, UInt8(body.count >> 8), UInt8(body.count & 0xFF)] + body
+        }
+        let random = (0..<32).map { _ in UInt8.random(in: .min ... .max) }
+        let extensions: [UInt8] = [0xFF, 0x01, 0x00, 0x01, 0x00]
+        let hello = [0x03, 0x03] + random + [0x00, 0x00, 0xAB, 0x00] + vector16(extensions)
+        // Ys = 4, a square, so in the prime-order subgroup that OpenSSL checks before the group's size; the
+        // client refuses before it would need our private value.
+        let exchange = vector16([]) + vector16(prime) + vector16([2]) + vector16([4])
+        let body = handshake(2, hello) + handshake(12, exchange) + handshake(14, [])
+        return [0x16, 0x03, 0x03, UInt8(body.count >> 8), UInt8(body.count & 0xFF)] + body
+    }
+}
+
+/// What a client answered to a scripted TLS flight.
+enum TLSReply: Sendable, Equatable, CustomStringConvertible {
+    /// An alert record: level and description.
+    case alert(UInt8, UInt8)
+    /// It closed without a record.
+    case closed
+    /// It went on with a handshake record (a ClientKeyExchange).
+    case continued
+    var description: String {
+        switch self {
+        case .alert(let level, let code): "alert level \(level) code \(code)\(code == 40 ? " (handshake_failure)" : "")"
+        case .closed: "closed without an alert"
+        case .continued: "went on with a handshake record (ClientKeyExchange)"
+        }
+    }
+}
+
+extension TargetConformance {
+    /// One announcement, under one ephemeral key, of two beacons for `peer`: the first from a stranger
+    /// (its flag verifies for `peer`, naming a KeyId it does not know), the second from `identity`.
+    static func strangerFirst(for peer: PublicKey, identity: PrivateKey) throws -> BeaconAnnouncement {
+        let ephemeralKey = PrivateKey()
+        let expiration = DeliveryClock.nowMilliseconds + 600_000
+        let stranger = try BeaconGenerator(identity: PrivateKey()).makeAnnouncement(for: [peer], expiration: expiration, ephemeralKey: ephemeralKey)
+        let ours = try BeaconGenerator(identity: identity).makeAnnouncement(for: [peer], expiration: expiration, ephemeralKey: ephemeralKey)
+        // Both streams share the preamble (ephemeral key, expiration); a beacon's PSK identity depends only
+        // on the preamble and its own bytes, so ours keeps its identity and PSK at index 1.
+        let preamble = ours.profile.preambleLength
+        return BeaconAnnouncement(profile: ours.profile, stream: stranger.stream + ours.stream[preamble...], expiration: expiration,
+                                  beacons: stranger.beacons + ours.beacons)
+    }
+}
+
+/// Reads a ``PeerSuiteServer``'s events for target mode: counts fetches and connection attempts over a
+/// period, or waits for a session (and plays the sender on it: hello, welcome, done).
+struct ServerWatch {
+    /// What the implementation did in one period.
+    struct Seen: CustomStringConvertible {
+        var fetches = 0
+        /// PSK-TLS handshakes, authenticated or failed.
+        var connections = 0
+        var session = false
+        var description: String {
+            "\(fetches) fetch(es), \(connections) connection(s)" + (session ? ", a session" : "")
+        }
+    }
+
+    let server: PeerSuiteServer
+    private var events: AsyncStream<PeerSuiteServer.Event>.AsyncIterator
+    private var wakes = 0
+
+    init(server: PeerSuiteServer) {
+        self.server = server
+        events = server.events.makeAsyncIterator()
+    }
+
+    /// Everything that happens in `period` (a connection here is what a negative case looks for, so the
+    /// whole period is watched).
+    mutating func observe(for period: TimeAmount) async throws -> Seen {
+        try await watch(period) { _ in false }
+    }
+
+    /// Waits until a session is authenticated and its delivery stream ends, or `timeout` passes.
+    mutating func untilSession(within timeout: TimeAmount) async throws -> Seen {
+        try await watch(timeout) { $0.session }
+    }
+
+    private mutating func watch(_ period: TimeAmount, until done: (Seen) -> Bool) async throws -> Seen {
+        wakes += 1
+        let wake = wakes
+        server.wake(after: period, id: wake)
+        var seen = Seen()
+        while let event = await events.next() {
+            switch event {
+            case .beaconsFetched: seen.fetches += 1
+            case .authenticated: seen.connections += 1
+            case .handshakeFailed: seen.connections += 1
+            case .stream(let frames):
+                try? await Self.finishSession(frames)
+                seen.session = true
+            case .wake(let id) where id == wake: return seen
+            case .wake: break
+            }
+            if done(seen) { return seen }
+        }
+        return seen
+    }
+
+    /// Plays a sender with nothing to send: hello, its welcome, done, then the end of the stream.
+    static func finishSession(_ frames: DeliveryChannel.AsyncFrames) async throws {
+        try await frames.executeThenClose { inbound, outbound in
+            var iterator = inbound.makeAsyncIterator()
+            try await outbound.write(.hello(version: DeliveryFrame.protocolVersion))
+            guard case .welcome? = try await iterator.next() else { return }
+            try await outbound.write(.done)
+            while try await iterator.next() != nil {}
+        }
     }
 }
 
@@ -211,33 +470,43 @@ struct TargetDatagrams {
 final class ScriptedLocation: Sendable {
     private let channel: Channel
     private let counts: NIOLockedValueBox<(fetches: Int, other: Int)>
+    private let replies: NIOLockedValueBox<[TLSReply]>
     /// The LOCATION naming it.
     let url: String
 
     /// The longest request head read before the connection is closed.
     static let maxRequestBytes = 8 * 1024
 
-    private init(channel: Channel, counts: NIOLockedValueBox<(fetches: Int, other: Int)>, url: String) {
+    private init(channel: Channel, counts: NIOLockedValueBox<(fetches: Int, other: Int)>, replies: NIOLockedValueBox<[TLSReply]>,
+                 url: String) {
         self.channel = channel
         self.counts = counts
+        self.replies = replies
         self.url = url
     }
+
+    /// With a TLS flight: what each TLS client answered to it, in order.
+    var tlsReplies: [TLSReply] { replies.withLockedValue { $0 } }
 
     /// Beacon requests answered.
     var fetches: Int { counts.withLockedValue { $0.fetches } }
     /// Connections that were not a beacon request.
     var otherConnections: Int { counts.withLockedValue { $0.other } }
 
-    static func start(host: String, body: [UInt8], group: EventLoopGroup) async throws -> ScriptedLocation {
+    /// Listens on `host`; with `tlsFlight`, a connection that starts with a TLS record gets those bytes
+    /// after its first record, and what it answers is recorded (``tlsReplies``).
+    static func start(host: String, body: [UInt8], tlsFlight: [UInt8]? = nil, group: EventLoopGroup) async throws -> ScriptedLocation {
         let counts = NIOLockedValueBox((fetches: 0, other: 0))
+        let replies = NIOLockedValueBox<[TLSReply]>([])
         let channel = try await ServerBootstrap(group: group)
             .childChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
-                    try channel.pipeline.syncOperations.addHandler(ScriptedLocationHandler(body: body, counts: counts))
+                    try channel.pipeline.syncOperations.addHandler(ScriptedLocationHandler(body: body, counts: counts, tlsFlight: tlsFlight,
+                                                                                           replies: replies))
                 }
             }
             .bind(host: host, port: 0).get()
-        return ScriptedLocation(channel: channel, counts: counts, url: "http://\(host):\(channel.localAddress?.port ?? 0)/")
+        return ScriptedLocation(channel: channel, counts: counts, replies: replies, url: "http://\(host):\(channel.localAddress?.port ?? 0)/")
     }
 
     func close() { channel.close(promise: nil) }
@@ -249,18 +518,25 @@ private final class ScriptedLocationHandler: ChannelInboundHandler {
     typealias OutboundOut = ByteBuffer
     private let body: [UInt8]
     private let counts: NIOLockedValueBox<(fetches: Int, other: Int)>
+    private let tlsFlight: [UInt8]?
+    private let replies: NIOLockedValueBox<[TLSReply]>
     private var head: [UInt8] = []
     private var done = false
+    private var flightSent = false
 
-    init(body: [UInt8], counts: NIOLockedValueBox<(fetches: Int, other: Int)>) {
+    init(body: [UInt8], counts: NIOLockedValueBox<(fetches: Int, other: Int)>, tlsFlight: [UInt8]?, replies: NIOLockedValueBox<[TLSReply]>) {
         self.body = body
         self.counts = counts
+        self.tlsFlight = tlsFlight
+        self.replies = replies
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         guard !done else { return }
         head += unwrapInboundIn(data).readableBytesView
-        if head.first != UInt8(ascii: "G") || head.count > ScriptedLocation.maxRequestBytes {
+        if let tlsFlight, head.first == 0x16 || flightSent {
+            scriptTLS(context, flight: tlsFlight)
+        } else if head.first != UInt8(ascii: "G") || head.count > ScriptedLocation.maxRequestBytes {
             finish(context, fetch: false)
         } else if head.count >= 4, head.suffix(4) == Array("\r\n\r\n".utf8) {
             let isBeaconRequest = head.starts(with: Array("GET /NotificationBeacons ".utf8))
@@ -272,6 +548,34 @@ private final class ScriptedLocationHandler: ChannelInboundHandler {
             }
             finish(context, fetch: isBeaconRequest)
         }
+    }
+
+    /// Answers the client's first record with `flight`, then records the first record it sends back.
+    private func scriptTLS(_ context: ChannelHandlerContext, flight: [UInt8]) {
+        guard head.count >= 5, head.count <= ScriptedLocation.maxRequestBytes else {
+            if head.count > ScriptedLocation.maxRequestBytes { finish(context, fetch: false) }
+            return
+        }
+        let length = 5 + Int(head[3]) << 8 + Int(head[4])
+        guard head.count >= length else { return }
+        if !flightSent {
+            flightSent = true
+            head.removeFirst(length)
+            context.writeAndFlush(wrapOutboundOut(context.channel.allocator.buffer(bytes: flight)), promise: nil)
+            if head.count >= 5 { scriptTLS(context, flight: flight) }
+            return
+        }
+        let reply: TLSReply = head[0] == 0x15 && length >= 7 ? .alert(head[5], head[6]) : .continued
+        replies.withLockedValue { $0.append(reply) }
+        finish(context, fetch: false)
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        if flightSent && !done {
+            done = true
+            replies.withLockedValue { $0.append(.closed) }
+        }
+        context.fireChannelInactive()
     }
 
     private func finish(_ context: ChannelHandlerContext, fetch: Bool) {

@@ -21,14 +21,26 @@ public enum Mutant: String, CaseIterable, Sendable {
     case deliveryAcceptsDamaged = "delivery-accepts-damaged"
     /// The delivery sender keeps its own chunk size after the receiver's welcome [NODE-1.23].
     case deliveryIgnoresFrameMaximum = "delivery-ignores-frame-maximum"
+    /// The version 3 delivery sender streams past the receiver's progress window [NODE-1.28].
+    case deliveryIgnoresProgressWindow = "delivery-ignores-progress-window"
+    /// The version 3 delivery receiver sends no `progress` frames [NODE-1.27].
+    case deliverySendsNoProgress = "delivery-sends-no-progress"
     /// The yamux decoder accepts any version byte [MUX-2.1].
     case yamuxAcceptsAnyVersion = "yamux-accepts-any-version"
+    /// A yamux session accepts a stream the peer opened with our parity [MUX-2.5].
+    case yamuxAcceptsWrongParity = "yamux-accepts-wrong-parity"
+    /// A yamux stream takes data after the peer's FIN [MUX-2.10].
+    case yamuxAcceptsDataAfterFIN = "yamux-accepts-data-after-fin"
+    /// A yamux session takes a data frame longer than the stream's receive window [MUX-2.12].
+    case yamuxIgnoresReceiveWindow = "yamux-ignores-receive-window"
     /// The thali-multiplex decoder reads varints of eleven bytes [MUX-3.1].
     case thaliMultiplexLongVarints = "thali-multiplex-long-varints"
     /// The thali-multiplex decoder takes open and reset bodies of any length [MUX-3.3].
     case thaliMultiplexUnboundedControlBodies = "thali-multiplex-unbounded-control-bodies"
     /// The PSK-TLS server sends an identity hint [PSK-1.6].
     case tlsIdentityHint = "tls-identity-hint"
+    /// The PSK-TLS client takes a DH group under 2048 bits (security level 0) [PSK-2.3].
+    case tlsAcceptsSmallGroup = "tls-accepts-small-group"
     /// The PSK-TLS server offers session tickets [PSK-1.4].
     case tlsSessionTickets = "tls-session-tickets"
     /// The announcer does not answer M-SEARCH [SSDP-2.7].
@@ -39,6 +51,13 @@ public enum Mutant: String, CaseIterable, Sendable {
     case ssdpUppercaseUSN = "ssdp-uppercase-usn"
     /// The beacon fetch sends `Host` without the port [SSDP-6.8].
     case httpHostWithoutPort = "http-host-without-port"
+    /// The beacon receiver keeps no replay cache: an announcement fetched again from the same origin
+    /// matches again [BCN-4.5].
+    case beaconNoReplayCache = "beacon-no-replay-cache"
+    /// The beacon receiver (profile spec) takes a flag whose GCM tag does not verify [BCN-4.8].
+    case beaconIgnoresFlagTag = "beacon-ignores-flag-tag"
+    /// The beacon receiver (profile spec) skips a verified flag from a stranger and scans on [BCN-4.6].
+    case beaconSkipsStrangerFlag = "beacon-skips-stranger-flag"
     /// Beacon announcements expire 25 h ahead, beyond the 24 h a receiver accepts [BCN-1.2].
     case beaconExpirationBeyondADay = "beacon-expiration-beyond-a-day"
 

@@ -2,7 +2,9 @@ import ArgumentParser
 import Foundation
 import NIOCore
 import NIOPosix
+import ThaliBeacons
 import ThaliConformance
+import ThaliNodeCore
 import ThaliSSDP
 
 /// `thali-node conformance target`: the suite announces scripted peers, correct and broken, and grades
@@ -16,7 +18,10 @@ struct ConformanceTargetCommand: AsyncParsableCommand {
             contact and no keys. The suite announces well-formed and deliberately broken alives (malformed \
             datagrams, another NT, bad USNs, a spoofed LOCATION, a forged byebye from --second-address) whose \
             locations it serves, and grades which the implementation fetches, how often, and that it \
-            connects to none (no beacon is for it). About two observation periods long. Prints each case \
+            connects to none (no beacon is for it). With --peer-key and --identity (a contact of the \
+            implementation), it also serves announcements for it: a tampered one, one whose first beacon is \
+            a stranger's, and a replayed one must lead to no connection, a good one to a session. About six \
+            observation periods long. Prints each case \
             as it ends, then a table; exits non-zero only when a MUST fails or --baseline does not hold.
             """)
 
@@ -32,6 +37,12 @@ struct ConformanceTargetCommand: AsyncParsableCommand {
     @Option(help: "SSDP multicast group.")
     var ssdpGroup = SSDPDiscoveryConfiguration.defaultGroupAddress
 
+    @Option(help: "The implementation's public key (hex or base64): with --identity, announcements for it (tampered, good, replayed) are graded too.")
+    var peerKey: String?
+
+    @Option(help: "The suite's identity key file (PEM), which the implementation has as a contact.")
+    var identity: String?
+
     @Option(help: "Seconds the implementation has to react to each step.")
     var observeS: Int64 = 3
 
@@ -39,6 +50,7 @@ struct ConformanceTargetCommand: AsyncParsableCommand {
 
     func validate() throws {
         guard observeS >= 1 else { throw ValidationError("--observe-s must be at least 1") }
+        guard (peerKey == nil) == (identity == nil) else { throw ValidationError("--peer-key and --identity go together") }
     }
 
     func run() async throws {
@@ -47,6 +59,9 @@ struct ConformanceTargetCommand: AsyncParsableCommand {
         configuration.ssdpPort = ssdpPort
         configuration.ssdpGroup = ssdpGroup
         configuration.observation = .seconds(observeS)
+        if let peerKey, let identity {
+            configuration.keys = (try ContactKey.parse(peerKey), try IdentityKeyFile.load(from: identity))
+        }
         try await report.grade(target: "target over SSDP \(ssdpGroup):\(ssdpPort) from \(address)", threads: 1) { [configuration] run, group in
             await TargetConformance(configuration: configuration, group: group).run(run)
         }

@@ -58,7 +58,7 @@ struct MutantTests {
         for mutant in table.mutants {
             #expect(!mutant.breaks.isEmpty && mutant.breaks.allSatisfy { catalog[$0] != nil }, "\(mutant.name)")
             #expect(!mutant.caughtBy.isEmpty && mutant.caughtBy.allSatisfy(cases.contains), "\(mutant.name): \(mutant.caughtBy)")
-            #expect(["vectors/delivery", "vectors/yamux", "vectors/thali-multiplex", "peer"].contains(mutant.gradedBy), "\(mutant.name)")
+            #expect(["vectors/delivery", "vectors/yamux", "vectors/thali-multiplex", "peer", "target"].contains(mutant.gradedBy), "\(mutant.name)")
         }
     }
 
@@ -92,5 +92,15 @@ struct MutantTests {
         let results = try #require(report?["results"] as? [[String: Any]])
         let caught = Set(results.filter { !["PASS", "N/A"].contains($0["verdict"] as? String) }.compactMap { $0["id"] as? String })
         #expect(caught == Set(mutant.caughtBy), "\(run.output)")
+    }
+
+    @Test("target mode against a mutated thali-node run fails exactly the listed cases", arguments: MutantTests.entries(gradedBy: "target"))
+    func targetModeCatchesMutant(_ mutant: Table.Entry) async throws {
+        let implementation = try await PeerModeTests.startImplementation(environment: [Mutant.environmentVariable: mutant.name])
+        defer { implementation.remove() }
+        let (_, verdicts, output) = try await TargetModeTests.runTarget(ssdpPort: implementation.ssdpPort, directory: implementation.suite,
+                                                                        keys: (implementation.iutKey, implementation.suite + "/identity.key"))
+        let caught = Set(verdicts.filter { !["PASS", "N/A"].contains($0.value) }.keys)
+        #expect(caught == Set(mutant.caughtBy), "\(output)")
     }
 }

@@ -31,11 +31,15 @@ struct TargetModeTests {
             threading.Thread(target=fetch, args=(match.group(1).decode(),)).start()
     """#
 
-    func runTarget(ssdpPort: Int, directory: String) async throws -> (status: Int32, verdicts: [String: String], output: String) {
+    /// Runs target mode; with `keys` (the implementation's public key, the suite's identity file) the
+    /// beacon cases too.
+    static func runTarget(ssdpPort: Int, directory: String, keys: (peer: String, identity: String)? = nil)
+        async throws -> (status: Int32, verdicts: [String: String], output: String) {
         let jsonPath = directory + "/target.json"
         let run = try ChildProcess(try #require(PackagePaths.thaliNode()),
                                    ["conformance", "target", "--address", "127.0.0.1", "--ssdp-port", String(ssdpPort),
-                                    "--observe-s", "2", "--json-out", jsonPath])
+                                    "--observe-s", "2", "--json-out", jsonPath]
+                                       + (keys.map { ["--peer-key", $0.peer, "--identity", $0.identity] } ?? []))
         let status = try await run.waitForExit(timeout: .seconds(60))
         let object = try JSONSerialization.jsonObject(with: Data(contentsOf: URL(fileURLWithPath: jsonPath))) as? [String: Any]
         let results = try #require(object?["results"] as? [[String: Any]])
@@ -50,13 +54,14 @@ struct TargetModeTests {
         return path
     }
 
-    @Test("against thali-node run: every case passes, each printed as it ends")
+    @Test("against thali-node run, a contact of the suite: every case passes, the beacon cases too, each printed as it ends")
     func againstOurNode() async throws {
         let implementation = try await PeerModeTests.startImplementation()
         defer { implementation.remove() }
         let directory = try Self.scratch()
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        let (status, verdicts, output) = try await runTarget(ssdpPort: implementation.ssdpPort, directory: directory)
+        let (status, verdicts, output) = try await Self.runTarget(ssdpPort: implementation.ssdpPort, directory: directory,
+                                                                  keys: (implementation.iutKey, implementation.suite + "/identity.key"))
         #expect(status == 0, "\(output)\n--- node:\n\(implementation.peer.output)")
         #expect(Set(verdicts.keys) == Set(TargetConformance.Cases.all.map(\.id)))
         for (id, verdict) in verdicts { #expect(verdict == "PASS", "\(id)\n\(output)") }
@@ -67,7 +72,7 @@ struct TargetModeTests {
     func againstNothing() async throws {
         let directory = try Self.scratch()
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        let (status, verdicts, output) = try await runTarget(ssdpPort: Int.random(in: 40_001...50_000), directory: directory)
+        let (status, verdicts, output) = try await Self.runTarget(ssdpPort: Int.random(in: 40_001...50_000), directory: directory)
         #expect(status == 1)
         #expect(verdicts[TargetConformance.Cases.validFetched.id] == "FAIL", "\(output)")
         for testCase in TargetConformance.Cases.all.dropFirst() { #expect(verdicts[testCase.id] == "INCONCLUSIVE", "\(testCase.id)") }
@@ -82,7 +87,7 @@ struct TargetModeTests {
         try await fetcher.waitForOutput(containing: "listening", timeout: .seconds(10))
         let directory = try Self.scratch()
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        let (status, verdicts, output) = try await runTarget(ssdpPort: ssdpPort, directory: directory)
+        let (status, verdicts, output) = try await Self.runTarget(ssdpPort: ssdpPort, directory: directory)
         #expect(status == 1)
         let cases = TargetConformance.Cases.self
         #expect(verdicts[cases.validFetched.id] == "PASS", "\(output)")

@@ -205,7 +205,7 @@ public struct DeliveryReceiverStateMachine: Sendable {
     /// The `progress` frame that reports `written` bytes of the item being received, for a version 3
     /// sender; nil for an older one or outside a transfer.
     public func progress(written: UInt64) -> DeliveryFrame? {
-        guard senderHearsProgress else { return nil }
+        guard senderHearsProgress, !Mutant.deliverySendsNoProgress.isActive else { return nil }
         switch state {
         case .receiving(let offer, _), .verifying(let offer): return .progress(id: offer.id, bytes: written)
         default: return nil

@@ -254,7 +254,7 @@ public struct DeliverySender: Sendable {
                         _ eventLoop: any EventLoop) async throws {
         let reader = try await blocking { try content.reader(from: offset) }
         defer { reader.close() }
-        let window = machine.progressWindowBytes.map(UInt64.init)
+        let window = Mutant.deliveryIgnoresProgressWindow.isActive ? nil : machine.progressWindowBytes.map(UInt64.init)
         // At most half the window at once: the receiver reports before it holds half of it unreported.
         let blockBytes = UInt64(min(limits.blockBytes, machine.progressWindowBytes.map { $0 / 2 } ?? .max))
         let chunkBytes = min(chunkBytes, Int(blockBytes))

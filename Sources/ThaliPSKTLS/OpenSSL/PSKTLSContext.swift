@@ -43,7 +43,7 @@ public final class PSKTLSContext: @unchecked Sendable {
         try check(thali_SSL_CTX_set_max_proto_version(context, TLS1_2_VERSION) == 1, "max version")
         try check(SSL_CTX_set_cipher_list(context, PSKTLSProfile.cipherSuite) == 1, "cipher list")
         try check(SSL_CTX_set_ciphersuites(context, "") == 1, "TLS 1.3 suites")
-        SSL_CTX_set_security_level(context, 2)
+        SSL_CTX_set_security_level(context, Mutant.tlsAcceptsSmallGroup.isActive ? 0 : 2)
         _ = SSL_CTX_set_options(
             context, (Mutant.tlsSessionTickets.isActive ? 0 : thali_SSL_OP_NO_TICKET()) | thali_SSL_OP_NO_RENEGOTIATION()
                 | thali_SSL_OP_NO_COMPRESSION())

@@ -1,0 +1,144 @@
+import NIOCore
+import TCPMultiplexer
+import ThaliPSKTLS
+
+/// Yamux written by hand inside an authenticated PSK-TLS session: the suite sends frames a correct
+/// session never would (a stream of the wrong parity, data after FIN, a window overrun) and reads the
+/// implementation's frames one by one (spec/multiplexer.md §2). The suite is the client: its streams are
+/// odd.
+struct RawYamuxSession {
+    /// What came from the implementation.
+    enum Input: Sendable, Equatable {
+        /// A frame (a data frame's payload is counted, not kept).
+        case frame(YamuxHeader)
+        /// The connection ended (cleanly, or not, or with bytes that break yamux framing).
+        case ended(String)
+        /// Nothing came before the wait's deadline.
+        case timedOut
+        /// A deadline of an earlier wait (ignored).
+        case deadline(Int)
+    }
+
+    /// The largest data payload read from the implementation in one frame (its own frames are a delivery
+    /// sender's: hello and the like).
+    static let maxDataLength = 1 << 20
+
+    private var inputs: AsyncStream<Input>.AsyncIterator
+    private let sink: AsyncStream<Input>.Continuation
+    private let outbound: NIOAsyncChannelOutboundWriter<ByteBuffer>
+    private let eventLoop: any EventLoop
+    private var deadlines = 0
+
+    /// Connects with `identity` and `psk`, runs `body` on the session, and closes it.
+    static func run<Result: Sendable>(host: String, port: Int, identity: String, psk: [UInt8], group: any EventLoopGroup,
+                                      _ body: (inout RawYamuxSession) async throws -> Result) async throws -> Result {
+        let connection = try await PSKTLSClient.connect(host: host, port: port, identity: identity, psk: psk, eventLoopGroup: group)
+        let eventLoop = group.next()
+        return try await connection.executeThenClose { inbound, outbound in
+            let (inputs, sink) = AsyncStream.makeStream(of: Input.self)
+            return try await withThrowingTaskGroup(of: Void.self) { tasks in
+                tasks.addTask { await Self.pump(inbound, into: sink) }
+                defer { tasks.cancelAll() }
+                var session = RawYamuxSession(inputs: inputs.makeAsyncIterator(), sink: sink, outbound: outbound, eventLoop: eventLoop)
+                return try await body(&session)
+            }
+        }
+    }
+
+    /// Decodes the implementation's bytes into frames; answers nothing itself.
+    private static func pump(_ inbound: NIOAsyncChannelInboundStream<ByteBuffer>, into sink: AsyncStream<Input>.Continuation) async {
+        var decoder = YamuxFrameDecoder(maxDataLength: maxDataLength)
+        do {
+            for try await bytes in inbound {
+                decoder.feed(bytes)
+                while let event = try decoder.next() {
+                    if case .header(let header) = event { sink.yield(.frame(header)) }
+                }
+            }
+            sink.yield(.ended("the connection ended"))
+        } catch {
+            sink.yield(.ended("\(error)"))
+        }
+        sink.finish()
+    }
+
+    private init(inputs: AsyncStream<Input>.AsyncIterator, sink: AsyncStream<Input>.Continuation,
+                 outbound: NIOAsyncChannelOutboundWriter<ByteBuffer>, eventLoop: any EventLoop) {
+        self.inputs = inputs
+        self.sink = sink
+        self.outbound = outbound
+        self.eventLoop = eventLoop
+    }
+
+    /// Writes `frames` in one write (so the implementation reads them together), each a header and, for
+    /// data, `payloads[i]` bytes of zeros.
+    func send(_ frames: [(YamuxHeader, payload: Int)]) async throws {
+        var buffer = ByteBuffer()
+        for (header, payload) in frames {
+            header.write(to: &buffer)
+            buffer.writeRepeatingByte(0, count: payload)
+        }
+        try await outbound.write(buffer)
+    }
+
+    /// Writes `count` zero bytes: the payload of a data frame whose header went before.
+    func sendPayload(_ count: Int) async throws {
+        try await outbound.write(ByteBuffer(repeating: 0, count: count))
+    }
+
+    /// The implementation's next frame, or the end, or `.timedOut` after `timeout`. Its pings are answered
+    /// on the way (a session that measures its round trip must not wait on us) and not returned.
+    mutating func next(within timeout: TimeAmount) async throws -> Input {
+        deadlines += 1
+        let deadline = deadlines, sink = self.sink
+        let scheduled = eventLoop.scheduleTask(in: timeout) { sink.yield(.deadline(deadline)) }
+        defer { scheduled.cancel() }
+        while let input = await inputs.next() {
+            switch input {
+            case .deadline(let fired):
+                if fired == deadline { return .timedOut }
+            case .frame(let header) where header.type == .ping && header.flags.contains(.syn):
+                try await send([(YamuxHeader(type: .ping, flags: .ack, streamID: 0, length: header.length), 0)])
+            default:
+                return input
+            }
+        }
+        return .ended("the connection ended")
+    }
+
+    /// Reads until a frame satisfies `wanted`, the session ends, or `timeout` passes; returns what ended
+    /// the wait and the frames read before it.
+    mutating func waitFor(within timeout: TimeAmount, _ wanted: (YamuxHeader) -> Bool) async throws -> (Input, [YamuxHeader]) {
+        let deadline = NIODeadline.now() + timeout
+        var seen: [YamuxHeader] = []
+        while true {
+            let input = try await next(within: max(.zero, deadline - .now()))
+            guard case .frame(let header) = input, !wanted(header) else { return (input, seen) }
+            seen.append(header)
+        }
+    }
+}
+
+extension YamuxHeader {
+    /// How a header reads in a report: `WindowUpdate SYN|ACK stream 3 length 0`.
+    var summary: String {
+        let names: [(Flags, String)] = [(.syn, "SYN"), (.ack, "ACK"), (.fin, "FIN"), (.rst, "RST")]
+        let flags = names.filter { self.flags.contains($0.0) }.map(\.1).joined(separator: "|")
+        return "\(type)\(flags.isEmpty ? "" : " " + flags) stream \(streamID) length \(length)"
+    }
+
+    /// Whether it is a GoAway with `code`.
+    func isGoAway(_ code: GoAwayCode) -> Bool { type == .goAway && length == code.rawValue }
+}
+
+extension RawYamuxSession.Input {
+    /// How it reads in a report.
+    var summary: String {
+        switch self {
+        case .frame(let header): header.summary
+        case .ended(let reason): reason
+        case .timedOut: "nothing"
+        case .deadline: "nothing"
+        }
+    }
+}
