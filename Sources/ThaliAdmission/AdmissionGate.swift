@@ -95,6 +95,22 @@ public struct AdmissionGate<Source: Hashable & Sendable>: Sendable {
         closedUntil.map { now < $0 } ?? false
     }
 
+    /// Whether the port is busy at `now`: more than ``AdmissionLimits/busyConnectionsGlobal`` connections
+    /// admitted in the current global window, or more than ``AdmissionLimits/busyUnauthenticatedGlobal``
+    /// unauthenticated ones open. A busy port still serves what it admitted; it asks beacon requesters to
+    /// come back later, which costs both sides one small answer instead of a refusal they would retry.
+    public func isBusy(at now: NIODeadline) -> Bool {
+        if unauthenticated > limits.busyUnauthenticatedGlobal { return true }
+        var window = globalWindow
+        window.advance(to: now)
+        return window.count > limits.busyConnectionsGlobal
+    }
+
+    /// Counts a request told to come back later (``isBusy(at:)``).
+    public mutating func answeredBusy() {
+        counters.busyAnswers += 1
+    }
+
     /// Decides about a connection from `source` accepted at `now`.
     public mutating func admit(_ source: Source, now: NIODeadline) -> AdmissionDecision {
         if let until = closedUntil {
