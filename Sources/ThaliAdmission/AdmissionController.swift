@@ -69,7 +69,7 @@ public final class AdmissionController<Source: Hashable & Sendable>: Sendable {
     public func retryAfterIfBusy(now: NIODeadline = .now()) -> Int? {
         let busy = gate.withLockedValue { gate -> Bool in
             guard gate.isBusy(at: now) else { return false }
-            gate.answeredBusy()
+            gate.answeredBusy(at: now)
             return true
         }
         guard busy else { return nil }

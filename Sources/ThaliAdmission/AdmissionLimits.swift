@@ -45,6 +45,12 @@ public struct AdmissionLimits: Sendable, Hashable {
     /// that beacon requests back off before ``maxUnauthenticatedGlobal`` refuses connections outright.
     /// Default 24, three quarters of ``maxUnauthenticatedGlobal``.
     public var busyUnauthenticatedGlobal: Int = 24
+    /// Busy answers per ``globalWindow`` that give their connection's place in the global rate back: a
+    /// busy answer is itself the cheap refusal (an accept and a hundred bytes), so a crowd that is told
+    /// "later" does not also close the port (issue 24: a crowd of 500 did, once, at 1,000 per 5 s). Past
+    /// this many, busy answers count like any connection, so a flood of requests still reaches the last
+    /// resort, at ``maxConnectionsGlobal`` plus this many per window. Default 1,000.
+    public var maxBusyAnswersGlobal: Int = 1000
     /// The longest wait a busy answer names: each draws a whole number of seconds from 1 to this, so the
     /// crowd it turns away does not come back in one wave. Default 5 s, the global window.
     public var maxBusyRetryAfter: TimeAmount = .seconds(5)
@@ -68,7 +74,7 @@ public struct AdmissionLimits: Sendable, Hashable {
             ("maxOpenPerSource", maxOpenPerSource), ("maxUnauthenticatedGlobal", maxUnauthenticatedGlobal),
             ("maxOpenGlobal", maxOpenGlobal), ("maxConnectionsGlobal", maxConnectionsGlobal),
             ("maxTrackedSources", maxTrackedSources), ("busyConnectionsGlobal", busyConnectionsGlobal),
-            ("busyUnauthenticatedGlobal", busyUnauthenticatedGlobal),
+            ("busyUnauthenticatedGlobal", busyUnauthenticatedGlobal), ("maxBusyAnswersGlobal", maxBusyAnswersGlobal),
         ]
         if let (name, _) = positive.first(where: { $0.1 < 1 }) { return "\(name) must be at least 1" }
         if sourceWindow <= .zero { return "sourceWindow must be positive" }
