@@ -15,6 +15,7 @@ let package = Package(
         .library(name: "ThaliBLEBinding", targets: ["ThaliBLEBinding"]),
         .library(name: "ThaliConformance", targets: ["ThaliConformance"]),
         .library(name: "ThaliNodeCore", targets: ["ThaliNodeCore"]),
+        .library(name: "ThaliNodeBluetooth", targets: ["ThaliNodeBluetooth"]),
         .executable(name: "thali-node", targets: ["thali-node"]),
         /// The fuzz harnesses' entry points, for the `Fuzz/` package; not an API for applications.
         .library(name: "ThaliFuzzHarnesses", targets: ["ThaliFuzzHarnesses"]),
@@ -90,10 +91,13 @@ let package = Package(
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
             ]),
+        /// The Bluetooth device address, without C libraries: what ThaliNodeCore names a Bluetooth peer by
+        /// without linking D-Bus or BlueZ. ThaliBLEBinding and ThaliNodeCore re-export it.
+        .target(name: "ThaliBluetoothAddress"),
         .target(
             name: "ThaliBLEBinding",
             dependencies: [
-                "CDBus", "CBluetooth", "TCPMultiplexer", "ThaliAdmission",
+                "CDBus", "CBluetooth", "TCPMultiplexer", "ThaliAdmission", "ThaliBluetoothAddress",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -109,12 +113,14 @@ let package = Package(
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
             ]),
-        /// The node's data and delivery core: data directory, configuration, SQLite store (GRDB), and the
-        /// store-and-forward delivery protocol that runs over any authenticated byte stream.
+        /// The peer as a library (`ThaliPeer`) with its Wi-Fi (SSDP) binding and the interface other bindings
+        /// implement (`PeerBindingService`, `PeerBindingFactory`); the node's data directory, configuration,
+        /// SQLite store (GRDB), and the store-and-forward delivery protocol that runs over any authenticated
+        /// byte stream. Links neither D-Bus nor BlueZ: Bluetooth is ThaliNodeBluetooth.
         .target(
             name: "ThaliNodeCore",
             dependencies: [
-                "ThaliAdmission", "ThaliBeacons", "ThaliMutants", "ThaliSSDP", "ThaliPSKTLS", "TCPMultiplexer", "ThaliBLEBinding",
+                "ThaliAdmission", "ThaliBeacons", "ThaliMutants", "ThaliSSDP", "ThaliPSKTLS", "TCPMultiplexer", "ThaliBluetoothAddress",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
@@ -123,11 +129,38 @@ let package = Package(
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ]),
+        /// The peer's Bluetooth binding (BLE discovery and advertising through BlueZ, the RFCOMM relay and
+        /// multiplexer; `BluetoothPeerConfiguration`, set as `PeerConfiguration.bluetooth`): for apps whose
+        /// peer uses Bluetooth, which then link D-Bus and BlueZ.
+        .target(
+            name: "ThaliNodeBluetooth",
+            dependencies: [
+                "ThaliNodeCore", "ThaliBLEBinding", "ThaliAdmission", "ThaliSSDP", "TCPMultiplexer",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ]),
+        /// `thali-node bench`: the benchmarks of every layer (beacons, SSDP, the multiplexer, PSK-TLS, the
+        /// Bluetooth relay, delivery) and of whole peers (crowd, hall, flood, relay), apart from the CLI's
+        /// commands; the CLI runs them. Not an API for applications.
+        .target(
+            name: "ThaliNodeBenchmarks",
+            dependencies: [
+                "ThaliAdmission", "ThaliBeacons", "ThaliPSKTLS", "ThaliSSDP", "TCPMultiplexer", "ThaliBLEBinding",
+                "ThaliNodeCore", "ThaliProcess",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+            ]),
+        /// The command-line peer: identity, contacts, send, run, the demo and the conformance tools; its
+        /// `bench` command is ThaliNodeBenchmarks.
         .executableTarget(
             name: "thali-node",
             dependencies: [
                 "ThaliAdmission", "ThaliBeacons", "ThaliPSKTLS", "ThaliSSDP", "TCPMultiplexer", "ThaliBLEBinding",
-                "ThaliConformance", "ThaliNodeCore", "ThaliProcess",
+                "ThaliConformance", "ThaliNodeCore", "ThaliNodeBluetooth", "ThaliNodeBenchmarks", "ThaliProcess",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),
@@ -230,6 +263,7 @@ let package = Package(
             name: "ThaliBLEBindingTests",
             dependencies: [
                 "ThaliBLEBinding", "ThaliTestSupport", "ThaliBeacons", "ThaliSSDP", "TCPMultiplexer", "ThaliPSKTLS", "ThaliNodeCore",
+                "ThaliNodeBluetooth",
                 .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -238,7 +272,7 @@ let package = Package(
         .testTarget(
             name: "ThaliNodeCoreTests",
             dependencies: [
-                "ThaliNodeCore", "ThaliBeacons", "TCPMultiplexer", "ThaliPSKTLS", "ThaliSSDP", "ThaliTestSupport",
+                "ThaliNodeCore", "ThaliNodeBluetooth", "ThaliBeacons", "TCPMultiplexer", "ThaliPSKTLS", "ThaliSSDP", "ThaliTestSupport",
                 .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),

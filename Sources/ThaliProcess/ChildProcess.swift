@@ -190,14 +190,26 @@ public final class ChildProcess: @unchecked Sendable {
         }
     }
 
-    /// Waits for the child to exit by itself and returns its exit status (128 + signal if killed).
+    /// Waits for the child to exit by itself and for its output to be read to the end, and returns its
+    /// exit status (128 + signal if killed). A child's last write may still sit in the pipe when it is
+    /// reaped, so `output` is complete only once the pipe reports its end; a grandchild that keeps the
+    /// pipe open holds that end back, so after the exit it is awaited for at most `outputGrace`.
     @discardableResult
-    public func waitForExit(timeout: Duration = .seconds(10)) async throws -> Int32 {
+    public func waitForExit(timeout: Duration = .seconds(10), outputGrace: Duration = .seconds(2)) async throws -> Int32 {
         let deadline = ContinuousClock.now + timeout
+        var exitStatus: Int32?
+        var outputDeadline = deadline
         while true {
-            if let status = reap(blocking: false) { return status }
-            guard ContinuousClock.now < deadline else { throw Timeout(waitingFor: "exit", output: output) }
-            try await Task.sleep(for: .milliseconds(20))
+            if exitStatus == nil, let status = reap(blocking: false) {
+                exitStatus = status
+                outputDeadline = min(deadline, ContinuousClock.now + outputGrace)
+            }
+            if let exitStatus {
+                if lock.withLock({ outputEnded }) || ContinuousClock.now >= outputDeadline { return exitStatus }
+            } else if ContinuousClock.now >= deadline {
+                throw Timeout(waitingFor: "exit", output: output)
+            }
+            try await Task.sleep(for: .milliseconds(exitStatus == nil ? 20 : 5))
         }
     }
 

@@ -3,6 +3,7 @@ import Crypto
 import Foundation
 import ThaliBeacons
 import ThaliNodeCore
+import ThaliProcess
 
 /// `thali-node demo`: the README's first command. Three peers (Alice, Bob, Carol) run as real
 /// `thali-node run` processes on this machine — multicast on loopback with the interface pinned, no root —
@@ -99,7 +100,7 @@ struct Demo: AsyncParsableCommand {
     }
 
     func run() async throws {
-        let executable = try Self.ownExecutable()
+        let executable = try SpawnedPeer.ownExecutable()
         let root = FileManager.default.temporaryDirectory.appendingPathComponent("thali-demo-\(getpid())-\(UInt32.random(in: 0...UInt32.max))").path
         try FileManager.default.createDirectory(atPath: root, withIntermediateDirectories: true)
         defer {
@@ -310,14 +311,6 @@ struct Demo: AsyncParsableCommand {
             throw ExitCode.failure
         }
         say("\nEvery item reached its contact, and only its contact.")
-    }
-
-    /// This executable's path (the children run the same binary).
-    static func ownExecutable() throws -> String {
-        if let resolved = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe") { return resolved }
-        let argument = CommandLine.arguments[0]
-        if argument.contains("/") { return URL(fileURLWithPath: argument).standardizedFileURL.path }
-        throw ValidationError("cannot find the thali-node executable to start the peers")
     }
 }
 

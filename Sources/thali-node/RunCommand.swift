@@ -7,6 +7,7 @@ import UnixSignals
 import Synchronization
 import ThaliBLEBinding
 import ThaliBeacons
+import ThaliNodeBluetooth
 import ThaliNodeCore
 
 /// `thali-node run`: keeps the peer on the network — advertises for contacts it holds items for, finds
@@ -138,7 +139,7 @@ struct Run: AsyncParsableCommand {
         var configuration: PeerConfiguration
         do {
             configuration = try PeerConfiguration(node: nodeConfiguration, configurationPath: home.configurationPath,
-                                                  overrides: overrides)
+                                                  overrides: overrides, bluetooth: BluetoothPeerConfiguration.init)
         } catch let error as PeerConfiguration.NodeResolutionError {
             throw ValidationError(error.description)
         }

@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import NIOCore
+import ThaliNodeBenchmarks
 import ThaliNodeCore
 import ThaliSSDP
 
@@ -206,13 +207,5 @@ struct Conformance: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Check wire formats against the conformance vectors, or probe another implementation's endpoint.",
         subcommands: [ConformanceBeacons.self, ConformanceVectors.self, ConformanceProbeCommand.self, ConformancePeerCommand.self, ConformanceTargetCommand.self]
-    )
-}
-
-/// Benchmarks that print figures (release builds only give meaningful numbers).
-struct Bench: AsyncParsableCommand {
-    static let configuration = CommandConfiguration(
-        abstract: "Measure the speed of the suite's layers.",
-        subcommands: [BenchBeacons.self, BenchSSDP.self, BenchMux.self, BenchTLS.self, BenchBLE.self, BenchDelivery.self, BenchCrowd.self, BenchHall.self, BenchFlood.self, BenchRelay.self]
     )
 }

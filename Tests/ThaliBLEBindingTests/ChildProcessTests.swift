@@ -19,4 +19,14 @@ import ThaliTestSupport
         let descriptors = result.output.split(whereSeparator: \.isWhitespace).compactMap { Int($0) }
         #expect(descriptors.count == 4 && Set(descriptors).isSuperset(of: [0, 1, 2]), "the child holds \(descriptors)")
     }
+
+    /// A child's output may still be in the pipe (or, here, still to be written by a grandchild holding it)
+    /// when the child is reaped: `waitForExit` returns only once the output has been read to its end.
+    @Test func waitForExitReturnsTheWholeOutput() async throws {
+        let child = try ChildProcess("sh", ["-c", "(sleep 0.3; echo written-after-exit) & exit 3"])
+        defer { _ = child.terminate() }
+        let status = try await child.waitForExit()
+        #expect(status == 3)
+        #expect(child.output.contains("written-after-exit"), "output so far: \(child.output)")
+    }
 }

@@ -5,6 +5,7 @@ import NIOCore
 import NIOPosix
 import Testing
 import ThaliBeacons
+import ThaliNodeBluetooth
 import ThaliNodeCore
 import ThaliSSDP
 import ThaliTestSupport
@@ -192,8 +193,18 @@ import ThaliTestSupport
             return try alice.store.inbox().count >= 3 && bob.store.inbox().count >= 3
                 && locations.contains { $0.binding == .bluetooth } && locations.contains { $0.binding == .wifi }
         }
-        // Let any racing link finish before counting.
-        try await Task.sleep(for: .seconds(2))
+        // A link racing on the other binding is seen from both sides before counting: every connection
+        // one side made, the other accepted, and both outboxes are empty.
+        func balanced() -> Bool {
+            let counted = sessions.withLockedValue { $0 }
+            return ["wifi", "bluetooth"].allSatisfy {
+                counted["alice connecting \($0)"] == counted["bob accepting \($0)"]
+                    && counted["bob connecting \($0)"] == counted["alice accepting \($0)"]
+            }
+        }
+        try await Self.waitUntil("both sides' view of every connection, and empty outboxes") {
+            try balanced() && alice.store.outbox().isEmpty && bob.store.outbox().isEmpty
+        }
         await alicePeer.stop()
         await bobPeer.stop()
         #expect(try alice.store.inbox().compactMap(\.text).sorted() == ["bob 0", "bob 1", "bob 2"])

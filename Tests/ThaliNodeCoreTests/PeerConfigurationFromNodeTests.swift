@@ -1,4 +1,5 @@
 import Testing
+import ThaliNodeBluetooth
 import ThaliSSDP
 @testable import ThaliNodeCore
 
@@ -33,7 +34,7 @@ import ThaliSSDP
             $0.maxConnectionsPerSource = 3
             $0.bluetooth = true
             $0.bluetoothAdapter = "hci1"
-        })
+        }, bluetooth: BluetoothPeerConfiguration.init)
         #expect(overridden.port == 0)
         #expect(overridden.ssdpPort == 42000)
         #expect(overridden.admission.maxConnectionsPerSource == 3)
@@ -46,13 +47,15 @@ import ThaliSSDP
         node.bluetoothAdapter = "hci2"
         var overrides = PeerConfiguration.NodeOverrides()
         overrides.noWiFi = true
-        let configuration = try PeerConfiguration(node: node, configurationPath: Self.path, overrides: overrides)
+        let configuration = try PeerConfiguration(node: node, configurationPath: Self.path, overrides: overrides,
+                                                  bluetooth: BluetoothPeerConfiguration.init)
         #expect(configuration.interfaceAddress == "127.0.0.1")
         #expect(!configuration.wifi)
         #expect(configuration.bluetooth?.adapter == "hci2")
         #expect(configuration.bluetooth?.makeConnectable == true)
         node.bluetoothMakeConnectable = false
-        #expect(try PeerConfiguration(node: node, configurationPath: Self.path, overrides: overrides).bluetooth?.makeConnectable == false)
+        #expect(try PeerConfiguration(node: node, configurationPath: Self.path, overrides: overrides,
+                                      bluetooth: BluetoothPeerConfiguration.init).bluetooth?.makeConnectable == false)
     }
 
     /// A device whose Wi-Fi is off, or that is on no network, still runs Bluetooth: with Bluetooth asked
@@ -65,17 +68,21 @@ import ThaliSSDP
         }
         var overrides = PeerConfiguration.NodeOverrides()
         overrides.bluetooth = true
-        let configuration = try PeerConfiguration(node: node, configurationPath: Self.path, overrides: overrides)
+        let configuration = try PeerConfiguration(node: node, configurationPath: Self.path, overrides: overrides,
+                                                  bluetooth: BluetoothPeerConfiguration.init)
         #expect(!configuration.wifi)
         #expect(configuration.bluetooth != nil)
         #expect(configuration.interfaceAddress == "127.0.0.1")
         #expect(configuration.wifiUnavailableReason == "network interface \"nosuch0\" is missing, down or has no IPv4 address")
         // An address to pin to is explicit: one that no interface has stays an error.
         overrides.address = "192.0.2.77"
-        #expect(throws: NodeError.self) { try PeerConfiguration(node: node, configurationPath: Self.path, overrides: overrides) }
+        #expect(throws: NodeError.self) {
+            try PeerConfiguration(node: node, configurationPath: Self.path, overrides: overrides, bluetooth: BluetoothPeerConfiguration.init)
+        }
         // A usable interface: Wi-Fi runs beside Bluetooth, nothing to report.
         overrides.address = "127.0.0.1"
-        let both = try PeerConfiguration(node: node, configurationPath: Self.path, overrides: overrides)
+        let both = try PeerConfiguration(node: node, configurationPath: Self.path, overrides: overrides,
+                                         bluetooth: BluetoothPeerConfiguration.init)
         #expect(both.wifi && both.wifiUnavailableReason == nil)
     }
 
@@ -93,6 +100,10 @@ import ThaliSSDP
         }
         #expect(throws: PeerConfiguration.NodeResolutionError(description: "--adapter needs --bluetooth")) {
             try PeerConfiguration(node: NodeConfiguration(), configurationPath: Self.path, overrides: Self.loopback { $0.bluetoothAdapter = "hci0" })
+        }
+        // Bluetooth asked for by a program that links no Bluetooth binding (ThaliNodeCore alone).
+        #expect(throws: PeerConfiguration.NodeResolutionError.self) {
+            try PeerConfiguration(node: NodeConfiguration(), configurationPath: Self.path, overrides: Self.loopback { $0.bluetooth = true })
         }
         // An address no interface has.
         #expect(throws: NodeError.self) {

@@ -165,7 +165,7 @@ struct DiscoveryAttackTests {
                     "NT: http://www.thaliproject.org/ssdp\\r\\nNTS: ssdp:alive\\r\\nUSN: uuid:%s:http://www.thaliproject.org/ssdp\\r\\n\\r\\n"
                     % (port, location, usn)).encode()
         end = time.monotonic() + seconds
-        sent = 0
+        sent, started = 0, False
         while time.monotonic() < end:
             if mode == "flood":
                 for i in range(20):
@@ -178,6 +178,9 @@ struct DiscoveryAttackTests {
                     s.sendto(alive("http://%s:%d/NotificationBeacons" % (source, 40000 + i), "%08d-0000-4000-8000-000000000000" % i), ("239.255.255.250", port))
                     sent += 1
                 time.sleep(0.5)
+            if sent and not started:
+                print("attacking", flush=True)
+                started = True
         print("sent %d" % sent, flush=True)
         """
 
@@ -190,7 +193,7 @@ struct DiscoveryAttackTests {
         let bob = try loopbackPeer(people["bob"], ssdpPort: ssdpPort)
         let attacker = try ChildProcess("python3", ["-c", Self.attack, mode, "127.0.0.2", "\(ssdpPort)", "6"])
         defer { _ = attacker.terminate() }
-        try await Task.sleep(for: .seconds(1))  // the attack is on before the peers start
+        try await attacker.waitForOutput(containing: "attacking")  // the attack is on before the peers start
         let bobsEvents = bob.events()
         try await alice.start()
         try await bob.start()

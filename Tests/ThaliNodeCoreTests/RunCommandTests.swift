@@ -162,8 +162,11 @@ struct RunCommandTests {
         let unavailable = try await peer.waitFor("binding_unavailable") { isEvent($0, "binding_unavailable", ["binding": "bluetooth"]) }
         #expect((unavailable["reason"] as? String)?.hasPrefix(kernelLine) == true, "\(unavailable)")
         let started = try await peer.waitFor("started") { isEvent($0, "started") }
-        #expect((started["location"] as? String)?.hasPrefix("http://127.0.0.1:") == true)
-        try await Task.sleep(for: .milliseconds(500))
+        let location = try #require(started["location"] as? String)
+        #expect(location.hasPrefix("http://127.0.0.1:"))
+        // Wi-Fi runs: the peer serves its beacons.
+        let fetch = try ChildProcess.run("curl", ["-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "5", location])
+        #expect(["200", "204"].contains(fetch.output.trimmingCharacters(in: .whitespacesAndNewlines)), "\(fetch.output)")
         #expect(!peer.hasExited)
         #expect(peer.kill(signal: SIGINT) == 0)
     }

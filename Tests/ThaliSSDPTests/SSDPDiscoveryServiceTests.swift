@@ -50,7 +50,10 @@ struct SSDPDiscoveryServiceTests {
             return false
         }
         try await eventually("the new beacons reach bob's consumer") { consumed.entries.contains { $0.0 == secondName } }
-        try await Task.sleep(for: .milliseconds(600))  // several more alives of the same USN
+        // Bob reads three more of alice's alives of the same USN: none is fetched again.
+        func othersDatagrams() async -> Int { let c = await bob.counters(); return c.datagramsReceived - c.ownMessagesIgnored }
+        let read = await othersDatagrams()
+        try await eventually("three more alives read") { await othersDatagrams() >= read + 3 }
         #expect(consumed.entries.filter { $0.0 == firstName }.map(\.1) == [[1, 2, 3]])
         #expect(consumed.entries.filter { $0.0 == secondName }.map(\.1) == [[9]])
         #expect(!bobEvents.events.contains { if case .left = $0 { return true } else { return false } })
@@ -366,7 +369,13 @@ struct SSDPDiscoveryServiceTests {
             try await announceBoth()
             try await Task.sleep(for: .milliseconds(100))
         }
-        try await Task.sleep(for: .milliseconds(300))  // more alives: fetched USNs are not fetched again
+        // More alives of both USNs, then one of a new USN: fetches run one at a time in the order they were
+        // announced, so once the new USN's beacons arrive, any fetch the alives caused has been made.
+        try await announceBoth()
+        try await announceBoth()
+        let sentinel = ThaliServiceName.makeUniqueServiceName()
+        try await raw.send(aliveText(port: port, usn: sentinel, location: "http://\(host):\(openPort)/NotificationBeacons"))
+        try await eventually("the new USN fetched") { consumed.entries.contains { $0.0 == sentinel } }
         #expect(consumed.entries.filter { $0.0 == down }.map(\.1) == [[8]], "\(bobEvents.events)")
         #expect(consumed.entries.filter { $0.0 == up }.map(\.1) == [[7]], "\(bobEvents.events)")
         await bob.stop()

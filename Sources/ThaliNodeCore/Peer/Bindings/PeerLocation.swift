@@ -1,4 +1,4 @@
-import ThaliBLEBinding
+@_exported import ThaliBluetoothAddress
 import ThaliSSDP
 
 /// Where a peer is found, by binding: the SSDP `LOCATION` it announces over Wi-Fi, or its Bluetooth

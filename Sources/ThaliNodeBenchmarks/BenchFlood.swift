@@ -6,6 +6,7 @@ import NIOCore
 import NIOPosix
 import ThaliBeacons
 import ThaliNodeCore
+import ThaliProcess
 import ThaliPSKTLS
 import ThaliSSDP
 #if canImport(Glibc)

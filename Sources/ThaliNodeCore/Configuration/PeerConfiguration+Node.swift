@@ -33,6 +33,21 @@ extension PeerConfiguration {
         public init() {}
     }
 
+    /// What a node's `config.json` and overrides ask of Bluetooth, for the module that makes the binding
+    /// (ThaliNodeBluetooth: `BluetoothPeerConfiguration.init(_:)`).
+    public struct NodeBluetoothRequest: Sendable, Hashable {
+        /// The adapter (`--adapter`, else `bluetoothAdapter`), or nil for the first powered one.
+        public var adapter: String?
+        /// `bluetoothMakeConnectable`: whether to turn the adapter's page scan on when it is off.
+        public var makeConnectable: Bool
+
+        /// A request for `adapter` (nil: the first powered one).
+        public init(adapter: String?, makeConnectable: Bool) {
+            self.adapter = adapter
+            self.makeConnectable = makeConnectable
+        }
+    }
+
     /// A node configuration and overrides that do not make a peer.
     public struct NodeResolutionError: Error, CustomStringConvertible, Hashable {
         public let description: String
@@ -46,10 +61,14 @@ extension PeerConfiguration {
     /// network) does not stop the node: Wi-Fi is left out with the reason in ``wifiUnavailableReason``
     /// and Bluetooth runs alone, on 127.0.0.1.
     ///
-    /// Throws ``NodeResolutionError`` for contradictions (no binding, an adapter without Bluetooth, two
-    /// ports), and `NodeError` when the address is not usable, or the interface is not and Wi-Fi is the
-    /// only binding.
-    public init(node: NodeConfiguration, configurationPath: String, overrides: NodeOverrides = NodeOverrides()) throws {
+    /// Bluetooth, when asked for, is the binding `makeBluetooth` makes from the request, appended to
+    /// ``extraBindings``: the caller that links ThaliNodeBluetooth passes `BluetoothPeerConfiguration.init`.
+    ///
+    /// Throws ``NodeResolutionError`` for contradictions (no binding, an adapter without Bluetooth,
+    /// Bluetooth asked for without `makeBluetooth`, two ports), and `NodeError` when the address is not
+    /// usable, or the interface is not and Wi-Fi is the only binding.
+    public init(node: NodeConfiguration, configurationPath: String, overrides: NodeOverrides = NodeOverrides(),
+                bluetooth makeBluetooth: ((NodeBluetoothRequest) -> any PeerBindingFactory)? = nil) throws {
         let useBluetooth = overrides.bluetooth || node.bluetooth
         let useWiFi = !overrides.noWiFi && node.wifi
         if !useWiFi && !useBluetooth {
@@ -57,6 +76,9 @@ extension PeerConfiguration {
         }
         if overrides.bluetoothAdapter != nil && !useBluetooth {
             throw NodeResolutionError(description: "--adapter needs --bluetooth")
+        }
+        if useBluetooth && makeBluetooth == nil {
+            throw NodeResolutionError(description: "Bluetooth is asked for (--bluetooth, or \"bluetooth\": true in \(configurationPath)), but this program has no Bluetooth binding (ThaliNodeBluetooth)")
         }
         var interfaceAddress = overrides.address ?? "127.0.0.1"
         var wifiUnavailableReason: String?
@@ -90,10 +112,9 @@ extension PeerConfiguration {
         sendThrottleBytesPerSecond = overrides.sendThrottleBytesPerSecond
         if let perSource = overrides.maxConnectionsPerSource { admission.maxConnectionsPerSource = perSource }
         wifi = useWiFi && wifiUnavailableReason == nil
-        if useBluetooth {
-            var configuration = BluetoothPeerConfiguration(adapter: overrides.bluetoothAdapter ?? node.bluetoothAdapter)
-            configuration.makeConnectable = node.bluetoothMakeConnectable
-            bluetooth = configuration
+        if useBluetooth, let makeBluetooth {
+            extraBindings.append(makeBluetooth(NodeBluetoothRequest(adapter: overrides.bluetoothAdapter ?? node.bluetoothAdapter,
+                                                                    makeConnectable: node.bluetoothMakeConnectable)))
         }
     }
 }

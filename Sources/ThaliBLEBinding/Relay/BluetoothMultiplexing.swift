@@ -91,7 +91,7 @@ public final class MultiplexedAppGateway: Sendable {
     /// One central's session, reported to `onSession`.
     public struct Session: Sendable {
         /// The address the relay's connection came from (with `BluetoothRelayServer`'s `sourcePerPeer`,
-        /// the central's ``BluetoothAddress/loopbackSource``).
+        /// the central's `BluetoothAddress.loopbackSource`).
         public let source: String?
         /// The 127.0.0.1 port whose every connection becomes a stream to the central.
         public let localPort: Int

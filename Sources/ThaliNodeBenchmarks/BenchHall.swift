@@ -4,6 +4,7 @@ import NIOConcurrencyHelpers
 import NIOPosix
 import ThaliBeacons
 import ThaliNodeCore
+import ThaliProcess
 
 /// `thali-node bench hall`: the conference hall of `spec/ssdp.md` 7.2. One process simulates thousands
 /// of peers on one segment (``HallSimulator``: each its own address, real beacons, the foreground

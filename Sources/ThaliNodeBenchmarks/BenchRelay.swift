@@ -3,6 +3,7 @@ import Foundation
 import NIOConcurrencyHelpers
 import ThaliBeacons
 import ThaliNodeCore
+import ThaliProcess
 
 #if canImport(Glibc)
 import Glibc
@@ -106,7 +107,7 @@ final class RelayBenchNodes: Sendable {
     private let root: String
 
     init(appPort: Int, timeout: Double) async throws {
-        let executable = try Demo.ownExecutable()
+        let executable = try SpawnedPeer.ownExecutable()
         let root = FileManager.default.temporaryDirectory.appendingPathComponent("thali-bench-relay-\(getpid())-\(UInt32.random(in: 0...UInt32.max))").path
         self.root = root
         let homes = ["a", "b"].map { NodeHome(path: "\(root)/\($0)") }

@@ -5,9 +5,10 @@ import NIOCore
 import TCPMultiplexer
 import ThaliAdmission
 import ThaliBLEBinding
+import ThaliNodeCore
 import ThaliSSDP
 
-/// How a ``ThaliPeer`` uses Bluetooth (``PeerConfiguration/bluetooth``).
+/// How a `ThaliPeer` uses Bluetooth (`PeerConfiguration.bluetooth`).
 public struct BluetoothPeerConfiguration: Sendable {
     /// The RFCOMM channel a node listens on unless told otherwise.
     public static let defaultChannel: UInt8 = 9

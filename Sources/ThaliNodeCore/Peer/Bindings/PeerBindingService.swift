@@ -2,7 +2,7 @@ import NIOCore
 import ThaliSSDP
 
 /// What a binding reports to the peer.
-enum PeerBindingEvent: Sendable {
+public enum PeerBindingEvent: Sendable {
     /// A peer was heard (`origin`: its SSDP location, or its Bluetooth address).
     case peerAppeared(origin: PeerLocation)
     /// A peer left.
@@ -18,8 +18,10 @@ enum PeerBindingEvent: Sendable {
 /// A binding as the peer sees it: it discovers peers and hands their beacon streams to the one beacon
 /// receiver, makes the node's one port reachable to peers, and announces what the node advertises.
 /// Matching, PSK-TLS, the multiplexer and delivery are the peer's, the same over every binding
-/// (`PeerWiFiBinding`: SSDP; `PeerBluetoothBinding`: BLE and RFCOMM).
-protocol PeerBindingService: AnyObject, Sendable {
+/// (`PeerWiFiBinding`: SSDP, built in; ThaliNodeBluetooth's `PeerBluetoothBinding`: BLE and RFCOMM). A
+/// binding beside Wi-Fi comes to the peer through a ``PeerBindingFactory`` in
+/// ``PeerConfiguration/extraBindings``; the peer calls these methods from its own tasks.
+public protocol PeerBindingService: AnyObject, Sendable {
     /// Which binding this is.
     var kind: PeerBindingKind { get }
 

@@ -10,7 +10,7 @@ import ThaliPSKTLS
 import ThaliSSDP
 
 /// The Thali peer: keeps a node on the network. While it holds items for contacts it advertises beacons
-/// for them through its bindings (Wi-Fi: SSDP; Bluetooth: BLE and RFCOMM, ``PeerConfiguration/bluetooth``);
+/// for them through its bindings (Wi-Fi: SSDP; Bluetooth through ``PeerConfiguration/extraBindings``);
 /// it takes other peers' beacons from every binding and, when one names it from a contact, connects to
 /// that peer with the beacon's PSK over TLS (Wi-Fi first, then Bluetooth) and receives over the
 /// multiplexer. The peer that advertised accepts on the same port that serves its beacons, names the
@@ -214,9 +214,7 @@ public final class ThaliPeer: Sendable {
     private func startBindings(port: Int) async throws {
         var planned: [any PeerBindingService] = []
         if configuration.wifi { planned.append(PeerWiFiBinding(configuration: configuration, group: group, logger: logger)) }
-        if let bluetooth = configuration.bluetooth {
-            planned.append(PeerBluetoothBinding(configuration: bluetooth, group: group, logger: logger))
-        }
+        planned += configuration.extraBindings.map { $0.makeBinding(group: group, logger: logger) }
         if let reason = configuration.wifiUnavailableReason {
             emit(.bindingUnavailable(binding: .wifi, reason: reason))
         }

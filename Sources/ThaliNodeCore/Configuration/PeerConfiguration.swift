@@ -35,11 +35,15 @@ public struct PeerConfiguration: Sendable {
 
     /// IPv4 address of the interface the peer is pinned to (SSDP, the single TCP port, LOCATION).
     public var interfaceAddress: String
-    /// Whether the Wi-Fi binding (SSDP discovery on `interfaceAddress`) runs; false with `bluetooth` set
-    /// runs Bluetooth alone (the single port then best sits on 127.0.0.1, reachable through the relay only).
+    /// Whether the Wi-Fi binding (SSDP discovery on `interfaceAddress`) runs; false with an extra binding
+    /// (Bluetooth) runs that alone (the single port then best sits on 127.0.0.1, reachable through its
+    /// relay only).
     public var wifi: Bool = true
-    /// The Bluetooth binding (BLE advertising and scanning through BlueZ, RFCOMM relay), or nil for none.
-    public var bluetooth: BluetoothPeerConfiguration?
+    /// The bindings beside Wi-Fi, started after it in this order, or none: each makes its binding when
+    /// the peer starts. ThaliNodeBluetooth's `BluetoothPeerConfiguration` (BLE advertising and scanning
+    /// through BlueZ, RFCOMM relay) is one, set through its `PeerConfiguration.bluetooth`; a peer without
+    /// it links neither D-Bus nor BlueZ.
+    public var extraBindings: [any PeerBindingFactory] = []
     /// Why Wi-Fi, asked for beside Bluetooth, cannot run, or nil: no usable network interface when the
     /// configuration was resolved (a device whose Wi-Fi is off or that is on no network). `wifi` is then
     /// false and the peer runs Bluetooth alone, reporting this as ``PeerEvent/bindingUnavailable(binding:reason:)``

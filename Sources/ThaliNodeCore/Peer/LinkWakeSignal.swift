@@ -2,7 +2,8 @@ import NIOConcurrencyHelpers
 
 /// Ends a wait early: a link task's backoff when a new match arrives, a beacon refetch pause when its
 /// Bluetooth link ends. A signal given while nobody waits is kept for the next wait (at most one).
-final class LinkWakeSignal: Sendable {
+/// Package-wide: ThaliNodeBluetooth's binding waits on it too.
+package final class LinkWakeSignal: Sendable {
     private struct State {
         var signalled = false
         /// The wait in progress: its number, and its continuation once installed.
@@ -14,13 +15,16 @@ final class LinkWakeSignal: Sendable {
 
     private let state = NIOLockedValueBox(State())
 
+    /// No signal kept, nobody waiting.
+    package init() {}
+
     /// Wakes the current wait, or the next one.
-    func signal() {
+    package func signal() {
         resumeWaiter { $0.signalled = true }
     }
 
     /// Returns after `delay`, at a signal, or when the task is cancelled, whichever comes first.
-    func wait(upTo delay: Duration) async {
+    package func wait(upTo delay: Duration) async {
         let id = state.withLockedValue { state -> UInt64 in
             state.waitID &+= 1
             state.expiredBeforeInstalled = nil

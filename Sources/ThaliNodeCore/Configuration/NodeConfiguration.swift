@@ -40,8 +40,8 @@ public struct NodeConfiguration: Sendable, Hashable {
     /// the server a DH key generation before it can tell a contact from a stranger (measured here: about
     /// 6 ms per handshake at 2048 bits, 17 ms at 3072), and the PSK, not the group, authenticates.
     public var dhGroup: DHGroup
-    /// `maxFramePayloadBytes`, `chunkBytes`, `maxNameBytes`, `maxItemBytes`, `maxTextBytes`,
-    /// `idleTimeoutSeconds`, `partialRetentionSeconds`: the delivery limits (see ``DeliveryLimits`` for their defaults and meaning).
+    /// `maxFramePayloadBytes`, `chunkBytes`, `maxNameBytes`, `maxItemBytes`, `maxTextBytes`, `blockBytes`,
+    /// `writeIntervalMs`, `maxBatchItems`, `idleTimeoutSeconds`, `partialRetentionSeconds`: the delivery limits (see ``DeliveryLimits`` for their defaults and meaning).
     public var limits: DeliveryLimits
     /// `wifi`: whether `run` uses the Wi-Fi binding (SSDP on `interface`). Default `true`; `false` needs
     /// `bluetooth` (`run --no-wifi`).
@@ -53,7 +53,7 @@ public struct NodeConfiguration: Sendable, Hashable {
     /// powered one. Default `null` (`run --adapter`).
     public var bluetoothAdapter: String?
     /// `bluetoothMakeConnectable`: whether `run` makes the adapter discoverable when bluetoothd left its
-    /// page scan off, so that peers can connect (``BluetoothPeerConfiguration/makeConnectable``). Default
+    /// page scan off, so that peers can connect (ThaliNodeBluetooth's `BluetoothPeerConfiguration.makeConnectable`). Default
     /// `true`; `false` only warns.
     public var bluetoothMakeConnectable: Bool
 
@@ -80,7 +80,8 @@ public struct NodeConfiguration: Sendable, Hashable {
     public static let keys: [String] = [
         "interface", "deliveryPort", "beaconPort", "ssdpMulticastAddress", "ssdpPort", "beaconProfile",
         "beaconValiditySeconds", "defaultItemExpirySeconds", "logLevel", "dhGroup", "maxFramePayloadBytes", "chunkBytes",
-        "maxNameBytes", "maxItemBytes", "maxTextBytes", "idleTimeoutSeconds", "partialRetentionSeconds",
+        "maxNameBytes", "maxItemBytes", "maxTextBytes", "blockBytes", "writeIntervalMs", "maxBatchItems",
+        "idleTimeoutSeconds", "partialRetentionSeconds",
         "wifi", "bluetooth", "bluetoothAdapter", "bluetoothMakeConnectable",
     ]
 
@@ -142,11 +143,16 @@ public struct NodeConfiguration: Sendable, Hashable {
         let name = try fields.integer("maxNameBytes", default: defaults.maxNameBytes, range: 1...Int(UInt16.max))
         let item = try fields.integer("maxItemBytes", default: Int(defaults.maxItemBytes), range: 0...Int.max)
         let text = try fields.integer("maxTextBytes", default: Int(defaults.maxTextBytes), range: 0...Int.max)
+        let block = try fields.integer("blockBytes", default: defaults.blockBytes, range: 4096...(256 << 20))
+        let writeInterval = try fields.integer("writeIntervalMs", default: Int(defaults.writeInterval.nanoseconds / 1_000_000),
+                                               range: 1...10_000)
+        let batch = try fields.integer("maxBatchItems", default: defaults.maxBatchItems, range: 1...4096)
         let idle = try fields.integer("idleTimeoutSeconds", default: 60, range: 1...86400)
         let retention = try fields.integer("partialRetentionSeconds", default: 7 * 24 * 3600, range: 60...Int(Int32.max))
         configuration.limits = DeliveryLimits(maxFramePayloadBytes: frame, chunkBytes: chunk, maxNameBytes: name,
                                               maxItemBytes: UInt64(item), maxTextBytes: UInt64(text),
-                                              idleTimeout: .seconds(Int64(idle)),
+                                              blockBytes: block, writeInterval: .milliseconds(Int64(writeInterval)),
+                                              maxBatchItems: batch, idleTimeout: .seconds(Int64(idle)),
                                               partialRetention: .seconds(Int64(retention)))
         configuration.wifi = try fields.bool("wifi", default: true)
         configuration.bluetooth = try fields.bool("bluetooth", default: false)
@@ -199,7 +205,8 @@ public struct NodeConfiguration: Sendable, Hashable {
             "defaultItemExpirySeconds": defaultItemExpirySeconds, "logLevel": logLevel.rawValue, "dhGroup": dhGroup.rawValue,
             "maxFramePayloadBytes": limits.maxFramePayloadBytes, "chunkBytes": limits.chunkBytes,
             "maxNameBytes": limits.maxNameBytes, "maxItemBytes": limits.maxItemBytes,
-            "maxTextBytes": limits.maxTextBytes,
+            "maxTextBytes": limits.maxTextBytes, "blockBytes": limits.blockBytes,
+            "writeIntervalMs": limits.writeInterval.nanoseconds / 1_000_000, "maxBatchItems": limits.maxBatchItems,
             "idleTimeoutSeconds": limits.idleTimeout.nanoseconds / 1_000_000_000,
             "partialRetentionSeconds": limits.partialRetention.nanoseconds / 1_000_000_000,
             "wifi": wifi, "bluetooth": bluetooth, "bluetoothAdapter": bluetoothAdapter.map { $0 as Any } ?? NSNull(),

@@ -62,7 +62,7 @@ public final class BluetoothRelayServer: Sendable {
     ///   - transport: where incoming Bluetooth streams come from.
     ///   - group: event loops for the relays.
     ///   - appPort: the app's TCP port on 127.0.0.1 that each stream is relayed to.
-    ///   - sourcePerPeer: connect to the app from the peer's ``BluetoothAddress/loopbackSource`` instead
+    ///   - sourcePerPeer: connect to the app from the peer's `BluetoothAddress.loopbackSource` instead
     ///     of 127.0.0.1, so that the app can tell (and limit) Bluetooth peers apart by source address.
     ///   - limits: DoS bounds and timeouts.
     public init(transport: any BluetoothTransport, group: any EventLoopGroup, appPort: Int,
