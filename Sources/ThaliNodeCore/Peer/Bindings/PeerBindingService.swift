@@ -56,5 +56,5 @@ public protocol PeerBindingService: AnyObject, Sendable {
 
 extension PeerBindingService {
     /// Nothing to keep: a binding that does not narrow ignores it.
-    func contactMatched(at location: BeaconLocation) {}
+    public func contactMatched(at location: BeaconLocation) {}
 }
