@@ -63,6 +63,20 @@ public final class AdmissionController<Source: Hashable & Sendable>: Sendable {
         _ = observers.withLockedValue { $0.byID.removeValue(forKey: id) }
     }
 
+    /// When the port is busy at `now` (``AdmissionGate/isBusy(at:)``): the seconds a beacon requester should
+    /// wait before it asks again, drawn from 1 to ``AdmissionLimits/maxBusyRetryAfter`` (counted in
+    /// ``AdmissionCounters/busyAnswers``); nil when it is not busy.
+    public func retryAfterIfBusy(now: NIODeadline = .now()) -> Int? {
+        let busy = gate.withLockedValue { gate -> Bool in
+            guard gate.isBusy(at: now) else { return false }
+            gate.answeredBusy(at: now)
+            return true
+        }
+        guard busy else { return nil }
+        let longest = max(1, Int(limits.maxBusyRetryAfter.nanoseconds / 1_000_000_000))
+        return Int.random(in: 1...longest)
+    }
+
     /// Decides about a connection from `source`: a ticket when admitted (release it when the connection
     /// closes, e.g. with ``AdmissionTicket/release(when:)``), else why it must be closed at once.
     public func admit(_ source: Source, now: NIODeadline = .now()) -> Result<AdmissionTicket<Source>, AdmissionRefusal> {

@@ -66,11 +66,14 @@ public struct AdmissionGate<Source: Hashable & Sendable>: Sendable {
 
     private var sources: [Source: SourceState] = [:]
     private var globalWindow: RateWindow
+    /// Busy answers that gave their place in `globalWindow` back, per window.
+    private var busyAnswersReturned: RateWindow
 
     /// A gate with `limits` (see ``AdmissionLimits/problem`` for limits that cannot work).
     public init(limits: AdmissionLimits = AdmissionLimits()) {
         self.limits = limits
         globalWindow = RateWindow(limit: limits.maxConnectionsGlobal, length: limits.globalWindow)
+        busyAnswersReturned = RateWindow(limit: limits.maxBusyAnswersGlobal, length: limits.globalWindow)
     }
 
     /// Sources remembered now (at most ``AdmissionLimits/maxTrackedSources``).
@@ -93,6 +96,27 @@ public struct AdmissionGate<Source: Hashable & Sendable>: Sendable {
     /// Whether the port is closed for an overload at `now`.
     public func isClosedForOverload(now: NIODeadline) -> Bool {
         closedUntil.map { now < $0 } ?? false
+    }
+
+    /// Whether the port is busy at `now`: more than ``AdmissionLimits/busyConnectionsGlobal`` connections
+    /// admitted in the current global window, or more than ``AdmissionLimits/busyUnauthenticatedGlobal``
+    /// unauthenticated ones open. A busy port still serves what it admitted; it asks beacon requesters to
+    /// come back later, which costs both sides one small answer instead of a refusal they would retry.
+    public func isBusy(at now: NIODeadline) -> Bool {
+        if unauthenticated > limits.busyUnauthenticatedGlobal { return true }
+        var window = globalWindow
+        window.advance(to: now)
+        return window.count > limits.busyConnectionsGlobal
+    }
+
+    /// Counts a request told to come back later (``isBusy(at:)``) at `now`: its connection's place in the
+    /// global rate is given back, up to ``AdmissionLimits/maxBusyAnswersGlobal`` per window.
+    public mutating func answeredBusy(at now: NIODeadline) {
+        counters.busyAnswers += 1
+        busyAnswersReturned.advance(to: now)
+        guard !busyAnswersReturned.isFull else { return }
+        busyAnswersReturned.add()
+        globalWindow.remove()
     }
 
     /// Decides about a connection from `source` accepted at `now`.

@@ -36,6 +36,24 @@ public struct AdmissionLimits: Sendable, Hashable {
     public var globalWindow: TimeAmount = .seconds(5)
     /// How long the port stays closed after a global overload. Default 30 s.
     public var overloadClosePeriod: TimeAmount = .seconds(30)
+    /// Connections admitted from all sources per ``globalWindow`` past which the port is *busy*: a beacon
+    /// request is then answered with a cheap `503` and `Retry-After` (``AdmissionController/retryAfterIfBusy(now:)``)
+    /// instead of its stream, so that a crowd slows down long before ``maxConnectionsGlobal`` closes the
+    /// port. Default 500, half the overload rate. At or above ``maxConnectionsGlobal``: never busy by rate.
+    public var busyConnectionsGlobal: Int = 500
+    /// Unauthenticated connections open at once (the asking one included) past which the port is busy, so
+    /// that beacon requests back off before ``maxUnauthenticatedGlobal`` refuses connections outright.
+    /// Default 24, three quarters of ``maxUnauthenticatedGlobal``.
+    public var busyUnauthenticatedGlobal: Int = 24
+    /// Busy answers per ``globalWindow`` that give their connection's place in the global rate back: a
+    /// busy answer is itself the cheap refusal (an accept and a hundred bytes), so a crowd that is told
+    /// "later" does not also close the port (issue 24: a crowd of 500 did, once, at 1,000 per 5 s). Past
+    /// this many, busy answers count like any connection, so a flood of requests still reaches the last
+    /// resort, at ``maxConnectionsGlobal`` plus this many per window. Default 1,000.
+    public var maxBusyAnswersGlobal: Int = 1000
+    /// The longest wait a busy answer names: each draws a whole number of seconds from 1 to this, so the
+    /// crowd it turns away does not come back in one wave. Default 5 s, the global window.
+    public var maxBusyRetryAfter: TimeAmount = .seconds(5)
     /// Sources in their refusal period (see ``sourceRefusalPeriod``) that a listener refuses in the
     /// kernel as well, the latest refusals first (``ListenerSourceFilter``: a socket filter drops their
     /// segments before a connection exists, so a refused source costs no accept and no close); the
@@ -55,13 +73,15 @@ public struct AdmissionLimits: Sendable, Hashable {
             ("maxConnectionsPerSource", maxConnectionsPerSource), ("maxUnauthenticatedPerSource", maxUnauthenticatedPerSource),
             ("maxOpenPerSource", maxOpenPerSource), ("maxUnauthenticatedGlobal", maxUnauthenticatedGlobal),
             ("maxOpenGlobal", maxOpenGlobal), ("maxConnectionsGlobal", maxConnectionsGlobal),
-            ("maxTrackedSources", maxTrackedSources),
+            ("maxTrackedSources", maxTrackedSources), ("busyConnectionsGlobal", busyConnectionsGlobal),
+            ("busyUnauthenticatedGlobal", busyUnauthenticatedGlobal), ("maxBusyAnswersGlobal", maxBusyAnswersGlobal),
         ]
         if let (name, _) = positive.first(where: { $0.1 < 1 }) { return "\(name) must be at least 1" }
         if sourceWindow <= .zero { return "sourceWindow must be positive" }
         if globalWindow <= .zero { return "globalWindow must be positive" }
         if sourceRefusalPeriod < .zero { return "sourceRefusalPeriod must not be negative" }
         if overloadClosePeriod < .zero { return "overloadClosePeriod must not be negative" }
+        if maxBusyRetryAfter < .seconds(1) { return "maxBusyRetryAfter must be at least 1 s" }
         if maxFilteredSources < 0 { return "maxFilteredSources must not be negative" }
         if maxFilteredSources > SourceFilterProgram.maximumSources {
             return "maxFilteredSources must be at most \(SourceFilterProgram.maximumSources)"
@@ -95,6 +115,8 @@ public struct AdmissionCounters: Sendable, Hashable, Codable {
     public var sourcesRefused = 0
     /// Sources forgotten to make room (their counts started again).
     public var sourcesForgotten = 0
+    /// Requests told to come back later because the port was busy (``AdmissionLimits/busyConnectionsGlobal``).
+    public var busyAnswers = 0
 
     /// All zero.
     public init() {}

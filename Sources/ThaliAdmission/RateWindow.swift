@@ -40,6 +40,11 @@ public struct RateWindow: Sendable, Hashable {
         count = 0
     }
 
+    /// Takes one event back from the current window (an event that turned out not to count).
+    public mutating func remove() {
+        count = max(0, count - 1)
+    }
+
     /// Empties the current window without moving its start.
     public mutating func empty() {
         count = 0

@@ -18,7 +18,7 @@ struct BenchCrowd: AsyncParsableCommand {
     @Option(help: "Contacts each peer sends one item to (the next ones in the ring; each also hears from as many).")
     var contacts = 3
     @Option(help: "Give up after this many seconds.") var timeout = 300.0
-    @Flag(help: "Print one JSON object (keys peers, items, delivered, started_s, all_delivered_s, delivered_after_start_s, discovery_off_s, port_closed_s, limits_fired, fetches, fetch_failures, cpu_s, cpu_s_per_peer, cpu_ms_per_pair, peak_rss_mb_per_peer).")
+    @Flag(help: "Print one JSON object (keys peers, items, delivered, started_s, all_delivered_s, delivered_after_start_s, discovery_off_s, port_closed_s, limits_fired, narrowings, busy_answers, fetches, fetch_failures, cpu_s, cpu_bound_s, cpu_s_per_peer, cpu_ms_per_pair, peak_rss_mb_per_peer, load_average).")
     var json = false
     @Flag(name: .customLong(String(BenchNamespace.insideFlag.dropFirst(2))), help: .hidden) var insideNamespace = false
 
@@ -120,11 +120,17 @@ struct BenchCrowd: AsyncParsableCommand {
         }
         let usageAfter = BenchNamespace.usage()
         if allDelivered == nil { await reportUndelivered(expected: expected, stores: stores, running: running) }
+        // Narrowing switches nothing off: counted apart from the limits whose last resort does.
         var limitsFired: [String: Int] = [:]
+        var narrowings = 0
+        var busyAnswers = 0
         var discoveryCounts = PeerDiscoveryCounters()
         for peer in running {
             let status = await peer.status()
-            for (kind, count) in status.limitsTriggered { limitsFired[kind.rawValue, default: 0] += count }
+            for (kind, count) in status.limitsTriggered {
+                if kind == .narrowed { narrowings += count } else { limitsFired[kind.rawValue, default: 0] += count }
+            }
+            busyAnswers += status.port.admission.busyAnswers
             discoveryCounts.beaconFetches += status.discovery.beaconFetches
             discoveryCounts.beaconFetchFailures += status.discovery.beaconFetchFailures
         }
@@ -140,6 +146,7 @@ struct BenchCrowd: AsyncParsableCommand {
         let cpuPerPeer = cpu / Double(peers)
         func rounded(_ value: Double, _ places: Double = 1000) -> Double { (value * places).rounded() / places }
         let rssPerPeer = usageAfter.peakRSSMiB / Double(peers)
+        let cores = ProcessInfo.processInfo.activeProcessorCount
         if json {
             let object: [String: Any] = [
                 "peers": peers, "items": items, "delivered": delivered,
@@ -149,6 +156,10 @@ struct BenchCrowd: AsyncParsableCommand {
                 "discovery_off_s": discoveryOff.withLockedValue { $0 },
                 "port_closed_s": portClosed.withLockedValue { $0 },
                 "limits_fired": limitsFired,
+                "narrowings": narrowings,
+                "busy_answers": busyAnswers,
+                "cpu_bound_s": rounded(cpu / Double(cores)),
+                "load_average": Self.loadAverage() as Any? ?? NSNull(),
                 "fetches": discoveryCounts.beaconFetches,
                 "fetch_failures": discoveryCounts.beaconFetchFailures,
                 "cpu_s": rounded(cpu),
@@ -163,10 +174,19 @@ struct BenchCrowd: AsyncParsableCommand {
                   + (allDelivered.map { String(format: " in %.1f s", $0) } ?? String(format: " (not all within %g s)", timeout)))
             print(String(format: "crowd: discovery off %.0f s, ports closed %.0f s in total; %.3f CPU s per peer; peak RSS %.2f MiB per peer",
                          discoveryOff.withLockedValue { $0 }, portClosed.withLockedValue { $0 }, cpuPerPeer, rssPerPeer))
-            print("crowd: \(discoveryCounts.beaconFetches) beacon fetches, \(discoveryCounts.beaconFetchFailures) failed; limits fired: "
+            print(String(format: "crowd: CPU bound %.1f s (%.1f CPU-s on %d cores); load average %@", cpu / Double(cores), cpu, cores,
+                         Self.loadAverage().map { String(format: "%.2f", $0) } ?? "?"))
+            print("crowd: \(discoveryCounts.beaconFetches) beacon fetches, \(discoveryCounts.beaconFetchFailures) failed, "
+                  + "\(busyAnswers) answered busy; \(narrowings) narrowings; limits fired: "
                   + (limitsFired.isEmpty ? "none" : limitsFired.sorted { $0.key < $1.key }.map { "\($0.key) ×\($0.value)" }.joined(separator: ", ")))
         }
         if allDelivered == nil || delivered != items { throw ExitCode(1) }
+    }
+
+    /// The one-minute load average at the end (`/proc/loadavg`): the machine is shared, and the figures
+    /// mean little without it.
+    private static func loadAverage() -> Double? {
+        (try? String(contentsOfFile: "/proc/loadavg", encoding: .utf8))?.split(separator: " ").first.flatMap { Double($0) }
     }
 
     /// Silent, or with `debug` notices and worse on standard output, labelled with the peer.

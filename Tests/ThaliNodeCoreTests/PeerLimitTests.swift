@@ -210,8 +210,9 @@ struct DiscoveryAttackTests {
         await bob.stop()
         await alice.stop()
         #expect(received == item.id)
+        // Narrowing (reading paused by its budget) may report itself; no last resort fires.
         for status in statuses {
-            #expect(status.limitsTriggered.isEmpty, "no global limit fired: \(status.limitsTriggered)")
+            #expect(status.limitsTriggered.keys.allSatisfy { $0 == .narrowed }, "no global limit fired: \(status.limitsTriggered)")
         }
     }
 }

@@ -183,12 +183,23 @@ struct BeaconHTTPTests {
         #expect(silent.accepted == 3)
         #expect(ContinuousClock.now - started >= .milliseconds(900))  // three 300 ms timeouts, not a hang
 
-        // A 503 twice, then the stream: retries succeed.
+        // A 502 twice, then the stream: retries succeed.
         let flaky = try await CannedHTTPServer(group: group) { n in
-            n < 3 ? response(status: "503 Service Unavailable", type: nil, body: []) : response(body: [1, 2, 3])
+            n < 3 ? response(status: "502 Bad Gateway", type: nil, body: []) : response(body: [1, 2, 3])
         }
         #expect(try await client.fetch(BeaconLocation(host: "127.0.0.1", port: flaky.port)) == [1, 2, 3])
         #expect(flaky.accepted == 3)
+        // A 503 is a busy server's "later" (spec/ssdp.md 6.1): not retried at once; without a Retry-After
+        // in seconds, the default wait.
+        let busy = try await CannedHTTPServer(group: group) { _ in response(status: "503 Service Unavailable", type: nil, body: []) }
+        do {
+            _ = try await client.fetch(BeaconLocation(host: "127.0.0.1", port: busy.port))
+            Issue.record("a busy server served")
+        } catch {
+            #expect(error.reason == .busy(retryAfter: .seconds(5)))
+            #expect(error.attempts == 1)
+        }
+        #expect(busy.accepted == 1)
     }
 
     @Test func clientChecksStatusAndContentTypeWithoutRetrying() async throws {

@@ -134,7 +134,10 @@ struct NarrowingTests {
         #expect(counters.readPauses >= 2, "\(counters)")
         #expect(counters.floodShutdowns == 0)
         #expect(!(await bob.isDiscoveryOff()))
-        #expect(!bobEvents.events.contains { if case .limitTriggered = $0 { true } else { false } }, "\(bobEvents.events)")
+        // Narrowing reports itself, once for the episode however many windows it paused.
+        let limits = bobEvents.events.compactMap { if case .limitTriggered(let kind) = $0 { kind } else { nil } }
+        #expect(limits == [.narrowed], "\(bobEvents.events)")
+        #expect(counters.narrowingEpisodes == 1)
         await bob.stop()
     }
 
@@ -157,7 +160,9 @@ struct NarrowingTests {
         #expect(counters.peerCapNarrowings == 1)
         #expect(await bob.peers().count == 3)
         #expect(!(await bob.isDiscoveryOff()))
-        #expect(!bobEvents.events.contains { if case .limitTriggered = $0 { true } else { false } }, "\(bobEvents.events)")
+        // Narrowing reports itself once (two refusals, one episode); nothing is switched off.
+        let limits = bobEvents.events.compactMap { if case .limitTriggered(let kind) = $0 { kind } else { nil } }
+        #expect(limits == [.narrowed], "\(bobEvents.events)")
         await bob.stop()
     }
 }

@@ -106,8 +106,11 @@ public struct PeerLimitReport: Sendable, Hashable {
         case announcingPaused = "announcing-paused"
         /// The single port is closed (and announcing paused with it).
         case portClosed = "port-closed"
+        /// Nothing is switched off: discovery reads and tracks a sample of a crowd beyond its bounds
+        /// (`spec/ssdp.md` 7.2) until the crowd is within them again.
+        case discoveryNarrowed = "discovery-narrowed"
 
-        /// `discovery-off`, `announcing-paused` or `port-closed`.
+        /// `discovery-off`, `announcing-paused`, `port-closed` or `discovery-narrowed`.
         public var description: String { rawValue }
     }
 
@@ -129,14 +132,15 @@ public struct PeerLimitReport: Sendable, Hashable {
     }
 }
 
-/// A DoS limit of a peer whose last resort switches something off (``PeerLimitReport/kind``,
-/// ``PeerStatus/limitsTriggered``).
+/// A DoS limit of a peer whose last resort switches something off, or discovery's narrowing, which
+/// switches nothing off (``PeerLimitReport/kind``, ``PeerStatus/limitsTriggered``).
 public enum PeerLimitKind: String, Sendable, Hashable, Codable, CodingKeyRepresentable, Comparable, CaseIterable,
     CustomStringConvertible {
     /// Too many SSDP datagrams: discovery off for a cool-down.
     case announcementFlood
-    /// More peers than discovery tracks: discovery off for a cool-down.
-    case peerCap
+    /// A crowd beyond discovery's bounds (peers tracked, datagrams read): discovery narrows to a sample,
+    /// once per episode; not a last resort.
+    case narrowed
     /// Every unicast answer failed: announcing paused.
     case unicastFailure
     /// The single port was overloaded: it is closed and announcing paused.
@@ -146,7 +150,7 @@ public enum PeerLimitKind: String, Sendable, Hashable, Codable, CodingKeyReprese
     public init(_ kind: SSDPDiscoveryEvent.LimitKind) {
         switch kind {
         case .announcementFlood: self = .announcementFlood
-        case .peerCap: self = .peerCap
+        case .narrowed: self = .narrowed
         case .unicastFailure: self = .unicastFailure
         case .httpOverload: self = .httpOverload
         }

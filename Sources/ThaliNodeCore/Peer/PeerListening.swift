@@ -75,7 +75,8 @@ extension ThaliPeer {
         let http: @Sendable (Channel) throws -> Void = { [weak self] channel in
             guard let self else { throw ChannelError.ioOnClosedChannel }
             portCounters.withLockedValue { $0.beaconRequests += 1 }
-            try BeaconHTTPServer.configureRequestHandling(on: channel) { [weak self] in self?.servedStream }
+            try BeaconHTTPServer.configureRequestHandling(on: channel, beacons: { [weak self] in self?.servedStream },
+                                                          retryAfterIfBusy: { [admission] in admission.retryAfterIfBusy() })
         }
         let secure: @Sendable (Channel) -> EventLoopFuture<Void> = { [weak self] channel in
             // PSK-TLS bounds its own time (the handshake timeout); the gate holds its unauthenticated slot

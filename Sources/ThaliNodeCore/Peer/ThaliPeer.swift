@@ -377,6 +377,7 @@ public final class ThaliPeer: Sendable {
             return
         }
         guard let contact = try? store.contact(for: match.sender) else { return }
+        bindings.first { $0.kind == origin.binding }?.contactMatched(at: location)
         emit(.beaconMatched(contact: contact.name, location: origin))
         let route = ContactRoute(origin: origin, location: location, match: match)
         let retry = configuration.retry

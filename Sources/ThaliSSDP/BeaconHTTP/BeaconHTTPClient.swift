@@ -24,6 +24,12 @@ public struct BeaconHTTPClientConfiguration: Sendable {
     public var maxBackoff: TimeAmount = .seconds(2)
     /// Random spread of each delay, as a fraction: 0.5 draws from 50%...150% of it.
     public var jitter: Double = 0.5
+    /// The wait assumed when a busy server (`503`) names none, or one this client cannot read (an
+    /// HTTP date, garbage): `spec/ssdp.md` 6.1.
+    public var defaultBusyRetryAfter: TimeAmount = .seconds(5)
+    /// The longest wait a busy server's `Retry-After` is believed: a larger one is cut to this, so a
+    /// peer cannot make itself unread for long by naming a day.
+    public var maxBusyRetryAfter: TimeAmount = .seconds(60)
     /// The local IPv4 address fetches leave from (nil: the kernel picks). Discovery sets its pinned
     /// interface's address, so a peer's fetches come from the address it announces: on a host with
     /// several addresses, the peer's own is the source that other peers' per-source limits see.
@@ -56,6 +62,10 @@ public struct BeaconFetchError: Error, Hashable, Sendable, CustomStringConvertib
         case connectionClosed
         /// The response was not valid HTTP/1.1.
         case malformedResponse(String)
+        /// The server is busy: it answered `503` and asks to be fetched again after `retryAfter` (its
+        /// `Retry-After`, bounded by `maxBusyRetryAfter`, or `defaultBusyRetryAfter`). Not a failure
+        /// of the peer: it is not retried at once and counts toward no failure limit.
+        case busy(retryAfter: TimeAmount)
     }
 
     /// What went wrong.
@@ -70,7 +80,7 @@ public struct BeaconFetchError: Error, Hashable, Sendable, CustomStringConvertib
         switch reason {
         case .connectFailed, .timedOut, .connectionClosed: return true
         case .unexpectedStatus(let status): return status >= 500
-        case .responseTooLarge, .unexpectedContentType, .malformedResponse: return false
+        case .responseTooLarge, .unexpectedContentType, .malformedResponse, .busy: return false
         }
     }
 
@@ -127,7 +137,8 @@ public struct BeaconHTTPClient: Sendable {
                             limit: configuration.maxHeadBytes + configuration.maxBodyBytes))
                         try sync.addHTTPClientHandlers()
                         try sync.addHandler(BeaconResponseHandler(
-                            host: location.hostHeader, maxBodyBytes: configuration.maxBodyBytes, promise: promise))
+                            host: location.hostHeader, maxBodyBytes: configuration.maxBodyBytes,
+                            busyWait: configuration.busyWait, promise: promise))
                     }
                 }
             // An address (what SSDP locations hold) is connected to directly: by name, NIO would resolve it
@@ -159,6 +170,18 @@ public struct BeaconHTTPClient: Sendable {
 }
 
 extension BeaconFetchError.Reason: Error {}
+
+extension BeaconHTTPClientConfiguration {
+    /// How long a busy server's answer asks us to wait: its `Retry-After` in whole seconds (RFC 9110
+    /// §10.2.3 delta-seconds), at most `maxBusyRetryAfter`; `defaultBusyRetryAfter` when it names none
+    /// or a form we do not read.
+    package var busyWait: @Sendable (String?) -> TimeAmount {
+        { [defaultBusyRetryAfter, maxBusyRetryAfter] value in
+            guard let value, let seconds = Int64(Substring(value).trimmingWhitespace()), seconds >= 0 else { return defaultBusyRetryAfter }
+            return min(.seconds(min(seconds, Int64(Int32.max))), maxBusyRetryAfter)
+        }
+    }
+}
 
 extension BeaconLocation {
     /// The `Host` header of a request to this location: `host:port`, the port left out only when it is
@@ -194,13 +217,18 @@ package final class BeaconResponseHandler: ChannelInboundHandler {
     /// The `Host` header's value, `host[:port]`.
     private let host: String
     private let maxBodyBytes: Int
+    /// The wait a busy answer's `Retry-After` header asks for.
+    private let busyWait: @Sendable (String?) -> TimeAmount
     private let promise: EventLoopPromise<[UInt8]>
     private var status: HTTPResponseStatus?
     private var body: [UInt8] = []
 
-    package init(host: String, maxBodyBytes: Int, promise: EventLoopPromise<[UInt8]>) {
+    package init(host: String, maxBodyBytes: Int,
+                 busyWait: @escaping @Sendable (String?) -> TimeAmount = BeaconHTTPClientConfiguration().busyWait,
+                 promise: EventLoopPromise<[UInt8]>) {
         self.host = host
         self.maxBodyBytes = maxBodyBytes
+        self.busyWait = busyWait
         self.promise = promise
     }
 
@@ -228,6 +256,8 @@ package final class BeaconResponseHandler: ChannelInboundHandler {
                 status = head.status
             case .noContent:
                 status = head.status
+            case .serviceUnavailable:
+                fail(context, .busy(retryAfter: busyWait(head.headers.first(name: "Retry-After"))))
             default:
                 fail(context, .unexpectedStatus(Int(head.status.code)))
             }

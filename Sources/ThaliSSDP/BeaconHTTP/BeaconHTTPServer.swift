@@ -26,6 +26,14 @@ public struct BeaconHTTPServerLimits: Sendable {
     public var maxConcurrentConnections: Int = 64
     /// Time a connection may take to send its request and receive the answer; slow requesters are cut.
     public var connectionTimeout: TimeAmount = .seconds(2)
+    /// Connections accepted from everyone per `globalWindow` past which the server is busy: a request is
+    /// answered `503 Service Unavailable` with `Retry-After` as soon as its head is read (`spec/ssdp.md`
+    /// 6.1), long before `maxRequestsGlobal` closes the port. Half of it by default.
+    public var busyRequestsGlobal: Int = 100
+    /// Connections open at once (the asking one included) past which the server is busy.
+    public var busyConcurrentConnections: Int = 48
+    /// The longest `Retry-After` of a busy answer: each draws a whole number of seconds from 1 to this.
+    public var maxBusyRetryAfter: TimeAmount = .seconds(2)
 
     /// The defaults above.
     public init() {}
@@ -47,6 +55,9 @@ public struct BeaconHTTPServerLimits: Sendable {
         admission.maxConnectionsGlobal = maxRequestsGlobal
         admission.globalWindow = globalWindow
         admission.overloadClosePeriod = overloadClosePeriod
+        admission.busyConnectionsGlobal = busyRequestsGlobal
+        admission.busyUnauthenticatedGlobal = busyConcurrentConnections
+        admission.maxBusyRetryAfter = maxBusyRetryAfter
         return admission
     }
 }
@@ -55,6 +66,8 @@ public struct BeaconHTTPServerLimits: Sendable {
 public struct BeaconHTTPServerCounters: Hashable, Sendable {
     /// Requests answered (200, 204, 404 or 405).
     public var requestsAnswered = 0
+    /// Requests answered `503` with `Retry-After` because the server was busy (`busyRequestsGlobal`).
+    public var answeredBusy = 0
     /// Connections closed because their source exceeded `maxRequestsPerSource`.
     public var rejectedPerSource = 0
     /// Connections closed because `maxConcurrentConnections` were open or the global limit was hit.
@@ -119,6 +132,17 @@ public final class BeaconHTTPServer: Sendable {
     /// then close. For a listener that does its own admission and timeouts.
     public static func configureRequestHandling(on channel: Channel, beacons: @escaping @Sendable () -> [UInt8]?) throws {
         try configureRequestHandling(on: channel, beacons: beacons, onRequest: nil)
+    }
+
+    /// As ``configureRequestHandling(on:beacons:)``, and asks `retryAfterIfBusy` as soon as a request's
+    /// head is read: a number of seconds answers a `GET /NotificationBeacons` with `503 Service
+    /// Unavailable` and `Retry-After` at once, without reading the rest or serving the stream
+    /// (`spec/ssdp.md` 6.1; pass ``AdmissionController/retryAfterIfBusy(now:)`` of the port's gate).
+    public static func configureRequestHandling(on channel: Channel, beacons: @escaping @Sendable () -> [UInt8]?,
+                                                retryAfterIfBusy: @escaping @Sendable () -> Int?) throws {
+        let sync = channel.pipeline.syncOperations
+        try sync.configureHTTPServerPipeline(withPipeliningAssistance: false, withErrorHandling: true)
+        try sync.addHandler(BeaconRequestHandler(beacons: beacons, retryAfterIfBusy: retryAfterIfBusy))
     }
 
     /// As ``configureRequestHandling(on:beacons:)``, and tells `onRequest` the head of the request it
@@ -196,13 +220,17 @@ public final class BeaconHTTPServer: Sendable {
             channel.close(promise: nil)
         }
         channel.closeFuture.whenComplete { _ in timeout.cancel() }
-        return channel.eventLoop.makeCompletedFuture { [state] in
-            try Self.configureRequestHandling(on: channel) {
+        return channel.eventLoop.makeCompletedFuture { [state, admission] in
+            try Self.configureRequestHandling(on: channel, beacons: {
                 state.withLockedValue { state in
                     state.counters.requestsAnswered += 1
                     return state.beacons
                 }
-            }
+            }, retryAfterIfBusy: {
+                guard let seconds = admission.retryAfterIfBusy() else { return nil }
+                state.withLockedValue { $0.counters.answeredBusy += 1 }
+                return seconds
+            })
         }
     }
 
@@ -254,16 +282,27 @@ final class BeaconRequestHandler: ChannelInboundHandler {
     private var answered = false
 
     private let onRequest: (@Sendable (HTTPRequestHead) -> Void)?
+    /// Seconds to send back in `Retry-After` when the server is busy now (nil: it is not).
+    private let retryAfterIfBusy: (@Sendable () -> Int?)?
 
-    init(beacons: @escaping @Sendable () -> [UInt8]?, onRequest: (@Sendable (HTTPRequestHead) -> Void)? = nil) {
+    init(beacons: @escaping @Sendable () -> [UInt8]?, onRequest: (@Sendable (HTTPRequestHead) -> Void)? = nil,
+         retryAfterIfBusy: (@Sendable () -> Int?)? = nil) {
         self.beacons = beacons
         self.onRequest = onRequest
+        self.retryAfterIfBusy = retryAfterIfBusy
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         guard !answered else { return }
         switch unwrapInboundIn(data) {
-        case .head(let head): self.head = self.head ?? head
+        case .head(let head):
+            // A busy server answers from the head alone: the cheapest "later" it can give.
+            if self.head == nil, head.method == .GET, Self.path(of: head) == BeaconLocation.notificationBeaconsPath,
+               let seconds = retryAfterIfBusy?() {
+                answered = true
+                return respondBusy(context: context, retryAfterSeconds: seconds)
+            }
+            self.head = self.head ?? head
         case .body: break  // a GET has none; whatever arrives is dropped, not buffered
         case .end:
             guard let head else { return }
@@ -273,8 +312,18 @@ final class BeaconRequestHandler: ChannelInboundHandler {
         }
     }
 
+    private static func path(of head: HTTPRequestHead) -> String {
+        head.uri.split(separator: "?", maxSplits: 1).first.map(String.init) ?? head.uri
+    }
+
+    /// `503 Service Unavailable`, `Retry-After: seconds`, no body; the connection closes after it.
+    private func respondBusy(context: ChannelHandlerContext, retryAfterSeconds: Int) {
+        let headers = HTTPHeaders([("Connection", "close"), ("Retry-After", String(retryAfterSeconds)), ("Content-Length", "0")])
+        finish(context: context, head: HTTPResponseHead(version: .http1_1, status: .serviceUnavailable, headers: headers), body: [])
+    }
+
     private func respond(context: ChannelHandlerContext, to head: HTTPRequestHead) {
-        let path = head.uri.split(separator: "?", maxSplits: 1).first.map(String.init) ?? head.uri
+        let path = Self.path(of: head)
         var headers = HTTPHeaders([("Connection", "close")])
         let status: HTTPResponseStatus
         var body: [UInt8] = []
@@ -292,7 +341,11 @@ final class BeaconRequestHandler: ChannelInboundHandler {
             status = .noContent
         }
         if status != .noContent { headers.add(name: "Content-Length", value: String(body.count)) }
-        context.write(wrapOutboundOut(.head(HTTPResponseHead(version: .http1_1, status: status, headers: headers))), promise: nil)
+        finish(context: context, head: HTTPResponseHead(version: .http1_1, status: status, headers: headers), body: body)
+    }
+
+    private func finish(context: ChannelHandlerContext, head: HTTPResponseHead, body: [UInt8]) {
+        context.write(wrapOutboundOut(.head(head)), promise: nil)
         if !body.isEmpty {
             context.write(wrapOutboundOut(.body(.byteBuffer(context.channel.allocator.buffer(bytes: body)))), promise: nil)
         }

@@ -51,16 +51,33 @@ struct PeerTable {
     private var nextReadSequence = 0
     /// The USNs of peers given up after their beacons were read, at most `maxRememberedReadPeers`.
     private var readServiceNames: BoundedHashMemory
+    /// Source addresses whose beacons matched one of the app's contacts, the latest `maxContactSources`
+    /// (oldest forgotten first): their peers keep their places in a full table, ahead of strangers.
+    private var contactHosts: Set<String> = []
+    private var contactHostOrder: [String] = []
+    let maxContactSources: Int
 
     init(maxPeers: Int, byebyeGrace: TimeAmount,
          refetchDelay: TimeAmount = SSDPDiscoveryLimits().failedFetchRetryDelay,
          maxRefetchDelay: TimeAmount = SSDPDiscoveryLimits().maxFailedFetchRetryDelay,
-         maxRememberedReadPeers: Int = SSDPDiscoveryLimits().maxRememberedReadPeers) {
+         maxRememberedReadPeers: Int = SSDPDiscoveryLimits().maxRememberedReadPeers,
+         maxContactSources: Int = SSDPDiscoveryLimits().maxContactSources) {
         self.maxPeers = maxPeers
         self.byebyeGrace = byebyeGrace
         refetchBackoff = Backoff(base: Duration(refetchDelay), cap: Duration(maxRefetchDelay))
         readServiceNames = BoundedHashMemory(capacity: maxRememberedReadPeers)
+        self.maxContactSources = max(0, maxContactSources)
     }
+
+    /// The beacons of a peer at `host` matched a contact: its peers are a contact's from now on.
+    mutating func markContact(host: String) {
+        guard maxContactSources > 0, contactHosts.insert(host).inserted else { return }
+        contactHostOrder.append(host)
+        if contactHostOrder.count > maxContactSources { contactHosts.remove(contactHostOrder.removeFirst()) }
+    }
+
+    /// Whether the peer at `location` is a contact's (its source matched one).
+    func isContact(_ location: BeaconLocation) -> Bool { contactHosts.contains(location.host) }
 
     var count: Int { entries.count }
     var peers: [SSDPPeer] { entries.values.map(\.peer) }
@@ -94,7 +111,11 @@ struct PeerTable {
         guard !readServiceNames.contains(serviceName) else { return [.alreadyRead] }
         var actions: [Action] = []
         if entries.count >= maxPeers {
-            guard let evicted = evictReadLongestAgo() else { return [.capExceeded] }
+            // Contacts first: a contact takes the place of a stranger still being fetched when no read
+            // one is left; a stranger never takes a contact's.
+            guard let evicted = evictReadLongestAgo() ?? (isContact(location) ? evictUnreadStranger() : nil) else {
+                return [.capExceeded]
+            }
             actions.append(.emit(.left(evicted.peer, reason: .narrowed)))
         }
         // A USN is unique to one location; if it moves, the old location's peer leaves.
@@ -140,20 +161,43 @@ struct PeerTable {
         return [.emit(.beaconsFetched(entry.peer))]
     }
 
-    /// Removes and returns the tracked peer whose beacons were read longest ago (nil: none is read yet),
-    /// remembering its USN as read.
+    /// Removes and returns the stranger whose beacons were read longest ago (nil: none is read yet),
+    /// remembering its USN as read. Contacts keep their places; their reads are passed over.
     private mutating func evictReadLongestAgo() -> Entry? {
+        var contactsPassed: [(location: BeaconLocation, sequence: Int)] = []
+        defer {
+            // Their reads stay in the order, at its front, for when their source is forgotten as a contact.
+            if !contactsPassed.isEmpty {
+                readOrderStart -= contactsPassed.count
+                for (offset, record) in contactsPassed.enumerated() { readOrder[readOrderStart + offset] = record }
+            }
+        }
         while readOrderStart < readOrder.count {
             let (location, sequence) = readOrder[readOrderStart]
             readOrderStart += 1
             guard let entry = entries[location], entry.readSequence == sequence,
                   case .fetched = entry.peer.beaconState else { continue }
+            if isContact(location) {
+                contactsPassed.append((location, sequence))
+                continue
+            }
             entries[location] = nil
             locationByServiceName[entry.peer.uniqueServiceName] = nil
             readServiceNames.insert(entry.peer.uniqueServiceName)
             return entry
         }
         return nil
+    }
+
+    /// Removes and returns a stranger not read yet (its fetch pending or failed), for a contact.
+    private mutating func evictUnreadStranger() -> Entry? {
+        guard let (location, entry) = entries.first(where: { location, entry in
+            if case .fetched = entry.peer.beaconState { return false }
+            return !isContact(location)
+        }) else { return nil }
+        entries[location] = nil
+        locationByServiceName[entry.peer.uniqueServiceName] = nil
+        return entry
     }
 
     /// Drops the consumed front of `readOrder`, and its stale records once they outnumber the table.

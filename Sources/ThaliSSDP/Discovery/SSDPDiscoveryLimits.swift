@@ -83,6 +83,14 @@ public struct SSDPDiscoveryLimits: Sendable {
     public var maxFetchSpread: TimeAmount = .seconds(15)
     /// Search answers waiting for their random delay at once; more M-SEARCHes are not answered.
     public var maxPendingSearchResponses: Int = 16
+    /// Source addresses remembered as a contact's (their beacons matched one, `SSDPDiscoveryService.markContact(at:)`),
+    /// the latest first: their peers keep their places in a full table and their fetches go first
+    /// (`spec/ssdp.md` 7.2). 256 covers an address book; a few bytes each.
+    public var maxContactSources: Int = 256
+    /// How long discovery must go without narrowing (no read pause, the table below seven eighths of
+    /// `maxTrackedPeers`) before a new narrowing is reported again as `.limitTriggered(.narrowed)`: one
+    /// report per episode, not one per window of a hall that keeps the budget full.
+    public var narrowingEpisodeGap: TimeAmount = .seconds(10)
 
     /// The defaults above.
     public init() {}
@@ -123,6 +131,12 @@ public struct SSDPDiscoveryCounters: Hashable, Sendable {
     public var alreadyReadPeersIgnored = 0
     /// Windows in which reading stopped at `maxDatagramsReadPerWindow`.
     public var readPauses = 0
+    /// Narrowing episodes (a full table or read pauses, `narrowingEpisodeGap` apart), each reported once
+    /// as `.limitTriggered(.narrowed)`.
+    public var narrowingEpisodes = 0
+    /// Busy answers (`503` with `Retry-After`) to our fetches: each postponed its source's fetches, none
+    /// counted as a failure (`spec/ssdp.md` 6.1).
+    public var busyAnswersReceived = 0
     /// M-SEARCHes sent.
     public var searchesSent = 0
     /// Unicast search answers sent.

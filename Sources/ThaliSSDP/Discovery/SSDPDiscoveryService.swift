@@ -66,6 +66,10 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
     private var readingPaused = false
     /// Whether the table is full and narrowing (counted once per time it fills up).
     private var narrowingAtCap = false
+    /// Whether discovery is in a narrowing episode (the table full, or reading paused by its budget),
+    /// reported once as `.limitTriggered(.narrowed)`; it ends `narrowingEpisodeGap` after the last sign.
+    private var narrowingEpisode = false
+    private var lastNarrowed: NIODeadline?
     private var sources: SSDPSourceBudgets
     /// Distinct sources whose fetches failed since the last success (the global unicast check).
     private var failingSources: Set<String> = []
@@ -101,7 +105,8 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
                                byebyeGrace: configuration.byebyeGracePeriod,
                                refetchDelay: configuration.limits.failedFetchRetryDelay,
                                maxRefetchDelay: configuration.limits.maxFailedFetchRetryDelay,
-                               maxRememberedReadPeers: configuration.limits.maxRememberedReadPeers)
+                               maxRememberedReadPeers: configuration.limits.maxRememberedReadPeers,
+                               maxContactSources: configuration.limits.maxContactSources)
         self.flood = RateWindow(limit: configuration.limits.maxDatagramsPerWindow,
                                 length: configuration.limits.floodWindow)
         self.reads = RateWindow(limit: configuration.limits.maxDatagramsReadPerWindow,
@@ -231,6 +236,13 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
     /// What discovery has counted so far.
     public func counters() async -> SSDPDiscoveryCounters {
         (try? await eventLoop.submit { self.counters }.get()) ?? SSDPDiscoveryCounters()
+    }
+
+    /// Tells discovery that the beacons fetched from `location` matched one of the app's contacts: its
+    /// source keeps its place in a full table and its fetches go ahead of strangers' (spec/ssdp.md 7.2).
+    /// At most `maxContactSources` sources are remembered, the latest first.
+    public func markContact(at location: BeaconLocation) {
+        eventLoop.execute { [self] in table.markContact(host: location.host) }
     }
 
     /// What the beacon server has counted so far.
@@ -367,6 +379,7 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
         guard !readingPaused else { return }
         readingPaused = true
         counters.readPauses += 1
+        noteNarrowing(reason: "more datagrams than the read budget")
         setReadingPaused(true)
         let windowEnd = (reads.start ?? now) + configuration.limits.floodWindow
         eventLoop.scheduleTask(in: max(.zero, windowEnd - now)) { [self] in
@@ -552,20 +565,13 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
                 }
                 eventSink.yield(event)
             case .fetch(let location, let serviceName):
-                var random = SystemRandomNumberGenerator()
-                let delay = configuration.limits.fetchDelay(trackedPeers: table.count, using: &random)
+                // A contact's beacons are read at once and first (spec/ssdp.md 7.2, contacts first).
+                let delay = table.isContact(location) ? .zero : crowdSpread()
                 guard delay > .zero else {
                     enqueueFetch(location, serviceName: serviceName)
                     continue
                 }
-                // A location already waiting fetches the USN current when its wait ends: a source that
-                // changes USN with every datagram gets one timer, not one per datagram.
-                guard spreadingLocations.insert(location).inserted else { continue }
-                eventLoop.scheduleTask(in: delay) { [self] in
-                    spreadingLocations.remove(location)
-                    guard !stopped, let current = table.serviceName(at: location) else { return }
-                    enqueueFetch(location, serviceName: current)
-                }
+                fetchLater(location, at: .now() + delay)
             case .capExceeded:
                 counters.peersRejectedAtCap += 1
                 noteNarrowingAtCap()
@@ -575,22 +581,53 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
         }
     }
 
+    /// A random wait below `trackedPeers × fetchSpreadPerPeer` (spec/ssdp.md 5): what spreads a crowd's
+    /// fetches of one peer.
+    private func crowdSpread() -> TimeAmount {
+        var random = SystemRandomNumberGenerator()
+        return configuration.limits.fetchDelay(trackedPeers: table.count, using: &random)
+    }
+
+    /// Fetches `location`'s current USN at `deadline`. A location already waiting fetches the USN current
+    /// when its wait ends: a source that changes USN with every datagram gets one timer, not one per datagram.
+    private func fetchLater(_ location: BeaconLocation, at deadline: NIODeadline) {
+        guard spreadingLocations.insert(location).inserted else { return }
+        eventLoop.scheduleTask(deadline: deadline) { [self] in
+            spreadingLocations.remove(location)
+            guard !stopped, let current = table.serviceName(at: location) else { return }
+            enqueueFetch(location, serviceName: current)
+        }
+    }
+
     /// The table is full and narrows: counted once each time it fills up from below seven eighths of the
     /// cap (see `housekeeping`).
     private func noteNarrowingAtCap() {
+        noteNarrowing(reason: "the peer table is full")
         guard !narrowingAtCap else { return }
         narrowingAtCap = true
         counters.peerCapNarrowings += 1
-        logger.notice("SSDP discovery narrowed: the peer table is full",
-                      metadata: ["maxTrackedPeers": "\(configuration.limits.maxTrackedPeers)"])
     }
 
+    /// Discovery narrowed (a full table, or reading paused by its budget): the first sign of an episode
+    /// reports it, once, as `.limitTriggered(.narrowed)`; `housekeeping` ends the episode after
+    /// `narrowingEpisodeGap` without another.
+    private func noteNarrowing(reason: String) {
+        lastNarrowed = .now()
+        guard !narrowingEpisode else { return }
+        narrowingEpisode = true
+        counters.narrowingEpisodes += 1
+        logger.notice("SSDP discovery narrowed", metadata: ["reason": "\(reason)"])
+        eventSink.yield(.limitTriggered(.narrowed))
+    }
+
+    /// Queues a fetch of `serviceName`; a contact's goes to the front of the queue, ahead of strangers'.
     private func enqueueFetch(_ location: BeaconLocation, serviceName: String) {
-        guard fetchQueue.count < configuration.limits.maxTrackedPeers else {
+        let contact = table.isContact(location)
+        guard fetchQueue.count < configuration.limits.maxTrackedPeers || contact else {
             perform(table.fetched(serviceName: serviceName, result: .failed, reason: "fetch queue full", now: .now()))
             return
         }
-        fetchQueue.append((location, serviceName))
+        if contact { fetchQueue.insert((location, serviceName), at: 0) } else { fetchQueue.append((location, serviceName)) }
         startFetches()
     }
 
@@ -598,6 +635,11 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
         while fetchesInFlight < configuration.limits.maxConcurrentFetches, !fetchQueue.isEmpty {
             let (location, serviceName) = fetchQueue.removeFirst()
             guard table.isCurrent(serviceName) else { continue }  // superseded while queued
+            // A source that answered busy is asked again when it said, each fetch spread over the crowd.
+            if let until = sources.fetchesDeferred(from: location.host, now: .now()) {
+                fetchLater(location, at: until + crowdSpread())
+                continue
+            }
             guard !sources.isRefused(location.host, now: .now()) else {
                 counters.fetchesSkippedForIgnoredSources += 1
                 // Not fetched is failed: a later alive, once the wait is over, fetches it again.
@@ -632,6 +674,10 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
             for case .emit(.beaconsFetched(let peer)) in actions { return (peer, bytes) }
             return nil
         case .failure(let error):
+            if case .busy(let wait) = error.reason {
+                deferFetches(of: serviceName, for: wait)
+                return nil
+            }
             counters.beaconFetchesFailed += 1
             let host = table.location(of: serviceName)?.host
             perform(table.fetched(serviceName: serviceName, result: .failed, reason: "\(error.reason)", now: .now()))
@@ -651,6 +697,18 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
             }
             return nil
         }
+    }
+
+    /// A busy answer (spec/ssdp.md 6.1): the source asked to be fetched again after `wait`. Its fetches wait
+    /// that long plus a spread over the crowd (§5), so the crowd it turned away does not come back in one
+    /// wave. Not a failure: nothing counts toward the source's or the global failure limits, and the peer
+    /// stays in the table, its fetch pending.
+    private func deferFetches(of serviceName: String, for wait: TimeAmount) {
+        counters.busyAnswersReceived += 1
+        guard let location = table.location(of: serviceName) else { return }
+        let until = NIODeadline.now() + wait
+        sources.deferFetches(from: location.host, until: until)
+        fetchLater(location, at: until + crowdSpread())
     }
 
     /// Pauses announcing; returns whether this started a pause (an ongoing one is only extended).
@@ -679,6 +737,10 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
         // loses to expiry between refills do not count (and log) a new narrowing each time.
         if narrowingAtCap, table.count < configuration.limits.maxTrackedPeers - configuration.limits.maxTrackedPeers / 8 {
             narrowingAtCap = false
+        }
+        if narrowingEpisode, !narrowingAtCap, let lastNarrowed,
+           NIODeadline.now() - lastNarrowed >= configuration.limits.narrowingEpisodeGap {
+            narrowingEpisode = false
         }
     }
 

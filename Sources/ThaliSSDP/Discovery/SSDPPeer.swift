@@ -52,8 +52,10 @@ public enum SSDPDiscoveryEvent: Hashable, Sendable {
     public enum LimitKind: String, Hashable, Sendable {
         /// Too many datagrams: discovery off for `discoveryCooldown`.
         case announcementFlood
-        /// Not emitted any more: a full table narrows discovery instead (`SSDPDiscoveryLimits/maxTrackedPeers`).
-        case peerCap
+        /// Discovery narrowed to a sample of the crowd (a full table, or more datagrams than the read budget;
+        /// `spec/ssdp.md` 7.2): nothing is switched off; reported once per episode
+        /// (`SSDPDiscoveryLimits/narrowingEpisodeGap`).
+        case narrowed
         /// Every unicast failed: announcing paused for `unicastFailurePause`.
         case unicastFailure
         /// The beacon HTTP server was overloaded: its port closed and announcing paused.

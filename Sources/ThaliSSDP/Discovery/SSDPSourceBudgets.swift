@@ -25,6 +25,8 @@ struct SSDPSourceBudgets: Sendable {
         var refusal: Refusal?
         var trackedPeers = 0
         var consecutiveFetchFailures = 0
+        /// A busy answer asked us not to fetch from it before then.
+        var fetchesDeferredUntil: NIODeadline?
         var lastSeen: NIODeadline
     }
 
@@ -82,6 +84,18 @@ struct SSDPSourceBudgets: Sendable {
         guard var entry = sources[source], entry.trackedPeers > 0 else { return }
         entry.trackedPeers -= 1
         sources[source] = entry
+    }
+
+    /// `source` answered busy: no fetch of it before `until`. Not a failure.
+    mutating func deferFetches(from source: String, until: NIODeadline) {
+        guard var entry = sources[source] else { return }
+        entry.fetchesDeferredUntil = max(entry.fetchesDeferredUntil ?? until, until)
+        sources[source] = entry
+    }
+
+    /// When fetches of `source` may start again, if a busy answer postponed them past `now`.
+    func fetchesDeferred(from source: String, now: NIODeadline) -> NIODeadline? {
+        sources[source]?.fetchesDeferredUntil.flatMap { now < $0 ? $0 : nil }
     }
 
     /// A beacon fetch from `source` succeeded.

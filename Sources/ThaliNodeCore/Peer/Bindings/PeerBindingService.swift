@@ -46,6 +46,15 @@ public protocol PeerBindingService: AnyObject, Sendable {
     /// Whether a connection to the node's port from `remoteHost` came over this binding.
     func carries(remoteHost: String) -> Bool
 
+    /// Beacons this binding fetched from `location` matched a contact: a binding that narrows keeps it
+    /// ahead of strangers.
+    func contactMatched(at location: BeaconLocation)
+
     /// Stops: announcements withdrawn, connections closed.
     func stop() async
+}
+
+extension PeerBindingService {
+    /// Nothing to keep: a binding that does not narrow ignores it.
+    public func contactMatched(at location: BeaconLocation) {}
 }

@@ -73,6 +73,10 @@ final class PeerWiFiBinding: PeerBindingService {
 
     func hasEnded(_ location: BeaconLocation) -> Bool { false }
 
+    func contactMatched(at location: BeaconLocation) {
+        service.withLockedValue { $0 }?.markContact(at: location)
+    }
+
     /// Wi-Fi peers come from anywhere on the segment: this binding claims no source (it is the default).
     func carries(remoteHost: String) -> Bool { false }
 
@@ -81,7 +85,8 @@ final class PeerWiFiBinding: PeerBindingService {
         eventsTask.withLockedValue { $0 }?.cancel()
     }
 
-    /// What a fired limit switched off, for how long, and why; each is that limit's last resort.
+    /// What a fired limit switched off, for how long, and why; each is that limit's last resort, but
+    /// narrowing, which switches nothing off (its period: the quiet time that ends its episode).
     static func report(of kind: SSDPDiscoveryEvent.LimitKind, limits: SSDPDiscoveryLimits,
                        admission: AdmissionLimits) -> PeerLimitReport {
         func duration(_ amount: TimeAmount) -> Duration { .nanoseconds(amount.nanoseconds) }
@@ -90,9 +95,9 @@ final class PeerWiFiBinding: PeerBindingService {
         case .announcementFlood:
             return PeerLimitReport(kind: PeerLimitKind(kind), effect: .discoveryOff, period: duration(limits.discoveryCooldown),
                                    detail: "SSDP discovery off for \(seconds(limits.discoveryCooldown)) (last resort: more than \(limits.maxDatagramsPerWindow) datagrams per \(seconds(limits.floodWindow)))")
-        case .peerCap:
-            return PeerLimitReport(kind: PeerLimitKind(kind), effect: .discoveryOff, period: duration(limits.discoveryCooldown),
-                                   detail: "SSDP discovery off for \(seconds(limits.discoveryCooldown)) (last resort: more than \(limits.maxTrackedPeers) peers tracked)")
+        case .narrowed:
+            return PeerLimitReport(kind: PeerLimitKind(kind), effect: .discoveryNarrowed, period: duration(limits.narrowingEpisodeGap),
+                                   detail: "SSDP discovery narrowed to a sample of the crowd (more than \(limits.maxTrackedPeers) peers or \(limits.maxDatagramsReadPerWindow) datagrams per \(seconds(limits.floodWindow))); nothing switched off, reported again after \(seconds(limits.narrowingEpisodeGap)) without narrowing")
         case .unicastFailure:
             return PeerLimitReport(kind: PeerLimitKind(kind), effect: .announcingPaused, period: duration(limits.unicastFailurePause),
                                    detail: "announcing paused for \(seconds(limits.unicastFailurePause)) (last resort: \(limits.unicastFailureThreshold) unicast failures)")
