@@ -31,6 +31,7 @@ let harnesses: [(name: String, target: String)] = [
     ("psk-tls-pair", "FuzzPSKTLSPair"),
     ("tls-hello-flight", "FuzzTLSHelloFlight"),
     ("ssdp-search-answers", "FuzzSSDPSearchAnswers"),
+    ("stream-header", "FuzzStreamHeader"),
 ]
 
 let package = Package(

@@ -80,6 +80,7 @@ public enum FuzzHarnesses {
         PSKTLSPairHarness.harness,
         TLSHelloFlightHarness.harness,
         SSDPSearchAnswersHarness.harness,
+        StreamHeaderHarness.harness,
     ]
 
     /// The harness called `name`, if any.

@@ -37,6 +37,11 @@ public enum PSKTLSProfile {
     public static let maximumIdentityLength = 256
     /// The longest PSK OpenSSL 3.0 accepts, in bytes (`PSK_MAX_PSK_LEN`).
     public static let maximumPSKLength = 512
+    /// The longest ALPN protocol name, in bytes (RFC 7301 §3.1: a one-byte length).
+    public static let maximumApplicationProtocolLength = 255
+    /// The most ALPN protocol names a context offers or accepts (ours; the wire allows about 250 of
+    /// the shortest).
+    public static let maximumApplicationProtocols = 16
 }
 
 /// Settings of a PSK-TLS client or server. Every limit has a default that suits a phone-sized peer.
@@ -97,6 +102,14 @@ public struct PSKTLSConfiguration: Sendable {
     /// that would close at the end of its TCP input closes at the end of its TLS input too. Default: true.
     public var allowRemoteHalfClosure: Bool = true
 
+    /// Application protocols (TLS ALPN, RFC 7301) in order of preference. A client offers them in its
+    /// ClientHello; a server selects the first of its own that the client offered, and answers without
+    /// the extension when there is none (so a client offering nothing, or only protocols the server does
+    /// not know, connects as before). The outcome is ``PSKTLSNegotiatedParameters/applicationProtocol``.
+    /// Each name is 1...``PSKTLSProfile/maximumApplicationProtocolLength`` bytes; at most
+    /// ``PSKTLSProfile/maximumApplicationProtocols`` of them. Default: none.
+    public var applicationProtocols: [String] = []
+
     /// The defaults.
     public init() {}
 
@@ -124,6 +137,21 @@ public struct PSKTLSNegotiatedParameters: Hashable, Sendable {
     public let pskIdentity: String
     /// Client only: whether the server sent a PSK identity hint (a Thali server never does).
     public let serverSentIdentityHint: Bool
+    /// The application protocol both sides agreed on with ALPN
+    /// (``PSKTLSConfiguration/applicationProtocols``); nil when the client offered none or the server
+    /// selected none.
+    public let applicationProtocol: String?
+
+    /// The parameters of a handshake.
+    public init(protocolVersion: String, cipherSuite: String, dhGroupBits: Int, pskIdentity: String,
+                serverSentIdentityHint: Bool, applicationProtocol: String? = nil) {
+        self.protocolVersion = protocolVersion
+        self.cipherSuite = cipherSuite
+        self.dhGroupBits = dhGroupBits
+        self.pskIdentity = pskIdentity
+        self.serverSentIdentityHint = serverSentIdentityHint
+        self.applicationProtocol = applicationProtocol
+    }
 }
 
 /// Events the handler fires through the pipeline.

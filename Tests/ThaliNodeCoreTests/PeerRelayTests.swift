@@ -6,7 +6,7 @@ import Testing
 @testable import ThaliNodeCore
 
 /// Echoes every byte back (the "app" behind a relaying peer).
-private final class EchoHandler: ChannelInboundHandler, Sendable {
+final class EchoHandler: ChannelInboundHandler, Sendable {
     typealias InboundIn = ByteBuffer
     typealias OutboundOut = ByteBuffer
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
@@ -148,7 +148,7 @@ struct PeerRelayTests {
         return port
     }
 
-    private static func echoServer() async throws -> Channel {
+    static func echoServer() async throws -> Channel {
         try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
             .childChannelInitializer { $0.pipeline.addHandler(EchoHandler()) }
             .bind(host: "127.0.0.1", port: 0).get()

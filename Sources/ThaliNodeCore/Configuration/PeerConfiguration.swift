@@ -63,8 +63,13 @@ public struct PeerConfiguration: Sendable {
     public var beaconValidity: Duration = .seconds(3600)
     /// The beacon wire profile.
     public var beaconProfile: BeaconProfile = .spec
-    /// Relay mode: authenticated streams go to this local TCP port instead of the built-in delivery.
+    /// Relay mode: streams a contact opens for a relay go to this local TCP port. On a marked session
+    /// (``streams``) delivery goes on beside the relay; with an unmarked one (a peer from before stream
+    /// marking) every stream goes to the app, as it always did.
     public var appPort: Int?
+    /// Stream marking: whether sessions offer `thali-streams/1` and how long a stream's header and its
+    /// answer may take (spec/node.md, "Stream marking").
+    public var streams = PeerStreamConfiguration()
     /// Relay mode: the local port of each contact's relay listener, by contact name (`--relay-port
     /// NAME=PORT`). A contact not named here keeps the port first bound for it across reconnects.
     public var relayPorts: [String: Int] = [:]

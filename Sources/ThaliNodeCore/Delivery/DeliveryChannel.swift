@@ -31,10 +31,15 @@ public enum DeliveryChannel {
     /// receives). The handlers are installed before the stream is live: the sender answers the open
     /// with its first frame at once, and bytes that reach a stream's pipeline before its handlers are
     /// dropped, which would leave the session waiting for a frame already lost.
-    public static func openStream(on session: MultiplexerSession, limits: DeliveryLimits) async throws -> AsyncFrames {
+    ///
+    /// `prepare` runs first on the stream's event loop, before the delivery handlers are added (to put
+    /// a stream header's handler in front of them, say).
+    public static func openStream(on session: MultiplexerSession, limits: DeliveryLimits,
+                                  prepare: (@Sendable (Channel) throws -> Void)? = nil) async throws -> AsyncFrames {
         let configured = NIOLockedValueBox<AsyncFrames?>(nil)
         _ = try await session.openStream(initializer: { stream in
             stream.eventLoop.makeCompletedFuture {
+                try prepare?(stream)
                 let frames = try configureSynchronously(stream, limits: limits)
                 configured.withLockedValue { $0 = frames }
             }

@@ -17,6 +17,8 @@ public enum AuthenticatedSession {
         public let session: MultiplexerSession
         /// Succeeds with the peer once the handshake authenticated it; fails when the handshake fails.
         public let peer: EventLoopFuture<Peer>
+        /// What the handshake negotiated (with ``peer``).
+        public let handshake: EventLoopFuture<PSKTLSNegotiatedParameters>
     }
 
     /// What ``configureClient(on:context:identity:psk:multiplexer:inboundStream:)`` returns.
@@ -34,6 +36,19 @@ public enum AuthenticatedSession {
         multiplexer: MultiplexerConfiguration = MultiplexerConfiguration(),
         lookup: @escaping @Sendable (String) -> (psk: [UInt8], peer: Peer)?,
         inboundStream: @escaping @Sendable (Channel, Peer) -> EventLoopFuture<Void>
+    ) -> EventLoopFuture<Server<Peer>> {
+        configureServer(on: channel, context: context, multiplexer: multiplexer, lookup: lookup) { stream, peer, _ in
+            inboundStream(stream, peer)
+        }
+    }
+
+    /// ``configureServer(on:context:multiplexer:lookup:inboundStream:)`` whose `inboundStream` also gets
+    /// what the handshake negotiated (its ALPN protocol says whether the session's streams are marked).
+    public static func configureServer<Peer: Sendable>(
+        on channel: Channel, context: PSKTLSContext,
+        multiplexer: MultiplexerConfiguration = MultiplexerConfiguration(),
+        lookup: @escaping @Sendable (String) -> (psk: [UInt8], peer: Peer)?,
+        inboundStream: @escaping @Sendable (Channel, Peer, PSKTLSNegotiatedParameters) -> EventLoopFuture<Void>
     ) -> EventLoopFuture<Server<Peer>> {
         let handshake = channel.eventLoop.makePromise(of: PSKTLSNegotiatedParameters.self)
         // The peer of the identity the handshake was keyed with: OpenSSL asks once per handshake.
@@ -54,9 +69,9 @@ public enum AuthenticatedSession {
             }
         }.flatMap {
             MultiplexerSession.configure(on: channel, role: .server, configuration: multiplexer) { stream in
-                peer.flatMap { inboundStream(stream, $0) }
+                peer.and(handshake.futureResult).flatMap { inboundStream(stream, $0, $1) }
             }
-        }.map { Server(session: $0, peer: peer) }.flatMapErrorThrowing { error in
+        }.map { Server(session: $0, peer: peer, handshake: handshake.futureResult) }.flatMapErrorThrowing { error in
             channel.close(promise: nil)
             throw error
         }
@@ -69,14 +84,35 @@ public enum AuthenticatedSession {
         multiplexer: MultiplexerConfiguration = MultiplexerConfiguration(),
         inboundStream: MultiplexerHandler.StreamInitializer? = nil
     ) -> EventLoopFuture<Client> {
+        var negotiated: (@Sendable (Channel, PSKTLSNegotiatedParameters) -> EventLoopFuture<Void>)?
+        if let inboundStream { negotiated = { stream, _ in inboundStream(stream) } }
+        return configureClient(on: channel, context: context, identity: identity, psk: psk, multiplexer: multiplexer,
+                               negotiatedInboundStream: negotiated)
+    }
+
+    /// ``configureClient(on:context:identity:psk:multiplexer:inboundStream:)`` whose initializer for the
+    /// streams the server opens runs once the handshake completed, with what it negotiated.
+    public static func configureClient(
+        on channel: Channel, context: PSKTLSContext, identity: String, psk: [UInt8],
+        multiplexer: MultiplexerConfiguration = MultiplexerConfiguration(),
+        negotiatedInboundStream inboundStream: (@Sendable (Channel, PSKTLSNegotiatedParameters) -> EventLoopFuture<Void>)?
+    ) -> EventLoopFuture<Client> {
         let handshake = channel.eventLoop.makePromise(of: PSKTLSNegotiatedParameters.self)
+        let negotiated = handshake.futureResult
+        var initializer: MultiplexerHandler.StreamInitializer?
+        if let inboundStream {
+            initializer = { @Sendable (stream: Channel) -> EventLoopFuture<Void> in
+                negotiated.flatMap { (parameters: PSKTLSNegotiatedParameters) -> EventLoopFuture<Void> in inboundStream(stream, parameters) }
+            }
+        }
+        let streamInitializer = initializer
         return channel.eventLoop.makeCompletedFuture {
             try install(on: channel, handshake: handshake) {
                 try PSKTLSHandler(clientContext: context, identity: identity, psk: psk, handshakePromise: handshake)
             }
         }.flatMap {
             MultiplexerSession.configure(on: channel, role: .client, configuration: multiplexer,
-                                         inboundStreamInitializer: inboundStream)
+                                         inboundStreamInitializer: streamInitializer)
         }.map { Client(session: $0, handshake: handshake.futureResult) }.flatMapErrorThrowing { error in
             channel.close(promise: nil)
             throw error

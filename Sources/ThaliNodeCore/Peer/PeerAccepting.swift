@@ -6,8 +6,10 @@ import ThaliPSKTLS
 
 extension ThaliPeer {
     /// The accepting side, on a connection the beacon port recognised as TLS: an ``AuthenticatedSession``
-    /// whose PSKs are the beacons we advertised, each naming its contact, and on each stream the peer
-    /// opens a delivery sender for that contact (or, in relay mode, a connection to the app port).
+    /// whose PSKs are the beacons we advertised, each naming its contact. On a marked session each stream
+    /// the peer opens names its kind (delivery, relay, an app protocol) and is served by it; on an
+    /// unmarked one each runs a delivery sender for that contact (or, in relay mode, a connection to the
+    /// app port).
     /// `onAuthenticated` runs when the handshake succeeded (the admission gate frees the connection's
     /// unauthenticated slot).
     func acceptSecureConnection(_ channel: Channel, onAuthenticated: @escaping @Sendable () -> Void) -> EventLoopFuture<Void> {
@@ -23,11 +25,13 @@ extension ThaliPeer {
                 return nil
             }
             return (advertised.psk, contact)
-        }, inboundStream: { [self] stream, contact in
-            serveStream(stream, for: contact, from: address)
+        }, inboundStream: { [self] (stream: Channel, contact: Contact, parameters: PSKTLSNegotiatedParameters) in
+            if Self.isMarked(parameters) { return serveMarkedStream(stream, for: contact, from: address, role: .accepting) }
+            return serveUnmarkedStream(stream, for: contact, from: address)
         }).flatMapThrowing { [self, emit] server in
-            server.peer.whenSuccess { [self] contact in
+            server.peer.and(server.handshake).whenSuccess { [self] contact, parameters in
                 onAuthenticated()
+                if Self.isMarked(parameters) { registerMarkedSession(server.session, contact: contact, role: .accepting) }
                 emit(.connected(contact: contact.name, role: .accepting, binding: binding))
                 // In relay mode the session itself is the work in flight (its streams come and go).
                 if configuration.appPort != nil {
@@ -55,10 +59,16 @@ extension ThaliPeer {
         return bindings.contains { $0.kind == .wifi } ? .wifi : .bluetooth
     }
 
-    private func serveStream(_ stream: Channel, for contact: Contact, from address: String) -> EventLoopFuture<Void> {
+    /// A stream of a session without marking: the node's mode decides what it carries, as before marking.
+    private func serveUnmarkedStream(_ stream: Channel, for contact: Contact, from address: String) -> EventLoopFuture<Void> {
         if let appPort = configuration.appPort {
             return relayToApp(stream, port: appPort, for: contact)
         }
+        return serveDelivery(stream, for: contact, from: address, role: .accepting)
+    }
+
+    /// Runs a delivery sender for `contact` on `stream` (whose opener receives).
+    func serveDelivery(_ stream: Channel, for contact: Contact, from address: String, role: PeerEvent.Role) -> EventLoopFuture<Void> {
         let limits = configuration.deliveryLimits
         return stream.eventLoop.makeCompletedFuture {
             if let rate = configuration.sendThrottleBytesPerSecond {
@@ -72,9 +82,9 @@ extension ThaliPeer {
                     _ = try await DeliverySender(store: store, authenticatedPeer: contact, limits: limits,
                                                  events: { [emit] in emit(.delivery(contact: contact.name, $0)) },
                                                  logger: logger).run(on: frames)
-                    emit(.sessionEnded(contact: contact.name, role: .accepting, error: nil))
+                    emit(.sessionEnded(contact: contact.name, role: role, error: nil))
                 } catch {
-                    emit(.sessionEnded(contact: contact.name, role: .accepting, error: sessionEndError(error, address: address)))
+                    emit(.sessionEnded(contact: contact.name, role: role, error: sessionEndError(error, address: address)))
                 }
             }
         }
@@ -85,7 +95,7 @@ extension ThaliPeer {
     /// Relay mode: joins a stream the contact opened to a new connection to the app port, counted while
     /// open. When the app port does not take the connection, the stream is reset (the contact's node
     /// reports that to its app) and ``PeerEvent/relayAppUnreachable(contact:role:error:)`` says why.
-    fileprivate func relayToApp(_ stream: Channel, port: Int, for contact: Contact) -> EventLoopFuture<Void> {
+    func relayToApp(_ stream: Channel, port: Int, for contact: Contact) -> EventLoopFuture<Void> {
         MultiplexerBridge.connectingInitializer(host: "127.0.0.1", port: port)(stream).map { [weak self] in
             self?.relayConnectionOpened(stream)
         }.flatMapErrorThrowing { [emit] error in

@@ -55,7 +55,8 @@ extension ThaliPeer {
     }
 
     /// One connection: PSK-TLS as the client with the match's identity and PSK, a yamux session, then the
-    /// delivery receiver on one stream (or, in relay mode, a local listener until the session ends).
+    /// delivery receiver on one stream (or, in relay mode, a local listener until the session ends). On a
+    /// marked session both run in relay mode, and the session stays open while the app uses streams.
     private func connect(_ contact: Contact, _ route: ContactRoute) async throws {
         let (match, location) = (route.match, route.location)
         let clientContext = self.clientContext
@@ -70,11 +71,19 @@ extension ThaliPeer {
         // A route holds an address (SSDP's LOCATION must name its sender's; Bluetooth's relay is on
         // loopback): connected to directly, not resolved by name and raced Happy-Eyeballs style.
         let target = try SocketAddress(ipAddress: location.host, port: location.port)
+        let address = "\(location.host):\(location.port)"
+        // Streams the contact's node opens on a marked session (an app's): served by their kind.
+        let inbound: @Sendable (Channel, PSKTLSNegotiatedParameters) -> EventLoopFuture<Void> = { [weak self] stream, parameters in
+            guard let self, Self.isMarked(parameters) else {
+                return stream.eventLoop.makeFailedFuture(MultiplexerError.sessionClosed)
+            }
+            return self.serveMarkedStream(stream, for: contact, from: address, role: .connecting)
+        }
         let client = try await bootstrap
             .connectTimeout(configuration.tls.connectTimeout)
             .connect(to: target) { channel in
                 AuthenticatedSession.configureClient(on: channel, context: clientContext, identity: match.pskIdentity,
-                                                     psk: match.psk)
+                                                     psk: match.psk, negotiatedInboundStream: inbound)
                     .flatMapThrowing { client in
                         // Reported only once the handshake authenticated the contact.
                         try channel.pipeline.syncOperations.addHandler(ConnectionEndRecorder { error in
@@ -88,35 +97,52 @@ extension ThaliPeer {
             }
         let session = client.session
         register(session.channel)
+        let marked: Bool
         do {
-            _ = try await client.handshake.get()
+            marked = Self.isMarked(try await client.handshake.get())
         } catch {
             try? await session.channel.close()
             throw error
         }
         emit(.connected(contact: contact.name, role: .connecting, binding: route.binding))
         updateLink(contact) { $0.connected() }
+        if marked { registerMarkedSession(session, contact: contact, role: .connecting) }
         if configuration.appPort != nil {
-            try await relay(contact, over: session, at: route.location)
+            // Marked: delivery beside the relay; its failure leaves the relay's session up.
+            if marked { spawn { [self] in try? await receive(from: contact, over: session, at: route.location, marked: true, keepingSession: true) } }
+            try await relay(contact, over: session, at: route.location, marked: marked)
+        } else if marked && keepsSessionsOpen {
+            try await receive(from: contact, over: session, at: route.location, marked: true, keepingSession: true)
+            await withTaskCancellationHandler {
+                try? await session.channel.closeFuture.get()
+            } onCancel: {
+                session.channel.close(promise: nil)
+            }
         } else {
-            try await receive(from: contact, over: session, at: route.location)
+            try await receive(from: contact, over: session, at: route.location, marked: marked, keepingSession: false)
         }
     }
 
-    private func receive(from contact: Contact, over session: MultiplexerSession, at location: BeaconLocation) async throws {
+    /// The delivery receiver on a stream this side opens. The session is closed when delivery ends,
+    /// unless `keepingSession` (relay, app streams); a failure is thrown either way.
+    private func receive(from contact: Contact, over session: MultiplexerSession, at location: BeaconLocation,
+                         marked: Bool, keepingSession: Bool) async throws {
         let limits = configuration.deliveryLimits
+        let writer = marked ? markingWriter(.delivery, contact: contact, role: .connecting) : nil
         sessionStarted()
         defer { sessionFinished() }
         do {
-            let frames = try await DeliveryChannel.openStream(on: session, limits: limits)
+            let frames = try await DeliveryChannel.openStream(on: session, limits: limits) { stream in
+                if let writer { try stream.pipeline.syncOperations.addHandler(writer()) }
+            }
             _ = try await DeliveryReceiver(store: store, authenticatedPeer: contact, limits: limits,
                                            events: { [emit] in emit(.delivery(contact: contact.name, $0)) },
                                            logger: logger).run(on: frames)
             emit(.sessionEnded(contact: contact.name, role: .connecting, error: nil))
-            try? await session.close().get()
+            if !keepingSession { try? await session.close().get() }
         } catch {
             emit(.sessionEnded(contact: contact.name, role: .connecting, error: sessionEndError(error, address: "\(location.host):\(location.port)")))
-            try? await session.close().get()
+            if !keepingSession { try? await session.close().get() }
             throw error
         }
     }
@@ -125,9 +151,9 @@ extension ThaliPeer {
     /// ends (then the link retries while the contact's beacon is valid). The port is the one the user
     /// pinned for the contact (``PeerConfiguration/relayPorts``), else the one first bound for it, so an
     /// app configured with it keeps working across reconnects.
-    private func relay(_ contact: Contact, over session: MultiplexerSession, at location: BeaconLocation) async throws {
+    private func relay(_ contact: Contact, over session: MultiplexerSession, at location: BeaconLocation, marked: Bool) async throws {
         let address = "\(location.host):\(location.port)"
-        let listener = try await openRelayListener(for: contact, over: session, address: address)
+        let listener = try await openRelayListener(for: contact, over: session, address: address, marked: marked)
         let port = listener.localAddress?.port ?? 0
         sessionStarted()
         await withTaskCancellationHandler {
@@ -147,10 +173,11 @@ extension ThaliPeer {
     /// ``PeerEvent/relayReopened(contact:port:)`` on the same port after a reconnect. A kept port taken
     /// meanwhile gives way to a free one; a pinned one closes the session (the link retries); both are
     /// reported as ``PeerEvent/relayPortUnavailable(contact:port:reason:instead:)``.
-    private func openRelayListener(for contact: Contact, over session: MultiplexerSession, address: String) async throws -> Channel {
+    private func openRelayListener(for contact: Contact, over session: MultiplexerSession, address: String,
+                                   marked: Bool) async throws -> Channel {
         let pinned = configuration.relayPorts[contact.name]
         let kept = state.withLockedValue { $0.relayPorts[contact.publicKey] }
-        let observer = relayStreamObserver(for: contact)
+        let observer = relayStreamObserver(for: contact, marked: marked)
         let listen = { (port: Int) in
             try await MultiplexerBridge.listen(host: "127.0.0.1", port: port, forwardingTo: session,
                                                streamInitializer: observer).get()
@@ -184,12 +211,16 @@ extension ThaliPeer {
     }
 
     /// Watches each relayed stream to `contact`: counts it while open, and reports a stream the
-    /// contact's node reset before any byte came back (its app port did not take the connection).
-    private func relayStreamObserver(for contact: Contact) -> MultiplexerHandler.StreamInitializer {
-        { [weak self] stream in
+    /// contact's node did not take to its app. Marked: the stream starts with a relay header, and the
+    /// answer says; unmarked: a reset before any byte came back says (its app port did not take the
+    /// connection).
+    private func relayStreamObserver(for contact: Contact, marked: Bool) -> MultiplexerHandler.StreamInitializer {
+        let writer = marked ? markingWriter(.relay, contact: contact, role: .connecting) : nil
+        return { [weak self] stream in
             stream.eventLoop.makeCompletedFuture {
                 guard let self else { return }
                 self.relayConnectionOpened(stream)
+                if let writer { return try stream.pipeline.syncOperations.addHandler(writer()) }
                 try stream.pipeline.syncOperations.addHandler(RelayStreamObserver { [weak self] in
                     self?.emit(.relayAppUnreachable(contact: contact.name, role: .connecting, error: nil))
                 })

@@ -57,6 +57,10 @@ public enum PeerEvent: Sendable, Hashable {
     /// the accepting side `error` is the failure to connect to the app port; on the connecting side it is
     /// nil: the contact's node reset the stream before any reply, as it does when its app port refuses.
     case relayAppUnreachable(contact: String, role: Role, error: PeerConnectionError?)
+    /// A marked stream with the contact was not served (``StreamRefusal``: a kind the refusing node does
+    /// not serve, a bad or late header or answer): reported once by each node, `byThisNode` telling which
+    /// refused, `role` being this node's side of the session; `kind` is nil when no header could be read.
+    case streamRefused(contact: String, role: Role, kind: String?, refusal: StreamRefusal, byThisNode: Bool)
     /// A binding that was asked for cannot run; the others go on.
     case bindingUnavailable(binding: PeerBindingKind, reason: String)
     /// The peer stopped.

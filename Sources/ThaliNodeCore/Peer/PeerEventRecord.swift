@@ -70,7 +70,7 @@ public struct PeerEventRecord: Encodable, Sendable, Hashable {
     public var retryInMs: Int?
     /// `session_ended`: the error, absent when the session completed.
     public var error: String?
-    /// A limit's kind, or an item's kind (`text`, `file`).
+    /// A limit's kind, an item's kind (`text`, `file`), or a stream's (`delivery`, `relay`, `app/NAME`).
     public var kind: String?
     /// `limit_triggered`: what the limit switched off.
     public var effect: String?
@@ -220,6 +220,14 @@ public struct PeerEventRecord: Encodable, Sendable, Hashable {
             }
             self.init(event: "relay_app_unreachable", summary: summary)
             (self.contact, self.role, self.reason) = (contact, role.rawValue, error?.description ?? "closed by \(contact)'s node before any reply")
+        case .streamRefused(let contact, let role, let kind, let refusal, let byThisNode):
+            let what = kind.map { "a \($0) stream" } ?? "a stream"
+            let summary = byThisNode
+                ? "stream: refused \(what) from \(contact): \(refusal.reason) (\(refusal.code))"
+                : "stream: \(contact)'s node refused \(what): \(refusal.reason) (\(refusal.code))"
+            self.init(event: "stream_refused", summary: summary)
+            (self.contact, self.role, self.kind) = (contact, role.rawValue, kind)
+            (self.reason, self.detail) = ("\(refusal.code): \(refusal.reason)", byThisNode ? "refused by this node" : "refused by \(contact)'s node")
         case .bindingUnavailable(let binding, let reason):
             self.init(event: "binding_unavailable", summary: "\(binding) is not running: \(reason)")
             (self.binding, self.reason) = (binding.rawValue, reason)

@@ -77,6 +77,14 @@ public final class ThaliPeer: Sendable {
         var relayPorts: [String: Int] = [:]
         /// Relay mode: relayed TCP connections open now (both roles).
         var relayConnections = 0
+        /// Marked sessions up now, by contact public key (either role): where app streams are opened.
+        var streamSessions: [String: [ObjectIdentifier: MarkedSession]] = [:]
+        /// ``ThaliPeer/openStream(to:protocol:timeout:)`` calls waiting for a session, with its contact's key.
+        var sessionWaiters: [UUID: (key: String, wake: LinkWakeSignal)] = [:]
+        /// ``ThaliPeer/handleStreams(protocol:)`` sequences, by app protocol.
+        var streamHandlers: [String: AsyncStream<PeerStream>.Continuation] = [:]
+        /// Whether the app uses streams: every contact is advertised to and sessions stay open.
+        var appStreamsWanted = false
         /// Whether `start()` was called (a peer starts once).
         var started = false
         var limitsTriggered: [PeerLimitKind: Int] = [:]
@@ -142,8 +150,9 @@ public final class ThaliPeer: Sendable {
             overloadTarget.withLockedValue { $0.peer }?.portOverloaded(for: period)
         }
         do {
-            clientContext = try PSKTLSContext(role: .client, configuration: configuration.tls)
-            serverContext = try PSKTLSContext(role: .server, configuration: configuration.tls)
+            let tls = configuration.streams.tlsConfiguration(configuration.tls)
+            clientContext = try PSKTLSContext(role: .client, configuration: tls)
+            serverContext = try PSKTLSContext(role: .server, configuration: tls)
         } catch {
             throw StartError.setup("\(error)")
         }
@@ -246,6 +255,7 @@ public final class ThaliPeer: Sendable {
             defer { state.tasks.removeAll() }
             return Array(state.tasks.values)
         }
+        finishStreamHandlers()
         for binding in bindings { await binding.stop() }
         await closePort()
         let channels = state.withLockedValue { state -> [Channel] in
@@ -412,19 +422,19 @@ public final class ThaliPeer: Sendable {
         }
     }
 
-    /// Announces beacons for the contacts the outbox holds items for (in relay mode: every contact) when
-    /// that set changes, when a new item arrives, or when a quarter of the announcement's validity is left.
+    /// Announces beacons for the contacts the outbox holds items for (in relay mode, or when the app
+    /// uses streams: every contact) when that set changes, when a new item arrives, or when a quarter of
+    /// the announcement's validity is left.
     func refreshAdvertisement() async throws {
         _ = try store.sweepExpired()
-        let contacts = configuration.appPort == nil ? try store.contactsWithPendingItems() : try store.contacts()
+        let withItems = try store.contactsWithPendingItems()
+        let contacts = keepsSessionsOpen ? try store.contacts() : withItems
         var items = Set<UUID>()
         var nextExpiry: Int64?
-        if configuration.appPort == nil {
-            for contact in contacts {
-                let pending = try store.pendingItems(for: contact)
-                items.formUnion(pending.map(\.id))
-                nextExpiry = ([nextExpiry].compactMap { $0 } + pending.map(\.expiresAtMs)).min()
-            }
+        for contact in withItems {
+            let pending = try store.pendingItems(for: contact)
+            items.formUnion(pending.map(\.id))
+            nextExpiry = ([nextExpiry].compactMap { $0 } + pending.map(\.expiresAtMs)).min()
         }
         state.withLockedValue { $0.nextItemExpiryMs = nextExpiry }
         let keys = Set(contacts.map(\.publicKey))

@@ -24,6 +24,7 @@ public final class PSKTLSContext: @unchecked Sendable {
     /// refuses a setting (which means the OpenSSL build lacks the suite or the group).
     public init(role: PSKTLSRole, configuration: PSKTLSConfiguration = PSKTLSConfiguration()) throws(PSKTLSError) {
         OpenSSLErrors.clear()
+        try Self.validateApplicationProtocols(configuration.applicationProtocols, role: role)
         // The group first: everything allocated before a throw must already belong to a stored property.
         let dhParameters = role == .server ? try DHParameters(group: configuration.dhGroup) : nil
         guard let context = SSL_CTX_new(role == .server ? TLS_server_method() : TLS_client_method()) else {
@@ -33,6 +34,7 @@ public final class PSKTLSContext: @unchecked Sendable {
         self.configuration = configuration
         self.pointer = context
         self.dhParameters = dhParameters
+        self.applicationProtocols = configuration.applicationProtocols.map { Array($0.utf8) }
         PSKTLSDiagnostics.adjust(\.contexts, by: 1)
 
         func check(_ ok: Bool, _ what: String) throws(PSKTLSError) {
@@ -55,6 +57,7 @@ public final class PSKTLSContext: @unchecked Sendable {
                                    alert: TLSAlert(rawValue: UInt8(truncatingIfNeeded: value)),
                                    sent: type & SSL_CB_WRITE != 0)
         }
+        try Self.configureApplicationProtocols(context, role: role, configuration.applicationProtocols)
         if let dhParameters {
             let key = dhParameters.retainedPointer()
             if SSL_CTX_set0_tmp_dh_pkey(context, key) != 1 {
@@ -67,6 +70,54 @@ public final class PSKTLSContext: @unchecked Sendable {
             }
         }
         OpenSSLErrors.clear()
+    }
+
+    /// The ALPN protocols of the context, each as its bytes: checked for length and count.
+    let applicationProtocols: [[UInt8]]
+
+    /// Client: the protocols offered in the ClientHello. Server: a selection callback that picks the first
+    /// of ours the client offered, and sends no ALPN extension (rather than a fatal alert) when none fits,
+    /// so a client that offers something else still connects.
+    private static func configureApplicationProtocols(_ context: OpaquePointer, role: PSKTLSRole,
+                                                      _ names: [String]) throws(PSKTLSError) {
+        guard !names.isEmpty else { return }
+        var wire: [UInt8] = []
+        for name in names {
+            let bytes = Array(name.utf8)
+            wire.append(UInt8(bytes.count))
+            wire += bytes
+        }
+        switch role {
+        case .client:
+            // SSL_CTX_set_alpn_protos returns 0 on success.
+            if SSL_CTX_set_alpn_protos(context, wire, UInt32(wire.count)) != 0 {
+                throw PSKTLSError(.invalidConfiguration, role: role, detail: "SSL_CTX_set_alpn_protos: \(OpenSSLErrors.drain())")
+            }
+        case .server:
+            SSL_CTX_set_alpn_select_cb(context, { ssl, out, outLength, offered, offeredLength, _ in
+                guard let ssl, let out, let outLength, let offered,
+                      let connection = SSLConnection.owner(of: ssl) else { return SSL_TLSEXT_ERR_NOACK }
+                let list = UnsafeBufferPointer(start: offered, count: Int(offeredLength))
+                guard let range = SSLConnection.selectApplicationProtocol(
+                    offered: list, accepted: connection.contextApplicationProtocols) else { return SSL_TLSEXT_ERR_NOACK }
+                // Points into the client's list: OpenSSL copies the selection before the list goes.
+                out.pointee = offered + range.lowerBound
+                outLength.pointee = UInt8(range.count)
+                return SSL_TLSEXT_ERR_OK
+            }, nil)
+        }
+    }
+
+    /// Checks the names against the profile's bounds.
+    static func validateApplicationProtocols(_ names: [String], role: PSKTLSRole) throws(PSKTLSError) {
+        guard names.count <= PSKTLSProfile.maximumApplicationProtocols else {
+            throw PSKTLSError(.invalidConfiguration, role: role,
+                              detail: "\(names.count) application protocols; at most \(PSKTLSProfile.maximumApplicationProtocols)")
+        }
+        for name in names where name.utf8.isEmpty || name.utf8.count > PSKTLSProfile.maximumApplicationProtocolLength {
+            throw PSKTLSError(.invalidConfiguration, role: role,
+                              detail: "application protocol \"\(name)\" is not 1...\(PSKTLSProfile.maximumApplicationProtocolLength) bytes")
+        }
     }
 
     deinit {

@@ -36,6 +36,8 @@ final class SSLConnection {
 
     let role: PSKTLSRole
     private let context: PSKTLSContext  // keeps the SSL_CTX alive as long as the SSL
+    /// The context's ALPN protocols, for the server's selection callback.
+    var contextApplicationProtocols: [[UInt8]] { context.applicationProtocols }
     private let ssl: OpaquePointer
     private let bio: ByteBufferBIO  // released after the SSL, which holds its BIO
     private let credentials: Credentials
@@ -166,7 +168,33 @@ final class SSLConnection {
         }
         return .completed(PSKTLSNegotiatedParameters(
             protocolVersion: version, cipherSuite: cipherName, dhGroupBits: dhBits, pskIdentity: identity,
-            serverSentIdentityHint: identityHintReceived))
+            serverSentIdentityHint: identityHintReceived, applicationProtocol: selectedApplicationProtocol()))
+    }
+
+    /// The ALPN protocol the handshake selected, if any.
+    private func selectedApplicationProtocol() -> String? {
+        var data: UnsafePointer<UInt8>?
+        var length: UInt32 = 0
+        SSL_get0_alpn_selected(ssl, &data, &length)
+        guard let data, length > 0 else { return nil }
+        return String(decoding: UnsafeBufferPointer(start: data, count: Int(length)), as: UTF8.self)
+    }
+
+    /// Server: the first of the context's protocols that the client's ALPN list (`offered`, RFC 7301 wire
+    /// form) names, as a range of `offered`; nil when none (or the list is malformed).
+    static func selectApplicationProtocol(offered: UnsafeBufferPointer<UInt8>, accepted: [[UInt8]]) -> Range<Int>? {
+        var names: [Range<Int>] = []
+        var index = 0
+        while index < offered.count {
+            let length = Int(offered[index])
+            guard length > 0, index + 1 + length <= offered.count else { return nil }
+            names.append(index + 1 ..< index + 1 + length)
+            index += 1 + length
+        }
+        for wanted in accepted {
+            if let found = names.first(where: { $0.count == wanted.count && offered[$0].elementsEqual(wanted) }) { return found }
+        }
+        return nil
     }
 
     // MARK: Application data
