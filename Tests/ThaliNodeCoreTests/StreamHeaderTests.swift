@@ -150,6 +150,52 @@ struct StreamHeaderTests {
         #expect(try side.read() == [5], "the reader has left the pipeline")
     }
 
+    /// Holds inbound bytes until a read is asked for, and hands them on from inside that `read()`, as a
+    /// multiplexer stream does with bytes it buffered while nobody read.
+    final class ReadOnDemand: ChannelDuplexHandler {
+        typealias InboundIn = ByteBuffer
+        typealias InboundOut = ByteBuffer
+        typealias OutboundIn = ByteBuffer
+        private var held: [ByteBuffer] = []
+        private var readAsked = false
+
+        func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+            held.append(unwrapInboundIn(data))
+            if readAsked { deliver(context: context) }
+        }
+
+        func read(context: ChannelHandlerContext) {
+            readAsked = true
+            if !held.isEmpty { deliver(context: context) }
+        }
+
+        private func deliver(context: ChannelHandlerContext) {
+            readAsked = false
+            let bytes = held
+            held = []
+            for buffer in bytes { context.fireChannelRead(wrapInboundOut(buffer)) }
+            context.fireChannelReadComplete()
+        }
+    }
+
+    /// The stream's bytes that came while the kind was being set up, and nobody read, are handed over
+    /// from inside the read the reader asks for as it leaves: they reach the kind's handlers. (They
+    /// were dropped, and a relayed connection stalled, when the reader took them for a refused stream's.)
+    @Test("bytes that waited unread while the kind was set up reach it when the reader leaves")
+    func bytesHeldDuringDispatchReachTheKind() throws {
+        let side = try Accepting()
+        let gate = ReadOnDemand()
+        try side.channel.pipeline.syncOperations.addHandler(gate, position: .first)
+        side.channel.read()
+        try side.channel.writeInbound(ByteBuffer(bytes: [5, 0x72, 0x65, 0x6C, 0x61, 0x79]))
+        #expect(side.asked == [.relay])
+        side.channel.read()  // the kind's handlers ask; the reader holds it back while it dispatches
+        try side.channel.writeInbound(ByteBuffer(bytes: [7, 8]))  // waits in the gate: no read is out
+        side.answer?.succeed(.accepted)
+        #expect(try side.written() == [0, 0])
+        #expect(try side.read() == [7, 8])
+    }
+
     @Test("the accepting side refuses a bad header with a status naming it, and closes")
     func readerRefusesBadHeaders() throws {
         for (bytes, reason) in [([65], StreamHeaderError.kindTooLong(length: 65, maximum: 64)),

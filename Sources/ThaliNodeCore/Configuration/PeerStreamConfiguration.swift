@@ -8,10 +8,9 @@ public struct PeerStreamConfiguration: Sendable, Hashable {
     /// with a ``StreamHeader`` naming what it carries, so one session carries delivery, a relay and
     /// app protocols side by side; without it (false here, or a peer from before marking on the other
     /// side) the session behaves as before: the node's mode decides (relay mode: every stream is
-    /// relayed; otherwise: delivery). Default: false for now: a relayed connection on a marked session
-    /// between two relay-mode nodes was seen to stall now and then (spec/node.md, "Stream marking");
-    /// switch it on where delivery and a relay must share a node, or for app streams.
-    public var marking = false
+    /// relayed; otherwise: delivery). Default: true; false makes the peer behave as one from before
+    /// marking (its streams carry what the node's mode says).
+    public var marking = true
     /// How long the accepting side waits for a stream's whole header once the stream is open, and the
     /// opener for the answer to it; then the stream is refused (``StreamRefusal/Code/badHeader``) or
     /// fails (``StreamHeaderError/statusTimedOut(milliseconds:)``). The answer to a relay stream comes

@@ -131,7 +131,11 @@ final class StreamHeaderReader: ChannelDuplexHandler, RemovableChannelHandler {
     private enum State {
         case awaitingHeader
         case dispatching(StreamKind)
-        case answered
+        /// Accepted: the stream is its kind's; whatever still reaches this handler (it is leaving the
+        /// pipeline) goes on to them.
+        case accepted
+        /// Refused: the stream is closing, and what the opener still sends is dropped.
+        case refused
     }
 
     private let timeout: TimeAmount
@@ -177,8 +181,10 @@ final class StreamHeaderReader: ChannelDuplexHandler, RemovableChannelHandler {
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         var bytes = unwrapInboundIn(data)
         switch state {
-        case .answered:
-            return  // refused: the stream is closing
+        case .accepted:
+            return context.fireChannelRead(wrapInboundOut(bytes))
+        case .refused:
+            return
         case .dispatching:
             // At most what one read brought: no further read is asked for until the stream is set up.
             received.writeBuffer(&bytes)
@@ -210,7 +216,7 @@ final class StreamHeaderReader: ChannelDuplexHandler, RemovableChannelHandler {
     func channelReadComplete(context: ChannelHandlerContext) {
         if case .awaitingHeader = state { context.read() }
         // The handlers behind see reads only once the stream is theirs.
-        if case .answered = state { context.fireChannelReadComplete() }
+        if case .accepted = state { context.fireChannelReadComplete() }
     }
 
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
@@ -220,8 +226,10 @@ final class StreamHeaderReader: ChannelDuplexHandler, RemovableChannelHandler {
             refuse(nil, .badHeader, reason: StreamHeaderError.endedBeforeHeader(received: receivedCount).description, context: context)
         case .dispatching:
             inputClosed = true
-        case .answered:
+        case .accepted:
             context.fireUserInboundEventTriggered(event)
+        case .refused:
+            break
         }
     }
 
@@ -231,12 +239,15 @@ final class StreamHeaderReader: ChannelDuplexHandler, RemovableChannelHandler {
     }
 
     func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
-        guard case .answered = state else { return heldWrites.append((data, promise)) }
-        context.write(data, promise: promise)
+        switch state {
+        case .awaitingHeader, .dispatching: heldWrites.append((data, promise))
+        case .accepted: context.write(data, promise: promise)
+        case .refused: promise?.fail(ChannelError.outputClosed)
+        }
     }
 
     func flush(context: ChannelHandlerContext) {
-        if case .answered = state { context.flush() }
+        if case .accepted = state { context.flush() }
     }
 
     func read(context: ChannelHandlerContext) {
@@ -247,7 +258,7 @@ final class StreamHeaderReader: ChannelDuplexHandler, RemovableChannelHandler {
 
     private func accept(context: ChannelHandlerContext) {
         guard case .dispatching = state else { return }
-        state = .answered
+        state = .accepted
         writeStatus(.accepted, context: context)
         let held = heldWrites
         heldWrites = []
@@ -257,8 +268,10 @@ final class StreamHeaderReader: ChannelDuplexHandler, RemovableChannelHandler {
     }
 
     private func refuse(_ kind: StreamKind?, _ code: StreamRefusal.Code, reason: String, context: ChannelHandlerContext) {
-        if case .answered = state { return }
-        state = .answered
+        switch state {
+        case .accepted, .refused: return
+        case .awaitingHeader, .dispatching: state = .refused
+        }
         timer?.cancel()
         let refusal = StreamRefusal(code, reason: reason)
         refused(kind, refusal)
