@@ -137,7 +137,7 @@ public final class BeaconHTTPServer: Sendable {
     /// As ``configureRequestHandling(on:beacons:)``, and asks `retryAfterIfBusy` as soon as a request's
     /// head is read: a number of seconds answers a `GET /NotificationBeacons` with `503 Service
     /// Unavailable` and `Retry-After` at once, without reading the rest or serving the stream
-    /// (`spec/ssdp.md` 6.1; pass ``AdmissionController/retryAfterIfBusy(now:)`` of the port's gate).
+    /// (`spec/ssdp.md` 6.1; pass `AdmissionController.retryAfterIfBusy(now:)` (ThaliAdmission) of the port's gate).
     public static func configureRequestHandling(on channel: Channel, beacons: @escaping @Sendable () -> [UInt8]?,
                                                 retryAfterIfBusy: @escaping @Sendable () -> Int?) throws {
         let sync = channel.pipeline.syncOperations
