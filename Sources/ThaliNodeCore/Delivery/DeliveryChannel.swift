@@ -22,7 +22,7 @@ public enum DeliveryChannel {
     }
 
     /// Adds the delivery handlers to `channel` (from any thread) and wraps it. Only for a channel whose
-    /// peer cannot send yet; for a multiplexer stream use ``openStream(on:limits:)``.
+    /// peer cannot send yet; for a multiplexer stream use ``openStream(on:limits:prepare:)``.
     public static func configure(_ channel: any Channel, limits: DeliveryLimits) -> EventLoopFuture<AsyncFrames> {
         channel.eventLoop.submit { try configureSynchronously(channel, limits: limits) }
     }

@@ -11,7 +11,7 @@ import ThaliPSKTLS
 /// handshake, on the event loop: keep it a table lookup (no store, no I/O). Streams the other side opens
 /// are initialised only once the handshake authenticated that peer; until then none reaches the caller.
 public enum AuthenticatedSession {
-    /// What ``configureServer(on:context:multiplexer:lookup:inboundStream:)`` returns.
+    /// What ``configureServer(on:context:multiplexer:lookup:inboundStream:)-(_,_,_,_,(Channel,Peer)->EventLoopFuture<Void>)`` returns.
     public struct Server<Peer: Sendable>: Sendable {
         /// The multiplexer session above TLS.
         public let session: MultiplexerSession
@@ -42,7 +42,7 @@ public enum AuthenticatedSession {
         }
     }
 
-    /// ``configureServer(on:context:multiplexer:lookup:inboundStream:)`` whose `inboundStream` also gets
+    /// ``configureServer(on:context:multiplexer:lookup:inboundStream:)-(_,_,_,_,(Channel,Peer)->EventLoopFuture<Void>)`` whose `inboundStream` also gets
     /// what the handshake negotiated (its ALPN protocol says whether the session's streams are marked).
     public static func configureServer<Peer: Sendable>(
         on channel: Channel, context: PSKTLSContext,
