@@ -90,7 +90,7 @@ extension ThaliPeer {
         try await refreshAdvertisement()
     }
 
-    private func blocking<Result: Sendable>(_ body: @escaping @Sendable () throws -> Result) async throws -> Result {
+    func blocking<Result: Sendable>(_ body: @escaping @Sendable () throws -> Result) async throws -> Result {
         try await NIOThreadPool.singleton.runIfActive(body)
     }
 }

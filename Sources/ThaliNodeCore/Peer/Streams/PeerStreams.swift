@@ -90,7 +90,7 @@ extension ThaliPeer {
     public func openStream(to contact: String, protocol name: String, timeout: Duration? = nil) async throws -> PeerStream {
         let kind: StreamKind
         do { kind = try StreamKind.app(name) } catch { throw PeerStreamError.invalidProtocol(name, error) }
-        let found = try store.contact(named: contact)
+        let found = try await blocking { [store] in try store.contact(named: contact) }
         wantAppStreams()
         let waited = timeout ?? configuration.streams.openTimeout
         let deadline = ContinuousClock.now + waited
