@@ -23,6 +23,11 @@ struct RawYamuxSession {
     /// sender's: hello and the like).
     static let maxDataLength = 1 << 20
 
+    /// The most frames read from the implementation in one session: the pump does not wait for the
+    /// cases to consume them, so an implementation that floods small frames must not grow the queue
+    /// without bound. Past it the session ends (no case here needs more than a few dozen).
+    static let maxFrames = 10_000
+
     private var inputs: AsyncStream<Input>.AsyncIterator
     private let sink: AsyncStream<Input>.Continuation
     private let outbound: NIOAsyncChannelOutboundWriter<ByteBuffer>
@@ -48,11 +53,19 @@ struct RawYamuxSession {
     /// Decodes the implementation's bytes into frames; answers nothing itself.
     private static func pump(_ inbound: NIOAsyncChannelInboundStream<ByteBuffer>, into sink: AsyncStream<Input>.Continuation) async {
         var decoder = YamuxFrameDecoder(maxDataLength: maxDataLength)
+        var frames = 0
         do {
             for try await bytes in inbound {
                 decoder.feed(bytes)
                 while let event = try decoder.next() {
-                    if case .header(let header) = event { sink.yield(.frame(header)) }
+                    guard case .header(let header) = event else { continue }
+                    frames += 1
+                    guard frames <= maxFrames else {
+                        sink.yield(.ended("the implementation sent more than \(maxFrames) frames"))
+                        sink.finish()
+                        return
+                    }
+                    sink.yield(.frame(header))
                 }
             }
             sink.yield(.ended("the connection ended"))
