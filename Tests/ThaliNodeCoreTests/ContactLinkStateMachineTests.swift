@@ -130,6 +130,31 @@ import ThaliSSDP
         #expect(Self.connectBinding(machine.nextAction()) == .bluetooth)
     }
 
+    @Test func aMatchDuringASessionThatStaysOpenAsksItForADelivery() {
+        var machine = Self.machine()
+        _ = machine.matched(Self.route(.wifi))
+        _ = machine.nextAction()
+        // Not yet connected: nothing to keep open.
+        machine.sessionKeptOpen()
+        #expect(machine.matched(Self.route(.wifi, identity: "psk-2")) == .none)
+        machine.connected()
+        machine.sessionKeptOpen()
+        // A relay's session: new beacons over either binding get a delivery stream on it, at once.
+        #expect(machine.matched(Self.route(.wifi, identity: "psk-3")) == .deliverOverSession)
+        #expect(machine.matched(Self.route(.bluetooth, identity: "psk-4")) == .deliverOverSession)
+        #expect(machine.state == .connected(.wifi))
+        // Once it ends, a match is what it was before: the next session takes it up (Wi-Fi again, matched
+        // anew during the session).
+        #expect(machine.attemptFailed(.retryable) == .zero)
+        #expect(Self.connectBinding(machine.nextAction()) == .wifi)
+        machine.connected()
+        #expect(machine.matched(Self.route(.bluetooth, identity: "psk-5")) == .none)
+        machine.sessionKeptOpen()
+        #expect(machine.matched(Self.route(.bluetooth, identity: "psk-6")) == .deliverOverSession)
+        machine.sessionCompleted()
+        #expect(machine.matched(Self.route(.wifi, identity: "psk-7")) == .none)
+    }
+
     @Test func aMatchDuringBackoffWakesTheLinkAndStartsAfresh() {
         var machine = Self.machine()
         _ = machine.matched(Self.route(.wifi))
