@@ -351,8 +351,11 @@ public final class ThaliPeer: Sendable {
             beaconsFetched(origin: origin, location: location, bytes)
             // Counted once handled: whoever sees the count has seen the outcome too (a match's event).
             state.withLockedValue { $0.discovery.beaconFetches += 1 }
-        case .beaconFetchFailed:
-            state.withLockedValue { $0.discovery.beaconFetchFailures += 1 }
+        case .beaconFetchFailed(_, let kind):
+            state.withLockedValue { state in
+                state.discovery.beaconFetchFailures += 1
+                state.discovery.beaconFetchFailuresByKind[kind, default: 0] += 1
+            }
         case .limitTriggered(let report):
             state.withLockedValue { $0.limitsTriggered[report.kind, default: 0] += 1 }
             emit(.limitTriggered(report))
