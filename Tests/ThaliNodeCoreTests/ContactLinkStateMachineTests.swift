@@ -45,6 +45,25 @@ import ThaliSSDP
         #expect(!machine.isRunning)
     }
 
+    @Test func anAppsOwnBindingIsTriedInItsPreferenceOrder() {
+        let slow = PeerBindingKind(rawValue: "lora", preference: 200), middle = PeerBindingKind(rawValue: "mesh", preference: 50)
+        func route(_ kind: PeerBindingKind) -> ContactRoute {
+            ContactRoute(origin: .other(kind, address: "peer-1"), location: BeaconLocation(host: "127.0.0.1", port: 7000),
+                         match: BeaconMatch(sender: Self.sender, beaconIndex: 0, pskIdentity: "psk-1", psk: [1], expiration: Self.later))
+        }
+        var machine = Self.machine()
+        _ = machine.matched(route(slow))
+        _ = machine.matched(Self.route(.bluetooth))
+        _ = machine.matched(route(middle))
+        var tried: [PeerBindingKind] = []
+        for _ in 0..<3 {
+            guard case .connect(let next, _) = machine.nextAction() else { break }
+            tried.append(next.binding)
+            _ = machine.attemptFailed(.retryable)
+        }
+        #expect(tried == [middle, .bluetooth, slow])
+    }
+
     @Test func aFailureFallsBackToTheOtherBindingAtOnceThenBacksOff() {
         var machine = Self.machine()
         _ = machine.matched(Self.route(.wifi))

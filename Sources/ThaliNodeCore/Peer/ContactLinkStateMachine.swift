@@ -1,18 +1,6 @@
 import ThaliBeacons
 import ThaliSSDP
 
-/// A binding through which the peer finds contacts and reaches their port, in the order a link tries
-/// them: the faster first.
-public enum PeerBindingKind: String, Sendable, Hashable, CaseIterable, Codable, CustomStringConvertible {
-    /// SSDP on the pinned interface; the contact's port over IP.
-    case wifi
-    /// BLE discovery through bluetoothd; the contact's port through an RFCOMM relay.
-    case bluetooth
-
-    /// `wifi` or `bluetooth`.
-    public var description: String { rawValue }
-}
-
 /// One way to reach a matched contact: the beacon match (PSK identity, key, expiry) and where the
 /// contact's port is, over one binding.
 struct ContactRoute: Sendable {
@@ -129,7 +117,7 @@ struct ContactLinkStateMachine: Sendable {
     }
 
     private var nextRoute: ContactRoute? {
-        PeerBindingKind.allCases.lazy.compactMap { routes[$0] }.first { !failedThisRound.contains($0.binding) }
+        routes.values.filter { !failedThisRound.contains($0.binding) }.min { $0.binding.tryFirst($1.binding) }
     }
 
     // MARK: Events
