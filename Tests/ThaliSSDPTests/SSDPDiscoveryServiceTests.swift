@@ -432,6 +432,52 @@ struct SSDPDiscoveryServiceTests {
         await bob.stop()
     }
 
+    @Test("while peers reach us, failing connects do not pause announcing; once they stop, the failures do")
+    func inboundUnicastShowsUnicastWorks() async throws {
+        let port = try freeUDPPort()
+        var configuration = loopbackConfiguration(port: port)
+        configuration.limits.unicastFailureThreshold = 3
+        configuration.limits.unicastFailureMinimumSpan = .milliseconds(500)
+        configuration.limits.failedFetchRetryDelay = .milliseconds(200)
+        configuration.limits.maxFailedFetchRetryDelay = .milliseconds(200)
+        configuration.limits.sourceFetchFailureThreshold = 1000  // keep fetching them
+        configuration.serverLimits.maxRequestsPerSource = 10_000  // and let the fetching peer in
+        configuration.client.maxAttempts = 1
+        let bob = SSDPDiscoveryService(configuration: configuration, group: group)
+        let bobEvents = EventLog(bob)
+        try await bob.start(advertising: [1])
+        let location = await bob.location()
+        var hosts: [(RawSSDPSocket, String)] = []
+        for index in 0..<3 {
+            let raw = try await RawSSDPSocket(host: "127.0.0.\(51 + index)", groupPort: port)
+            hosts.append((raw, aliveText(port: port, location: "http://127.0.0.\(51 + index):\(try closedTCPPort())/")))
+        }
+        let alives = Task {
+            while !Task.isCancelled {
+                for (raw, alive) in hosts { try? await raw.send(alive) }
+                try? await Task.sleep(for: .milliseconds(50))
+            }
+        }
+        defer { alives.cancel() }
+        // A peer fetches Bob's beacons all along.
+        let reaching = Task {
+            let client = BeaconHTTPClient(group: group)
+            while !Task.isCancelled {
+                _ = try? await client.fetch(location)
+                try? await Task.sleep(for: .milliseconds(50))
+            }
+        }
+        defer { reaching.cancel() }
+        // Many rounds of failures from all three, well past the span.
+        try await eventually(timeout: .seconds(15), "failures past the span") { await bob.counters().beaconFetchesFailed >= 24 }
+        #expect(!bobEvents.events.contains(.limitTriggered(.unicastFailure)))
+        #expect(await bob.counters().unicastFailurePauses == 0)
+        // Nobody reaches Bob any more: the same failures pause his announcing.
+        reaching.cancel()
+        try await bobEvents.wait(timeout: .seconds(10), "unicast failure") { $0 == .limitTriggered(.unicastFailure) }
+        await bob.stop()
+    }
+
     @Test("fetches that connected and failed, from any number of sources, never pause announcing")
     func connectedFailuresDoNotPauseAnnouncing() async throws {
         // Three hosts whose beacon servers accept and close at once, as a saturated peer's gate does.

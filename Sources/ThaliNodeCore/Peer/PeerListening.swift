@@ -65,6 +65,11 @@ extension ThaliPeer {
         case .failure:
             return channel.close()
         }
+        // From the network, not a Bluetooth peer's relay on loopback: unicast to us works.
+        let bindings = self.bindings
+        if !bindings.contains(where: { $0.kind != .wifi && $0.carries(remoteHost: source) }) {
+            for case let wifi as PeerWiFiBinding in bindings { wifi.noteInboundUnicast() }
+        }
         ticket.release(when: channel.closeFuture)
         // Until its first byte (and, for HTTP, until its answer), a connection has firstByteTimeout.
         let timeout = channel.eventLoop.scheduleTask(in: configuration.firstByteTimeout) { [weak self] in

@@ -75,6 +75,11 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
     private var failingSources: Set<String> = []
     /// When the first of `failingSources` failed.
     private var failingSince: NIODeadline?
+    /// Peers that reached us over unicast when the first of `failingSources` failed
+    /// (``inboundUnicastCount``): any since then proves that unicast works.
+    private var inboundAtFailingSince = 0
+    /// Connections from peers that an app serving the beacons itself reported (``noteInboundUnicast()``).
+    private let inboundUnicastReported = NIOLockedValueBox(0)
     private var discoveryOffUntil: NIODeadline?
     private var counters = SSDPDiscoveryCounters()
     private var pendingResponses = 0
@@ -701,22 +706,42 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
     }
 
     /// The last resort against blocked unicast: connects to `unicastFailureThreshold` distinct sources
-    /// failed (no TCP connection at all), with no fetch succeeding in between, over at least
-    /// `unicastFailureMinimumSpan`. A crowd that saturates its peers makes fetches time out or close
-    /// early, and a burst of connects fail together when this peer is starved for a moment: neither
-    /// says that unicast is blocked, and neither pauses our announcing.
+    /// failed (no TCP connection at all), with no fetch succeeding and no peer reaching us in between,
+    /// over at least `unicastFailureMinimumSpan`. A crowd that saturates its peers makes fetches time
+    /// out, and connects fail while the peers they aim at are starved; but those peers still reach us,
+    /// and blocked unicast would stop them too. Neither pauses our announcing.
     private func unicastFailed(from host: String) {
         let now = NIODeadline.now()
+        let inbound = inboundUnicastCount
+        // A peer reached us meanwhile: unicast works here, whatever our fetches meet. A new streak starts.
+        if failingSince == nil || inbound != inboundAtFailingSince {
+            failingSources.removeAll()
+            failingSince = now
+            inboundAtFailingSince = inbound
+        }
         failingSources.insert(host)
-        let since = failingSince ?? now
-        failingSince = since
-        guard failingSources.count >= configuration.limits.unicastFailureThreshold,
+        guard let since = failingSince, failingSources.count >= configuration.limits.unicastFailureThreshold,
               now - since >= configuration.limits.unicastFailureMinimumSpan else { return }
         failingSources.removeAll()
         failingSince = nil
         if pauseAnnouncing(for: configuration.limits.unicastFailurePause, kind: .unicastFailure) {
             counters.unicastFailurePauses += 1
         }
+    }
+
+    /// Peers that reached us over unicast so far: requests the built-in beacon server answered, and the
+    /// connections an app serving the beacons itself reported.
+    private var inboundUnicastCount: Int {
+        server.counters.requestsAnswered + inboundUnicastReported.withLockedValue { $0 }
+    }
+
+    /// Tells discovery that a peer on the network reached this one over unicast: for an app that serves
+    /// the beacons itself (``SSDPDiscoveryConfiguration/BeaconServer/external(port:)``), once per
+    /// connection it admits. Unicast that reaches us is not blocked, so the `unicastFailure` last resort
+    /// (`spec/ssdp.md` §7) does not pause announcing while peers keep connecting, however many of our
+    /// own fetches fail (a crowd that saturates this device). Cheap: a lock and an addition.
+    public func noteInboundUnicast() {
+        inboundUnicastReported.withLockedValue { $0 &+= 1 }
     }
 
     private func countFailure(_ kind: BeaconFetchFailure.Kind) {

@@ -66,6 +66,11 @@ final class PeerWiFiBinding: PeerBindingService {
         service.withLockedValue { $0 }?.pauseAnnouncing(for: period)
     }
 
+    /// A peer on the network reached our port (discovery's unicast rule: unicast is not blocked).
+    func noteInboundUnicast() {
+        service.withLockedValue { $0 }?.noteInboundUnicast()
+    }
+
     func location() async -> PeerLocation? {
         guard let service = service.withLockedValue({ $0 }) else { return nil }
         return .wifi(await service.location())
