@@ -4,15 +4,15 @@
 #              system SQLite headers GRDB builds against.
 #   --test     also the independent peers the tests run: openssl and GnuTLS (PSK-TLS interop),
 #              gssdp-discover (SSDP), Go + hashicorp/yamux (multiplexer interop), dbus (BlueZ mock bus),
-#              curl, iproute2 (network namespaces), QEMU with Debian's kernel, BlueZ and btvirt (the
-#              real-Bluetooth guest of scripts/bt-vm/run.sh), and a Python venv (.venv-test) with
-#              python-dbusmock and async-upnp-client.
+#              curl, iproute2 (network namespaces), strace (a delivery receiver's system calls), QEMU
+#              with Debian's kernel, BlueZ and btvirt (the real-Bluetooth guest of scripts/bt-vm/run.sh),
+#              and a Python venv (.venv-test) with python-dbusmock and async-upnp-client.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(pkg-config libssl-dev libsecp256k1-dev libbluetooth-dev libdbus-1-dev libsqlite3-dev openssl)
 if [[ "${1:-}" == "--test" ]]; then
-    packages+=(gnutls-bin gupnp-tools golang-go golang-github-hashicorp-yamux-dev dbus curl iproute2
+    packages+=(gnutls-bin gupnp-tools golang-go golang-github-hashicorp-yamux-dev dbus curl iproute2 strace
                python3 python3-venv python3-dbus
                qemu-system-x86 linux-image-amd64 bluez bluez-test-tools busybox-static cpio kmod xz-utils zstd)
 fi

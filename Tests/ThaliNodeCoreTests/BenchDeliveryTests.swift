@@ -21,6 +21,36 @@ struct BenchDeliveryTests {
         #expect(fileObject["texts_per_s"] == nil && fileObject["file_mb_s"] is Double)
         #expect(fileObject["tls_bulk_mb_s"] == nil && fileObject["file_tls_ratio"] == nil)
     }
+
+    /// The receiver's durable write, seen in its system calls (`strace`): a 4 MiB file goes to its
+    /// partial file in blocks, the writeback of each started as it is written (so the disk works while
+    /// the rest arrives), and the file is synced once, after all of them.
+    @Test("the receiver starts each block's writeback as it writes it and syncs the file once")
+    func receiverStartsWritebackAndSyncsOnce() async throws {
+        let strace = try #require(ChildProcess.which("strace"), "strace is needed to see the receiver's system calls")
+        let trace = FileManager.default.temporaryDirectory.appendingPathComponent("thali-strace-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: trace) }
+        let arguments = ["-f", "-y", "-o", trace, "-e", "trace=fsync,fdatasync,sync_file_range", CommandLineTests.executable,
+                         "bench", "delivery", "--json", "--texts", "0", "--file-mib", "4", "--tls-mib", "0"]
+        let result = try await Task.detached { try ChildProcess.run(strace, arguments, timeout: .seconds(60)) }.value
+        #expect(result.status == 0, "\(result.output)")
+        // Calls on the partial file, in the order made (`-y` names each descriptor's file).
+        let calls = try String(contentsOfFile: trace, encoding: .utf8).split(separator: "\n").compactMap { line -> (String, [Substring])? in
+            guard let match = line.firstMatch(of: /(sync_file_range|fsync|fdatasync)\(\d+<[^>]*\.part>,? ?(.*)/) else { return nil }
+            return (String(match.1), match.2.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces)[...] })
+        }
+        let syncs = calls.enumerated().filter { $0.element.0 != "sync_file_range" }
+        #expect(syncs.count == 1, "\(calls)")
+        let writebacks = calls.enumerated().filter { $0.element.0 == "sync_file_range" }
+        // Contiguous ranges from 0 covering the whole file, all before the sync.
+        var covered = 0
+        for (index, call) in writebacks {
+            #expect(call.1.count >= 2 && Int(call.1[0]) == covered, "\(call)")
+            covered += call.1.count >= 2 ? Int(call.1[1]) ?? 0 : 0
+            #expect(index < (syncs.first?.offset ?? 0), "writeback started after the sync: \(calls)")
+        }
+        #expect(covered == 4 << 20 && writebacks.count >= 4, "\(calls)")
+    }
 }
 
 /// Runs `thali-node` with `arguments`, expects exit 0 and exactly one line, and returns that line's JSON object.

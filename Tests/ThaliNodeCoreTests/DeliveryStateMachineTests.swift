@@ -37,6 +37,19 @@ struct DeliveryStateMachineTests {
         return machine
     }
 
+    @Test("a receiver announces its progress window: 16 MiB by default, configurable, never below what it may hold unreported")
+    func progressWindow() throws {
+        var receiver = DeliveryReceiverStateMachine(limits: DeliveryLimits(), now: { Self.now })
+        #expect(try receiver.receive(.hello(version: 3))
+                == .send(.welcome(version: 3, maxFramePayloadBytes: 65_536, progressWindowBytes: 16 << 20)))
+        #expect(DeliveryLimits(progressWindowBytes: 32 << 20).progressWindowBytes == 32 << 20)
+        // The floor: two blocks and a frame, twice, whatever was asked (also when a block grows later).
+        #expect(DeliveryLimits(progressWindowBytes: 1).progressWindowBytes == 2 * (2 * (1 << 20) + 65_536))
+        var large = DeliveryLimits()
+        large.blockBytes = 8 << 20
+        #expect(large.progressWindowBytes == 2 * (2 * (8 << 20) + 65_536))
+    }
+
     @Test("versions: a receiver answers hello(2) with welcome and its maximum; hello(1) with nothing; a later version with its own")
     func versionNegotiation() throws {
         var limits = DeliveryLimits()

@@ -26,11 +26,32 @@ public struct DeliveryLimits: Sendable, Hashable {
     public var maxTextBytes: UInt64
 
     /// The size of the blocks content moves in off the event loop: a sender reads its file this much at a
-    /// time (sending it as several data frames), a receiver writes and hashes this much at a time while
-    /// the next frames arrive, and reports `progress` after each block (version 3). Default 1 MiB:
+    /// time (sending it as several data frames), a receiver writes this much at a time (hashing content
+    /// as it arrives) while the next frames arrive, and reports `progress` after each block (version 3),
+    /// starting the block's writeback to the disk at once. Default 1 MiB:
     /// large enough that a hop to the blocking pool costs little per byte, small enough to bound what
     /// each side holds in memory.
     public var blockBytes: Int
+
+    /// How many blocks a sender reads ahead of the one it is sending (at least 1): file reads on the
+    /// blocking pool overlap the sending, and a read that waits behind other work on the pool (the
+    /// receiver's writes, in a node that both sends and receives) does not stall the stream. A sender
+    /// holds at most `readAheadBlocks + 1` blocks. Default 2.
+    public var readAheadBlocks: Int
+
+    /// The progress window a receiver announces in its version 3 `welcome`: the most content a sender
+    /// may have sent beyond the receiver's last `progress`. A sender that reaches it waits for a report,
+    /// so a window near what the receiver holds unreported (a block being written, one filling) makes
+    /// the sender wait for nearly every block, each wait a round trip through both sides' threads; the
+    /// bytes in flight are bounded anyway by the transport (socket buffers, stream windows) and by the
+    /// receiver's inbound buffer, and progress stays what the receiver wrote. Raised to
+    /// ``minimumProgressWindowBytes`` at least (also after `blockBytes` or `maxFramePayloadBytes` change),
+    /// at most `UInt32.max`. Default 16 MiB.
+    public var progressWindowBytes: Int {
+        get { min(max(requestedProgressWindowBytes, minimumProgressWindowBytes), Int(UInt32.max)) }
+        set { requestedProgressWindowBytes = newValue }
+    }
+    private var requestedProgressWindowBytes: Int
 
     /// The longest a receiver holds content that arrived before it starts writing it when a block fills
     /// slowly (a slow link): the write, and the `progress` after it, come at least this often while
@@ -60,6 +81,8 @@ public struct DeliveryLimits: Sendable, Hashable {
         maxItemBytes: UInt64 = 1 << 30,
         maxTextBytes: UInt64 = 64 * 1024,
         blockBytes: Int = 1 << 20,
+        readAheadBlocks: Int = 2,
+        progressWindowBytes: Int = 16 << 20,
         writeInterval: TimeAmount = .milliseconds(100),
         maxBatchItems: Int = 64,
         idleTimeout: TimeAmount = .seconds(60),
@@ -73,16 +96,18 @@ public struct DeliveryLimits: Sendable, Hashable {
         self.maxItemBytes = maxItemBytes
         self.maxTextBytes = maxTextBytes
         self.blockBytes = min(max(blockBytes, 1), 1 << 28)
+        self.readAheadBlocks = min(max(readAheadBlocks, 1), 64)
+        self.requestedProgressWindowBytes = progressWindowBytes
         self.writeInterval = writeInterval
         self.maxBatchItems = max(maxBatchItems, 1)
         self.idleTimeout = idleTimeout
         self.partialRetention = partialRetention
     }
 
-    /// The progress window a receiver announces in its version 3 `welcome`: twice the most it can hold
-    /// unreported while no data arrives (a block being written, one filling, one frame over), so a sender
-    /// that sends at most half the window at once never waits for a `progress` that cannot come.
-    public var progressWindowBytes: Int { 2 * (2 * blockBytes + maxFramePayloadBytes) }
+    /// The smallest progress window a receiver announces: twice the most it can hold unreported while no
+    /// data arrives (a block being written, one filling, one frame over), so a sender that sends at most
+    /// half the window at once never waits for a `progress` that cannot come.
+    public var minimumProgressWindowBytes: Int { 2 * (2 * blockBytes + maxFramePayloadBytes) }
 
     /// The smallest accepted `maxFramePayloadBytes`: room for an offer with a 255-byte name. Every
     /// receiver accepts frames this large, and a `welcome` announcing less is a protocol error.

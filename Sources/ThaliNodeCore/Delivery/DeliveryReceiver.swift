@@ -8,9 +8,10 @@ import NIOPosix
 /// Receives items from one contact over one delivery stream: the session driver of
 /// ``DeliveryReceiverStateMachine``, doing the store and file I/O it asks for.
 ///
-/// Content goes to a partial file under `partial/` (kept across sessions for resuming), written and hashed
-/// in blocks off the event loop while the next frames arrive (a version 3 sender hears `progress` after
-/// each block), made durable once at the end and verified (size and SHA-256), then committed to the inbox
+/// Content goes to a partial file under `partial/` (kept across sessions for resuming): hashed as it
+/// arrives, written in blocks on the blocking pool while the next frames arrive (a version 3 sender hears
+/// `progress` after each block; each block's writeback starts at once), made durable once at the end and
+/// verified (size and SHA-256), then committed to the inbox
 /// in one durable transaction; only then is the item acknowledged. Texts that come whole in a batch of
 /// `item` frames are committed together, in one transaction, before any of them is acknowledged. An
 /// item the inbox already holds is acknowledged without a transfer.
@@ -147,8 +148,12 @@ public struct DeliveryReceiver: Sendable {
                 case .preparePartial(let offer, let offset):
                     let resumed = found.flatMap { $0.length == offset && offset > 0 ? HashState(value: $0.hasher) : nil }
                     let path = store.partialPath(for: offer.id, from: peer)
-                    let file = try await blocking { try PartialFile(path: path, keeping: offset, hasher: resumed?.value) }
-                    writer = BlockWriter(file: file, written: offset, limits: limits, pool: blockingPool, eventLoop: eventLoop)
+                    let (file, hashed) = try await blocking { () -> (PartialFile, HashState) in
+                        let file = try PartialFile(path: path, keeping: offset)
+                        return (file, try resumed ?? HashState(value: FileContent.hashPrefix(of: path, length: offset).0))
+                    }
+                    writer = BlockWriter(file: file, hasher: hashed.value, written: offset, limits: limits,
+                                         pool: blockingPool, eventLoop: eventLoop)
                     found = nil
                     if offset > 0 { logger.info("resuming", metadata: ["item": "\(offer.id)", "offset": "\(offset)"]) }
                     events?(.transferStarted(id: offer.id, offset: offset, total: offer.size))
@@ -157,9 +162,9 @@ public struct DeliveryReceiver: Sendable {
                     try await report(try await writer?.append(bytes) ?? [])
                 case .verify:
                     try await report(try await writer?.flush() ?? [])
-                    let file = writer?.file
+                    let (file, digest) = (writer?.file, writer?.digest() ?? [])
                     writer = nil
-                    let digest = try await blocking { try file?.finish() ?? [] }
+                    try await blocking { try file?.finish() }
                     action = try machine.contentVerified(digest: digest)
                     continue
                 case .commit(let offer):
@@ -303,12 +308,15 @@ private enum BatchOutcome: Sendable {
     case discarded(ItemOffer, TransferFailure)
 }
 
-/// Collects received content into blocks and writes (and hashes) each on the blocking pool while the
-/// next frames arrive, at most one block in flight. A block is written once it holds
+/// Hashes received content as it arrives and collects it into blocks, each written on the blocking pool
+/// while the next frames arrive, at most one block in flight: the hash (the costliest step) runs beside
+/// the pool's file write instead of after it. A block is written once it holds
 /// ``DeliveryLimits/blockBytes``, or when nothing is being written and ``DeliveryLimits/writeInterval``
 /// passed since the last write began (a slow link still sees its content written and reported).
 private struct BlockWriter {
     let file: PartialFile
+    /// The SHA-256 state after every byte of the item received so far (a resumed prefix included).
+    private var hasher: SHA256
     /// Bytes of the item in the file once the block in flight is written.
     private var written: UInt64
     private let blockBytes: Int
@@ -319,8 +327,10 @@ private struct BlockWriter {
     private var inFlight: (write: EventLoopFuture<UInt64>, done: NIOLockedValueBox<Bool>)?
     private var nextWrite = NIODeadline.now()
 
-    init(file: PartialFile, written: UInt64, limits: DeliveryLimits, pool: NIOThreadPool, eventLoop: any EventLoop) {
+    init(file: PartialFile, hasher: SHA256, written: UInt64, limits: DeliveryLimits, pool: NIOThreadPool,
+         eventLoop: any EventLoop) {
         self.file = file
+        self.hasher = hasher
         self.written = written
         self.blockBytes = limits.blockBytes
         self.interval = limits.writeInterval
@@ -331,6 +341,7 @@ private struct BlockWriter {
     /// Adds `bytes` and starts a write when one is due (waiting for the previous one only when a full
     /// block is waiting behind it). Returns the item's bytes in the file after each write that completed.
     mutating func append(_ bytes: ByteBuffer) async throws -> [UInt64] {
+        bytes.withUnsafeReadableBytes { hasher.update(bufferPointer: $0) }
         if block.capacity == 0 { block.reserveCapacity(blockBytes + bytes.readableBytes) }
         var bytes = bytes
         block.writeBuffer(&bytes)
@@ -355,6 +366,9 @@ private struct BlockWriter {
         return done
     }
 
+    /// The SHA-256 of everything appended (and of the resumed prefix).
+    func digest() -> [UInt8] { Array(hasher.finalize()) }
+
     /// After a failure: waits for the block in flight and writes the one filling, ignoring errors (the
     /// session is failing anyway; what gets written only spares a resume some bytes).
     mutating func drain() async {
@@ -377,17 +391,18 @@ private struct BlockWriter {
     }
 }
 
-/// A file being received: truncated to the agreed offset, appended to, hashed as it grows. Used by one
-/// session at a time (each call awaited before the next), hence unchecked.
+/// A file being received: truncated to the agreed offset, then appended to in blocks, each block's
+/// writeback to the disk started at once. Used by one session at a time (each call awaited before the
+/// next), hence unchecked.
 private final class PartialFile: @unchecked Sendable {
     private let handle: FileHandle
     private let path: String
-    private var hasher: SHA256
+    /// The file's length: where the next block goes.
+    private var length: UInt64
     private var closed = false
 
-    /// Opens (creating) `path`, keeps its first `offset` bytes, and continues `hasher` (the state after those
-    /// bytes) or rehashes them.
-    init(path: String, keeping offset: UInt64, hasher: SHA256?) throws {
+    /// Opens (creating) `path` and keeps its first `offset` bytes.
+    init(path: String, keeping offset: UInt64) throws {
         if !FileManager.default.fileExists(atPath: path) {
             guard FileManager.default.createFile(atPath: path, contents: nil) else {
                 throw NodeError.dataDirectoryUnusable(path: path, reason: "cannot create the partial file")
@@ -398,28 +413,24 @@ private final class PartialFile: @unchecked Sendable {
         }
         self.handle = handle
         self.path = path
+        self.length = offset
         try handle.truncate(atOffset: offset)
         try handle.seekToEnd()
-        if let hasher {
-            self.hasher = hasher
-        } else {
-            self.hasher = try FileContent.hashPrefix(of: path, length: offset).0
-        }
     }
 
-    /// Writes `bytes` at the end (straight from the buffer, no copy) and hashes them.
+    /// Writes `bytes` at the end (straight from the buffer, no copy) and starts their writeback.
     func append(_ bytes: ByteBuffer) throws {
         try bytes.withUnsafeReadableBytes { raw in
             try inWords { try FileContent.writeAll(raw, to: handle.fileDescriptor) }
-            hasher.update(bufferPointer: raw)
         }
+        FileContent.startWriteback(of: handle.fileDescriptor, offset: length, length: bytes.readableBytes)
+        length += UInt64(bytes.readableBytes)
     }
 
-    /// Makes the content durable and returns its SHA-256.
-    func finish() throws -> [UInt8] {
+    /// Makes the content durable and closes the file.
+    func finish() throws {
         try inWords { try handle.synchronize() }
         close()
-        return Array(hasher.finalize())
     }
 
     /// Runs a write; its failure (a full disk) becomes a ``NodeError`` in words, as events print it.
@@ -435,3 +446,4 @@ private final class PartialFile: @unchecked Sendable {
         try? handle.close()
     }
 }
+

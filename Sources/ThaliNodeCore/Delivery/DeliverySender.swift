@@ -244,28 +244,36 @@ public struct DeliverySender: Sendable {
     }
 
     /// Streams `content` from `offset` in data frames of `chunkBytes`: blocks are read on the blocking pool
-    /// (the next while the current one is sent) and written as several frames at once. With a version 3
-    /// receiver, content sent beyond its last `progress` stays within its window: when the next block
-    /// would exceed it, the sender reads progress reports (and reports them) until it fits.
+    /// (up to ``DeliveryLimits/readAheadBlocks`` ahead of the one being sent) and written as several
+    /// frames at once. With a version 3 receiver, content sent beyond its last `progress` stays within
+    /// its window: when the next block would exceed it, the sender reads progress reports (and reports
+    /// them) until it fits.
     private func stream(_ content: ItemContent, _ offer: ItemOffer, from offset: UInt64, chunkBytes: Int,
                         _ frames: inout NIOAsyncChannelInboundStream<DeliveryFrame>.AsyncIterator,
                         _ outbound: NIOAsyncChannelOutboundWriter<DeliveryFrame>,
                         _ machine: inout DeliverySenderStateMachine, _ summary: inout Summary,
                         _ eventLoop: any EventLoop) async throws {
-        let reader = try await blocking { try content.reader(from: offset) }
+        let reader = try await blocking { try content.reader() }
         defer { reader.close() }
         let window = Mutant.deliveryIgnoresProgressWindow.isActive ? nil : machine.progressWindowBytes.map(UInt64.init)
         // At most half the window at once: the receiver reports before it holds half of it unreported.
         let blockBytes = UInt64(min(limits.blockBytes, machine.progressWindowBytes.map { $0 / 2 } ?? .max))
         let chunkBytes = min(chunkBytes, Int(blockBytes))
-        func read(at position: UInt64) -> EventLoopFuture<ByteBuffer> {
-            let count = Int(min(blockBytes, offer.size - position))
-            return blockingPool.runIfActive(eventLoop: eventLoop) { try reader.read(count) }
+        // Each read names its offset, so reads ahead may run at once on the pool's threads.
+        let ahead = max(limits.readAheadBlocks, 1)
+        var reads = CircularBuffer<EventLoopFuture<ByteBuffer>>(initialCapacity: ahead + 1)
+        var readEnd = offset
+        func readAhead(blocks: Int) {
+            while reads.count < blocks && readEnd < offer.size {
+                let (start, count) = (readEnd, Int(min(blockBytes, offer.size - readEnd)))
+                reads.append(blockingPool.runIfActive(eventLoop: eventLoop) { try reader.read(count, at: start) })
+                readEnd += UInt64(count)
+            }
         }
         var position = offset
-        var reading = position < offer.size ? read(at: position) : nil
-        // On any failure, the block being read finishes before the reader closes.
-        do { while let current = reading {
+        readAhead(blocks: ahead + 1)
+        // On any failure, the blocks being read finish before the reader closes.
+        do { while let current = reads.popFirst() {
             var block = try await current.get()
             let after = position + UInt64(block.readableBytes)
             while let window, after - min(after, machine.reportedBytes) > window {
@@ -278,7 +286,7 @@ public struct DeliverySender: Sendable {
                 }
                 events?(.progress(id: offer.id, bytes: bytes, total: offer.size))
             }
-            reading = after < offer.size ? read(at: after) : nil
+            readAhead(blocks: ahead)
             var chunks: [DeliveryFrame] = []
             while let chunk = block.readSlice(length: min(chunkBytes, block.readableBytes)), chunk.readableBytes > 0 {
                 chunks.append(.data(chunk))
@@ -287,7 +295,7 @@ public struct DeliverySender: Sendable {
             summary.bytesSent += after - position
             position = after
         } } catch {
-            _ = try? await reading?.get()
+            for read in reads { _ = try? await read.get() }
             throw error
         }
     }
@@ -332,54 +340,49 @@ private enum ItemContent: Sendable {
         }
     }
 
-    /// A reader positioned at `offset`.
-    func reader(from offset: UInt64) throws -> ContentReader {
+    /// A reader of the content.
+    func reader() throws -> ContentReader {
         switch self {
         case .bytes(let bytes):
-            return ContentReader(bytes: bytes, offset: Int(min(offset, UInt64(bytes.count))))
+            return ContentReader(bytes: bytes)
         case .file(let path, _):
             guard let handle = FileHandle(forReadingAtPath: path) else {
                 throw NodeError.unreadableFile(path: path, reason: "cannot open")
             }
-            try handle.seek(toOffset: offset)
             return ContentReader(handle: handle, path: path)
         }
     }
 }
 
-/// Reads an item's content sequentially. Used by one session at a time (each call awaited before the
-/// next), hence unchecked.
+/// Reads an item's content, each read at its own offset (`pread`), so reads may run at once; closed
+/// once no read is running, hence unchecked.
 private final class ContentReader: @unchecked Sendable {
     private let handle: FileHandle?
     private let path: String
     private let bytes: [UInt8]
-    private var offset: Int
 
-    init(bytes: [UInt8], offset: Int) {
+    init(bytes: [UInt8]) {
         self.handle = nil
         self.path = ""
         self.bytes = bytes
-        self.offset = offset
     }
 
     init(handle: FileHandle, path: String) {
         self.handle = handle
         self.path = path
         self.bytes = []
-        self.offset = 0
     }
 
-    /// The next `count` bytes; throws if the content ends early.
-    func read(_ count: Int) throws -> ByteBuffer {
+    /// The `count` bytes at `offset`; throws if the content ends first.
+    func read(_ count: Int, at offset: UInt64) throws -> ByteBuffer {
         if let handle {
-            guard let block = try FileContent.read(count, from: handle.fileDescriptor) else {
+            guard let block = try FileContent.read(count, at: offset, from: handle.fileDescriptor) else {
                 throw NodeError.unreadableFile(path: path, reason: "shorter than its recorded size")
             }
             return block
         }
-        let end = min(offset + count, bytes.count)
-        defer { offset = end }
-        return ByteBuffer(bytes: bytes[offset..<end])
+        let start = Int(min(offset, UInt64(bytes.count)))
+        return ByteBuffer(bytes: bytes[start..<min(start + count, bytes.count)])
     }
 
     func close() { try? handle?.close() }

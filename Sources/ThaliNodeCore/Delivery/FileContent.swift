@@ -110,15 +110,17 @@ enum FileContent {
         }
     }
 
-    /// Reads exactly `count` bytes from `descriptor` at its position into a new buffer (no copy through
-    /// `Data`); nil if the file ends first.
-    static func read(_ count: Int, from descriptor: Int32) throws -> ByteBuffer? {
+    /// Reads exactly `count` bytes at `offset` of `descriptor` (`pread`: the descriptor's position is
+    /// neither used nor moved, so reads may run at once) into a new buffer (no copy through `Data`); nil
+    /// if the file ends first.
+    static func read(_ count: Int, at offset: UInt64, from descriptor: Int32) throws -> ByteBuffer? {
         var buffer = ByteBufferAllocator().buffer(capacity: count)
         while buffer.readableBytes < count {
             let wanted = count - buffer.readableBytes
+            let position = off_t(offset) + off_t(buffer.readableBytes)
             let got = try buffer.writeWithUnsafeMutableBytes(minimumWritableBytes: wanted) { target -> Int in
                 while true {
-                    let result = Glibc.read(descriptor, target.baseAddress, wanted)
+                    let result = Glibc.pread(descriptor, target.baseAddress, wanted, position)
                     if result < 0 && errno == EINTR { continue }
                     if result < 0 { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO) }
                     return result
@@ -128,6 +130,23 @@ enum FileContent {
         }
         return buffer
     }
+
+    /// Asks the kernel to start writing `length` bytes at `offset` of `descriptor` to the disk now,
+    /// without waiting for it (Linux `sync_file_range` with `SYNC_FILE_RANGE_WRITE`): a receiver calls it
+    /// after each block, so the disk works while the rest arrives and the one `fsync` at the end finds
+    /// little left to write. Not a durability step (that stays the `fsync`); a no-op where unavailable.
+    static func startWriteback(of descriptor: Int32, offset: UInt64, length: Int) {
+        guard let address = syncFileRangeAddress, let function = UnsafeRawPointer(bitPattern: address) else { return }
+        let syncFileRange = unsafeBitCast(function, to: SyncFileRange.self)
+        _ = syncFileRange(descriptor, Int64(offset), Int64(length), startWritebackFlag)
+    }
+
+    /// `sync_file_range(fd, offset, nbytes, flags)`, looked up at run time: Glibc's module does not
+    /// import it.
+    private typealias SyncFileRange = @convention(c) (Int32, Int64, Int64, UInt32) -> Int32
+    private static let syncFileRangeAddress: Int? = dlsym(nil, "sync_file_range").map { Int(bitPattern: $0) }
+    /// `SYNC_FILE_RANGE_WRITE`: start writeback of the dirty pages in the range, do not wait.
+    private static let startWritebackFlag: UInt32 = 2
 
     /// The size of the file at `path`, or nil if there is none.
     static func size(of path: String) -> UInt64? {
