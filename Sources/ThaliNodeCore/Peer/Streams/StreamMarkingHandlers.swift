@@ -146,6 +146,8 @@ final class StreamHeaderReader: ChannelDuplexHandler, RemovableChannelHandler {
     private var receivedCount = 0
     private var inputClosed = false
     private var readPending = false
+    /// The stream's half-closure option before the reader turned it on (restored when it accepts).
+    private var halfClosureBefore: Bool?
     private var heldWrites: [(NIOAny, EventLoopPromise<Void>?)] = []
     private var timer: Scheduled<Void>?
 
@@ -167,6 +169,13 @@ final class StreamHeaderReader: ChannelDuplexHandler, RemovableChannelHandler {
 
     private func start(context: ChannelHandlerContext) {
         guard timer == nil, case .awaitingHeader = state else { return }
+        // The opener's FIN before a whole header must reach this handler as the end of its input (to be
+        // refused bad-header, with a status), not close the stream unanswered; the kind's handlers get
+        // the stream's own setting back when it is accepted.
+        if let options = context.channel.syncOptions {
+            halfClosureBefore = try? options.getOption(.allowRemoteHalfClosure)
+            try? options.setOption(.allowRemoteHalfClosure, value: true)
+        }
         let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
         timer = context.eventLoop.scheduleTask(in: timeout) {
             let (handler, context) = bound.value
@@ -259,6 +268,7 @@ final class StreamHeaderReader: ChannelDuplexHandler, RemovableChannelHandler {
     private func accept(context: ChannelHandlerContext) {
         guard case .dispatching = state else { return }
         state = .accepted
+        if let before = halfClosureBefore { try? context.channel.syncOptions?.setOption(.allowRemoteHalfClosure, value: before) }
         writeStatus(.accepted, context: context)
         let held = heldWrites
         heldWrites = []
