@@ -222,7 +222,8 @@ public struct PeerConformance: Sendable {
                                  senderConnects, senderBeaconRequest, senderWelcome, senderStream, senderProgress, senderAck, refusesExpired,
                                  rejectsDamaged, senderBatch, senderClose, senderInbox,
                                  noHint, noCompression, noTickets, unknownIdentity, wrongPSK, tls13, otherSuites, dhSize, dhFresh,
-                                 pingAnswered, dataAfterFIN, resetStream, wrongParity, windowOverrun]
+                                 pingAnswered, dataAfterFIN, resetStream, wrongParity, windowOverrun,
+                                 unmarkedServed, alpnSelected, unknownKindRefused, badHeaderRefused, appNotServed, deliveryAccepted]
         static let rawMultiplexer = [pingAnswered, dataAfterFIN, resetStream, wrongParity, windowOverrun]
         static let receiverRole = [openStream, hello, offer, transfer, frameMaximum, window, itemBatch, done]
         static let senderRole = [senderConnects, senderBeaconRequest, senderWelcome, senderStream, senderProgress, senderAck, refusesExpired,
@@ -231,7 +232,7 @@ public struct PeerConformance: Sendable {
 
     /// Bounds and keys.
     public let configuration: PeerConformanceConfiguration
-    private let group: EventLoopGroup
+    let group: EventLoopGroup
 
     /// Peer mode with `configuration`, its connections on `group`.
     public init(configuration: PeerConformanceConfiguration, group: EventLoopGroup) {
@@ -302,6 +303,9 @@ public struct PeerConformance: Sendable {
             if let match = found?.0, !Task.isCancelled {
                 await rawMultiplexerCases(run, location: location, match: match)
             }
+            if let match = found?.0, !Task.isCancelled {
+                await markingCases(run, location: location, match: match)
+            }
         }
         run.recordRemaining(Cases.all, .inconclusive, because: Task.isCancelled ? "interrupted" : "an earlier step failed")
     }
@@ -353,6 +357,7 @@ public struct PeerConformance: Sendable {
 
         let handshakeStarted = NIODeadline.now()
         let client: AuthenticatedSession.Client
+        let negotiated: String?
         do {
             let context = try PSKTLSContext(role: .client)
             client = try await ClientBootstrap(group: group)
@@ -361,6 +366,7 @@ public struct PeerConformance: Sendable {
                     AuthenticatedSession.configureClient(on: channel, context: context, identity: match.pskIdentity, psk: match.psk)
                 }
             let parameters = try await client.handshake.get()
+            negotiated = parameters.applicationProtocol
             let holds = parameters.protocolVersion == "TLSv1.2" && parameters.cipherSuite == PSKTLSProfile.cipherSuite
                 && parameters.dhGroupBits >= PSKTLSProfile.minimumDHBits
             run.grade(Cases.handshake, holds: holds, expected: "TLSv1.2, \(PSKTLSProfile.cipherSuite), DH ≥ 2048 bits",
@@ -374,6 +380,7 @@ public struct PeerConformance: Sendable {
         }
         await gradeCloseNotify(run, location: location, match: match)
         await receive(run, over: client.session, queuedIDs: queuedIDs, limits: limits)
+        gradeUnmarked(run, negotiated: negotiated)
         await gradeVersion2Fallback(run, over: client.session, limits: limits)
         try? await client.session.close().get()
     }
@@ -573,7 +580,7 @@ public struct PeerConformance: Sendable {
 
     /// Plays `script` on `frames` until it finishes or the stream ends. In version 3 a report of progress
     /// goes out only once the sender has sent nothing for ``PeerConformanceConfiguration/windowQuietPeriod``.
-    private func converse(_ frames: DeliveryChannel.AsyncFrames, _ script: inout ReceiverScript, _ run: ConformanceRun) async {
+    func converse(_ frames: DeliveryChannel.AsyncFrames, _ script: inout ReceiverScript, _ run: ConformanceRun) async {
         enum Input: Sendable {
             case frame(DeliveryFrame)
             case quiet(generation: Int)
@@ -651,7 +658,7 @@ public struct PeerConformance: Sendable {
                     lastFailure.withLockedValue { $0 = reason }
                 case .stream(let frames):
                     return frames
-                case .beaconsFetched, .wake:
+                case .beaconsFetched, .wake, .markedStream, .refusedStreamEnded:
                     break
                 }
             }

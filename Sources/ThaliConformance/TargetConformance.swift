@@ -23,6 +23,11 @@ public struct TargetConformanceConfiguration: Sendable {
     /// beacon cases announce beacons for it (tampered, good, replayed) and watch whether it connects;
     /// without them those cases are N/A.
     public var keys: (peer: PublicKey, identity: PrivateKey)?
+    /// The most PSK-TLS connections it may make within ``observation`` after the suite refused its delivery
+    /// stream: a refused stream is not retried by itself and a failed session backs off (spec/node.md,
+    /// "Stream marking"), so a storm of reconnections is a warning. Our node's link retries after 250 ms,
+    /// doubling: about 5 connections in 3 s.
+    public var maxConnectionsAfterRefusal = 8
 
     /// A configuration for `address`; on loopback the second address is 127.0.0.2.
     public init(address: String) {
@@ -79,8 +84,8 @@ public struct TargetConformance: Sendable {
         /// `target/beacons/match-connects`: a good announcement for it from a contact leads to a PSK-TLS
         /// connection (the control of the two cases around it).
         public static let matchConnects = ConformanceCase("target/beacons/match-connects",
-                                                          "a good announcement for it from a contact is fetched and leads to a PSK-TLS session",
-                                                          ["NODE-3.2", "BCN-4.7"])
+                                                          "a good announcement for it from a contact is fetched and leads to a PSK-TLS session and delivery, unmarked (our server selects no ALPN)",
+                                                          ["NODE-3.2", "BCN-4.7", "NODE-4.2"])
         /// `target/beacons/replay-no-connect`: the same announcement again from the same location, under a
         /// new USN, is fetched and leads to no connection.
         public static let replayNoConnect = ConformanceCase("target/beacons/replay-no-connect",
@@ -93,10 +98,29 @@ public struct TargetConformance: Sendable {
                                                               "offered a 1536-bit DH group after a good beacon, it refuses with a fatal handshake_failure, no ClientKeyExchange",
                                                               ["PSK-2.3"])
 
+        /// `target/streams/delivery-header`: offered `thali-streams/1` by our server, its delivery stream
+        /// starts with the header `delivery`.
+        public static let deliveryHeader = ConformanceCase("target/streams/delivery-header",
+                                                           "on a session that agreed on thali-streams/1, the delivery stream it opens starts with the header delivery",
+                                                           ["NODE-4.1", "NODE-4.3"])
+        /// `target/streams/status-read`: it takes our status 0 off the front of the stream: its welcome
+        /// answers our hello.
+        public static let statusRead = ConformanceCase("target/streams/status-read",
+                                                       "it takes our status 0 off the front of the stream: our hello after it is answered with its welcome",
+                                                       ["NODE-4.6"])
+        /// `target/streams/refusal-not-retried`: a delivery stream we refuse is closed, not opened again on
+        /// that session, and its reconnections stay few.
+        public static let refusalNotRetried = ConformanceCase("target/streams/refusal-not-retried",
+                                                              "a delivery stream we refuse (not-served) is closed by it, not opened again on that session, and its reconnections back off",
+                                                              ["NODE-4.7"])
+
         /// Every case of target mode.
         public static let all = [validFetched, fetchOnce, noMatchNoConnect, malformed, foreignNT, badUSN, spoofedLocation, forgedByebye,
-                                 tamperedNoConnect, strangerFirstNoConnect, matchConnects, replayNoConnect, smallGroupRefused]
+                                 tamperedNoConnect, strangerFirstNoConnect, matchConnects, replayNoConnect, smallGroupRefused,
+                                 deliveryHeader, statusRead, refusalNotRetried]
         static let beacons = [tamperedNoConnect, strangerFirstNoConnect, matchConnects, replayNoConnect, smallGroupRefused]
+            + marking
+        static let marking = [deliveryHeader, statusRead, refusalNotRetried]
     }
 
     let configuration: TargetConformanceConfiguration
@@ -237,10 +261,12 @@ public struct TargetConformance: Sendable {
             server.serve(good)
             try await sender.send(datagrams.alive(usn: ThaliServiceName.makeUniqueServiceName(), location: location))
             let connected = try await watch.untilSession(within: configuration.observation)
-            run.grade(Cases.matchConnects, holds: connected.session, expected: "a fetch, then a PSK-TLS session",
-                      actual: connected.description, started: started)
+            run.grade(Cases.matchConnects, holds: connected.session && connected.welcomed,
+                      expected: "a fetch, then a PSK-TLS session without ALPN whose delivery stream welcomes our hello",
+                      actual: connected.description + (connected.session && !connected.welcomed ? ", no welcome to our hello" : ""), started: started)
             guard connected.session else {
-                for testCase in [Cases.tamperedNoConnect, Cases.strangerFirstNoConnect, Cases.replayNoConnect, Cases.smallGroupRefused] {
+                for testCase in [Cases.tamperedNoConnect, Cases.strangerFirstNoConnect, Cases.replayNoConnect, Cases.smallGroupRefused]
+                    + Cases.marking {
                     run.record(testCase, .inconclusive, expected: testCase.title, actual: "a good announcement led to no session either")
                 }
                 await server.close()
@@ -259,12 +285,66 @@ public struct TargetConformance: Sendable {
             } else {
                 run.grade(Cases.replayNoConnect, holds: replayed.connections == 0, expected: expected, actual: replayed.description, started: started)
             }
+            if try await marking(run, server: server, watch: &watch, generator: generator, peer: peer, sender: sender, datagrams: datagrams) {
+                try await refusal(run, server: server, watch: &watch, announcement: try generator.makeAnnouncement(for: [peer], validity: .seconds(600)),
+                                  sender: sender, datagrams: datagrams)
+            }
         } catch {
             await server.close()
             throw error
         }
         await server.close()
         try await smallGroup(run, sender: sender, datagrams: datagrams, peer: peer, identity: identity)
+    }
+
+    /// Our server now selects `thali-streams/1` (the sessions before were unmarked): a new announcement
+    /// for it, and the header of the delivery stream it opens on the new session, and whether it read our
+    /// status. Returns whether its sessions are marked (else the marking cases are UNSUPPORTED).
+    private func marking(_ run: ConformanceRun, server: PeerSuiteServer, watch: inout ServerWatch, generator: BeaconGenerator,
+                         peer: PublicKey, sender: MulticastSender, datagrams: TargetDatagrams) async throws -> Bool {
+        server.mark(.acceptDelivery)
+        server.serve(try generator.makeAnnouncement(for: [peer], validity: .seconds(600)))
+        try await sender.send(datagrams.alive(usn: ThaliServiceName.makeUniqueServiceName(), location: "http://\(configuration.address):\(server.port)/"))
+        let connected = try await watch.untilSession(within: configuration.observation)
+        guard connected.session else {
+            run.recordRemaining(Cases.marking, .inconclusive, because: "a new announcement led to no session: \(connected)")
+            return false
+        }
+        guard connected.markedSessions > 0 else {
+            run.recordRemaining(Cases.marking, .unsupported, because: "it offered no \(StreamHeader.alpnProtocol): its sessions are unmarked")
+            return false
+        }
+        guard let (header, status) = connected.headers.first else {
+            run.recordRemaining(Cases.marking, .fail, because: "a marked session, and no marked stream: \(connected)")
+            return false
+        }
+        run.grade(Cases.deliveryHeader, holds: header == .kind(.delivery), expected: "header delivery (08 64 65 6c 69 76 65 72 79)",
+                  actual: header.description)
+        let welcomed = status == .accepted && connected.welcomed
+        run.grade(Cases.statusRead, holds: welcomed, expected: "after our status 0 and hello, its welcome",
+                  actual: status != .accepted ? "we refused its stream: \(status)" : welcomed ? "welcome" : "no welcome: the stream failed or ended")
+        return true
+    }
+
+    /// A new announcement for it, and every marked stream of its sessions refused (not-served): each is
+    /// closed by it, none opened again on its session, and the sessions over ``TargetConformanceConfiguration/observation``
+    /// stay within ``TargetConformanceConfiguration/maxConnectionsAfterRefusal`` [NODE-4.7].
+    private func refusal(_ run: ConformanceRun, server: PeerSuiteServer, watch: inout ServerWatch, announcement: BeaconAnnouncement,
+                         sender: MulticastSender, datagrams: TargetDatagrams) async throws {
+        let started = NIODeadline.now()
+        server.mark(.refuse(StreamRefusal(.notServed, reason: "refused on purpose by the conformance suite")))
+        server.serve(announcement)
+        try await sender.send(datagrams.alive(usn: ThaliServiceName.makeUniqueServiceName(), location: "http://\(configuration.address):\(server.port)/"))
+        let seen = try await watch.observe(for: configuration.observation)
+        let expected = "the refused streams closed by it, at most one per session, at most \(configuration.maxConnectionsAfterRefusal) connections "
+            + "within \(PeerConformance.text(configuration.observation))"
+        guard seen.refused > 0 else {
+            run.record(Cases.refusalNotRetried, .inconclusive, expected: expected, actual: seen.description, started: started)
+            return
+        }
+        run.grade(Cases.refusalNotRetried, holds: seen.refusedEnded + 1 >= seen.refused && seen.refused <= seen.markedSessions
+                    && seen.connections <= configuration.maxConnectionsAfterRefusal,
+                  expected: expected, actual: seen.description, started: started)
     }
 
     /// A good announcement for it on a location whose TLS side offers a 1536-bit group: the client must
@@ -370,9 +450,19 @@ struct ServerWatch {
         var fetches = 0
         /// PSK-TLS handshakes, authenticated or failed.
         var connections = 0
+        /// Authenticated sessions that agreed on `thali-streams/1`.
+        var markedSessions = 0
         var session = false
+        /// Whether a delivery session answered our hello with its welcome.
+        var welcomed = false
+        /// The headers of the marked streams it opened, with our answers.
+        var headers: [(MarkedStreamAcceptor.Header, StreamStatus)] = []
+        /// Marked streams we refused that it closed.
+        var refusedEnded = 0
+        var refused: Int { headers.count { if case .refused = $0.1 { true } else { false } } }
         var description: String {
-            "\(fetches) fetch(es), \(connections) connection(s)" + (session ? ", a session" : "")
+            "\(fetches) fetch(es), \(connections) connection(s)" + (markedSessions > 0 ? " (\(markedSessions) marked)" : "")
+                + (session ? ", a session" : "") + (refused > 0 ? ", \(refused) stream(s) refused, \(refusedEnded) closed by it" : "")
         }
     }
 
@@ -404,10 +494,16 @@ struct ServerWatch {
         while let event = await events.next() {
             switch event {
             case .beaconsFetched: seen.fetches += 1
-            case .authenticated: seen.connections += 1
+            case .authenticated(let marked):
+                seen.connections += 1
+                if marked { seen.markedSessions += 1 }
             case .handshakeFailed: seen.connections += 1
+            case .markedStream(let header, let status):
+                seen.headers.append((header, status))
+            case .refusedStreamEnded:
+                seen.refusedEnded += 1
             case .stream(let frames):
-                try? await Self.finishSession(frames)
+                seen.welcomed = await Self.finishSession(frames)
                 seen.session = true
             case .wake(let id) where id == wake: return seen
             case .wake: break
@@ -417,15 +513,19 @@ struct ServerWatch {
         return seen
     }
 
-    /// Plays a sender with nothing to send: hello, its welcome, done, then the end of the stream.
-    static func finishSession(_ frames: DeliveryChannel.AsyncFrames) async throws {
-        try await frames.executeThenClose { inbound, outbound in
+    /// Plays a sender with nothing to send: hello, its welcome, done, then the end of the stream. Returns
+    /// whether the welcome came.
+    static func finishSession(_ frames: DeliveryChannel.AsyncFrames) async -> Bool {
+        var welcomed = false
+        try? await frames.executeThenClose { inbound, outbound in
             var iterator = inbound.makeAsyncIterator()
             try await outbound.write(.hello(version: DeliveryFrame.protocolVersion))
             guard case .welcome? = try await iterator.next() else { return }
+            welcomed = true
             try await outbound.write(.done)
             while try await iterator.next() != nil {}
         }
+        return welcomed
     }
 }
 

@@ -58,6 +58,10 @@ public enum Mutant: String, CaseIterable, Sendable {
     case beaconIgnoresFlagTag = "beacon-ignores-flag-tag"
     /// The beacon receiver (profile spec) skips a verified flag from a stranger and scans on [BCN-4.6].
     case beaconSkipsStrangerFlag = "beacon-skips-stranger-flag"
+    /// The stream header reader refuses a malformed header with unknown-kind (1), not bad-header (4) [NODE-4.5].
+    case streamsBadHeaderAsUnknownKind = "streams-bad-header-as-unknown-kind"
+    /// The opener of a marked stream leaves the accepting side's status in front of the stream's bytes [NODE-4.6].
+    case streamsOpenerKeepsStatus = "streams-opener-keeps-status"
     /// Beacon announcements expire 25 h ahead, beyond the 24 h a receiver accepts [BCN-1.2].
     case beaconExpirationBeyondADay = "beacon-expiration-beyond-a-day"
 

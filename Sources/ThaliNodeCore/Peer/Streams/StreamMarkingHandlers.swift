@@ -1,4 +1,5 @@
 import NIOCore
+import ThaliMutants
 
 /// The opener's side of a marked stream, first in its pipeline: writes the ``StreamHeader`` as the
 /// stream goes live (before any byte of the handlers behind it), lets the stream's own bytes follow at
@@ -68,6 +69,7 @@ final class StreamHeaderWriter: ChannelDuplexHandler, RemovableChannelHandler {
         case .accepted:
             done = true
             timer?.cancel()
+            if Mutant.streamsOpenerKeepsStatus.isActive { received.moveReaderIndex(to: 0) }
             context.pipeline.syncOperations.removeHandler(context: context, promise: nil)
         case .refused(let refusal):
             fail(refusal, context: context)
@@ -206,7 +208,7 @@ final class StreamHeaderReader: ChannelDuplexHandler, RemovableChannelHandler {
         do {
             header = try StreamHeader.decode(from: &received)
         } catch {
-            return refuse(nil, .badHeader, reason: error.description, context: context)
+            return refuse(nil, Mutant.streamsBadHeaderAsUnknownKind.isActive ? .unknownKind : .badHeader, reason: error.description, context: context)
         }
         guard let header else { return }
         timer?.cancel()
