@@ -114,10 +114,16 @@ public struct TargetConformance: Sendable {
                                                               "a delivery stream we refuse (not-served) is closed by it, not opened again on that session, and its reconnections back off",
                                                               ["NODE-4.7"])
 
+        /// `target/http/busy-waited`: answered `503` with `Retry-After: 2` to its beacon fetch, it asks
+        /// that location again no sooner than 2 s later (an alive of the same USN in between tempts it).
+        public static let busyWaited = ConformanceCase("target/http/busy-waited",
+                                                       "answered 503 with Retry-After: 2, it fetches that location again no sooner than 2 s later, an alive in between notwithstanding",
+                                                       ["SSDP-6.10"])
+
         /// Every case of target mode.
         public static let all = [validFetched, fetchOnce, noMatchNoConnect, malformed, foreignNT, badUSN, spoofedLocation, forgedByebye,
                                  tamperedNoConnect, strangerFirstNoConnect, matchConnects, replayNoConnect, smallGroupRefused,
-                                 deliveryHeader, statusRead, refusalNotRetried]
+                                 deliveryHeader, statusRead, refusalNotRetried, busyWaited]
         static let beacons = [tamperedNoConnect, strangerFirstNoConnect, matchConnects, replayNoConnect, smallGroupRefused]
             + marking
         static let marking = [deliveryHeader, statusRead, refusalNotRetried]
@@ -227,6 +233,40 @@ public struct TargetConformance: Sendable {
             run.record(Cases.forgedByebye, .notApplicable, expected: "no new fetch", actual: "no second address (--second-address)")
         }
         try await beaconCases(run, sender: sender, datagrams: datagrams)
+        // Last: a client may postpone every fetch from a busy server's address, ours among them.
+        let busy = try await ScriptedLocation.start(host: address, body: stream, busyRetryAfter: Self.busyRetryAfterSeconds, group: group)
+        locations.append(busy)
+        try await gradeBusy(run, busy, sender: sender, datagrams: datagrams)
+    }
+
+    /// The `Retry-After` of the busy location, in seconds.
+    static let busyRetryAfterSeconds = 2
+
+    /// A location that answers its first fetch `503` with `Retry-After`: a new USN's alive, the same alive
+    /// again half a period later, then the Retry-After and one more period to see whether, and when, it
+    /// fetches again. Asking sooner fails [SSDP-6.10]; asking later, or not within the watch, passes.
+    private func gradeBusy(_ run: ConformanceRun, _ busy: ScriptedLocation, sender: MulticastSender, datagrams: TargetDatagrams) async throws {
+        let started = NIODeadline.now()
+        let usn = ThaliServiceName.makeUniqueServiceName()
+        let wait = TimeAmount.seconds(Int64(Self.busyRetryAfterSeconds))
+        try await sender.send(datagrams.alive(usn: usn, location: busy.url))
+        try await Task.sleep(for: .nanoseconds(configuration.observation.nanoseconds / 2))
+        try await sender.send(datagrams.alive(usn: usn, location: busy.url))
+        try await Task.sleep(for: .nanoseconds((wait + configuration.observation).nanoseconds))
+        let times = busy.fetchTimes
+        let expected = "no fetch within \(Self.busyRetryAfterSeconds) s of the 503"
+        guard let first = times.first else {
+            run.record(Cases.busyWaited, .inconclusive, expected: expected, actual: "never fetched", started: started)
+            return
+        }
+        guard times.count > 1 else {
+            run.record(Cases.busyWaited, .pass, expected: expected, actual: "no second fetch within \(PeerConformance.text(wait + configuration.observation))",
+                       started: started)
+            return
+        }
+        let after = times[1] - first
+        run.grade(Cases.busyWaited, holds: after >= wait, expected: expected,
+                  actual: "fetched again \(after.nanoseconds / 1_000_000) ms after the 503", started: started)
     }
 
     /// Announcements for the implementation from a contact, served on a port that also speaks PSK-TLS: a
@@ -571,14 +611,19 @@ final class ScriptedLocation: Sendable {
     private let channel: Channel
     private let counts: NIOLockedValueBox<(fetches: Int, other: Int)>
     private let replies: NIOLockedValueBox<[TLSReply]>
+    private let times: NIOLockedValueBox<[NIODeadline]>
     /// The LOCATION naming it.
     let url: String
+
+    /// How many beacon requests have their time kept (``fetchTimes``).
+    static let maxRecordedFetchTimes = 64
 
     /// The longest request head read before the connection is closed.
     static let maxRequestBytes = 8 * 1024
 
     private init(channel: Channel, counts: NIOLockedValueBox<(fetches: Int, other: Int)>, replies: NIOLockedValueBox<[TLSReply]>,
-                 url: String) {
+                 times: NIOLockedValueBox<[NIODeadline]>, url: String) {
+        self.times = times
         self.channel = channel
         self.counts = counts
         self.replies = replies
@@ -592,21 +637,28 @@ final class ScriptedLocation: Sendable {
     var fetches: Int { counts.withLockedValue { $0.fetches } }
     /// Connections that were not a beacon request.
     var otherConnections: Int { counts.withLockedValue { $0.other } }
+    /// When each beacon request came (the first ``maxRecordedFetchTimes``).
+    var fetchTimes: [NIODeadline] { times.withLockedValue { $0 } }
 
     /// Listens on `host`; with `tlsFlight`, a connection that starts with a TLS record gets those bytes
-    /// after its first record, and what it answers is recorded (``tlsReplies``).
-    static func start(host: String, body: [UInt8], tlsFlight: [UInt8]? = nil, group: EventLoopGroup) async throws -> ScriptedLocation {
+    /// after its first record, and what it answers is recorded (``tlsReplies``). With `busyRetryAfter`, the
+    /// first beacon request is answered `503` with that `Retry-After` (seconds), the later ones as usual.
+    static func start(host: String, body: [UInt8], tlsFlight: [UInt8]? = nil, busyRetryAfter: Int? = nil,
+                      group: EventLoopGroup) async throws -> ScriptedLocation {
         let counts = NIOLockedValueBox((fetches: 0, other: 0))
         let replies = NIOLockedValueBox<[TLSReply]>([])
+        let times = NIOLockedValueBox<[NIODeadline]>([])
         let channel = try await ServerBootstrap(group: group)
             .childChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
                     try channel.pipeline.syncOperations.addHandler(ScriptedLocationHandler(body: body, counts: counts, tlsFlight: tlsFlight,
-                                                                                           replies: replies))
+                                                                                           replies: replies, times: times,
+                                                                                           busyRetryAfter: busyRetryAfter))
                 }
             }
             .bind(host: host, port: 0).get()
-        return ScriptedLocation(channel: channel, counts: counts, replies: replies, url: "http://\(host):\(channel.localAddress?.port ?? 0)/")
+        return ScriptedLocation(channel: channel, counts: counts, replies: replies, times: times,
+                                url: "http://\(host):\(channel.localAddress?.port ?? 0)/")
     }
 
     func close() { channel.close(promise: nil) }
@@ -620,11 +672,16 @@ private final class ScriptedLocationHandler: ChannelInboundHandler {
     private let counts: NIOLockedValueBox<(fetches: Int, other: Int)>
     private let tlsFlight: [UInt8]?
     private let replies: NIOLockedValueBox<[TLSReply]>
+    private let times: NIOLockedValueBox<[NIODeadline]>
+    private let busyRetryAfter: Int?
     private var head: [UInt8] = []
     private var done = false
     private var flightSent = false
 
-    init(body: [UInt8], counts: NIOLockedValueBox<(fetches: Int, other: Int)>, tlsFlight: [UInt8]?, replies: NIOLockedValueBox<[TLSReply]>) {
+    init(body: [UInt8], counts: NIOLockedValueBox<(fetches: Int, other: Int)>, tlsFlight: [UInt8]?, replies: NIOLockedValueBox<[TLSReply]>,
+         times: NIOLockedValueBox<[NIODeadline]>, busyRetryAfter: Int?) {
+        self.times = times
+        self.busyRetryAfter = busyRetryAfter
         self.body = body
         self.counts = counts
         self.tlsFlight = tlsFlight
@@ -641,9 +698,19 @@ private final class ScriptedLocationHandler: ChannelInboundHandler {
         } else if head.count >= 4, head.suffix(4) == Array("\r\n\r\n".utf8) {
             let isBeaconRequest = head.starts(with: Array("GET /NotificationBeacons ".utf8))
             if isBeaconRequest {
-                var response = context.channel.allocator.buffer(
-                    string: "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: \(body.count)\r\nConnection: close\r\n\r\n")
-                response.writeBytes(body)
+                let first = times.withLockedValue { times in
+                    defer { if times.count < ScriptedLocation.maxRecordedFetchTimes { times.append(.now()) } }
+                    return times.isEmpty
+                }
+                var response: ByteBuffer
+                if let busyRetryAfter, first {
+                    response = context.channel.allocator.buffer(
+                        string: "HTTP/1.1 503 Service Unavailable\r\nRetry-After: \(busyRetryAfter)\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                } else {
+                    response = context.channel.allocator.buffer(
+                        string: "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: \(body.count)\r\nConnection: close\r\n\r\n")
+                    response.writeBytes(body)
+                }
                 context.writeAndFlush(wrapOutboundOut(response), promise: nil)
             }
             finish(context, fetch: isBeaconRequest)
