@@ -70,7 +70,7 @@ struct YamuxSessionStateMachine: MultiplexerSessionStateMachine {
                 core.queue(.pingAnswered(id: header.length, roundTripTime: roundTripTime))
             }
         case .goAway:
-            guard header.length == YamuxHeader.GoAwayCode.normal.rawValue else {
+            guard header.length == YamuxHeader.GoAwayCode.normal.rawValue && !Mutant.yamuxGoAwayEndsSession.isActive else {
                 throw .remoteGoAway(code: header.length)
             }
             core.session.receiveGoAway()

@@ -216,14 +216,21 @@ public struct PeerConformance: Sendable {
                                                           "a data frame of 256 KiB + 1 on a new stream, beyond its window, ends the session with GoAway code 1",
                                                           ["MUX-2.12", "MUX-2.15"])
 
+        /// `peer/yamux/goaway-normal`: after our GoAway 0 its open stream goes on and the session answers
+        /// a Ping; after our GoAway 2 it ends the session.
+        public static let goAwayNormal = ConformanceCase("peer/yamux/goaway-normal",
+                                                         "after our GoAway 0 the stream it serves is not reset and a Ping is answered; after our GoAway 2 it ends the session",
+                                                         ["MUX-2.14"])
+
         /// Every case of peer mode.
         public static let all = [discovered, beaconFetch, beaconMatch, expiration, handshake, closeNotify, openStream, hello, offer,
                                  transfer, frameMaximum, window, itemBatch, done, version2Fallback, usn, searchAnswer, byebye,
                                  senderConnects, senderBeaconRequest, senderWelcome, senderStream, senderProgress, senderAck, refusesExpired,
                                  rejectsDamaged, senderBatch, senderClose, senderInbox,
                                  noHint, noCompression, noTickets, unknownIdentity, wrongPSK, tls13, otherSuites, dhSize, dhFresh,
-                                 pingAnswered, dataAfterFIN, resetStream, wrongParity, windowOverrun]
-        static let rawMultiplexer = [pingAnswered, dataAfterFIN, resetStream, wrongParity, windowOverrun]
+                                 pingAnswered, dataAfterFIN, resetStream, wrongParity, windowOverrun, goAwayNormal,
+                                 unmarkedServed, alpnSelected, unknownKindRefused, badHeaderRefused, appNotServed, deliveryAccepted]
+        static let rawMultiplexer = [pingAnswered, dataAfterFIN, resetStream, wrongParity, windowOverrun, goAwayNormal]
         static let receiverRole = [openStream, hello, offer, transfer, frameMaximum, window, itemBatch, done]
         static let senderRole = [senderConnects, senderBeaconRequest, senderWelcome, senderStream, senderProgress, senderAck, refusesExpired,
                                  rejectsDamaged, senderBatch, senderClose, senderInbox]
@@ -231,7 +238,7 @@ public struct PeerConformance: Sendable {
 
     /// Bounds and keys.
     public let configuration: PeerConformanceConfiguration
-    private let group: EventLoopGroup
+    let group: EventLoopGroup
 
     /// Peer mode with `configuration`, its connections on `group`.
     public init(configuration: PeerConformanceConfiguration, group: EventLoopGroup) {
@@ -302,6 +309,9 @@ public struct PeerConformance: Sendable {
             if let match = found?.0, !Task.isCancelled {
                 await rawMultiplexerCases(run, location: location, match: match)
             }
+            if let match = found?.0, !Task.isCancelled {
+                await markingCases(run, location: location, match: match)
+            }
         }
         run.recordRemaining(Cases.all, .inconclusive, because: Task.isCancelled ? "interrupted" : "an earlier step failed")
     }
@@ -353,6 +363,7 @@ public struct PeerConformance: Sendable {
 
         let handshakeStarted = NIODeadline.now()
         let client: AuthenticatedSession.Client
+        let negotiated: String?
         do {
             let context = try PSKTLSContext(role: .client)
             client = try await ClientBootstrap(group: group)
@@ -361,6 +372,7 @@ public struct PeerConformance: Sendable {
                     AuthenticatedSession.configureClient(on: channel, context: context, identity: match.pskIdentity, psk: match.psk)
                 }
             let parameters = try await client.handshake.get()
+            negotiated = parameters.applicationProtocol
             let holds = parameters.protocolVersion == "TLSv1.2" && parameters.cipherSuite == PSKTLSProfile.cipherSuite
                 && parameters.dhGroupBits >= PSKTLSProfile.minimumDHBits
             run.grade(Cases.handshake, holds: holds, expected: "TLSv1.2, \(PSKTLSProfile.cipherSuite), DH ≥ 2048 bits",
@@ -374,6 +386,7 @@ public struct PeerConformance: Sendable {
         }
         await gradeCloseNotify(run, location: location, match: match)
         await receive(run, over: client.session, queuedIDs: queuedIDs, limits: limits)
+        gradeUnmarked(run, negotiated: negotiated)
         await gradeVersion2Fallback(run, over: client.session, limits: limits)
         try? await client.session.close().get()
     }
@@ -573,7 +586,7 @@ public struct PeerConformance: Sendable {
 
     /// Plays `script` on `frames` until it finishes or the stream ends. In version 3 a report of progress
     /// goes out only once the sender has sent nothing for ``PeerConformanceConfiguration/windowQuietPeriod``.
-    private func converse(_ frames: DeliveryChannel.AsyncFrames, _ script: inout ReceiverScript, _ run: ConformanceRun) async {
+    func converse(_ frames: DeliveryChannel.AsyncFrames, _ script: inout ReceiverScript, _ run: ConformanceRun) async {
         enum Input: Sendable {
             case frame(DeliveryFrame)
             case quiet(generation: Int)
@@ -651,7 +664,7 @@ public struct PeerConformance: Sendable {
                     lastFailure.withLockedValue { $0 = reason }
                 case .stream(let frames):
                     return frames
-                case .beaconsFetched, .wake:
+                case .beaconsFetched, .wake, .markedStream, .refusedStreamEnded:
                     break
                 }
             }
@@ -997,15 +1010,14 @@ public struct PeerConformance: Sendable {
 
     // MARK: Raw multiplexer cases
 
-    /// Yamux written by hand inside sessions keyed by its beacon: three connections, the first kept alive
-    /// through a ping, a stream with data after FIN and a reset stream; the other two each ended by a
-    /// protocol error (a stream of the wrong parity, a window overrun).
+    /// Yamux written by hand inside sessions keyed by its beacon: four connections, the first kept alive
+    /// through a ping, a stream with data after FIN and a reset stream; the second told GoAway 0, then 2;
+    /// the other two each ended by a protocol error (a stream of the wrong parity, a window overrun).
     private func rawMultiplexerCases(_ run: ConformanceRun, location: BeaconLocation, match: BeaconMatch) async {
         let timeout = configuration.stepTimeout
         var started = NIODeadline.now()
         do {
-            try await RawYamuxSession.run(host: location.host, port: location.port, identity: match.pskIdentity, psk: match.psk,
-                                          group: group) { session in
+            try await RawYamuxSession.run(keyedBy: match, at: location, group: group) { session in
                 let (answer, answered) = try await Self.ping(&session, value: 0xC0FF_EE01, timeout: timeout)
                 run.grade(Cases.pingAnswered, holds: answered, expected: "Ping ACK stream 0 length \(0xC0FF_EE01)", actual: answer.summary,
                           started: started)
@@ -1033,6 +1045,7 @@ public struct PeerConformance: Sendable {
         } catch {
             run.recordRemaining([Cases.pingAnswered, Cases.dataAfterFIN, Cases.resetStream], .inconclusive, because: "no PSK-TLS session: \(error)")
         }
+        await gradeGoAway(run, location: location, match: match)
         // The wrong parity is a header alone. The overrun's header goes first, alone too: an implementation
         // that judges it from the header ends the session before any payload is sent (payload still
         // unread when it closes would make its kernel reset the connection, and drop its GoAway on our
@@ -1046,8 +1059,7 @@ public struct PeerConformance: Sendable {
         for (testCase, frames, payload) in endings {
             started = NIODeadline.now()
             do {
-                try await RawYamuxSession.run(host: location.host, port: location.port, identity: match.pskIdentity, psk: match.psk,
-                                              group: group) { session in
+                try await RawYamuxSession.run(keyedBy: match, at: location, group: group) { session in
                     try await session.send(frames)
                     var (ending, _) = try await session.waitFor(within: payload > 0 ? configuration.windowQuietPeriod : timeout) { $0.type == .goAway }
                     var afterPayload = ""
@@ -1069,6 +1081,40 @@ public struct PeerConformance: Sendable {
             } catch {
                 run.record(testCase, .inconclusive, expected: testCase.title, actual: "no PSK-TLS session: \(error)", started: started)
             }
+        }
+    }
+
+    /// A stream we open (its first frame from the implementation shows it is served), then our GoAway 0:
+    /// the stream must not be reset and a Ping must still be answered; then our GoAway 2 (internal error)
+    /// must end the session [MUX-2.14].
+    private func gradeGoAway(_ run: ConformanceRun, location: BeaconLocation, match: BeaconMatch) async {
+        let (timeout, started) = (configuration.stepTimeout, NIODeadline.now())
+        do {
+            try await RawYamuxSession.run(keyedBy: match, at: location, group: group) { session in
+                try await session.send([(YamuxHeader(type: .windowUpdate, flags: .syn, streamID: 1, length: 0), 0)])
+                let (served, _) = try await session.waitFor(within: timeout) { $0.streamID == 1 && ($0.type == .data || $0.flags.contains(.rst)) }
+                guard case .frame(let first) = served, first.type == .data, !first.flags.contains(.rst) else {
+                    run.record(Cases.goAwayNormal, .inconclusive, expected: "a data frame on the stream we opened", actual: served.summary, started: started)
+                    return
+                }
+                try await session.send([(YamuxHeader(type: .goAway, streamID: 0, length: YamuxHeader.GoAwayCode.normal.rawValue), 0),
+                                        (YamuxHeader(type: .ping, flags: .syn, streamID: 0, length: 0xC0FF_EE04), 0)])
+                let (answer, before) = try await session.waitFor(within: timeout) {
+                    $0.type == .goAway || $0.type == .ping && $0.flags.contains(.ack) || $0.streamID == 1 && $0.flags.contains(.rst)
+                }
+                var goesOn = false
+                if case .frame(let header) = answer { goesOn = header.type == .ping && header.length == 0xC0FF_EE04 }
+                try await session.send([(YamuxHeader(type: .goAway, streamID: 0, length: YamuxHeader.GoAwayCode.internalError.rawValue), 0)])
+                let (ending, _) = try await session.waitFor(within: timeout) { _ in false }
+                var ended = false
+                if case .ended = ending { ended = true }
+                run.grade(Cases.goAwayNormal, holds: goesOn && ended,
+                          expected: "after GoAway 0: no RST on stream 1, no GoAway, the Ping answered; after GoAway 2: the connection ends",
+                          actual: "after GoAway 0: \(answer.summary)" + (before.isEmpty ? "" : " after \(before.map(\.summary).joined(separator: ", "))")
+                              + "; after GoAway 2: \(ending.summary)", started: started)
+            }
+        } catch {
+            run.record(Cases.goAwayNormal, .inconclusive, expected: Cases.goAwayNormal.title, actual: "no PSK-TLS session: \(error)", started: started)
         }
     }
 

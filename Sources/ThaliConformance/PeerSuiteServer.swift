@@ -15,8 +15,12 @@ import ThaliSSDP
 final class PeerSuiteServer: Sendable {
     /// What the implementation under test did on our port.
     enum Event: Sendable {
-        /// A PSK-TLS handshake authenticated it.
-        case authenticated
+        /// A PSK-TLS handshake authenticated it; `marked`: it agreed on `thali-streams/1`.
+        case authenticated(marked: Bool)
+        /// On a marked session it opened a stream with this header (or none), and we answered `status`.
+        case markedStream(MarkedStreamAcceptor.Header, StreamStatus)
+        /// A marked stream we refused was closed by it (it ended within ``markedStreamTimeout``, or we did).
+        case refusedStreamEnded
         /// A handshake failed (its reason).
         case handshakeFailed(String)
         /// It opened a stream, set up for the delivery protocol.
@@ -34,13 +38,32 @@ final class PeerSuiteServer: Sendable {
     private let beacons: NIOLockedValueBox<[UInt8]?>
     private let table: AdvertisedPSKTable
     private let requests: NIOLockedValueBox<[HTTPRequestHead]>
+    private let policy: NIOLockedValueBox<MarkingPolicy>
+
+    /// Whether the suite's server marks streams, and how it answers the header of a marked stream the
+    /// implementation opens.
+    enum MarkingPolicy: Sendable {
+        /// The server knows no ALPN protocol: every session is unmarked, as with a peer from before marking.
+        case unmarked
+        /// A `delivery` header is accepted (and the stream played as a delivery sender); any other kind,
+        /// or a malformed header, is refused as spec/node.md says.
+        case acceptDelivery
+        /// Every stream is refused with this.
+        case refuse(StreamRefusal)
+    }
+
+    /// How long a marked stream's header may take, and how long a refused stream is left for the
+    /// implementation to close before we do: longer than target mode's observation, so that an end seen
+    /// within it is the implementation's.
+    static let markedStreamTimeout: TimeAmount = .seconds(10)
 
     /// How many beacon request heads are kept for grading; later ones are not recorded.
     static let maxRecordedRequests = 8
 
     private init(channel: Channel, events: AsyncStream<Event>, sink: AsyncStream<Event>.Continuation,
                  beacons: NIOLockedValueBox<[UInt8]?>, table: AdvertisedPSKTable,
-                 requests: NIOLockedValueBox<[HTTPRequestHead]>) {
+                 requests: NIOLockedValueBox<[HTTPRequestHead]>, policy: NIOLockedValueBox<MarkingPolicy>) {
+        self.policy = policy
         self.channel = channel
         self.events = events
         self.sink = sink
@@ -62,8 +85,11 @@ final class PeerSuiteServer: Sendable {
     /// The bound port.
     var port: Int { channel.localAddress?.port ?? 0 }
 
-    /// Listens on `host`, port 0, accepting PSK-TLS only from `peer`.
-    static func start(host: String, peer: PublicKey, limits: DeliveryLimits, group: EventLoopGroup) async throws -> PeerSuiteServer {
+    /// Listens on `host`, port 0, accepting PSK-TLS only from `peer`. Unless `marking` (see ``mark(_:)``)
+    /// is ``MarkingPolicy/unmarked``, the server selects ALPN `thali-streams/1` when offered and answers each
+    /// marked stream's header by the policy; an unmarked session's streams are delivery streams.
+    static func start(host: String, peer: PublicKey, limits: DeliveryLimits, marking: MarkingPolicy = .unmarked,
+                      group: EventLoopGroup) async throws -> PeerSuiteServer {
         let (events, sink) = AsyncStream.makeStream(of: Event.self, bufferingPolicy: .bufferingNewest(64))
         let beacons = NIOLockedValueBox<[UInt8]?>(nil)
         let table = AdvertisedPSKTable()
@@ -72,7 +98,11 @@ final class PeerSuiteServer: Sendable {
             requests.withLockedValue { if $0.count < maxRecordedRequests { $0.append(head) } }
             sink.yield(.beaconsFetched)
         }
-        let context = try PSKTLSContext(role: .server, configuration: PSKTLSConfiguration(dhGroup: .ffdhe2048))
+        let policy = NIOLockedValueBox(marking)
+        var tls = PSKTLSConfiguration(dhGroup: .ffdhe2048)
+        let plain = try PSKTLSContext(role: .server, configuration: tls)
+        tls.applicationProtocols = [StreamHeader.alpnProtocol]
+        let marks = try PSKTLSContext(role: .server, configuration: tls)
         let channel = try await ServerBootstrap(group: group)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
             .childChannelOption(.allowRemoteHalfClosure, value: true)
@@ -82,18 +112,24 @@ final class PeerSuiteServer: Sendable {
                         try BeaconHTTPServer.configureRequestHandling(on: channel, beacons: { beacons.withLockedValue { $0 } },
                                                                       onRequest: record)
                     }, secure: { channel in
-                        AuthenticatedSession.configureServer(on: channel, context: context, lookup: { (identity: String) -> (psk: [UInt8], peer: PublicKey)? in
+                        let unmarked = policy.withLockedValue { if case .unmarked = $0 { true } else { false } }
+                        return AuthenticatedSession.configureServer(on: channel, context: unmarked ? plain : marks, lookup: {
+                            (identity: String) -> (psk: [UInt8], peer: PublicKey)? in
                             guard let entry = table.lookup(identity: identity), entry.contact == peer else { return nil }
                             return (psk: entry.psk, peer: entry.contact)
-                        }, inboundStream: { (stream: Channel, _: PublicKey) in
+                        }, inboundStream: { (stream: Channel, _: PublicKey, parameters: PSKTLSNegotiatedParameters) in
                             stream.eventLoop.makeCompletedFuture {
-                                let frames = try DeliveryChannel.configureSynchronously(stream, limits: limits)
-                                sink.yield(.stream(frames))
+                                guard parameters.applicationProtocol == StreamHeader.alpnProtocol else {
+                                    sink.yield(.stream(try DeliveryChannel.configureSynchronously(stream, limits: limits)))
+                                    return
+                                }
+                                try acceptMarked(stream, policy: policy, limits: limits, sink: sink)
                             }
                         }).map { server in
-                            server.peer.whenComplete { result in
+                            server.peer.and(server.handshake).whenComplete { result in
                                 switch result {
-                                case .success: sink.yield(.authenticated)
+                                case .success(let (_, parameters)):
+                                    sink.yield(.authenticated(marked: parameters.applicationProtocol == StreamHeader.alpnProtocol))
                                 case .failure(let error): sink.yield(.handshakeFailed("\(error)"))
                                 }
                             }
@@ -103,7 +139,37 @@ final class PeerSuiteServer: Sendable {
             }
             .bind(host: host, port: 0).get()
         return PeerSuiteServer(channel: channel, events: events, sink: sink, beacons: beacons, table: table,
-                               requests: requests)
+                               requests: requests, policy: policy)
+    }
+
+    /// Reads a marked stream's header and answers it by `policy`: an accepted `delivery` stream becomes
+    /// a delivery channel (``Event/stream(_:)``); a refused one is watched until it closes.
+    private static func acceptMarked(_ stream: Channel, policy: NIOLockedValueBox<MarkingPolicy>, limits: DeliveryLimits,
+                                     sink: AsyncStream<Event>.Continuation) throws {
+        try stream.syncOptions?.setOption(.allowRemoteHalfClosure, value: true)
+        try stream.pipeline.syncOperations.addHandler(MarkedStreamAcceptor(timeout: markedStreamTimeout, decide: { header in
+            switch (policy.withLockedValue { $0 }, header) {
+            case (.refuse(let refusal), _): .refused(refusal)
+            // Marked when it connected, and no longer: the header is still answered as the spec says.
+            case (.unmarked, .kind(.delivery)): .accepted
+            case (.acceptDelivery, .kind(.delivery)): .accepted
+            case (_, .kind(let kind)):
+                .refused(StreamRefusal(kind.appProtocol == nil ? .unknownKind : .notServed, reason: "the conformance suite serves delivery only"))
+            case (_, .malformed(let error, _)), (_, .missing(let error)):
+                .refused(StreamRefusal(.badHeader, reason: error.description))
+            }
+        }, accepted: { stream in
+            sink.yield(.stream(try DeliveryChannel.configureSynchronously(stream, limits: limits)))
+        }, seen: { header, status in
+            sink.yield(.markedStream(header, status))
+            if case .refused = status { stream.closeFuture.whenComplete { _ in sink.yield(.refusedStreamEnded) } }
+        }))
+    }
+
+    /// From now on, marks the sessions that offer it and answers their streams by `policy` (or, with
+    /// ``MarkingPolicy/unmarked``, selects no ALPN protocol for new sessions).
+    func mark(_ policy: MarkingPolicy) {
+        self.policy.withLockedValue { $0 = policy }
     }
 
     /// Serves `announcement` (nil: nothing, `204`) and accepts its PSKs.

@@ -1,6 +1,8 @@
 import NIOCore
 import TCPMultiplexer
+import ThaliBeacons
 import ThaliPSKTLS
+import ThaliSSDP
 
 /// Yamux written by hand inside an authenticated PSK-TLS session: the suite sends frames a correct
 /// session never would (a stream of the wrong parity, data after FIN, a window overrun) and reads the
@@ -48,6 +50,12 @@ struct RawYamuxSession {
                 return try await body(&session)
             }
         }
+    }
+
+    /// ``run(host:port:identity:psk:group:_:)`` in a session keyed by `match`, at `location`.
+    static func run<Result: Sendable>(keyedBy match: BeaconMatch, at location: BeaconLocation, group: any EventLoopGroup,
+                                      _ body: (inout RawYamuxSession) async throws -> Result) async throws -> Result {
+        try await run(host: location.host, port: location.port, identity: match.pskIdentity, psk: match.psk, group: group, body)
     }
 
     /// Decodes the implementation's bytes into frames; answers nothing itself.

@@ -23,6 +23,11 @@ public struct TargetConformanceConfiguration: Sendable {
     /// beacon cases announce beacons for it (tampered, good, replayed) and watch whether it connects;
     /// without them those cases are N/A.
     public var keys: (peer: PublicKey, identity: PrivateKey)?
+    /// The most PSK-TLS connections it may make within ``observation`` after the suite refused its delivery
+    /// stream: a refused stream is not retried by itself and a failed session backs off (spec/node.md,
+    /// "Stream marking"), so a storm of reconnections is a warning. Our node's link retries after 250 ms,
+    /// doubling: about 5 connections in 3 s.
+    public var maxConnectionsAfterRefusal = 8
 
     /// A configuration for `address`; on loopback the second address is 127.0.0.2.
     public init(address: String) {
@@ -79,8 +84,8 @@ public struct TargetConformance: Sendable {
         /// `target/beacons/match-connects`: a good announcement for it from a contact leads to a PSK-TLS
         /// connection (the control of the two cases around it).
         public static let matchConnects = ConformanceCase("target/beacons/match-connects",
-                                                          "a good announcement for it from a contact is fetched and leads to a PSK-TLS session",
-                                                          ["NODE-3.2", "BCN-4.7"])
+                                                          "a good announcement for it from a contact is fetched and leads to a PSK-TLS session and delivery, unmarked (our server selects no ALPN)",
+                                                          ["NODE-3.2", "BCN-4.7", "NODE-4.2"])
         /// `target/beacons/replay-no-connect`: the same announcement again from the same location, under a
         /// new USN, is fetched and leads to no connection.
         public static let replayNoConnect = ConformanceCase("target/beacons/replay-no-connect",
@@ -93,10 +98,35 @@ public struct TargetConformance: Sendable {
                                                               "offered a 1536-bit DH group after a good beacon, it refuses with a fatal handshake_failure, no ClientKeyExchange",
                                                               ["PSK-2.3"])
 
+        /// `target/streams/delivery-header`: offered `thali-streams/1` by our server, its delivery stream
+        /// starts with the header `delivery`.
+        public static let deliveryHeader = ConformanceCase("target/streams/delivery-header",
+                                                           "on a session that agreed on thali-streams/1, the delivery stream it opens starts with the header delivery",
+                                                           ["NODE-4.1", "NODE-4.3"])
+        /// `target/streams/status-read`: it takes our status 0 off the front of the stream: its welcome
+        /// answers our hello.
+        public static let statusRead = ConformanceCase("target/streams/status-read",
+                                                       "it takes our status 0 off the front of the stream: our hello after it is answered with its welcome",
+                                                       ["NODE-4.6"])
+        /// `target/streams/refusal-not-retried`: a delivery stream we refuse is closed, not opened again on
+        /// that session, and its reconnections stay few.
+        public static let refusalNotRetried = ConformanceCase("target/streams/refusal-not-retried",
+                                                              "a delivery stream we refuse (not-served) is closed by it, not opened again on that session, and its reconnections back off",
+                                                              ["NODE-4.7"])
+
+        /// `target/http/busy-waited`: answered `503` with `Retry-After: 2` to its beacon fetch, it asks
+        /// that location again no sooner than 2 s later (an alive of the same USN in between tempts it).
+        public static let busyWaited = ConformanceCase("target/http/busy-waited",
+                                                       "answered 503 with Retry-After: 2, it fetches that location again no sooner than 2 s later, an alive in between notwithstanding",
+                                                       ["SSDP-6.10"])
+
         /// Every case of target mode.
         public static let all = [validFetched, fetchOnce, noMatchNoConnect, malformed, foreignNT, badUSN, spoofedLocation, forgedByebye,
-                                 tamperedNoConnect, strangerFirstNoConnect, matchConnects, replayNoConnect, smallGroupRefused]
+                                 tamperedNoConnect, strangerFirstNoConnect, matchConnects, replayNoConnect, smallGroupRefused,
+                                 deliveryHeader, statusRead, refusalNotRetried, busyWaited]
         static let beacons = [tamperedNoConnect, strangerFirstNoConnect, matchConnects, replayNoConnect, smallGroupRefused]
+            + marking
+        static let marking = [deliveryHeader, statusRead, refusalNotRetried]
     }
 
     let configuration: TargetConformanceConfiguration
@@ -203,6 +233,40 @@ public struct TargetConformance: Sendable {
             run.record(Cases.forgedByebye, .notApplicable, expected: "no new fetch", actual: "no second address (--second-address)")
         }
         try await beaconCases(run, sender: sender, datagrams: datagrams)
+        // Last: a client may postpone every fetch from a busy server's address, ours among them.
+        let busy = try await ScriptedLocation.start(host: address, body: stream, busyRetryAfter: Self.busyRetryAfterSeconds, group: group)
+        locations.append(busy)
+        try await gradeBusy(run, busy, sender: sender, datagrams: datagrams)
+    }
+
+    /// The `Retry-After` of the busy location, in seconds.
+    static let busyRetryAfterSeconds = 2
+
+    /// A location that answers its first fetch `503` with `Retry-After`: a new USN's alive, the same alive
+    /// again half a period later, then the Retry-After and one more period to see whether, and when, it
+    /// fetches again. Asking sooner fails [SSDP-6.10]; asking later, or not within the watch, passes.
+    private func gradeBusy(_ run: ConformanceRun, _ busy: ScriptedLocation, sender: MulticastSender, datagrams: TargetDatagrams) async throws {
+        let started = NIODeadline.now()
+        let usn = ThaliServiceName.makeUniqueServiceName()
+        let wait = TimeAmount.seconds(Int64(Self.busyRetryAfterSeconds))
+        try await sender.send(datagrams.alive(usn: usn, location: busy.url))
+        try await Task.sleep(for: .nanoseconds(configuration.observation.nanoseconds / 2))
+        try await sender.send(datagrams.alive(usn: usn, location: busy.url))
+        try await Task.sleep(for: .nanoseconds((wait + configuration.observation).nanoseconds))
+        let times = busy.fetchTimes
+        let expected = "no fetch within \(Self.busyRetryAfterSeconds) s of the 503"
+        guard let first = times.first else {
+            run.record(Cases.busyWaited, .inconclusive, expected: expected, actual: "never fetched", started: started)
+            return
+        }
+        guard times.count > 1 else {
+            run.record(Cases.busyWaited, .pass, expected: expected, actual: "no second fetch within \(PeerConformance.text(wait + configuration.observation))",
+                       started: started)
+            return
+        }
+        let after = times[1] - first
+        run.grade(Cases.busyWaited, holds: after >= wait, expected: expected,
+                  actual: "fetched again \(after.nanoseconds / 1_000_000) ms after the 503", started: started)
     }
 
     /// Announcements for the implementation from a contact, served on a port that also speaks PSK-TLS: a
@@ -237,10 +301,12 @@ public struct TargetConformance: Sendable {
             server.serve(good)
             try await sender.send(datagrams.alive(usn: ThaliServiceName.makeUniqueServiceName(), location: location))
             let connected = try await watch.untilSession(within: configuration.observation)
-            run.grade(Cases.matchConnects, holds: connected.session, expected: "a fetch, then a PSK-TLS session",
-                      actual: connected.description, started: started)
+            run.grade(Cases.matchConnects, holds: connected.session && connected.welcomed,
+                      expected: "a fetch, then a PSK-TLS session without ALPN whose delivery stream welcomes our hello",
+                      actual: connected.description + (connected.session && !connected.welcomed ? ", no welcome to our hello" : ""), started: started)
             guard connected.session else {
-                for testCase in [Cases.tamperedNoConnect, Cases.strangerFirstNoConnect, Cases.replayNoConnect, Cases.smallGroupRefused] {
+                for testCase in [Cases.tamperedNoConnect, Cases.strangerFirstNoConnect, Cases.replayNoConnect, Cases.smallGroupRefused]
+                    + Cases.marking {
                     run.record(testCase, .inconclusive, expected: testCase.title, actual: "a good announcement led to no session either")
                 }
                 await server.close()
@@ -259,12 +325,66 @@ public struct TargetConformance: Sendable {
             } else {
                 run.grade(Cases.replayNoConnect, holds: replayed.connections == 0, expected: expected, actual: replayed.description, started: started)
             }
+            if try await marking(run, server: server, watch: &watch, generator: generator, peer: peer, sender: sender, datagrams: datagrams) {
+                try await refusal(run, server: server, watch: &watch, announcement: try generator.makeAnnouncement(for: [peer], validity: .seconds(600)),
+                                  sender: sender, datagrams: datagrams)
+            }
         } catch {
             await server.close()
             throw error
         }
         await server.close()
         try await smallGroup(run, sender: sender, datagrams: datagrams, peer: peer, identity: identity)
+    }
+
+    /// Our server now selects `thali-streams/1` (the sessions before were unmarked): a new announcement
+    /// for it, and the header of the delivery stream it opens on the new session, and whether it read our
+    /// status. Returns whether its sessions are marked (else the marking cases are UNSUPPORTED).
+    private func marking(_ run: ConformanceRun, server: PeerSuiteServer, watch: inout ServerWatch, generator: BeaconGenerator,
+                         peer: PublicKey, sender: MulticastSender, datagrams: TargetDatagrams) async throws -> Bool {
+        server.mark(.acceptDelivery)
+        server.serve(try generator.makeAnnouncement(for: [peer], validity: .seconds(600)))
+        try await sender.send(datagrams.alive(usn: ThaliServiceName.makeUniqueServiceName(), location: "http://\(configuration.address):\(server.port)/"))
+        let connected = try await watch.untilSession(within: configuration.observation)
+        guard connected.session else {
+            run.recordRemaining(Cases.marking, .inconclusive, because: "a new announcement led to no session: \(connected)")
+            return false
+        }
+        guard connected.markedSessions > 0 else {
+            run.recordRemaining(Cases.marking, .unsupported, because: "it offered no \(StreamHeader.alpnProtocol): its sessions are unmarked")
+            return false
+        }
+        guard let (header, status) = connected.headers.first else {
+            run.recordRemaining(Cases.marking, .fail, because: "a marked session, and no marked stream: \(connected)")
+            return false
+        }
+        run.grade(Cases.deliveryHeader, holds: header == .kind(.delivery), expected: "header delivery (08 64 65 6c 69 76 65 72 79)",
+                  actual: header.description)
+        let welcomed = status == .accepted && connected.welcomed
+        run.grade(Cases.statusRead, holds: welcomed, expected: "after our status 0 and hello, its welcome",
+                  actual: status != .accepted ? "we refused its stream: \(status)" : welcomed ? "welcome" : "no welcome: the stream failed or ended")
+        return true
+    }
+
+    /// A new announcement for it, and every marked stream of its sessions refused (not-served): each is
+    /// closed by it, none opened again on its session, and the sessions over ``TargetConformanceConfiguration/observation``
+    /// stay within ``TargetConformanceConfiguration/maxConnectionsAfterRefusal`` [NODE-4.7].
+    private func refusal(_ run: ConformanceRun, server: PeerSuiteServer, watch: inout ServerWatch, announcement: BeaconAnnouncement,
+                         sender: MulticastSender, datagrams: TargetDatagrams) async throws {
+        let started = NIODeadline.now()
+        server.mark(.refuse(StreamRefusal(.notServed, reason: "refused on purpose by the conformance suite")))
+        server.serve(announcement)
+        try await sender.send(datagrams.alive(usn: ThaliServiceName.makeUniqueServiceName(), location: "http://\(configuration.address):\(server.port)/"))
+        let seen = try await watch.observe(for: configuration.observation)
+        let expected = "the refused streams closed by it, at most one per session, at most \(configuration.maxConnectionsAfterRefusal) connections "
+            + "within \(PeerConformance.text(configuration.observation))"
+        guard seen.refused > 0 else {
+            run.record(Cases.refusalNotRetried, .inconclusive, expected: expected, actual: seen.description, started: started)
+            return
+        }
+        run.grade(Cases.refusalNotRetried, holds: seen.refusedEnded + 1 >= seen.refused && seen.refused <= seen.markedSessions
+                    && seen.connections <= configuration.maxConnectionsAfterRefusal,
+                  expected: expected, actual: seen.description, started: started)
     }
 
     /// A good announcement for it on a location whose TLS side offers a 1536-bit group: the client must
@@ -370,9 +490,19 @@ struct ServerWatch {
         var fetches = 0
         /// PSK-TLS handshakes, authenticated or failed.
         var connections = 0
+        /// Authenticated sessions that agreed on `thali-streams/1`.
+        var markedSessions = 0
         var session = false
+        /// Whether a delivery session answered our hello with its welcome.
+        var welcomed = false
+        /// The headers of the marked streams it opened, with our answers.
+        var headers: [(MarkedStreamAcceptor.Header, StreamStatus)] = []
+        /// Marked streams we refused that it closed.
+        var refusedEnded = 0
+        var refused: Int { headers.count { if case .refused = $0.1 { true } else { false } } }
         var description: String {
-            "\(fetches) fetch(es), \(connections) connection(s)" + (session ? ", a session" : "")
+            "\(fetches) fetch(es), \(connections) connection(s)" + (markedSessions > 0 ? " (\(markedSessions) marked)" : "")
+                + (session ? ", a session" : "") + (refused > 0 ? ", \(refused) stream(s) refused, \(refusedEnded) closed by it" : "")
         }
     }
 
@@ -404,10 +534,16 @@ struct ServerWatch {
         while let event = await events.next() {
             switch event {
             case .beaconsFetched: seen.fetches += 1
-            case .authenticated: seen.connections += 1
+            case .authenticated(let marked):
+                seen.connections += 1
+                if marked { seen.markedSessions += 1 }
             case .handshakeFailed: seen.connections += 1
+            case .markedStream(let header, let status):
+                seen.headers.append((header, status))
+            case .refusedStreamEnded:
+                seen.refusedEnded += 1
             case .stream(let frames):
-                try? await Self.finishSession(frames)
+                seen.welcomed = await Self.finishSession(frames)
                 seen.session = true
             case .wake(let id) where id == wake: return seen
             case .wake: break
@@ -417,15 +553,19 @@ struct ServerWatch {
         return seen
     }
 
-    /// Plays a sender with nothing to send: hello, its welcome, done, then the end of the stream.
-    static func finishSession(_ frames: DeliveryChannel.AsyncFrames) async throws {
-        try await frames.executeThenClose { inbound, outbound in
+    /// Plays a sender with nothing to send: hello, its welcome, done, then the end of the stream. Returns
+    /// whether the welcome came.
+    static func finishSession(_ frames: DeliveryChannel.AsyncFrames) async -> Bool {
+        var welcomed = false
+        try? await frames.executeThenClose { inbound, outbound in
             var iterator = inbound.makeAsyncIterator()
             try await outbound.write(.hello(version: DeliveryFrame.protocolVersion))
             guard case .welcome? = try await iterator.next() else { return }
+            welcomed = true
             try await outbound.write(.done)
             while try await iterator.next() != nil {}
         }
+        return welcomed
     }
 }
 
@@ -471,14 +611,19 @@ final class ScriptedLocation: Sendable {
     private let channel: Channel
     private let counts: NIOLockedValueBox<(fetches: Int, other: Int)>
     private let replies: NIOLockedValueBox<[TLSReply]>
+    private let times: NIOLockedValueBox<[NIODeadline]>
     /// The LOCATION naming it.
     let url: String
+
+    /// How many beacon requests have their time kept (``fetchTimes``).
+    static let maxRecordedFetchTimes = 64
 
     /// The longest request head read before the connection is closed.
     static let maxRequestBytes = 8 * 1024
 
     private init(channel: Channel, counts: NIOLockedValueBox<(fetches: Int, other: Int)>, replies: NIOLockedValueBox<[TLSReply]>,
-                 url: String) {
+                 times: NIOLockedValueBox<[NIODeadline]>, url: String) {
+        self.times = times
         self.channel = channel
         self.counts = counts
         self.replies = replies
@@ -492,21 +637,28 @@ final class ScriptedLocation: Sendable {
     var fetches: Int { counts.withLockedValue { $0.fetches } }
     /// Connections that were not a beacon request.
     var otherConnections: Int { counts.withLockedValue { $0.other } }
+    /// When each beacon request came (the first ``maxRecordedFetchTimes``).
+    var fetchTimes: [NIODeadline] { times.withLockedValue { $0 } }
 
     /// Listens on `host`; with `tlsFlight`, a connection that starts with a TLS record gets those bytes
-    /// after its first record, and what it answers is recorded (``tlsReplies``).
-    static func start(host: String, body: [UInt8], tlsFlight: [UInt8]? = nil, group: EventLoopGroup) async throws -> ScriptedLocation {
+    /// after its first record, and what it answers is recorded (``tlsReplies``). With `busyRetryAfter`, the
+    /// first beacon request is answered `503` with that `Retry-After` (seconds), the later ones as usual.
+    static func start(host: String, body: [UInt8], tlsFlight: [UInt8]? = nil, busyRetryAfter: Int? = nil,
+                      group: EventLoopGroup) async throws -> ScriptedLocation {
         let counts = NIOLockedValueBox((fetches: 0, other: 0))
         let replies = NIOLockedValueBox<[TLSReply]>([])
+        let times = NIOLockedValueBox<[NIODeadline]>([])
         let channel = try await ServerBootstrap(group: group)
             .childChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
                     try channel.pipeline.syncOperations.addHandler(ScriptedLocationHandler(body: body, counts: counts, tlsFlight: tlsFlight,
-                                                                                           replies: replies))
+                                                                                           replies: replies, times: times,
+                                                                                           busyRetryAfter: busyRetryAfter))
                 }
             }
             .bind(host: host, port: 0).get()
-        return ScriptedLocation(channel: channel, counts: counts, replies: replies, url: "http://\(host):\(channel.localAddress?.port ?? 0)/")
+        return ScriptedLocation(channel: channel, counts: counts, replies: replies, times: times,
+                                url: "http://\(host):\(channel.localAddress?.port ?? 0)/")
     }
 
     func close() { channel.close(promise: nil) }
@@ -520,11 +672,16 @@ private final class ScriptedLocationHandler: ChannelInboundHandler {
     private let counts: NIOLockedValueBox<(fetches: Int, other: Int)>
     private let tlsFlight: [UInt8]?
     private let replies: NIOLockedValueBox<[TLSReply]>
+    private let times: NIOLockedValueBox<[NIODeadline]>
+    private let busyRetryAfter: Int?
     private var head: [UInt8] = []
     private var done = false
     private var flightSent = false
 
-    init(body: [UInt8], counts: NIOLockedValueBox<(fetches: Int, other: Int)>, tlsFlight: [UInt8]?, replies: NIOLockedValueBox<[TLSReply]>) {
+    init(body: [UInt8], counts: NIOLockedValueBox<(fetches: Int, other: Int)>, tlsFlight: [UInt8]?, replies: NIOLockedValueBox<[TLSReply]>,
+         times: NIOLockedValueBox<[NIODeadline]>, busyRetryAfter: Int?) {
+        self.times = times
+        self.busyRetryAfter = busyRetryAfter
         self.body = body
         self.counts = counts
         self.tlsFlight = tlsFlight
@@ -541,9 +698,19 @@ private final class ScriptedLocationHandler: ChannelInboundHandler {
         } else if head.count >= 4, head.suffix(4) == Array("\r\n\r\n".utf8) {
             let isBeaconRequest = head.starts(with: Array("GET /NotificationBeacons ".utf8))
             if isBeaconRequest {
-                var response = context.channel.allocator.buffer(
-                    string: "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: \(body.count)\r\nConnection: close\r\n\r\n")
-                response.writeBytes(body)
+                let first = times.withLockedValue { times in
+                    defer { if times.count < ScriptedLocation.maxRecordedFetchTimes { times.append(.now()) } }
+                    return times.isEmpty
+                }
+                var response: ByteBuffer
+                if let busyRetryAfter, first {
+                    response = context.channel.allocator.buffer(
+                        string: "HTTP/1.1 503 Service Unavailable\r\nRetry-After: \(busyRetryAfter)\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                } else {
+                    response = context.channel.allocator.buffer(
+                        string: "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: \(body.count)\r\nConnection: close\r\n\r\n")
+                    response.writeBytes(body)
+                }
                 context.writeAndFlush(wrapOutboundOut(response), promise: nil)
             }
             finish(context, fetch: isBeaconRequest)

@@ -33,6 +33,8 @@ public enum Mutant: String, CaseIterable, Sendable {
     case yamuxAcceptsDataAfterFIN = "yamux-accepts-data-after-fin"
     /// A yamux session takes a data frame longer than the stream's receive window [MUX-2.12].
     case yamuxIgnoresReceiveWindow = "yamux-ignores-receive-window"
+    /// A yamux session takes the peer's GoAway 0 as an error and ends, its open streams with it [MUX-2.14].
+    case yamuxGoAwayEndsSession = "yamux-goaway-ends-session"
     /// The thali-multiplex decoder reads varints of eleven bytes [MUX-3.1].
     case thaliMultiplexLongVarints = "thali-multiplex-long-varints"
     /// The thali-multiplex decoder takes open and reset bodies of any length [MUX-3.3].
@@ -51,6 +53,8 @@ public enum Mutant: String, CaseIterable, Sendable {
     case ssdpUppercaseUSN = "ssdp-uppercase-usn"
     /// The beacon fetch sends `Host` without the port [SSDP-6.8].
     case httpHostWithoutPort = "http-host-without-port"
+    /// The beacon fetch takes a busy server's `503` as a wait of nothing, whatever its `Retry-After` [SSDP-6.10].
+    case httpIgnoresRetryAfter = "http-ignores-retry-after"
     /// The beacon receiver keeps no replay cache: an announcement fetched again from the same origin
     /// matches again [BCN-4.5].
     case beaconNoReplayCache = "beacon-no-replay-cache"
@@ -58,6 +62,10 @@ public enum Mutant: String, CaseIterable, Sendable {
     case beaconIgnoresFlagTag = "beacon-ignores-flag-tag"
     /// The beacon receiver (profile spec) skips a verified flag from a stranger and scans on [BCN-4.6].
     case beaconSkipsStrangerFlag = "beacon-skips-stranger-flag"
+    /// The stream header reader refuses a malformed header with unknown-kind (1), not bad-header (4) [NODE-4.5].
+    case streamsBadHeaderAsUnknownKind = "streams-bad-header-as-unknown-kind"
+    /// The opener of a marked stream leaves the accepting side's status in front of the stream's bytes [NODE-4.6].
+    case streamsOpenerKeepsStatus = "streams-opener-keeps-status"
     /// Beacon announcements expire 25 h ahead, beyond the 24 h a receiver accepts [BCN-1.2].
     case beaconExpirationBeyondADay = "beacon-expiration-beyond-a-day"
 

@@ -195,6 +195,7 @@ extension BeaconHTTPClientConfiguration {
     /// or a form we do not read.
     package var busyWait: @Sendable (String?) -> TimeAmount {
         { [defaultBusyRetryAfter, maxBusyRetryAfter] value in
+            if Mutant.httpIgnoresRetryAfter.isActive { return .zero }
             guard let value, let seconds = Int64(Substring(value).trimmingWhitespace()), seconds >= 0 else { return defaultBusyRetryAfter }
             return min(.seconds(min(seconds, Int64(Int32.max))), maxBusyRetryAfter)
         }

@@ -1,4 +1,5 @@
 import NIOCore
+import ThaliMutants
 
 /// The opener's side of a marked stream, first in its pipeline: writes the ``StreamHeader`` as the
 /// stream goes live (before any byte of the handlers behind it), lets the stream's own bytes follow at
@@ -68,6 +69,7 @@ final class StreamHeaderWriter: ChannelDuplexHandler, RemovableChannelHandler {
         case .accepted:
             done = true
             timer?.cancel()
+            if Mutant.streamsOpenerKeepsStatus.isActive { received.moveReaderIndex(to: 0) }
             context.pipeline.syncOperations.removeHandler(context: context, promise: nil)
         case .refused(let refusal):
             fail(refusal, context: context)
@@ -146,6 +148,8 @@ final class StreamHeaderReader: ChannelDuplexHandler, RemovableChannelHandler {
     private var receivedCount = 0
     private var inputClosed = false
     private var readPending = false
+    /// The stream's half-closure option before the reader turned it on (restored when it accepts).
+    private var halfClosureBefore: Bool?
     private var heldWrites: [(NIOAny, EventLoopPromise<Void>?)] = []
     private var timer: Scheduled<Void>?
 
@@ -167,6 +171,13 @@ final class StreamHeaderReader: ChannelDuplexHandler, RemovableChannelHandler {
 
     private func start(context: ChannelHandlerContext) {
         guard timer == nil, case .awaitingHeader = state else { return }
+        // The opener's FIN before a whole header must reach this handler as the end of its input (to be
+        // refused bad-header, with a status), not close the stream unanswered; the kind's handlers get
+        // the stream's own setting back when it is accepted.
+        if let options = context.channel.syncOptions {
+            halfClosureBefore = try? options.getOption(.allowRemoteHalfClosure)
+            try? options.setOption(.allowRemoteHalfClosure, value: true)
+        }
         let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
         timer = context.eventLoop.scheduleTask(in: timeout) {
             let (handler, context) = bound.value
@@ -197,7 +208,7 @@ final class StreamHeaderReader: ChannelDuplexHandler, RemovableChannelHandler {
         do {
             header = try StreamHeader.decode(from: &received)
         } catch {
-            return refuse(nil, .badHeader, reason: error.description, context: context)
+            return refuse(nil, Mutant.streamsBadHeaderAsUnknownKind.isActive ? .unknownKind : .badHeader, reason: error.description, context: context)
         }
         guard let header else { return }
         timer?.cancel()
@@ -259,6 +270,7 @@ final class StreamHeaderReader: ChannelDuplexHandler, RemovableChannelHandler {
     private func accept(context: ChannelHandlerContext) {
         guard case .dispatching = state else { return }
         state = .accepted
+        if let before = halfClosureBefore { try? context.channel.syncOptions?.setOption(.allowRemoteHalfClosure, value: before) }
         writeStatus(.accepted, context: context)
         let held = heldWrites
         heldWrites = []
