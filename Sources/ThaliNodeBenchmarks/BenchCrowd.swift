@@ -18,7 +18,7 @@ struct BenchCrowd: AsyncParsableCommand {
     @Option(help: "Contacts each peer sends one item to (the next ones in the ring; each also hears from as many).")
     var contacts = 3
     @Option(help: "Give up after this many seconds.") var timeout = 300.0
-    @Flag(help: "Print one JSON object (keys peers, items, delivered, started_s, all_delivered_s, delivered_after_start_s, discovery_off_s, port_closed_s, limits_fired, narrowings, busy_answers, fetches, fetch_failures, cpu_s, cpu_bound_s, cpu_s_per_peer, cpu_ms_per_pair, peak_rss_mb_per_peer, load_average).")
+    @Flag(help: "Print one JSON object (keys peers, items, delivered, started_s, all_delivered_s, delivered_after_start_s, discovery_off_s, port_closed_s, limits_fired, narrowings, busy_answers, fetches, fetch_failures, fetch_failures_by_kind, cpu_s, cpu_bound_s, cpu_s_per_peer, cpu_ms_per_pair, peak_rss_mb_per_peer, load_average).")
     var json = false
     @Flag(name: .customLong(String(BenchNamespace.insideFlag.dropFirst(2))), help: .hidden) var insideNamespace = false
 
@@ -133,6 +133,7 @@ struct BenchCrowd: AsyncParsableCommand {
             busyAnswers += status.port.admission.busyAnswers
             discoveryCounts.beaconFetches += status.discovery.beaconFetches
             discoveryCounts.beaconFetchFailures += status.discovery.beaconFetchFailures
+            discoveryCounts.beaconFetchFailuresByKind.merge(status.discovery.beaconFetchFailuresByKind, uniquingKeysWith: +)
         }
         for peer in running { await peer.stop() }
 
@@ -162,6 +163,7 @@ struct BenchCrowd: AsyncParsableCommand {
                 "load_average": Self.loadAverage() as Any? ?? NSNull(),
                 "fetches": discoveryCounts.beaconFetches,
                 "fetch_failures": discoveryCounts.beaconFetchFailures,
+                "fetch_failures_by_kind": Dictionary(uniqueKeysWithValues: discoveryCounts.beaconFetchFailuresByKind.map { ($0.key.rawValue, $0.value) }),
                 "cpu_s": rounded(cpu),
                 "cpu_s_per_peer": rounded(cpuPerPeer),
                 "cpu_ms_per_pair": rounded(cpu * 1000 / Double(peers * peers)),
@@ -176,7 +178,10 @@ struct BenchCrowd: AsyncParsableCommand {
                          discoveryOff.withLockedValue { $0 }, portClosed.withLockedValue { $0 }, cpuPerPeer, rssPerPeer))
             print(String(format: "crowd: CPU bound %.1f s (%.1f CPU-s on %d cores); load average %@", cpu / Double(cores), cpu, cores,
                          Self.loadAverage().map { String(format: "%.2f", $0) } ?? "?"))
-            print("crowd: \(discoveryCounts.beaconFetches) beacon fetches, \(discoveryCounts.beaconFetchFailures) failed, "
+            let kinds = discoveryCounts.beaconFetchFailuresByKind.sorted { $0.key.rawValue < $1.key.rawValue }
+                .map { "\($0.key) \($0.value)" }.joined(separator: ", ")
+            print("crowd: \(discoveryCounts.beaconFetches) beacon fetches, \(discoveryCounts.beaconFetchFailures) failed"
+                  + (kinds.isEmpty ? ", " : " (\(kinds)), ")
                   + "\(busyAnswers) answered busy; \(narrowings) narrowings; limits fired: "
                   + (limitsFired.isEmpty ? "none" : limitsFired.sorted { $0.key < $1.key }.map { "\($0.key) ×\($0.value)" }.joined(separator: ", ")))
         }

@@ -155,6 +155,7 @@ struct Discover: AsyncParsableCommand {
         for child in Mirror(reflecting: counters).children {
             if let label = child.label, let value = child.value as? Int { counts[snakeCased(label)] = value }
         }
+        for (kind, count) in counters.beaconFetchFailuresByKind { counts["beacon_fetch_failures_\(kind.rawValue)"] = count }
         output.print(["event": "stopped", "reason": reason, "counters": counts])
         signals.forEach { $0.cancel() }
     }
@@ -168,8 +169,8 @@ struct Discover: AsyncParsableCommand {
         case .changed(let p, let previous):
             return peer(p).merging(["event": "changed", "previous_usn": previous]) { $1 }
         case .beaconsFetched(let p): return peer(p).merging(["event": "fetched"]) { $1 }
-        case .beaconFetchFailed(let p, let reason):
-            return peer(p).merging(["event": "fetch_failed", "reason": reason]) { $1 }
+        case .beaconFetchFailed(let p, let failure):
+            return peer(p).merging(["event": "fetch_failed", "kind": failure.kind.rawValue, "reason": failure.detail]) { $1 }
         case .left(let p, let reason): return peer(p).merging(["event": "left", "reason": reason.rawValue]) { $1 }
         case .limitTriggered(let kind): return ["event": "limit", "kind": kind.rawValue]
         }

@@ -45,6 +45,25 @@ import ThaliSSDP
         #expect(!machine.isRunning)
     }
 
+    @Test func anAppsOwnBindingIsTriedInItsPreferenceOrder() {
+        let slow = PeerBindingKind(rawValue: "lora", preference: 200), middle = PeerBindingKind(rawValue: "mesh", preference: 50)
+        func route(_ kind: PeerBindingKind) -> ContactRoute {
+            ContactRoute(origin: .other(kind, address: "peer-1"), location: BeaconLocation(host: "127.0.0.1", port: 7000),
+                         match: BeaconMatch(sender: Self.sender, beaconIndex: 0, pskIdentity: "psk-1", psk: [1], expiration: Self.later))
+        }
+        var machine = Self.machine()
+        _ = machine.matched(route(slow))
+        _ = machine.matched(Self.route(.bluetooth))
+        _ = machine.matched(route(middle))
+        var tried: [PeerBindingKind] = []
+        for _ in 0..<3 {
+            guard case .connect(let next, _) = machine.nextAction() else { break }
+            tried.append(next.binding)
+            _ = machine.attemptFailed(.retryable)
+        }
+        #expect(tried == [middle, .bluetooth, slow])
+    }
+
     @Test func aFailureFallsBackToTheOtherBindingAtOnceThenBacksOff() {
         var machine = Self.machine()
         _ = machine.matched(Self.route(.wifi))
@@ -128,6 +147,31 @@ import ThaliSSDP
         machine.sessionCompleted()
         #expect(machine.state == .matched)
         #expect(Self.connectBinding(machine.nextAction()) == .bluetooth)
+    }
+
+    @Test func aMatchDuringASessionThatStaysOpenAsksItForADelivery() {
+        var machine = Self.machine()
+        _ = machine.matched(Self.route(.wifi))
+        _ = machine.nextAction()
+        // Not yet connected: nothing to keep open.
+        machine.sessionKeptOpen()
+        #expect(machine.matched(Self.route(.wifi, identity: "psk-2")) == .none)
+        machine.connected()
+        machine.sessionKeptOpen()
+        // A relay's session: new beacons over either binding get a delivery stream on it, at once.
+        #expect(machine.matched(Self.route(.wifi, identity: "psk-3")) == .deliverOverSession)
+        #expect(machine.matched(Self.route(.bluetooth, identity: "psk-4")) == .deliverOverSession)
+        #expect(machine.state == .connected(.wifi))
+        // Once it ends, a match is what it was before: the next session takes it up (Wi-Fi again, matched
+        // anew during the session).
+        #expect(machine.attemptFailed(.retryable) == .zero)
+        #expect(Self.connectBinding(machine.nextAction()) == .wifi)
+        machine.connected()
+        #expect(machine.matched(Self.route(.bluetooth, identity: "psk-5")) == .none)
+        machine.sessionKeptOpen()
+        #expect(machine.matched(Self.route(.bluetooth, identity: "psk-6")) == .deliverOverSession)
+        machine.sessionCompleted()
+        #expect(machine.matched(Self.route(.wifi, identity: "psk-7")) == .none)
     }
 
     @Test func aMatchDuringBackoffWakesTheLinkAndStartsAfresh() {

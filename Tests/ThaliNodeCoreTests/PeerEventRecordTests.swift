@@ -36,6 +36,22 @@ import Testing
         #expect(PeerEventRecord(.stopped) == nil)
     }
 
+    @Test("a binding of an app's own names its peers KIND:ADDRESS, and its kind in events and JSON")
+    func anAppsOwnBindingHasItsOwnKindAndLocations() throws {
+        let lora = PeerBindingKind(rawValue: "lora", preference: 200)
+        let location = try #require(PeerLocation("lora:node-7"))
+        #expect(location == .other(lora, address: "node-7") && location.binding == lora && location.description == "lora:node-7")
+        #expect(PeerLocation("bluetooth:00:AA:01:00:00:01") == Self.bluetoothPeer)
+        for text in ["lora:", ":node", "node-7", "bluetooth:not-an-address", "wifi:x", "http:x"] {
+            #expect(PeerLocation(text) == nil, "\(text)")
+        }
+        let appeared = try Self.object(PeerEventRecord(.peerAppeared(location: location)))
+        #expect(appeared["binding"] as? String == "lora" && appeared["location"] as? String == "lora:node-7")
+        let decoded = try JSONDecoder().decode([PeerBindingKind].self, from: Data(#"["wifi","bluetooth","lora"]"#.utf8))
+        #expect(decoded == [.wifi, .bluetooth, lora] && decoded.map(\.preference) == [0, 100, 50])
+        #expect(String(decoding: try JSONEncoder().encode(location), as: UTF8.self) == #""lora:node-7""#)
+    }
+
     @Test func deliveryAndStatusRecords() throws {
         let id = UUID()
         let progress = try Self.object(PeerEventRecord(.delivery(contact: "bob", .progress(id: id, bytes: 10, total: 20))))

@@ -210,6 +210,38 @@ struct PeerRelayTests {
         try await echo.close()
     }
 
+    @Test("an item queued while the relay's session is up is delivered over that session, not after it ends")
+    func itemQueuedMidSessionIsDeliveredOverTheOpenSession() async throws {
+        let echo = try await Self.echoServer()
+        let appPort = try #require(echo.localAddress?.port)
+        var pair = try RelayPair(label: "relay-midsession", appPort: ["alice": appPort, "bob": appPort])
+        try await pair.start("alice")
+        try await pair.start("bob")
+        _ = try await pair.wait(for: "bob") { event -> Int? in
+            if case .relayListening("alice", let port) = event { return port } else { return nil }
+        }
+        // The session's first delivery found nothing to carry; Alice now queues a text for Bob. Her new
+        // announcement matches on Bob's side while his session to her stays up for the relay.
+        let item = try pair.people["alice"].store.enqueueText("while relaying", to: "bob", expiresAt: Date().addingTimeInterval(600))
+        let received = try await pair.wait(for: "bob") { event -> InboxItem? in
+            if case .delivery("alice", .received(let inbox)) = event, inbox.itemID == item.id { return inbox } else { return nil }
+        }
+        #expect(received.text == "while relaying")
+        let connects = pair.events.withLockedValue { list in
+            list.filter { who, event in
+                if who == "bob", case .connected("alice", .connecting, _) = event { return true } else { return false }
+            }.count
+        }
+        #expect(connects == 1, "Bob reached Alice again instead of using the session that was up")
+        #expect(pair.events.withLockedValue { list in
+            !list.contains { who, event in
+                if who == "bob", case .relayClosed("alice", _) = event { return true } else { return false }
+            }
+        })
+        await pair.stopAll()
+        try await echo.close()
+    }
+
     @Test("a relay port pinned for a contact is the one its listener opens on")
     func pinnedRelayPort() async throws {
         let echo = try await Self.echoServer()

@@ -2,6 +2,7 @@ import Foundation
 import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
+import TCPMultiplexer
 import Testing
 @testable import ThaliNodeCore
 
@@ -237,6 +238,51 @@ struct PeerStreamsTests {
         _ = try await pair.wait(for: "alice") { event -> Bool? in
             if case .streamRefused("bob", _, "app/nobody", refusal, false) = event { true } else { nil }
         }
+        await pair.stopAll()
+        for server in servers { await server.value }
+    }
+
+    @Test("a session going away is passed over: openStream uses another session with the contact")
+    func openStreamPassesOverASessionGoingAway() async throws {
+        let pair = try Pair(label: "streams-goaway")
+        var servers: [Task<Void, Never>] = []
+        for name in ["alice", "bob"] {
+            let streams = try pair.make(name).handleStreams(protocol: "echo")
+            servers.append(Task {
+                await withDiscardingTaskGroup { group in
+                    for await stream in streams {
+                        group.addTask {
+                            try? await stream.channel.executeThenClose { inbound, outbound in
+                                for try await bytes in inbound { try await outbound.write(bytes) }
+                            }
+                        }
+                    }
+                }
+            })
+        }
+        try await pair.startAll()
+        let alice = try #require(pair.peers["alice"]), bob = try #require(pair.peers["bob"])
+        let (aliceKey, bobKey) = (try pair.people["alice"].publicKey, try pair.people["bob"].publicKey)
+        // Both advertise to each other and keep sessions open: each holds two sessions with the other
+        // (hers and his). Bob sends GoAway on the one Alice would pick first.
+        let first = try await Self.waitUntil(seconds: 30) { () -> MarkedSession? in
+            alice.state.withLockedValue { state in
+                guard let sessions = state.streamSessions[bobKey], sessions.count == 2 else { return nil }
+                return sessions.first?.value
+            }
+        }
+        let counterpart = try await Self.waitUntil(seconds: 30) { () -> MultiplexerSession? in
+            bob.state.withLockedValue { state in
+                guard let sessions = state.streamSessions[aliceKey], sessions.count == 2 else { return nil }
+                return sessions.values.first { $0.role != first.role }?.session
+            }
+        }
+        counterpart.goAway()
+        // Bob's loop sends the GoAway before it answers a ping that Alice sends after it.
+        _ = try await first.session.ping().get()
+        await #expect(throws: MultiplexerError.goingAway) { try await first.session.openStream().get() }
+        let stream = try await alice.openStream(to: "bob", protocol: "echo", timeout: .seconds(5))
+        #expect(try await Self.echo("over the other session", over: stream) == "over the other session")
         await pair.stopAll()
         for server in servers { await server.value }
     }

@@ -288,7 +288,7 @@ struct BeaconHTTPTests {
                 _ = try await onceClient.fetch(location)
                 Issue.record("the refused source got through")
             } catch {
-                if case .connectFailed = error.reason { droppedByKernel = true } else { #expect(error.reason == .connectionClosed) }
+                if case .connectTimedOut = error.reason { droppedByKernel = true } else { #expect(error.reason == .connectionClosed) }
             }
         }
         #expect(droppedByKernel, "the kernel never dropped the refused source's SYNs")

@@ -38,9 +38,10 @@ struct PeerTableTests {
         var table = PeerTable(maxPeers: 10, byebyeGrace: .milliseconds(300), refetchDelay: .seconds(2),
                               maxRefetchDelay: .seconds(5))
         _ = table.alive(serviceName: "uuid:1", location: a, maxAge: 60, now: start)
-        let failed = table.fetched(serviceName: "uuid:1", result: .failed, reason: "timed out", now: start)
+        let timedOut = BeaconFetchFailure(.responseTimedOut, "timed out")
+        let failed = table.fetched(serviceName: "uuid:1", result: .failed, failure: timedOut, now: start)
         #expect(failed == [.emit(.beaconFetchFailed(SSDPPeer(location: a, uniqueServiceName: "uuid:1", beaconState: .failed),
-                                                     reason: "timed out"))])
+                                                     timedOut))])
         // Alives within the wait only refresh; the first one after it fetches again, once.
         #expect(table.alive(serviceName: "uuid:1", location: a, maxAge: 60, now: start + .milliseconds(1999)).isEmpty)
         #expect(table.alive(serviceName: "uuid:1", location: a, maxAge: 60, now: start + .seconds(2))

@@ -358,7 +358,9 @@ struct SSDPDiscoveryServiceTests {
             if case .beaconFetchFailed(let peer, _) = $0 { return peer.uniqueServiceName == down } else { return false }
         }
         try await bobEvents.wait(timeout: .seconds(3), "the open port's fetch is skipped") {
-            if case .beaconFetchFailed(let peer, "source ignored") = $0 { return peer.uniqueServiceName == up } else { return false }
+            if case .beaconFetchFailed(let peer, BeaconFetchFailure(.notMade, "source ignored")) = $0 {
+                return peer.uniqueServiceName == up
+            } else { return false }
         }
         // The closed port opens; both keep announcing the same USNs.
         let late = BeaconHTTPServer(host: host, group: group)
@@ -387,25 +389,80 @@ struct SSDPDiscoveryServiceTests {
         let port = try freeUDPPort()
         var configuration = loopbackConfiguration(port: port)
         configuration.limits.unicastFailureThreshold = 3
+        configuration.limits.unicastFailureMinimumSpan = .milliseconds(1500)
         configuration.limits.unicastFailurePause = .seconds(30)
+        configuration.limits.failedFetchRetryDelay = .milliseconds(300)
+        configuration.limits.sourceFetchFailureThreshold = 100  // keep fetching them
         configuration.client.maxAttempts = 1
         let bob = SSDPDiscoveryService(configuration: configuration, group: group)
         let bobEvents = EventLog(bob)
         try await bob.start(advertising: [1])
-        for index in 0..<3 {  // three hosts whose beacon ports refuse connections
+        // Three hosts whose beacon ports refuse connections, announcing again and again.
+        var hosts: [(RawSSDPSocket, String)] = []
+        for index in 0..<3 {
             let raw = try await RawSSDPSocket(host: "127.0.0.\(31 + index)", groupPort: port)
-            try await raw.send(aliveText(port: port, location: "http://127.0.0.\(31 + index):\(try closedTCPPort())/"))
+            hosts.append((raw, aliveText(port: port, location: "http://127.0.0.\(31 + index):\(try closedTCPPort())/")))
         }
-        try await bobEvents.wait(timeout: .seconds(3), "unicast failure") { $0 == .limitTriggered(.unicastFailure) }
+        for (raw, alive) in hosts { try await raw.send(alive) }
+        try await eventually("a failure from each") {
+            Set(bobEvents.events.compactMap { if case .beaconFetchFailed(let peer, _) = $0 { peer.location.host } else { nil } }).count == 3
+        }
+        // Three sources failed at once: a burst, not yet blocked unicast.
+        let pausedAtOnce = await bob.isAnnouncingPaused()
+        #expect(!pausedAtOnce)
+        let alives = Task {
+            while !Task.isCancelled {
+                for (raw, alive) in hosts { try? await raw.send(alive) }
+                try? await Task.sleep(for: .milliseconds(100))
+            }
+        }
+        defer { alives.cancel() }
+        // Failing on, with no success, past the span: unicast is blocked.
+        try await bobEvents.wait(timeout: .seconds(10), "unicast failure") { $0 == .limitTriggered(.unicastFailure) }
+        alives.cancel()
         #expect(await bob.isAnnouncingPaused())
         let counters = await bob.counters()
-        #expect(counters.unicastFailurePauses == 1 && counters.beaconFetchesFailed == 3)
+        #expect(counters.unicastFailurePauses == 1 && counters.beaconFetchesFailed > 3)
+        #expect(counters.beaconFetchFailuresByKind[.noConnection] == counters.beaconFetchesFailed, "\(counters)")
         // The pause withdrew our USN, and no alive goes out during it.
         let before = counters.alivesSent
         #expect(counters.byebyesSent == 1)
         try await Task.sleep(for: .milliseconds(600))
         #expect(await bob.counters().alivesSent == before)
         await bob.stop()
+    }
+
+    @Test("fetches that connected and failed, from any number of sources, never pause announcing")
+    func connectedFailuresDoNotPauseAnnouncing() async throws {
+        // Three hosts whose beacon servers accept and close at once, as a saturated peer's gate does.
+        var servers: [Channel] = []
+        for index in 0..<3 {
+            servers.append(try await ServerBootstrap(group: group)
+                .childChannelInitializer { $0.close() }
+                .bind(host: "127.0.0.\(41 + index)", port: 0).get())
+        }
+        let port = try freeUDPPort()
+        var configuration = loopbackConfiguration(port: port)
+        configuration.limits.unicastFailureThreshold = 3
+        configuration.limits.unicastFailureMinimumSpan = .zero
+        configuration.client.maxAttempts = 1
+        let bob = SSDPDiscoveryService(configuration: configuration, group: group)
+        let bobEvents = EventLog(bob)
+        try await bob.start(advertising: [1])
+        for (index, server) in servers.enumerated() {
+            let raw = try await RawSSDPSocket(host: "127.0.0.\(41 + index)", groupPort: port)
+            try await raw.send(aliveText(port: port, location: "http://127.0.0.\(41 + index):\(server.localAddress?.port ?? 1)/"))
+        }
+        try await eventually("a failure from each") {
+            Set(bobEvents.events.compactMap { if case .beaconFetchFailed(let peer, _) = $0 { peer.location.host } else { nil } }).count == 3
+        }
+        let counters = await bob.counters()
+        #expect(counters.beaconFetchFailuresByKind[.closedEarly] == 3, "\(counters)")
+        let paused = await bob.isAnnouncingPaused()
+        #expect(counters.unicastFailurePauses == 0 && !paused)
+        #expect(!bobEvents.events.contains(.limitTriggered(.unicastFailure)))
+        await bob.stop()
+        for server in servers { try await server.close() }
     }
 
     @Test func anOverloadedBeaconServerPausesAnnouncements() async throws {

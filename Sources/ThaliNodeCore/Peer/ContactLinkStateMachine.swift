@@ -1,18 +1,6 @@
 import ThaliBeacons
 import ThaliSSDP
 
-/// A binding through which the peer finds contacts and reaches their port, in the order a link tries
-/// them: the faster first.
-public enum PeerBindingKind: String, Sendable, Hashable, CaseIterable, Codable, CustomStringConvertible {
-    /// SSDP on the pinned interface; the contact's port over IP.
-    case wifi
-    /// BLE discovery through bluetoothd; the contact's port through an RFCOMM relay.
-    case bluetooth
-
-    /// `wifi` or `bluetooth`.
-    public var description: String { rawValue }
-}
-
 /// One way to reach a matched contact: the beacon match (PSK identity, key, expiry) and where the
 /// contact's port is, over one binding.
 struct ContactRoute: Sendable {
@@ -35,7 +23,8 @@ struct ContactRoute: Sendable {
 ///   faster binding (``PeerBindingKind`` order) is tried first. A failed attempt falls back at once to a
 ///   binding not yet tried in this round; only when every route failed does the link back off.
 /// - A completed session serves every route whose beacon it used or that was known when it began; a
-///   route matched during it (new beacons, perhaps new items) gets a session of its own. Delivery itself
+///   route matched during it (new beacons, perhaps new items) gets a session of its own, or, while a
+///   session stays open (relay, app streams), a delivery stream on that session at once. Delivery itself
 ///   is exactly-once, so a redundant session costs a connection, never a duplicate.
 /// - `maxAttempts` failures in a row (over any binding) make the link rest (a long backoff) before it
 ///   tries the routes it holds again, `maxAttempts` at a time, for as long as they can succeed.
@@ -107,6 +96,8 @@ struct ContactLinkStateMachine: Sendable {
     /// Bindings that failed since the last backoff (or success).
     private var failedThisRound: Set<PeerBindingKind> = []
     private var failuresInARow = 0
+    /// Whether the session that is up stays open after its first delivery (``sessionKeptOpen()``).
+    private var sessionStaysOpen = false
     private let maxAttempts: Int
     private let rest: Duration
     private let delay: @Sendable (Int) -> Duration
@@ -126,7 +117,7 @@ struct ContactLinkStateMachine: Sendable {
     }
 
     private var nextRoute: ContactRoute? {
-        PeerBindingKind.allCases.lazy.compactMap { routes[$0] }.first { !failedThisRound.contains($0.binding) }
+        routes.values.filter { !failedThisRound.contains($0.binding) }.min { $0.binding.tryFirst($1.binding) }
     }
 
     // MARK: Events
@@ -139,6 +130,9 @@ struct ContactLinkStateMachine: Sendable {
         case wake
         /// Nothing: the running task takes the route up in turn.
         case none
+        /// Deliver over the session that is up: it stays open (relay, app streams), so new beacons
+        /// (perhaps new items) get a delivery stream on it rather than waiting for it to end.
+        case deliverOverSession
     }
 
     /// A contact's beacons matched over `route.binding`; it replaces that binding's older route.
@@ -148,6 +142,9 @@ struct ContactLinkStateMachine: Sendable {
         failedThisRound.remove(route.binding)
         var outcome = MatchOutcome.none
         switch state {
+        case .connected where sessionStaysOpen:
+            matchedDuringAttempt.insert(route.binding)
+            outcome = .deliverOverSession
         case .connecting, .connected:
             matchedDuringAttempt.insert(route.binding)
         case .idle, .gaveUp:
@@ -171,8 +168,16 @@ struct ContactLinkStateMachine: Sendable {
         state = .connected(binding)
     }
 
+    /// The session that is up stays open after its first delivery (a relay, app streams): a match
+    /// from now on asks for a delivery over it (``MatchOutcome/deliverOverSession``).
+    mutating func sessionKeptOpen() {
+        guard case .connected = state else { return }
+        sessionStaysOpen = true
+    }
+
     /// The session ran to its end: routes it served are done with.
     mutating func sessionCompleted() {
+        sessionStaysOpen = false
         let served = state.binding.flatMap { routes[$0]?.match.pskIdentity }
         routes = routes.filter { binding, route in
             matchedDuringAttempt.contains(binding) && route.match.pskIdentity != served
@@ -186,6 +191,7 @@ struct ContactLinkStateMachine: Sendable {
     /// The attempt (connection or session) failed; returns the delay before the next attempt: zero when
     /// another binding is tried at once, the rest after `maxAttempts` in a row, nil when the link gives up.
     mutating func attemptFailed(_ failure: Failure) -> Duration? {
+        sessionStaysOpen = false
         guard let binding = state.binding else { return nil }
         failuresInARow += 1
         // A route matched anew during the attempt is worth trying again even if the old one was spent.
@@ -246,6 +252,7 @@ struct ContactLinkStateMachine: Sendable {
     /// The link task ended without finishing (the peer stops).
     mutating func stopped() {
         isRunning = false
+        sessionStaysOpen = false
         if state.binding != nil { state = routes.isEmpty ? .idle : .matched }
     }
 }

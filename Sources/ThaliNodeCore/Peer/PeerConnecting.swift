@@ -109,12 +109,16 @@ extension ThaliPeer {
         if marked { registerMarkedSession(session, contact: contact, role: .connecting) }
         if configuration.appPort != nil {
             // Marked: delivery beside the relay; its failure leaves the relay's session up.
-            if marked { spawn { [self] in try? await receive(from: contact, over: session, at: route.location, marked: true, keepingSession: true) } }
+            if marked {
+                let wanted = keepSessionOpen(contact)
+                spawn { [self] in await receiveWhileOpen(from: contact, over: session, at: route.location, wanted: wanted) }
+            }
             try await relay(contact, over: session, at: route.location, marked: marked)
         } else if marked && keepsSessionsOpen {
             try await receive(from: contact, over: session, at: route.location, marked: true, keepingSession: true)
+            let wanted = keepSessionOpen(contact)
             await withTaskCancellationHandler {
-                try? await session.channel.closeFuture.get()
+                await receiveWhileOpen(from: contact, over: session, at: route.location, wanted: wanted, afterFirst: true)
             } onCancel: {
                 session.channel.close(promise: nil)
             }
@@ -145,6 +149,39 @@ extension ThaliPeer {
             if !keepingSession { try? await session.close().get() }
             throw error
         }
+    }
+
+    /// Delivery over a session that stays open (a relay, app streams): a receiver on a new stream now
+    /// (unless `afterFirst`: one already ran) and again each time the contact's beacons match anew (new
+    /// announcements, perhaps new items), until the session closes. A failed delivery is reported as the
+    /// session's end and waits for the next match, like a completed one: the session itself goes on.
+    private func receiveWhileOpen(from contact: Contact, over session: MultiplexerSession, at location: BeaconLocation,
+                                  wanted: LinkWakeSignal, afterFirst: Bool = false) async {
+        defer {
+            state.withLockedValue { state in
+                if state.links[contact.publicKey]?.deliveryWanted === wanted { state.links[contact.publicKey]?.deliveryWanted = nil }
+            }
+        }
+        session.channel.closeFuture.whenComplete { _ in wanted.signal() }
+        var first = !afterFirst
+        while session.channel.isActive, !Task.isCancelled, !isStopped {
+            // The session's close signals too; the bound only keeps a lost wake-up from lasting.
+            if !first { await wanted.wait(upTo: .seconds(600)) }
+            first = false
+            guard session.channel.isActive, !Task.isCancelled, !isStopped else { return }
+            try? await receive(from: contact, over: session, at: location, marked: true, keepingSession: true)
+        }
+    }
+
+    /// Tells `contact`'s link that its session stays open, and returns the signal by which a new match
+    /// asks that session for another delivery (set in the same step, so that no match falls between).
+    private func keepSessionOpen(_ contact: Contact) -> LinkWakeSignal {
+        let wanted = LinkWakeSignal()
+        state.withLockedValue { state in
+            state.links[contact.publicKey]?.machine.sessionKeptOpen()
+            state.links[contact.publicKey]?.deliveryWanted = wanted
+        }
+        return wanted
     }
 
     /// Relay mode: connections to a local port become streams to the contact's app, until the session

@@ -48,6 +48,8 @@ public final class ThaliPeer: Sendable {
         var contact: Contact
         var machine: ContactLinkStateMachine
         let wake = LinkWakeSignal()
+        /// While a session stays open (relay, app streams): asks it for another delivery stream.
+        var deliveryWanted: LinkWakeSignal?
         var relayPort: Int?
     }
 
@@ -349,8 +351,11 @@ public final class ThaliPeer: Sendable {
             beaconsFetched(origin: origin, location: location, bytes)
             // Counted once handled: whoever sees the count has seen the outcome too (a match's event).
             state.withLockedValue { $0.discovery.beaconFetches += 1 }
-        case .beaconFetchFailed:
-            state.withLockedValue { $0.discovery.beaconFetchFailures += 1 }
+        case .beaconFetchFailed(_, let kind):
+            state.withLockedValue { state in
+                state.discovery.beaconFetchFailures += 1
+                state.discovery.beaconFetchFailuresByKind[kind, default: 0] += 1
+            }
         case .limitTriggered(let report):
             state.withLockedValue { $0.limitsTriggered[report.kind, default: 0] += 1 }
             emit(.limitTriggered(report))
@@ -391,7 +396,7 @@ public final class ThaliPeer: Sendable {
         emit(.beaconMatched(contact: contact.name, location: origin))
         let route = ContactRoute(origin: origin, location: location, match: match)
         let retry = configuration.retry
-        let (outcome, wake) = state.withLockedValue { state -> (ContactLinkStateMachine.MatchOutcome, LinkWakeSignal?) in
+        let (outcome, link) = state.withLockedValue { state -> (ContactLinkStateMachine.MatchOutcome, Link?) in
             guard !state.stopped else { return (.none, nil) }
             var link = state.links[contact.publicKey]
                 ?? Link(contact: contact, machine: ContactLinkStateMachine(maxAttempts: retry.maxAttempts,
@@ -400,11 +405,12 @@ public final class ThaliPeer: Sendable {
             link.contact = contact
             let outcome = link.machine.matched(route)
             state.links[contact.publicKey] = link
-            return (outcome, link.wake)
+            return (outcome, link)
         }
         switch outcome {
         case .startTask: spawn { [self] in await runLink(contact) }
-        case .wake: wake?.signal()
+        case .wake: link?.wake.signal()
+        case .deliverOverSession: link?.deliveryWanted?.signal()
         case .none: break
         }
     }

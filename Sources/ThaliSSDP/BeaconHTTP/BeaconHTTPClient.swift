@@ -48,8 +48,10 @@ public struct BeaconHTTPClientConfiguration: Sendable {
 public struct BeaconFetchError: Error, Hashable, Sendable, CustomStringConvertible {
     /// The kinds of failure.
     public enum Reason: Hashable, Sendable {
-        /// No TCP connection (refused, unreachable, or `connectTimeout`).
+        /// No TCP connection: refused or unreachable.
         case connectFailed(String)
+        /// No TCP connection within `connectTimeout`: nothing answered the connect.
+        case connectTimedOut
         /// The response did not complete within `responseTimeout`.
         case timedOut
         /// The body (or head) exceeded its bound; the connection was cut.
@@ -78,13 +80,27 @@ public struct BeaconFetchError: Error, Hashable, Sendable, CustomStringConvertib
     /// Whether another attempt may succeed.
     var isTransient: Bool {
         switch reason {
-        case .connectFailed, .timedOut, .connectionClosed: return true
+        case .connectFailed, .connectTimedOut, .timedOut, .connectionClosed: return true
         case .unexpectedStatus(let status): return status >= 500
         case .responseTooLarge, .unexpectedContentType, .malformedResponse, .busy: return false
         }
     }
 
     public var description: String { "beacon fetch from \(location) failed after \(attempts) attempt(s): \(reason)" }
+
+    /// The failure as discovery counts it; nil for a busy answer, which is no failure.
+    public var failure: BeaconFetchFailure? {
+        let kind: BeaconFetchFailure.Kind
+        switch reason {
+        case .connectFailed: kind = .noConnection
+        case .connectTimedOut: kind = .connectTimedOut
+        case .timedOut: kind = .responseTimedOut
+        case .connectionClosed: kind = .closedEarly
+        case .responseTooLarge, .unexpectedStatus, .unexpectedContentType, .malformedResponse: kind = .badResponse
+        case .busy: return nil
+        }
+        return BeaconFetchFailure(kind, "\(reason)")
+    }
 }
 
 /// Fetches `GET /NotificationBeacons` from a peer, with bounded time and size and retries.
@@ -149,8 +165,10 @@ public struct BeaconHTTPClient: Sendable {
                 channel = try await bootstrap.connect(host: location.host, port: location.port).get()
             }
         } catch {
-            promise.fail(BeaconFetchError.Reason.connectFailed("\(error)"))
-            throw .connectFailed("\(error)")
+            let reason: BeaconFetchError.Reason
+            if case ChannelError.connectTimeout = error { reason = .connectTimedOut } else { reason = .connectFailed("\(error)") }
+            promise.fail(reason)
+            throw reason
         }
         let timeout = channel.eventLoop.scheduleTask(in: configuration.responseTimeout) {
             promise.fail(BeaconFetchError.Reason.timedOut)

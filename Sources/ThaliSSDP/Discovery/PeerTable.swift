@@ -142,7 +142,7 @@ struct PeerTable {
     /// The result of fetching `serviceName`'s beacons at `now` (a fetch not made, its source ignored,
     /// is a failure too); ignored if the peer moved on to another USN. After a failure the USN is fetched
     /// again on an alive `refetchDelay` later, doubling per failure in a row up to `maxRefetchDelay`.
-    mutating func fetched(serviceName: String, result: SSDPPeer.BeaconState, reason: String? = nil,
+    mutating func fetched(serviceName: String, result: SSDPPeer.BeaconState, failure: BeaconFetchFailure? = nil,
                           now: NIODeadline) -> [Action] {
         guard let location = locationByServiceName[serviceName], var entry = entries[location] else { return [] }
         defer { entries[location] = entry }
@@ -150,7 +150,7 @@ struct PeerTable {
         if case .failed = result {
             entry.fetchFailures += 1
             entry.refetchAt = now + refetchWait(afterFailures: entry.fetchFailures)
-            return [.emit(.beaconFetchFailed(entry.peer, reason: reason ?? "failed"))]
+            return [.emit(.beaconFetchFailed(entry.peer, failure ?? BeaconFetchFailure(.badResponse, "failed")))]
         }
         entry.fetchFailures = 0
         entry.refetchAt = nil

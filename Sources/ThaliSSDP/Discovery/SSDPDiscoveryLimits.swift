@@ -52,11 +52,18 @@ public struct SSDPDiscoveryLimits: Sendable {
     /// oldest are forgotten first. 16,384 covers a hall of 10,000 (`spec/ssdp.md` 7.2); beyond it the
     /// oldest reads are repeated once per cycle through the crowd.
     public var maxRememberedReadPeers: Int = 16384
-    /// Distinct sources whose fetches failed in a row, with no success in between, after which this peer
-    /// concludes that unicast is blocked on this network and stops announcing for `unicastFailurePause`.
-    /// Failures from one source count once: a host with closed ports is ignored alone
-    /// (`sourceFetchFailureThreshold`), it cannot pause our announcing.
+    /// Distinct sources whose fetches failed in a row without a TCP connection (refused, unreachable,
+    /// or no answer to the connect), with no success in between and over at least
+    /// `unicastFailureMinimumSpan`, after which this peer concludes that unicast is blocked on this
+    /// network and stops announcing for `unicastFailurePause`. Failures from one source count once: a
+    /// host with closed ports is ignored alone (`sourceFetchFailureThreshold`), it cannot pause our
+    /// announcing; fetches that connected and then failed (timed out, closed early) count not at all.
     public var unicastFailureThreshold: Int = 8
+    /// How long the failures of `unicastFailureThreshold` sources must go on, with no success, before
+    /// announcing pauses: blocked unicast fails for as long as it lasts, while a peer starved of CPU
+    /// for a moment (a crowd on a small device) sees a burst of connects fail together and then
+    /// succeed. Default 20 s; zero pauses at the threshold at once.
+    public var unicastFailureMinimumSpan: TimeAmount = .seconds(20)
     /// How long announcements pause when unicast to many sources fails, and how long a source whose
     /// fetches keep failing is ignored.
     public var unicastFailurePause: TimeAmount = .seconds(60)
@@ -153,6 +160,8 @@ public struct SSDPDiscoveryCounters: Hashable, Sendable {
     public var beaconFetchesFailed = 0
     /// Times announcing paused because every unicast to discovered peers failed.
     public var unicastFailurePauses = 0
+    /// Failed beacon fetches by kind, not-made ones included (a busy answer is none).
+    public var beaconFetchFailuresByKind: [BeaconFetchFailure.Kind: Int] = [:]
     /// Datagrams dropped unread because their source was being ignored.
     public var datagramsFromIgnoredSources = 0
     /// Sources ignored for exceeding `maxDatagramsPerSource`.

@@ -73,6 +73,8 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
     private var sources: SSDPSourceBudgets
     /// Distinct sources whose fetches failed since the last success (the global unicast check).
     private var failingSources: Set<String> = []
+    /// When the first of `failingSources` failed.
+    private var failingSince: NIODeadline?
     private var discoveryOffUntil: NIODeadline?
     private var counters = SSDPDiscoveryCounters()
     private var pendingResponses = 0
@@ -624,7 +626,9 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
     private func enqueueFetch(_ location: BeaconLocation, serviceName: String) {
         let contact = table.isContact(location)
         guard fetchQueue.count < configuration.limits.maxTrackedPeers || contact else {
-            perform(table.fetched(serviceName: serviceName, result: .failed, reason: "fetch queue full", now: .now()))
+            countFailure(.notMade)
+            perform(table.fetched(serviceName: serviceName, result: .failed, failure: BeaconFetchFailure(.notMade, "fetch queue full"),
+                                  now: .now()))
             return
         }
         if contact { fetchQueue.insert((location, serviceName), at: 0) } else { fetchQueue.append((location, serviceName)) }
@@ -643,7 +647,9 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
             guard !sources.isRefused(location.host, now: .now()) else {
                 counters.fetchesSkippedForIgnoredSources += 1
                 // Not fetched is failed: a later alive, once the wait is over, fetches it again.
-                perform(table.fetched(serviceName: serviceName, result: .failed, reason: "source ignored", now: .now()))
+                countFailure(.notMade)
+                perform(table.fetched(serviceName: serviceName, result: .failed, failure: BeaconFetchFailure(.notMade, "source ignored"),
+                                      now: .now()))
                 continue
             }
             fetchesInFlight += 1
@@ -668,35 +674,53 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
         case .success(let bytes):
             counters.beaconFetchesSucceeded += 1
             failingSources.removeAll()
+            failingSince = nil
             if let host = table.location(of: serviceName)?.host { sources.fetchSucceeded(at: host) }
             let actions = table.fetched(serviceName: serviceName, result: .fetched(bytes), now: .now())
             perform(actions)
             for case .emit(.beaconsFetched(let peer)) in actions { return (peer, bytes) }
             return nil
         case .failure(let error):
-            if case .busy(let wait) = error.reason {
-                deferFetches(of: serviceName, for: wait)
+            guard let failure = error.failure else {
+                if case .busy(let wait) = error.reason { deferFetches(of: serviceName, for: wait) }
                 return nil
             }
             counters.beaconFetchesFailed += 1
+            countFailure(failure.kind)
             let host = table.location(of: serviceName)?.host
-            perform(table.fetched(serviceName: serviceName, result: .failed, reason: "\(error.reason)", now: .now()))
+            perform(table.fetched(serviceName: serviceName, result: .failed, failure: failure, now: .now()))
             guard let host else { return nil }
             // Per source first: a host whose locations keep failing is ignored alone.
             if sources.fetchFailed(at: host, now: .now()) {
                 counters.sourcesIgnoredForFetchFailures += 1
                 logger.notice("SSDP source ignored: its beacon fetches keep failing", metadata: ["source": "\(host)"])
             }
-            // The last resort: failures from many distinct sources, no success in between.
-            failingSources.insert(host)
-            if failingSources.count >= configuration.limits.unicastFailureThreshold {
-                failingSources.removeAll()
-                if pauseAnnouncing(for: configuration.limits.unicastFailurePause, kind: .unicastFailure) {
-                    counters.unicastFailurePauses += 1
-                }
-            }
+            if failure.kind.suggestsUnicastBlocked { unicastFailed(from: host) }
             return nil
         }
+    }
+
+    /// The last resort against blocked unicast: connects to `unicastFailureThreshold` distinct sources
+    /// failed (no TCP connection at all), with no fetch succeeding in between, over at least
+    /// `unicastFailureMinimumSpan`. A crowd that saturates its peers makes fetches time out or close
+    /// early, and a burst of connects fail together when this peer is starved for a moment: neither
+    /// says that unicast is blocked, and neither pauses our announcing.
+    private func unicastFailed(from host: String) {
+        let now = NIODeadline.now()
+        failingSources.insert(host)
+        let since = failingSince ?? now
+        failingSince = since
+        guard failingSources.count >= configuration.limits.unicastFailureThreshold,
+              now - since >= configuration.limits.unicastFailureMinimumSpan else { return }
+        failingSources.removeAll()
+        failingSince = nil
+        if pauseAnnouncing(for: configuration.limits.unicastFailurePause, kind: .unicastFailure) {
+            counters.unicastFailurePauses += 1
+        }
+    }
+
+    private func countFailure(_ kind: BeaconFetchFailure.Kind) {
+        counters.beaconFetchFailuresByKind[kind, default: 0] += 1
     }
 
     /// A busy answer (spec/ssdp.md 6.1): the source asked to be fetched again after `wait`. Its fetches wait
@@ -760,6 +784,7 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
         let nonNegativeTimes: [(String, TimeAmount)] = [
             ("fetchSpreadPerPeer", configuration.limits.fetchSpreadPerPeer),
             ("maxFetchSpread", configuration.limits.maxFetchSpread),
+            ("unicastFailureMinimumSpan", configuration.limits.unicastFailureMinimumSpan),
         ]
         for (name, value) in nonNegativeTimes where value < .zero { throw .invalidConfiguration(name) }
         for (name, value) in positiveTimes where value <= .zero { throw .invalidConfiguration(name) }

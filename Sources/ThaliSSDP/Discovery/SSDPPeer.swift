@@ -29,7 +29,7 @@ public enum SSDPDiscoveryEvent: Hashable, Sendable {
     /// The beacons for the peer's current USN were fetched and handed to the consumer.
     case beaconsFetched(SSDPPeer)
     /// Fetching the beacons for the peer's current USN failed after all retries, or was not made.
-    case beaconFetchFailed(SSDPPeer, reason: String)
+    case beaconFetchFailed(SSDPPeer, BeaconFetchFailure)
     /// A peer left: by byebye, or because its max-age ran out without a new alive.
     case left(SSDPPeer, reason: DepartureReason)
     /// A limit fired and switched something off for a while (see `SSDPDiscoveryLimits`).

@@ -10,7 +10,7 @@ public enum PeerBindingEvent: Sendable {
     /// A peer's beacons, fetched from `origin`; its one port is reached at `location`.
     case beaconsFetched(origin: PeerLocation, location: BeaconLocation, bytes: [UInt8])
     /// Fetching the beacons of the peer at `origin` failed (or was not tried: its source is ignored).
-    case beaconFetchFailed(origin: PeerLocation)
+    case beaconFetchFailed(origin: PeerLocation, kind: BeaconFetchFailure.Kind)
     /// A DoS limit of the binding fired and switched something off for a while.
     case limitTriggered(PeerLimitReport)
 }

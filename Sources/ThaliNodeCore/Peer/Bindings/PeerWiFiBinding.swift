@@ -47,8 +47,8 @@ final class PeerWiFiBinding: PeerBindingService {
                     events(.peerLeft(origin: .wifi(peer.location), reason: PeerDepartureReason(reason)))
                 case .limitTriggered(let kind):
                     events(.limitTriggered(Self.report(of: kind, limits: limits.0, admission: limits.1)))
-                case .beaconFetchFailed(let peer, _):
-                    events(.beaconFetchFailed(origin: .wifi(peer.location)))
+                case .beaconFetchFailed(let peer, let failure):
+                    events(.beaconFetchFailed(origin: .wifi(peer.location), kind: failure.kind))
                 case .changed, .beaconsFetched:
                     break
                 }

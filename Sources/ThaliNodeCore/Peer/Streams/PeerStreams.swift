@@ -85,7 +85,8 @@ extension ThaliPeer {
     /// (either side's), waiting up to `timeout` (default ``PeerStreamConfiguration/openTimeout``) for one
     /// to come up. From the call on, the peer advertises to every contact and keeps its sessions open.
     /// The header goes out with the stream's first bytes: nothing waits for the contact's answer, and a
-    /// refusal fails the stream's first read with a ``StreamRefusal``. Throws
+    /// refusal fails the stream's first read with a ``StreamRefusal``. A session going away (GoAway) is
+    /// passed over for another one with the contact, or for the next to come up. Throws
     /// ``NodeError/unknownContact(_:)``, ``PeerStreamError/noSession(contact:waited:)``.
     public func openStream(to contact: String, protocol name: String, timeout: Duration? = nil) async throws -> PeerStream {
         let kind: StreamKind
@@ -98,13 +99,21 @@ extension ThaliPeer {
         let waiterID = UUID()
         state.withLockedValue { $0.sessionWaiters[waiterID] = (found.publicKey, wake) }
         defer { _ = state.withLockedValue { $0.sessionWaiters.removeValue(forKey: waiterID) } }
+        // Sessions that took no new streams any more (GoAway): another one with the contact may.
+        var goingAway: Set<ObjectIdentifier> = []
         while true {
             if isStopped { throw PeerStreamError.stopped }
-            if let marked = state.withLockedValue({ $0.streamSessions[found.publicKey]?.values.first }) {
+            let usable = state.withLockedValue { state in
+                state.streamSessions[found.publicKey]?.first { !goingAway.contains($0.key) }
+            }
+            if let (id, marked) = usable {
                 do {
                     return try await openAppStream(kind, to: found, over: marked)
                 } catch MultiplexerError.sessionClosed {
                     continue  // it closed meanwhile; another may be up, or come
+                } catch MultiplexerError.goingAway {
+                    goingAway.insert(id)
+                    continue
                 }
             }
             let left = deadline - ContinuousClock.now
