@@ -49,6 +49,9 @@ public struct BluetoothPeerConfiguration: Sendable {
     /// discoverable for its `DiscoverableTimeout`; page scan stays on afterwards, until the node stops).
     /// Without page scan no peer can connect to this node. Off: the node only warns.
     public var makeConnectable = true
+    /// After the node made the adapter discoverable, how long it waits for page scan to come on before it
+    /// warns, and how often it reads it meanwhile.
+    public var pageScanWait = PageScanWait()
     /// Makes the RFCOMM streams, given our adapter's address: the kernel's RFCOMM bound to that adapter.
     /// Tests on machines without a radio put a stand-in transport here; nothing above it changes.
     public var transport: @Sendable (BluetoothAddress) -> any BluetoothTransport = { RFCOMMTransport(localAddress: $0) }
@@ -71,39 +74,55 @@ public struct BluetoothPeerConfiguration: Sendable {
     }
 }
 
+/// How long a node waits for its adapter's page scan to come on, reading it every `interval`. Read, not
+/// waited for: page scan is the controller's state (the kernel's `HCIGETDEVINFO` flags), and bluetoothd's
+/// `Adapter1` has no property for it (`Discoverable` tells the mode bluetoothd set, not the controller's
+/// scan). The kernel's management events would take a management socket of the node's own in the
+/// transport, which no test could exercise without a radio.
+public struct PageScanWait: Sendable, Hashable {
+    /// How long to wait in all: 3 s by default (page scan comes on within a few hundred milliseconds).
+    public var timeout: Duration
+    /// How often to read it meanwhile: every 100 ms by default.
+    public var interval: Duration
+
+    /// Reads every `interval` for up to `timeout`.
+    public init(timeout: Duration = .seconds(3), interval: Duration = .milliseconds(100)) {
+        self.timeout = timeout
+        self.interval = interval
+    }
+
+    /// Reads `isOn` now and every `interval` until it says true or `timeout` has passed (a last read
+    /// then); returns whether it came on. Throws `CancellationError` when the task is cancelled.
+    func until(_ isOn: () -> Bool) async throws -> Bool {
+        let clock = ContinuousClock()
+        let deadline = clock.now + timeout
+        while !isOn() {
+            let left = deadline - clock.now
+            guard left > .zero else { return false }
+            try await Task.sleep(for: min(max(interval, .milliseconds(1)), left))
+        }
+        return true
+    }
+}
+
 /// The Bluetooth binding of a peer: advertises our adapter's address over BLE while we have beacons to
 /// serve, scans for Thali advertisements, and reaches each peer found over RFCOMM, its handshake and a
 /// multiplexer, so that the peer's beacons and its PSK-TLS port appear at a localhost port. Incoming
 /// RFCOMM connections go the other way: each multiplexer stream becomes a connection to our own port.
 /// Everything above (beacon matching, PSK-TLS, delivery) is the peer's and the same as over Wi-Fi.
+///
+/// Its lifetime is one task, started by `start` and cancelled and awaited by `stop`: a discarding task
+/// group whose children read the relay server's events and the scan, turn page scan on, and pursue each
+/// peer. Which peers are pursued, and what each pursuit does next, is ``BluetoothPursuitStateMachine``'s.
 final class PeerBluetoothBinding: PeerBindingService {
     let kind = PeerBindingKind.bluetooth
 
-    /// A peer to reach, or waiting for a link slot: the advertiser BlueZ reported it as (nil for a peer
-    /// that connected to us), and its failed connects in a row so far (carried across its turns, so that
-    /// a peer that went away still runs out of attempts).
-    private struct Candidate {
-        var peer: BluetoothAddress
-        var advertiser: BluetoothAddress?
-        var failures = 0
-    }
-
-    /// How a pursuit of a peer ended.
-    private enum PursuitEnd {
-        /// `maxConnectAttempts` connects failed in a row, or the binding stopped.
-        case gaveUp
-        /// It gave its slot to a waiting peer, with this many failed connects in a row.
-        case yielded(failures: Int)
-    }
-
-    /// How one attempt to reach a peer ended.
-    private enum ReachOutcome {
-        /// No link: the connect failed.
-        case failed
-        /// The link came up and has ended.
-        case ended
-        /// The link was idle while another peer waited for a slot: closed (or left to its owner).
-        case yielded
+    /// What the lifetime task is told to start beside what it runs from the outset.
+    private enum Command: Sendable {
+        /// Read the scan's discoveries.
+        case scan(AsyncThrowingStream<ThaliPeerDiscovery, any Error>)
+        /// Pursue this peer (it holds a link slot).
+        case pursue(BluetoothAddress)
     }
 
     private struct State {
@@ -112,15 +131,11 @@ final class PeerBluetoothBinding: PeerBindingService {
         var server: BluetoothRelayServer?
         var gateway: MultiplexedAppGateway?
         var connections: [BluetoothAddress: MultiplexedBluetoothConnection] = [:]
-        /// Peers being reached or connected (one task each).
-        var pursued: Set<BluetoothAddress> = []
-        /// Peers heard while every link slot was taken, in the order they get one.
-        var waiting: [Candidate] = []
+        /// The link slots and the peers waiting for one (from `start` on).
+        var pursuits: BluetoothPursuitStateMachine?
         var advertising = false
         /// Whether we turned the adapter's `Discoverable` on (to get page scan): stop turns it off again.
         var madeDiscoverable = false
-        /// Turning page scan on, if it was off: advertising waits for it.
-        var connectable: Task<Void, Never>?
         /// Local relay ports handed out, newest last (the last 256): `hasEnded` tells ours from others.
         var issuedPorts: [Int] = []
         /// Links peers made to us, by the source their relayed connections come from (their
@@ -133,16 +148,10 @@ final class PeerBluetoothBinding: PeerBindingService {
         var linkWaiters: [String: LinkWakeSignal] = [:]
         /// Our node's port, where streams from peers go.
         var node: (host: String, port: Int)?
-        var tasks: [UUID: Task<Void, Never>] = [:]
+        /// The binding's one task, and how to tell it what to start.
+        var lifetime: Task<Void, Never>?
+        var commands: AsyncStream<Command>.Continuation?
         var stopped = false
-
-        /// Queues `candidate` for a slot unless it waits already; false when `limit` peers wait.
-        mutating func enqueue(_ candidate: Candidate, limit: Int) -> Bool {
-            if waiting.contains(where: { $0.peer == candidate.peer }) { return true }
-            guard waiting.count < limit else { return false }
-            waiting.append(candidate)
-            return true
-        }
     }
 
     let configuration: BluetoothPeerConfiguration
@@ -151,6 +160,8 @@ final class PeerBluetoothBinding: PeerBindingService {
     private let fetcher: BeaconHTTPClient
     private let state = NIOLockedValueBox(State())
     private let events = NIOLockedValueBox<@Sendable (PeerBindingEvent) -> Void>({ _ in })
+    /// Open once page scan was turned on (or could not be): advertising waits for it.
+    private let pageScanSettled = OneTimeSignal()
 
     init(configuration: BluetoothPeerConfiguration, group: any EventLoopGroup, logger: Logger) {
         self.configuration = configuration
@@ -195,33 +206,64 @@ final class PeerBluetoothBinding: PeerBindingService {
                 $0.ownAddress = address
                 $0.gateway = gateway
                 $0.server = server
+                $0.pursuits = BluetoothPursuitStateMachine(ownAddress: address, configuration: configuration)
             }
             try await server.start(channel: configuration.channel)
-            // Beside the scan, not before it: the kernel takes a moment to turn page scan on. Advertising
-            // waits for it, so that peers who see us can connect.
-            let connectable = Task { [weak self] in _ = await self?.makeConnectable(client: client, adapter: adapter, transport: transport) }
-            state.withLockedValue {
-                $0.tasks[UUID()] = connectable
-                $0.connectable = connectable
-            }
-            let serving = Task { [weak self] in
-                for await event in server.events { self?.serverEvent(event) }
-            }
-            state.withLockedValue { $0.tasks[UUID()] = serving }
-            let discoveries = try await client.scan()
-            let scanning = Task { [weak self] in
-                do {
-                    for try await discovery in discoveries { self?.discovered(discovery) }
-                } catch {
-                    self?.logger.error("Bluetooth scan ended", metadata: ["error": "\(error)"])
+            let (commands, continuation) = AsyncStream.makeStream(of: Command.self)
+            // Page scan beside the scan, not before it: the kernel takes a moment to turn it on.
+            // Advertising waits for it, so that peers who see us can connect.
+            let lifetime = Task {
+                await self.run(commands: commands, server: server) {
+                    await self.makeConnectable(client: client, adapter: adapter, transport: transport)
                 }
             }
-            state.withLockedValue { $0.tasks[UUID()] = scanning }
+            let stopped = state.withLockedValue { state -> Bool in
+                state.lifetime = lifetime
+                state.commands = continuation
+                return state.stopped
+            }
+            if stopped {
+                continuation.finish()
+                lifetime.cancel()
+            }
+            continuation.yield(.scan(try await client.scan()))
         } catch {
             await stop()
             client.close()
             throw error
         }
+    }
+
+    /// The binding's lifetime: reads the relay server's events, turns page scan on, and starts what it is
+    /// told to (the scan's reader, pursuits), each a child task; ends when `stop` cancels it.
+    private func run(commands: AsyncStream<Command>, server: BluetoothRelayServer,
+                     makeConnectable: @escaping @Sendable () async -> Void) async {
+        await withDiscardingTaskGroup { group in
+            group.addTask {
+                for await event in server.events { self.serverEvent(event) }
+            }
+            group.addTask {
+                await makeConnectable()
+                self.pageScanSettled.signal()
+            }
+            for await command in commands {
+                switch command {
+                case .scan(let discoveries):
+                    group.addTask {
+                        do {
+                            for try await discovery in discoveries { self.discovered(discovery) }
+                        } catch {
+                            self.logger.error("Bluetooth scan ended", metadata: ["error": "\(error)"])
+                        }
+                    }
+                case .pursue(let peer):
+                    group.addTask { await self.pursue(peer) }
+                }
+            }
+            group.cancelAll()
+        }
+        // Cancelled before it ran: nobody turns page scan on now.
+        pageScanSettled.signal()
     }
 
     /// Peers reach this node only if its controller has page scan on, which bluetoothd (with the kernel's
@@ -239,17 +281,15 @@ final class PeerBluetoothBinding: PeerBindingService {
         do {
             try await client.setDiscoverable(true)
             state.withLockedValue { $0.madeDiscoverable = true }
-            for _ in 0..<30 {
-                if transport.acceptsIncomingStreams(adapterIndex: index) == true {
-                    logger.notice("""
-                        Bluetooth adapter hci\(index) had page scan off; made it discoverable, which turns page scan on \
-                        for as long as this node runs
-                        """)
-                    return
-                }
-                try await Task.sleep(for: .milliseconds(100))
+            let on = try await configuration.pageScanWait.until { transport.acceptsIncomingStreams(adapterIndex: index) == true }
+            if on {
+                logger.notice("""
+                    Bluetooth adapter hci\(index) had page scan off; made it discoverable, which turns page scan on \
+                    for as long as this node runs
+                    """)
+            } else {
+                logger.warning("Bluetooth adapter hci\(index) is discoverable but page scan is still off: \(remedy)")
             }
-            logger.warning("Bluetooth adapter hci\(index) is discoverable but page scan is still off: \(remedy)")
         } catch is CancellationError {
             return
         } catch {
@@ -261,7 +301,7 @@ final class PeerBluetoothBinding: PeerBindingService {
     /// change so that scanners report it anew (a rotation changes nothing on the air: peers refetch).
     func advertise(_ announcement: [UInt8]?, isRotation: Bool) async {
         guard !isRotation else { return }
-        if let connectable = state.withLockedValue({ $0.connectable }) { await connectable.value }
+        if state.withLockedValue({ $0.lifetime != nil }) { await pageScanSettled.wait() }
         let on = announcement != nil
         let (client, address, was) = state.withLockedValue { ($0.client, $0.ownAddress, $0.advertising) }
         guard let client, let address else { return }
@@ -303,27 +343,26 @@ final class PeerBluetoothBinding: PeerBindingService {
     func carries(remoteHost: String) -> Bool {
         state.withLockedValue { state in
             state.incoming[remoteHost] != nil || state.connections.keys.contains { $0.loopbackSource == remoteHost }
-                || state.pursued.contains { $0.loopbackSource == remoteHost }
+                || state.pursuits?.pursuedPeers.contains { $0.loopbackSource == remoteHost } == true
         }
     }
 
     func stop() async {
-        let (tasks, connections, server, gateway, client) = state.withLockedValue { state in
+        let (lifetime, connections, server, gateway, client) = state.withLockedValue { state in
             state.stopped = true
-            defer {
-                state.tasks = [:]
-                state.connections = [:]
-            }
-            return (Array(state.tasks.values), Array(state.connections.values), state.server, state.gateway, state.client)
+            state.pursuits?.stop()
+            state.commands?.finish()
+            defer { state.connections = [:] }
+            return (state.lifetime, Array(state.connections.values), state.server, state.gateway, state.client)
         }
-        for task in tasks { task.cancel() }
+        lifetime?.cancel()
         try? await client?.stopScanning()
         try? await client?.stopAdvertising()
         if state.withLockedValue({ $0.madeDiscoverable }) { try? await client?.setDiscoverable(false) }
         server?.stop()
         await gateway?.close()
         for connection in connections { await connection.close() }
-        for task in tasks { await task.value }
+        await lifetime?.value
         client?.close()
     }
 
@@ -341,7 +380,7 @@ final class PeerBluetoothBinding: PeerBindingService {
                 state.awaitingSession[peer.loopbackSource] = peer
                 return false
             }
-            if ready { pursueIfNew(Candidate(peer: peer)) }
+            if ready { heard(peer, advertiser: nil) }
         case .refused(let decision):
             logger.info("Bluetooth connection refused", metadata: ["decision": "\(decision)"])
         case .handshakeFailed(let peer, let violation):
@@ -355,98 +394,64 @@ final class PeerBluetoothBinding: PeerBindingService {
     /// A Thali advertisement: pursue the peer unless we already do.
     private func discovered(_ discovery: ThaliPeerDiscovery) {
         guard let peer = discovery.peerAddress else { return }  // no address to connect to (iOS form)
-        pursueIfNew(Candidate(peer: peer, advertiser: discovery.advertiserAddress))
+        heard(peer, advertiser: discovery.advertiserAddress)
     }
 
-    /// Pursues `candidate` if a link slot is free, else queues it (a crowd: peers take turns).
-    private func pursueIfNew(_ candidate: Candidate) {
-        enum Start { case now, queued, notRemembered, no }
-        let start = state.withLockedValue { state -> Start in
-            guard !state.stopped, candidate.peer != state.ownAddress, !state.pursued.contains(candidate.peer) else { return .no }
-            guard state.pursued.count < configuration.maxConnectedPeers else {
-                return state.enqueue(candidate, limit: configuration.maxWaitingPeers) ? .queued : .notRemembered
+    /// `peer` was heard (from `advertiser`, or by its link to us): the schedule decides.
+    private func heard(_ peer: BluetoothAddress, advertiser: BluetoothAddress?) {
+        perform(state.withLockedValue { $0.pursuits?.heard(peer, advertiser: advertiser) ?? [] })
+    }
+
+    /// Starts the pursuits and forgets the advertisers the schedule asks for.
+    private func perform(_ actions: [BluetoothPursuitStateMachine.Action]) {
+        guard !actions.isEmpty else { return }
+        let (commands, client) = state.withLockedValue { ($0.commands, $0.client) }
+        for action in actions {
+            switch action {
+            case .pursue(let peer): commands?.yield(.pursue(peer))
+            case .forget(let advertiser): client?.forget(advertiser)
             }
-            state.pursued.insert(candidate.peer)
-            state.waiting.removeAll { $0.peer == candidate.peer }  // reached now, not on a later turn
-            return .now
         }
-        switch start {
-        case .now: break
-        case .notRemembered:
-            // BlueZ reports an unchanged advertisement once: let its next report offer this peer again.
-            if let advertiser = candidate.advertiser { state.withLockedValue { $0.client }?.forget(advertiser) }
-            return
-        case .queued, .no: return
-        }
-        let id = UUID()
-        let task = Task { [weak self] in
-            guard let end = await self?.pursue(candidate.peer, failures: candidate.failures), let self else { return }
-            let (next, remembered) = state.withLockedValue { state -> (Candidate?, Bool) in
-                state.pursued.remove(candidate.peer)
-                state.tasks.removeValue(forKey: id)
-                let next = state.waiting.isEmpty ? nil : state.waiting.removeFirst()
-                guard case .yielded(let failures) = end, !state.stopped else { return (next, false) }
-                var again = candidate
-                again.failures = failures
-                // Nobody waits any more: it takes its slot straight back. Otherwise to the back of the queue.
-                guard let next else { return (again, true) }
-                return (next, state.enqueue(again, limit: configuration.maxWaitingPeers))
-            }
-            // Reports of an unchanged advertisement are not discoveries: a peer neither pursued nor waiting
-            // is forgotten, so that its next report starts over if it is still there.
-            if !remembered, let advertiser = candidate.advertiser { state.withLockedValue { $0.client }?.forget(advertiser) }
-            if let next { pursueIfNew(next) }
-        }
-        state.withLockedValue { $0.tasks[id] = task }
     }
 
     /// Whether a peer waits for a link slot.
-    private var peerWaiting: Bool { state.withLockedValue { !$0.waiting.isEmpty } }
+    private var peerWaiting: Bool { state.withLockedValue { $0.pursuits?.hasWaitingPeer == true } }
 
-    /// Reaches `peer` and keeps reaching it when the connection ends, until `maxConnectAttempts`
-    /// attempts in a row fail (each after a doubling, jittered pause from `reconnectDelay`), or until it
-    /// gives its slot to a waiting peer: when its link is idle, or instead of a pause.
-    private func pursue(_ peer: BluetoothAddress, failures: Int) async -> PursuitEnd {
+    /// Pursues `peer` (a child of the lifetime task): takes the schedule's steps (wait for the lower
+    /// address's link, pause, reach) until it says the pursuit is over.
+    private func pursue(_ peer: BluetoothAddress) async {
         report(.peerAppeared(origin: .bluetooth(peer)))
-        guard let own = state.withLockedValue({ $0.ownAddress }) else { return .gaveUp }
-        // Two peers that find each other connect to each other at once; under emulation (and on some
-        // controllers) the crossing pages collide and both connects time out. The higher address lets
-        // the lower one go first, so its own connect then rides on the link that already exists. While
-        // we advertise the lower one sees us and will come: wait for its link (up to a bound); if we do
-        // not, it may never come: a short pause.
-        if own.octets.lexicographicallyPrecedes(peer.octets) == false {
-            let source = peer.loopbackSource
-            let waiter = state.withLockedValue { state -> LinkWakeSignal? in
-                guard state.advertising, state.incoming[source] == nil else { return nil }
-                let signal = LinkWakeSignal()
-                state.linkWaiters[source] = signal
-                return signal
-            }
-            if let waiter {
-                await waiter.wait(upTo: configuration.yieldToLowerAddress)
-                state.withLockedValue { state in
-                    if state.linkWaiters[source] === waiter { state.linkWaiters[source] = nil }
+        let source = peer.loopbackSource
+        let signal = LinkWakeSignal()
+        var step = state.withLockedValue { state -> BluetoothPursuitStateMachine.Step in
+            // While we advertise the lower address sees us and will come, unless its link is here already.
+            let step = state.pursuits?.begin(peer, peerWillLinkToUs: state.advertising && state.incoming[source] == nil) ?? .end([])
+            if case .awaitLink = step { state.linkWaiters[source] = signal }
+            return step
+        }
+        while true {
+            switch step {
+            case .awaitLink(let bound):
+                await signal.wait(upTo: bound)
+                step = state.withLockedValue { state in
+                    if state.linkWaiters[source] === signal { state.linkWaiters[source] = nil }
+                    return state.pursuits?.waitEnded(peer) ?? .end([])
                 }
-            } else {
-                try? await Task.sleep(for: configuration.yieldPause.delay(beforeRetry: 1))
+            case .pause(let delay):
+                try? await Task.sleep(for: delay)
+                step = state.withLockedValue { $0.pursuits?.waitEnded(peer) ?? .end([]) }
+            case .reach:
+                let outcome = await reach(peer)
+                step = state.withLockedValue { $0.pursuits?.reachEnded(peer, outcome) ?? .end([]) }
+            case .end(let actions):
+                perform(actions)
+                return
             }
         }
-        var failures = failures
-        while !Task.isCancelled, !state.withLockedValue({ $0.stopped }) {
-            switch await reach(peer, from: own) {
-            case .yielded: return .yielded(failures: 0)
-            case .ended: failures = 0
-            case .failed: failures += 1
-            }
-            if failures >= configuration.maxConnectAttempts { return .gaveUp }
-            if peerWaiting { return .yielded(failures: failures) }
-            try? await Task.sleep(for: configuration.reconnectBackoff.delay(beforeRetry: failures + 1))
-        }
-        return .gaveUp
     }
 
     /// A peer connected to us: its link also reaches its node, through `session.localPort`, so reaching
-    /// that peer needs no second Bluetooth connection (``reach(_:from:)`` uses this one).
+    /// that peer needs no second Bluetooth connection (``reach(_:)`` uses this one).
     private func incomingLink(_ session: MultiplexedAppGateway.Session) {
         guard let source = session.source else { return }
         let (announced, waiter) = state.withLockedValue { state -> (BluetoothAddress?, LinkWakeSignal?) in
@@ -461,21 +466,24 @@ final class PeerBluetoothBinding: PeerBindingService {
                 if state.incoming[source]?.port == session.localPort { state.incoming[source] = nil }
             }
         }
-        if let announced { pursueIfNew(Candidate(peer: announced)) }
+        if let announced { heard(announced, advertiser: nil) }
     }
 
     /// Reaches `peer` over the link it made to us if there is one, else connects (and that link carries
     /// the peer's streams to us too); then fetches its beacons now and every `beaconRefetchInterval`
     /// while the link lasts, or until it is idle while another peer waits for a slot.
-    private func reach(_ peer: BluetoothAddress, from own: BluetoothAddress) async -> ReachOutcome {
+    private func reach(_ peer: BluetoothAddress) async -> BluetoothPursuitStateMachine.ReachOutcome {
         let origin = PeerLocation.bluetooth(peer)
-        let (advertising, incoming, node) = state.withLockedValue { ($0.advertising, $0.incoming[peer.loopbackSource], $0.node) }
+        let (own, advertising, incoming, node) = state.withLockedValue {
+            ($0.ownAddress, $0.advertising, $0.incoming[peer.loopbackSource], $0.node)
+        }
         if let incoming {
             logger.debug("reaching a Bluetooth peer over the link it made", metadata: ["peer": "\(peer)"])
             // The link is the peer's: giving our slot up only stops our fetches, its streams go on.
             let yielded = await fetchBeacons(of: peer, origin: origin, port: incoming.port, until: incoming.closeFuture) { true }
             return yielded ? .yielded : .ended
         }
+        guard let own else { return .failed }
         let connection: MultiplexedBluetoothConnection
         do {
             let client = MultiplexedBluetoothClient(transport: configuration.transport(own), group: group,
