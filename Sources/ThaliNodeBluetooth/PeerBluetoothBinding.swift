@@ -319,7 +319,7 @@ final class PeerBluetoothBinding: PeerBindingService {
 
     /// Nothing to pause: a peer that connects while the port is closed finds its relayed connections
     /// refused, and the binding's own rate limits apply before that.
-    func pauseAnnouncing(for period: TimeAmount) {}
+    func pauseAnnouncing(for period: Duration) {}
 
     func location() async -> PeerLocation? {
         ownAddress.map(PeerLocation.bluetooth)

@@ -116,7 +116,7 @@ extension ThaliPeer {
         guard let listener else { return }
         logger.warning("single port overloaded; closed", metadata: ["seconds": "\(period.nanoseconds / 1_000_000_000)"])
         listener.close(promise: nil)
-        for binding in bindings { binding.pauseAnnouncing(for: period) }
+        for binding in bindings { binding.pauseAnnouncing(for: Duration(period)) }
         spawn { [weak self] in
             try? await Task.sleep(for: .nanoseconds(period.nanoseconds))
             guard let self, !self.isStopped else { return }

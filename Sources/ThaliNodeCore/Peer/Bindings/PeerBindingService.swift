@@ -34,7 +34,7 @@ public protocol PeerBindingService: AnyObject, Sendable {
     func advertise(_ announcement: [UInt8]?, isRotation: Bool) async
 
     /// The port was closed for an overload: stop inviting connections for `period`.
-    func pauseAnnouncing(for period: TimeAmount)
+    func pauseAnnouncing(for period: Duration)
 
     /// Where peers find this node over the binding, once started.
     func location() async -> PeerLocation?

@@ -62,8 +62,8 @@ final class PeerWiFiBinding: PeerBindingService {
         await service.withLockedValue { $0 }?.advertise(announcement)
     }
 
-    func pauseAnnouncing(for period: TimeAmount) {
-        service.withLockedValue { $0 }?.pauseAnnouncing(for: period)
+    func pauseAnnouncing(for period: Duration) {
+        service.withLockedValue { $0 }?.pauseAnnouncing(for: TimeAmount(period))
     }
 
     /// A peer on the network reached our port (discovery's unicast rule: unicast is not blocked).
