@@ -198,13 +198,12 @@ struct PeerStreamsTests {
         await pair.stopAll()
     }
 
-    @Test("apps open streams to contacts in process and echo both ways; a protocol nobody handles is refused on both sides")
-    func appStreamsEchoBothWays() async throws {
-        let pair = try Pair(label: "streams-app")
-        var servers: [Task<Void, Never>] = []
-        for name in ["alice", "bob"] {
+    /// Makes Alice and Bob in `pair`, each echoing every stream of app protocol `echo`; the tasks end
+    /// when the peers stop.
+    static func echoServers(for pair: Pair) throws -> [Task<Void, Never>] {
+        try ["alice", "bob"].map { name in
             let streams = try pair.make(name).handleStreams(protocol: "echo")
-            servers.append(Task {
+            return Task {
                 await withDiscardingTaskGroup { group in
                     for await stream in streams {
                         group.addTask {
@@ -214,8 +213,14 @@ struct PeerStreamsTests {
                         }
                     }
                 }
-            })
+            }
         }
+    }
+
+    @Test("apps open streams to contacts in process and echo both ways; a protocol nobody handles is refused on both sides")
+    func appStreamsEchoBothWays() async throws {
+        let pair = try Pair(label: "streams-app")
+        let servers = try Self.echoServers(for: pair)
         #expect(throws: PeerStreamError.alreadyHandled(protocol: "echo")) { try pair.peers["bob"]?.handleStreams(protocol: "echo") }
         try await pair.startAll()
         let alice = try #require(pair.peers["alice"]), bob = try #require(pair.peers["bob"])
@@ -245,21 +250,7 @@ struct PeerStreamsTests {
     @Test("a session going away is passed over: openStream uses another session with the contact")
     func openStreamPassesOverASessionGoingAway() async throws {
         let pair = try Pair(label: "streams-goaway")
-        var servers: [Task<Void, Never>] = []
-        for name in ["alice", "bob"] {
-            let streams = try pair.make(name).handleStreams(protocol: "echo")
-            servers.append(Task {
-                await withDiscardingTaskGroup { group in
-                    for await stream in streams {
-                        group.addTask {
-                            try? await stream.channel.executeThenClose { inbound, outbound in
-                                for try await bytes in inbound { try await outbound.write(bytes) }
-                            }
-                        }
-                    }
-                }
-            })
-        }
+        let servers = try Self.echoServers(for: pair)
         try await pair.startAll()
         let alice = try #require(pair.peers["alice"]), bob = try #require(pair.peers["bob"])
         let (aliceKey, bobKey) = (try pair.people["alice"].publicKey, try pair.people["bob"].publicKey)

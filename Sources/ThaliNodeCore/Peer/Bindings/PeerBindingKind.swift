@@ -2,7 +2,8 @@
 /// built in, and an app that adds its own binding (``PeerBindingFactory``) names it with a kind of its
 /// own. A link tries a contact's bindings in ``preference`` order, the faster first.
 ///
-/// Kinds are equal when their names are: the name is what events, the status and JSON carry.
+/// Kinds are equal when their names are: the name is what events, the status and JSON carry (coded
+/// as `RawRepresentable`: the name alone, decoded with the built-in kind's preference or 50).
 public struct PeerBindingKind: RawRepresentable, Sendable, Hashable, Codable, CustomStringConvertible {
     /// SSDP on the pinned interface; the contact's port over IP. Tried first.
     public static let wifi = PeerBindingKind(rawValue: "wifi", preference: 0)
@@ -38,17 +39,6 @@ public struct PeerBindingKind: RawRepresentable, Sendable, Hashable, Codable, Cu
 
     public static func == (lhs: PeerBindingKind, rhs: PeerBindingKind) -> Bool { lhs.rawValue == rhs.rawValue }
     public func hash(into hasher: inout Hasher) { hasher.combine(rawValue) }
-
-    /// Decodes the name.
-    public init(from decoder: any Decoder) throws {
-        self.init(rawValue: try decoder.singleValueContainer().decode(String.self))
-    }
-
-    /// Encodes the name.
-    public func encode(to encoder: any Encoder) throws {
-        var container = encoder.singleValueContainer()
-        try container.encode(rawValue)
-    }
 
     /// The name.
     public var description: String { rawValue }
