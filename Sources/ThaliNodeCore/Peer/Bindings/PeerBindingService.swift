@@ -7,7 +7,8 @@ public enum PeerBindingEvent: Sendable {
     case peerAppeared(origin: PeerLocation)
     /// A peer left.
     case peerLeft(origin: PeerLocation, reason: PeerDepartureReason)
-    /// A peer's beacons, fetched from `origin`; its one port is reached at `location`.
+    /// A peer's beacons, fetched from `origin`; its one port is reached at `location`, a TCP address the
+    /// peer connects to (a binding whose radio is not IP relays it, as Bluetooth does on 127.0.0.1).
     case beaconsFetched(origin: PeerLocation, location: BeaconLocation, bytes: [UInt8])
     /// Fetching the beacons of the peer at `origin` failed (or was not tried: its source is ignored).
     case beaconFetchFailed(origin: PeerLocation, kind: BeaconFetchFailure.Kind)
