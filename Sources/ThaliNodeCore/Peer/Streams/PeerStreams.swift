@@ -99,20 +99,17 @@ extension ThaliPeer {
         let waiterID = UUID()
         state.withLockedValue { $0.sessionWaiters[waiterID] = (found.publicKey, wake) }
         defer { _ = state.withLockedValue { $0.sessionWaiters.removeValue(forKey: waiterID) } }
-        // Sessions that took no new streams any more (GoAway): another one with the contact may.
-        var goingAway: Set<ObjectIdentifier> = []
         while true {
             if isStopped { throw PeerStreamError.stopped }
-            let usable = state.withLockedValue { state in
-                state.streamSessions[found.publicKey]?.first { !goingAway.contains($0.key) }
-            }
+            let usable = state.withLockedValue { $0.streamSessions[found.publicKey]?.first }
             if let (id, marked) = usable {
                 do {
                     return try await openAppStream(kind, to: found, over: marked)
                 } catch MultiplexerError.sessionClosed {
                     continue  // it closed meanwhile; another may be up, or come
                 } catch MultiplexerError.goingAway {
-                    goingAway.insert(id)
+                    // It takes no new streams again (its open ones carry on): no open picks it any more.
+                    forgetMarkedSession(id, of: found.publicKey)
                     continue
                 }
             }
@@ -174,10 +171,16 @@ extension ThaliPeer {
         }
         for wake in waiting { wake.signal() }
         session.channel.closeFuture.whenComplete { [weak self] _ in
-            self?.state.withLockedValue { state in
-                state.streamSessions[contact.publicKey]?.removeValue(forKey: id)
-                if state.streamSessions[contact.publicKey]?.isEmpty == true { state.streamSessions.removeValue(forKey: contact.publicKey) }
-            }
+            self?.forgetMarkedSession(id, of: contact.publicKey)
+        }
+    }
+
+    /// Takes a session out of the ones ``openStream(to:protocol:timeout:)`` picks from: it closed, or it
+    /// answered GoAway.
+    private func forgetMarkedSession(_ id: ObjectIdentifier, of contactKey: String) {
+        state.withLockedValue { state in
+            state.streamSessions[contactKey]?.removeValue(forKey: id)
+            if state.streamSessions[contactKey]?.isEmpty == true { state.streamSessions.removeValue(forKey: contactKey) }
         }
     }
 
