@@ -37,7 +37,13 @@ import ThaliSSDP
         #expect(PeerConnectionError(ChannelError.connectTimeout(.seconds(1)), connectingTo: location).reason == .timedOut)
         #expect(PeerConnectionError(ChannelError.eof, connectingTo: location).description == "127.0.0.5:40000 closed the connection")
         #expect(PeerConnectionError(IOError(errnoCode: ECONNRESET, reason: "read"), connectingTo: location).reason == .reset)
-        #expect(PeerConnectionError(MultiplexerError.keepAliveTimeout, connectingTo: location).reason == .multiplexer(.keepAliveTimeout))
+        // An authenticated session that went silent, by either timer: one reason, in words.
+        let unanswered = PeerConnectionError(MultiplexerError.keepAliveTimeout, connectingTo: location)
+        #expect(unanswered.reason == .stalled)
+        #expect(unanswered.description == "the session with 127.0.0.5:40000 went silent (its keepalive ping went unanswered) and was closed")
+        let idle = PeerConnectionError(DeliveryIdleTimeout(timeout: .seconds(60)), connectingTo: location)
+        #expect(idle.reason == .stalled && idle.description.contains("went silent (nothing sent or received for 60000 ms)"))
+        #expect(PeerConnectionError(MultiplexerError.idleTimeout, connectingTo: location).reason == .multiplexer(.idleTimeout))
         // A stop, and a system error without a reason of its own, in words: no type names.
         let stopped = PeerConnectionError(CancellationError(), connectingTo: location)
         #expect(stopped.reason == .cancelled && stopped.description == "connection with 127.0.0.5:40000 closed: this peer stopped")

@@ -26,6 +26,10 @@ public struct PeerConnectionError: Error, Sendable, Hashable, CustomStringConver
         case multiplexer(MultiplexerError)
         /// The delivery protocol on the session failed.
         case delivery(DeliveryProtocolError)
+        /// The authenticated session went silent: nothing moved on the delivery stream for its idle
+        /// timeout, or the multiplexer's keepalive ping went unanswered (the contact's node hangs, or its
+        /// link does). The session was closed; the link retries while the match is valid.
+        case stalled
         /// Relay mode: the session carrying the relay ended.
         case relayClosed
         /// This peer stopped (or gave the connection up) while the connection or its session ran.
@@ -62,8 +66,12 @@ public struct PeerConnectionError: Error, Sendable, Hashable, CustomStringConver
             self.init(.cancelled, address: address)
         case let error as PSKTLSError:
             self.init(.tls(error.reason), address: address, detail: error.description)
+        case MultiplexerError.keepAliveTimeout:
+            self.init(.stalled, address: address, detail: "its keepalive ping went unanswered")
         case let error as MultiplexerError:
             self.init(.multiplexer(error), address: address)
+        case let error as DeliveryIdleTimeout:
+            self.init(.stalled, address: address, detail: error.description)
         case let error as DeliveryProtocolError:
             self.init(.delivery(error), address: address)
         case let error as NIOConnectionError:
@@ -107,6 +115,7 @@ public struct PeerConnectionError: Error, Sendable, Hashable, CustomStringConver
         case .tls: "PSK-TLS with \(address) failed: \(detail)"
         case .multiplexer(let error): "multiplexer with \(address) failed: \(error)"
         case .delivery(let error): "delivery with \(address) failed: \(error)"
+        case .stalled: "the session with \(address) went silent (\(detail)) and was closed"
         case .relayClosed: "relay session with \(address) closed"
         case .cancelled: "connection with \(address) closed: this peer stopped"
         case .other: detail.isEmpty ? "connection to \(address) failed" : "connection to \(address) failed: \(detail)"
