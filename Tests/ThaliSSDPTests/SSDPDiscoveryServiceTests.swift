@@ -438,6 +438,7 @@ struct SSDPDiscoveryServiceTests {
         var configuration = loopbackConfiguration(port: port)
         configuration.limits.unicastFailureThreshold = 3
         configuration.limits.unicastFailureMinimumSpan = .milliseconds(500)
+        configuration.limits.unicastFailureMinimumSpanOnceWorked = .milliseconds(500)  // peers reached Bob
         configuration.limits.failedFetchRetryDelay = .milliseconds(200)
         configuration.limits.maxFailedFetchRetryDelay = .milliseconds(200)
         configuration.limits.sourceFetchFailureThreshold = 1000  // keep fetching them

@@ -64,6 +64,12 @@ public struct SSDPDiscoveryLimits: Sendable {
     /// for a moment (a crowd on a small device) sees a burst of connects fail together and then
     /// succeed. Default 20 s; zero pauses at the threshold at once.
     public var unicastFailureMinimumSpan: TimeAmount = .seconds(20)
+    /// The span instead of `unicastFailureMinimumSpan` once unicast has worked in this run (a fetch
+    /// succeeded, or a peer reached us): a network that carried unicast rarely starts blocking it, while
+    /// a crowd that saturates its peers can make every fetch fail for a while and reach us no more once
+    /// it has read our beacons; 500 honest peers on 2 loaded cores drove some peers past 20 s (spec/ssdp.md
+    /// 7.1). Default 120 s; never shorter than `unicastFailureMinimumSpan` in effect.
+    public var unicastFailureMinimumSpanOnceWorked: TimeAmount = .seconds(120)
     /// How long announcements pause when unicast to many sources fails, and how long a source whose
     /// fetches keep failing is ignored.
     public var unicastFailurePause: TimeAmount = .seconds(60)

@@ -78,6 +78,8 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
     /// Peers that reached us over unicast when the first of `failingSources` failed
     /// (``inboundUnicastCount``): any since then proves that unicast works.
     private var inboundAtFailingSince = 0
+    /// Whether a fetch of ours succeeded in this run: unicast has worked here.
+    private var anyFetchSucceeded = false
     /// Connections from peers that an app serving the beacons itself reported (``noteInboundUnicast()``).
     private let inboundUnicastReported = NIOLockedValueBox(0)
     private var discoveryOffUntil: NIODeadline?
@@ -678,6 +680,7 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
         switch result {
         case .success(let bytes):
             counters.beaconFetchesSucceeded += 1
+            anyFetchSucceeded = true
             failingSources.removeAll()
             failingSince = nil
             if let host = table.location(of: serviceName)?.host { sources.fetchSucceeded(at: host) }
@@ -707,9 +710,10 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
 
     /// The last resort against blocked unicast: connects to `unicastFailureThreshold` distinct sources
     /// failed (no TCP connection at all), with no fetch succeeding and no peer reaching us in between,
-    /// over at least `unicastFailureMinimumSpan`. A crowd that saturates its peers makes fetches time
-    /// out, and connects fail while the peers they aim at are starved; but those peers still reach us,
-    /// and blocked unicast would stop them too. Neither pauses our announcing.
+    /// over at least `unicastFailureMinimumSpan` (`unicastFailureMinimumSpanOnceWorked` once unicast has
+    /// worked in this run). A crowd that saturates its peers makes fetches time out, and connects fail
+    /// while the peers they aim at are starved; but those peers still reach us, and blocked unicast would
+    /// stop them too. Neither pauses our announcing.
     private func unicastFailed(from host: String) {
         let now = NIODeadline.now()
         let inbound = inboundUnicastCount
@@ -720,8 +724,11 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
             inboundAtFailingSince = inbound
         }
         failingSources.insert(host)
-        guard let since = failingSince, failingSources.count >= configuration.limits.unicastFailureThreshold,
-              now - since >= configuration.limits.unicastFailureMinimumSpan else { return }
+        let limits = configuration.limits
+        let unicastHasWorked = anyFetchSucceeded || inbound > 0
+        let span = unicastHasWorked ? max(limits.unicastFailureMinimumSpan, limits.unicastFailureMinimumSpanOnceWorked)
+                                    : limits.unicastFailureMinimumSpan
+        guard let since = failingSince, failingSources.count >= limits.unicastFailureThreshold, now - since >= span else { return }
         failingSources.removeAll()
         failingSince = nil
         if pauseAnnouncing(for: configuration.limits.unicastFailurePause, kind: .unicastFailure) {
@@ -810,6 +817,7 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
             ("fetchSpreadPerPeer", configuration.limits.fetchSpreadPerPeer),
             ("maxFetchSpread", configuration.limits.maxFetchSpread),
             ("unicastFailureMinimumSpan", configuration.limits.unicastFailureMinimumSpan),
+            ("unicastFailureMinimumSpanOnceWorked", configuration.limits.unicastFailureMinimumSpanOnceWorked),
         ]
         for (name, value) in nonNegativeTimes where value < .zero { throw .invalidConfiguration(name) }
         for (name, value) in positiveTimes where value <= .zero { throw .invalidConfiguration(name) }

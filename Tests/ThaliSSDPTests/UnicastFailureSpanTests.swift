@@ -1,0 +1,80 @@
+import Foundation
+import NIOCore
+import NIOPosix
+import Testing
+@testable import ThaliSSDP
+
+/// The `unicastFailure` last resort reads failing connects as blocked unicast only over a span; once
+/// unicast has worked in the run, over the longer `unicastFailureMinimumSpanOnceWorked` (a saturated crowd
+/// fails every fetch for a while after it has read our beacons; blocked unicast fails from the start).
+@Suite("Unicast failure span", .serialized)
+struct UnicastFailureSpanTests {
+    let group = MultiThreadedEventLoopGroup.singleton
+
+    @Test("after one successful fetch, failing connects pause announcing only once the longer span has passed")
+    func unicastThatWorkedNeedsTheLongerSpan() async throws {
+        let port = try freeUDPPort()
+        var configuration = loopbackConfiguration(port: port)
+        configuration.limits.unicastFailureThreshold = 3
+        configuration.limits.unicastFailureMinimumSpan = .milliseconds(300)
+        configuration.limits.unicastFailureMinimumSpanOnceWorked = .seconds(3)
+        configuration.limits.failedFetchRetryDelay = .milliseconds(100)
+        configuration.limits.maxFailedFetchRetryDelay = .milliseconds(100)
+        configuration.limits.sourceFetchFailureThreshold = 1000  // keep fetching them
+        configuration.client.maxAttempts = 1
+        let bob = SSDPDiscoveryService(configuration: configuration, group: group)
+        let bobEvents = EventLog(bob)
+        try await bob.start(advertising: [1])
+
+        // One peer whose beacons Bob reads: unicast works here.
+        let openHost = "127.0.0.61"
+        let open = BeaconHTTPServer(host: openHost, group: group)
+        let openPort = try await open.start()
+        open.setBeacons([7])
+        let openRaw = try await RawSSDPSocket(host: openHost, groupPort: port)
+        try await openRaw.send(aliveText(port: port, location: "http://\(openHost):\(openPort)/"))
+        try await eventually("the open peer fetched") { await bob.counters().beaconFetchesSucceeded >= 1 }
+        await open.stop()
+
+        // Then three hosts whose ports refuse, announcing again and again.
+        var hosts: [(RawSSDPSocket, String)] = []
+        for index in 0..<3 {
+            let raw = try await RawSSDPSocket(host: "127.0.0.\(62 + index)", groupPort: port)
+            hosts.append((raw, aliveText(port: port, location: "http://127.0.0.\(62 + index):\(try closedTCPPort())/")))
+        }
+        // Before the first failure: the streak starts later, so the pause must come at least the span after this.
+        let clock = ContinuousClock()
+        let beforeFailures = clock.now
+        let alives = Task {
+            while !Task.isCancelled {
+                for (raw, alive) in hosts { try? await raw.send(alive) }
+                try? await Task.sleep(for: .milliseconds(50))
+            }
+        }
+        defer { alives.cancel() }
+        try await eventually("a failure from each") {
+            Set(bobEvents.events.compactMap { if case .beaconFetchFailed(let peer, _) = $0 { peer.location.host } else { nil } }).count == 3
+        }
+        let allFailing = clock.now
+        // Failing on from all three, well past the short span: not yet a pause.
+        try await eventually(timeout: .seconds(15), "failures past the short span") {
+            await bob.counters().beaconFetchesFailed >= 15 && clock.now - allFailing >= .milliseconds(900)
+        }
+        #expect(!bobEvents.events.contains(.limitTriggered(.unicastFailure)), "\(bobEvents.events)")
+        // Past the longer span, the same failures do pause announcing.
+        try await bobEvents.wait(timeout: .seconds(15), "unicast failure") { $0 == .limitTriggered(.unicastFailure) }
+        #expect(clock.now - beforeFailures >= .seconds(3))
+        #expect(await bob.counters().unicastFailurePauses == 1)
+        await bob.stop()
+    }
+
+    @Test("a negative span once unicast worked is refused as configuration")
+    func negativeSpanIsRefused() async throws {
+        var configuration = loopbackConfiguration(port: try freeUDPPort())
+        configuration.limits.unicastFailureMinimumSpanOnceWorked = .seconds(-1)
+        let bob = SSDPDiscoveryService(configuration: configuration, group: group)
+        await #expect(throws: SSDPDiscoveryService.StartError.invalidConfiguration("unicastFailureMinimumSpanOnceWorked")) {
+            try await bob.start()
+        }
+    }
+}
