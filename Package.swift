@@ -106,7 +106,7 @@ let package = Package(
         .target(
             name: "ThaliConformance",
             dependencies: [
-                "ThaliBeacons", "ThaliSSDP", "ThaliPSKTLS", "TCPMultiplexer", "ThaliNodeCore",
+                "ThaliBeacons", "ThaliSSDP", "ThaliPSKTLS", "TCPMultiplexer", "ThaliNodeCore", "ThaliBLEBinding",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "Crypto", package: "swift-crypto"),

@@ -1,6 +1,7 @@
 import Foundation
 import NIOCore
 import TCPMultiplexer
+import ThaliBLEBinding
 import ThaliBeacons
 import ThaliNodeCore
 
@@ -17,7 +18,7 @@ public enum FrameVectorReference {
         FrameVectorAnswers(layer: set.layer, implementation: implementation, answers: set.cases.map { vector in
             var answer = decode(Hex.decode(vector.bytes) ?? [], layer: set.layer, limits: set.limits, split: split)
             answer.id = vector.id
-            if vector.expect == .valid, answer.result == .valid, let frames = vector.frames {
+            if set.layer.framesDetermineBytes, vector.expect == .valid, answer.result == .valid, let frames = vector.frames {
                 answer.encoded = (try? encode(frames, layer: set.layer)).map { Hex.encode($0) }
             }
             return answer
@@ -32,6 +33,7 @@ public enum FrameVectorReference {
         case .delivery: reader = DeliveryReading(limits: limits)
         case .yamux: reader = YamuxReading(limits: limits)
         case .thaliMultiplex: reader = ThaliMultiplexReading(limits: limits)
+        case .advertisingData: reader = AdvertisingDataReading(limits: limits)
         }
         var frames: [FrameFields] = []
         var offset = 0
@@ -45,10 +47,16 @@ public enum FrameVectorReference {
                 return FrameVectorAnswer(id: "", result: .invalid, frames: frames, error: "\(error)")
             }
         } while offset < bytes.count
+        do {
+            try reader.finish(into: &frames)
+        } catch {
+            return FrameVectorAnswer(id: "", result: .invalid, frames: frames, error: "\(error)")
+        }
         return FrameVectorAnswer(id: "", result: reader.isMidFrame ? .incomplete : .valid, frames: frames)
     }
 
-    /// The bytes this implementation's encoder for `layer` writes for `frames`.
+    /// The bytes this implementation's encoder for `layer` writes for `frames` (for a layer whose frames
+    /// determine the bytes; an advertising payload's claim does not, and throws).
     public static func encode(_ frames: [FrameFields], layer: FrameVectorLayer) throws(FrameVectorError) -> [UInt8] {
         var buffer = ByteBuffer()
         for fields in frames {
@@ -63,6 +71,8 @@ public enum FrameVectorReference {
                 YamuxHeader(type: type, flags: .init(rawValue: try frame.integer("flags")), streamID: try frame.integer("stream_id"),
                             length: try frame.integer("length")).write(to: &buffer)
                 if type == .data { buffer.writeBytes(try frame.bytes("body")) }
+            case .advertisingData:
+                throw FrameVectorError(description: "an advertising payload's claim does not determine its bytes")
             case .thaliMultiplex:
                 let body = try frame.bytes("body")
                 guard let flag = ThaliMultiplexHeader.Flag(rawValue: try frame.integer("flag")),
@@ -84,6 +94,14 @@ private protocol FrameReading {
     mutating func feed(_ bytes: [UInt8], into frames: inout [FrameFields]) throws
     /// Whether bytes of an unfinished frame are held.
     var isMidFrame: Bool { get }
+    /// The input ended: appends what only the whole input shows (a message read whole); throws if it
+    /// is not valid.
+    mutating func finish(into frames: inout [FrameFields]) throws
+}
+
+extension FrameReading {
+    /// A stream's frames are all handed out as they complete.
+    mutating func finish(into frames: inout [FrameFields]) throws {}
 }
 
 /// Frame fields read back into values, with the field named in every error.
@@ -301,5 +319,44 @@ private struct ThaliMultiplexReading: FrameReading {
 
     static func fields(_ header: ThaliMultiplexHeader, body: [UInt8]) -> FrameFields {
         ["stream_id": "\(header.streamID)", "flag": "\(header.flag.rawValue)", "body": Hex.encode(body)]
+    }
+}
+
+/// An advertising payload, collected whole and then decoded as a receiver does: the Thali claim, if
+/// any, as one frame; a well-formed payload without one is valid and holds none.
+private struct AdvertisingDataReading: FrameReading {
+    let maximumLength: Int
+    var payload: [UInt8] = []
+
+    init(limits: [String: Int]) {
+        maximumLength = limits["max_payload_bytes"] ?? AdvertisingData.legacyMaximumLength
+    }
+
+    var isMidFrame: Bool { false }
+
+    mutating func feed(_ bytes: [UInt8], into frames: inout [FrameFields]) throws {
+        // Bounded like the radio: nothing past the maximum is kept (the decoder then reports it too long).
+        payload += bytes.prefix(maximumLength + 1 - min(payload.count, maximumLength + 1))
+    }
+
+    mutating func finish(into frames: inout [FrameFields]) throws {
+        do {
+            frames.append(Self.fields(try ThaliAdvertisement.decode(advertisingData: payload, maximumLength: maximumLength)))
+        } catch where error.reason == .notThali {
+            return  // well formed and not Thali's: ignored
+        }
+    }
+
+    static func fields(_ advertisement: ThaliAdvertisement) -> FrameFields {
+        var fields = ["form": advertisement.encoding == .serviceData ? "service-data" : "manufacturer-data",
+                      "generation": "\(advertisement.generation)"]
+        switch advertisement.payload {
+        case .bluetoothAddress(let address):
+            fields["claim"] = "bluetooth-address"
+            fields["address"] = address.description
+        case .iOSDevice:
+            fields["claim"] = "ios-device"
+        }
+        return fields
     }
 }

@@ -2,12 +2,13 @@ import Foundation
 
 /// The frame vector sets published in `spec/vectors/` (`thali-node conformance vectors emit` writes them).
 ///
-/// Every case's bytes are laid out here by hand, field by field, from the tables of `spec/node.md` and
-/// `spec/multiplexer.md`, and its expected frames are written from the same field values: none of it
-/// comes from this implementation's encoders or decoders, which the vectors then check like any other.
+/// Every case's bytes are laid out here by hand, field by field, from the tables of `spec/node.md`,
+/// `spec/multiplexer.md` and `spec/ble-binding.md` (AdvertisingDataVectors.swift), and its expected
+/// frames are written from the same field values: none of it comes from this implementation's encoders
+/// or decoders, which the vectors then check like any other.
 public enum FrameVectorSets {
     /// Every set, one per framing.
-    public static var all: [FrameVectorSet] { [delivery, yamux, thaliMultiplex] }
+    public static var all: [FrameVectorSet] { [delivery, yamux, thaliMultiplex, advertisingData] }
 
     /// The set of `layer`.
     public static func set(_ layer: FrameVectorLayer) -> FrameVectorSet {
@@ -15,6 +16,7 @@ public enum FrameVectorSets {
         case .delivery: delivery
         case .yamux: yamux
         case .thaliMultiplex: thaliMultiplex
+        case .advertisingData: advertisingData
         }
     }
 

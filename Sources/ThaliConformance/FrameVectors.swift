@@ -9,9 +9,22 @@ public enum FrameVectorLayer: String, Sendable, Hashable, Codable, CaseIterable 
     case yamux
     /// Thali's `thali-multiplex` frames (spec/multiplexer.md, "thali-multiplex").
     case thaliMultiplex = "thali-multiplex"
+    /// BLE advertising payloads (spec/ble-binding.md, section 1): one "frame" per case at most, the
+    /// Thali claim the payload carries.
+    case advertisingData = "advdata"
 
     /// The file name the set is published under in `spec/vectors/`.
-    public var fileName: String { "frames-\(rawValue).json" }
+    public var fileName: String { isStream ? "frames-\(rawValue).json" : "\(rawValue).json" }
+
+    /// Whether a case's bytes are the start of a stream, read as they arrive (a cut inside a frame is
+    /// `incomplete`), rather than one message that arrives whole (an advertising payload: a cut is
+    /// `invalid`).
+    public var isStream: Bool { self != .advertisingData }
+
+    /// Whether the frames of a `valid` case determine its bytes, so that an encoder given them must
+    /// write exactly those bytes. Not for advertising payloads, whose "frame" is the claim found in them,
+    /// not every structure around it.
+    public var framesDetermineBytes: Bool { self != .advertisingData }
 }
 
 /// What a decoder must conclude from a case's bytes, read as the start of a connection.
@@ -47,7 +60,8 @@ public struct FrameVectorCase: Sendable, Hashable, Codable {
     /// What a decoder must conclude.
     public var expect: FrameVectorOutcome
     /// For `valid`, `acceptable` and `incomplete`: the whole frames the bytes hold, in order. An encoder
-    /// given the frames of a `valid` case writes exactly `bytes`.
+    /// given the frames of a `valid` case writes exactly `bytes` (where the layer's
+    /// ``FrameVectorLayer/framesDetermineBytes``).
     public var frames: [FrameFields]?
     /// For `invalid`: this implementation's name for the error (informative; answers need not match it).
     public var error: String?
@@ -200,7 +214,7 @@ public enum FrameVectorGrading {
     /// Records one result per case of `set` in `run`: PASS when the answer is what the case expects;
     /// FAIL (WARN for a case grading only SHOULD or PROFILE rules) when it is not; INCONCLUSIVE when there
     /// is no answer. A `valid` answer must list exactly the expected frames, and an `encoded` form, when
-    /// given for a `valid` case, must be its bytes.
+    /// given for a `valid` case of a layer whose frames determine the bytes, must be its bytes.
     public static func grade(_ answers: FrameVectorAnswers, against set: FrameVectorSet, in run: ConformanceRun) {
         var byID: [String: FrameVectorAnswer] = [:]
         for answer in answers.answers where byID[answer.id] == nil { byID[answer.id] = answer }
@@ -210,10 +224,11 @@ public enum FrameVectorGrading {
         for vector in set.cases {
             let testCase = set.conformanceCase(vector)
             let expected = describe(vector)
-            guard let answer = byID[vector.id], answers.layer == set.layer else {
+            guard var answer = byID[vector.id], answers.layer == set.layer else {
                 run.record(testCase, .inconclusive, expected: expected, actual: "no answer for this case")
                 continue
             }
+            if !set.layer.framesDetermineBytes { answer.encoded = nil }
             let (holds, actual) = judge(answer, vector)
             run.grade(testCase, holds: holds, expected: expected, actual: actual)
         }

@@ -11,7 +11,7 @@ import ThaliTestSupport
 struct ConformanceCatalogTests {
     static let specDirectory = PackagePaths.root() + "/spec"
     /// The layers whose MUST and SHOULD rules must each have a case or a stated reason.
-    static let coveredLayers: Set<String> = ["beacons", "psk-tls", "ssdp", "http", "multiplexer", "delivery", "node"]
+    static let coveredLayers: Set<String> = ["beacons", "psk-tls", "ssdp", "http", "multiplexer", "delivery", "node", "ble"]
     static var tag: Regex<(Substring, Substring)> { /\[([A-Z]+-[0-9]+(?:\.[0-9]+)+)\]/ }
 
     static func catalog() throws -> RequirementCatalog {
