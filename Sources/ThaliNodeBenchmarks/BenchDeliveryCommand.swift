@@ -166,7 +166,9 @@ struct BenchDelivery: AsyncParsableCommand {
         print(String(decoding: try encoder.encode(figures), as: UTF8.self))
     }
 
-    /// Runs one session from `sender` to `receiver` and returns its duration in seconds.
+    /// Runs one session from `sender` to `receiver` and returns its duration in seconds: until the
+    /// receiver's session ends (after the sender's `done`, which follows its record of the last `ack`),
+    /// not the sender's deletion of its delivered copies after the stream closed.
     private func deliver(_ sender: NodeStore, _ senderPeer: Contact, _ receiver: NodeStore, _ receiverPeer: Contact,
                          _ limits: DeliveryLimits) async throws -> Double {
         let quiet = Logger(label: "bench") { _ in SwiftLogNoOpLogHandler() }
@@ -176,10 +178,11 @@ struct BenchDelivery: AsyncParsableCommand {
         }
         guard let port = server.channel.localAddress?.port else { throw ChannelError.unknownLocalAddress }
         let start = ContinuousClock.now
-        async let received: DeliveryReceiver.Summary = server.executeThenClose { connections in
+        async let received: ContinuousClock.Instant = server.executeThenClose { connections in
             for try await connection in connections {
-                return try await DeliveryReceiver(store: receiver, authenticatedPeer: receiverPeer, limits: limits,
-                                                  logger: quiet).run(on: connection)
+                _ = try await DeliveryReceiver(store: receiver, authenticatedPeer: receiverPeer, limits: limits,
+                                               logger: quiet).run(on: connection)
+                return ContinuousClock.now
             }
             throw ChannelError.alreadyClosed
         }
@@ -187,7 +190,6 @@ struct BenchDelivery: AsyncParsableCommand {
             channel.eventLoop.makeCompletedFuture { try DeliveryChannel.configureSynchronously(channel, limits: limits) }
         }
         _ = try await DeliverySender(store: sender, authenticatedPeer: senderPeer, limits: limits, logger: quiet).run(on: client)
-        _ = try await received
-        return (ContinuousClock.now - start).seconds
+        return (try await received - start).seconds
     }
 }
