@@ -8,7 +8,9 @@ import ThaliNodeCore
 
 /// `thali-node bench delivery [--json]`: delivery throughput between two stores over loopback TCP (no
 /// TLS, no multiplexer: the cost of the store-and-forward core alone), and in the same run the PSK-TLS
-/// bulk throughput of one connection (`bench tls`'s figure), the layer a node's delivery runs on.
+/// bulk throughput of one connection (`bench tls`'s figure), the layer a node's delivery runs on, and
+/// what the disk under the data directory takes to write and sync as many bytes (the bound of a durable
+/// receiver).
 struct BenchDelivery: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "delivery",
@@ -18,10 +20,15 @@ struct BenchDelivery: AsyncParsableCommand {
     @Option(help: "Size of the file to deliver, in MiB.") var fileMib = 64
     @Option(help: "Data chunk size in bytes.") var chunkBytes = DeliveryLimits.default.chunkBytes
     @Option(help: "MiB sent over one PSK-TLS connection for the TLS bulk figure (0: skip it).") var tlsMib = 512
+    @Option(help: "Block size of the file reads and writes (and of the disk reference), in KiB.")
+    var blockKib = DeliveryLimits.default.blockBytes >> 10
+    @Option(help: "MiB the receiver writes between two requests to start the disk's writeback.")
+    var writebackMib = DeliveryLimits.default.writebackBytes >> 20
     @Flag(help: """
         Print one JSON object instead of lines (keys texts, texts_s, texts_per_s, ms_per_text, file_mib, \
-        file_queue_s, file_queue_mb_s, file_s, file_mb_s, chunk_bytes, tls_bulk_mb_s, file_tls_ratio; rates in \
-        items/s and MiB/s; the text, file or TLS keys absent when --texts, --file-mib or --tls-mib is 0).
+        file_queue_s, file_queue_mb_s, file_s, file_mb_s, chunk_bytes, tls_bulk_mb_s, file_tls_ratio, disk_mb_s, \
+        file_disk_ratio; rates in items/s and MiB/s; the text, file or TLS keys absent when --texts, --file-mib \
+        or --tls-mib is 0).
         """)
     var json = false
 
@@ -39,6 +46,8 @@ struct BenchDelivery: AsyncParsableCommand {
         var chunkBytes: Int?
         var tlsBulkMiBPerSecond: Double?
         var fileToTLSRatio: Double?
+        var diskMiBPerSecond: Double?
+        var fileToDiskRatio: Double?
 
         enum CodingKeys: String, CodingKey {
             case texts
@@ -53,13 +62,16 @@ struct BenchDelivery: AsyncParsableCommand {
             case chunkBytes = "chunk_bytes"
             case tlsBulkMiBPerSecond = "tls_bulk_mb_s"
             case fileToTLSRatio = "file_tls_ratio"
+            case diskMiBPerSecond = "disk_mb_s"
+            case fileToDiskRatio = "file_disk_ratio"
         }
     }
 
     func run() async throws {
         let root = FileManager.default.temporaryDirectory.appendingPathComponent("thali-bench-\(getpid())").path
         defer { try? FileManager.default.removeItem(atPath: root) }
-        let limits = DeliveryLimits(chunkBytes: chunkBytes, maxItemBytes: UInt64(max(fileMib, 1)) << 20)
+        let limits = DeliveryLimits(chunkBytes: chunkBytes, maxItemBytes: UInt64(max(fileMib, 1)) << 20,
+                                    blockBytes: blockKib << 10, writebackBytes: writebackMib << 20)
         let alice = try NodeStore(home: NodeHome(path: root + "/alice"), limits: limits)
         let bob = try NodeStore(home: NodeHome(path: root + "/bob"), limits: limits)
         let key = { PrivateKey().publicKey.hexString(compressed: true) }
@@ -87,17 +99,21 @@ struct BenchDelivery: AsyncParsableCommand {
             }
         }
         guard fileMib > 0 else { return try printJSONIfAsked(figures) }
+        // The file a user queues is on the disk already: synced before anything is timed, so the kernel
+        // does not write it back while the queue copy or the delivery runs.
         let source = root + "/payload.bin"
-        _ = FileManager.default.createFile(atPath: source, contents: nil)
-        let handle = try FileHandle(forWritingTo: URL(fileURLWithPath: source))
-        let block = Data((0..<(1 << 20)).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ 7) })
-        for _ in 0..<fileMib { try handle.write(contentsOf: block) }
-        try handle.close()
+        let block = Data((0..<limits.blockBytes).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ 7) })
+        _ = try writeAndSync(block, bytes: fileMib << 20, to: source)
         let queueStart = ContinuousClock.now
         try alice.enqueueFile(at: source, to: "bob", expiresAt: expiry)
         let queueSeconds = (ContinuousClock.now - queueStart).seconds
+        // The disk's own bound for a durable receiver, in the same run and data directory: as many bytes in
+        // blocks of the same size, plain writes, one fsync. Kept until the end: deleting it now would have
+        // the file system discard its blocks during the delivery.
+        let diskSeconds = try writeAndSync(block, bytes: fileMib << 20, to: root + "/disk-reference.bin")
         let fileSeconds = try await deliver(alice, bobAtAlice, bob, aliceAtBob, limits)
         let mib = Double(fileMib)
+        (figures.diskMiBPerSecond, figures.fileToDiskRatio) = (mib / diskSeconds, diskSeconds / fileSeconds)
         (figures.fileMiB, figures.fileQueueSeconds, figures.fileQueueMiBPerSecond) = (fileMib, queueSeconds, mib / queueSeconds)
         (figures.fileSeconds, figures.fileMiBPerSecond, figures.chunkBytes) = (fileSeconds, mib / fileSeconds, limits.chunkBytes)
         figures.fileToTLSRatio = figures.tlsBulkMiBPerSecond.map { (mib / fileSeconds) / $0 }
@@ -105,8 +121,26 @@ struct BenchDelivery: AsyncParsableCommand {
             print(String(format: "file: %d MiB queued (copy + SHA-256) in %.3f s (%.0f MiB/s); delivered in %.3f s: %.0f MiB/s, chunks of %d bytes",
                          fileMib, queueSeconds, mib / queueSeconds, fileSeconds, mib / fileSeconds, limits.chunkBytes))
             if let ratio = figures.fileToTLSRatio { print(String(format: "file delivery / PSK-TLS bulk: %.2f", ratio)) }
+            print(String(format: "disk, same run: %d MiB written in blocks of %d bytes and synced once in %.3f s: %.0f MiB/s; file delivery / disk: %.2f",
+                         fileMib, limits.blockBytes, diskSeconds, mib / diskSeconds, diskSeconds / fileSeconds))
         }
         try printJSONIfAsked(figures)
+    }
+
+    /// Writes `bytes` bytes to a new file at `path` in `block`-sized write calls, syncs it once, and
+    /// returns the seconds that took.
+    private func writeAndSync(_ block: Data, bytes: Int, to path: String) throws -> Double {
+        guard FileManager.default.createFile(atPath: path, contents: nil) else { throw CocoaError(.fileWriteUnknown) }
+        let handle = try FileHandle(forWritingTo: URL(fileURLWithPath: path))
+        defer { try? handle.close() }
+        let start = ContinuousClock.now
+        var left = bytes
+        while left > 0 {
+            try handle.write(contentsOf: left >= block.count ? block : block.prefix(left))
+            left -= block.count
+        }
+        try handle.synchronize()
+        return (ContinuousClock.now - start).seconds
     }
 
     /// `bench tls`'s bulk figure (one PSK-TLS connection, sender and receiver on two event loops) for
@@ -132,7 +166,9 @@ struct BenchDelivery: AsyncParsableCommand {
         print(String(decoding: try encoder.encode(figures), as: UTF8.self))
     }
 
-    /// Runs one session from `sender` to `receiver` and returns its duration in seconds.
+    /// Runs one session from `sender` to `receiver` and returns its duration in seconds: until the
+    /// receiver's session ends (after the sender's `done`, which follows its record of the last `ack`),
+    /// not the sender's deletion of its delivered copies after the stream closed.
     private func deliver(_ sender: NodeStore, _ senderPeer: Contact, _ receiver: NodeStore, _ receiverPeer: Contact,
                          _ limits: DeliveryLimits) async throws -> Double {
         let quiet = Logger(label: "bench") { _ in SwiftLogNoOpLogHandler() }
@@ -142,10 +178,11 @@ struct BenchDelivery: AsyncParsableCommand {
         }
         guard let port = server.channel.localAddress?.port else { throw ChannelError.unknownLocalAddress }
         let start = ContinuousClock.now
-        async let received: DeliveryReceiver.Summary = server.executeThenClose { connections in
+        async let received: ContinuousClock.Instant = server.executeThenClose { connections in
             for try await connection in connections {
-                return try await DeliveryReceiver(store: receiver, authenticatedPeer: receiverPeer, limits: limits,
-                                                  logger: quiet).run(on: connection)
+                _ = try await DeliveryReceiver(store: receiver, authenticatedPeer: receiverPeer, limits: limits,
+                                               logger: quiet).run(on: connection)
+                return ContinuousClock.now
             }
             throw ChannelError.alreadyClosed
         }
@@ -153,7 +190,6 @@ struct BenchDelivery: AsyncParsableCommand {
             channel.eventLoop.makeCompletedFuture { try DeliveryChannel.configureSynchronously(channel, limits: limits) }
         }
         _ = try await DeliverySender(store: sender, authenticatedPeer: senderPeer, limits: limits, logger: quiet).run(on: client)
-        _ = try await received
-        return (ContinuousClock.now - start).seconds
+        return (try await received - start).seconds
     }
 }

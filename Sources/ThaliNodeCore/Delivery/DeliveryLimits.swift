@@ -27,11 +27,21 @@ public struct DeliveryLimits: Sendable, Hashable {
 
     /// The size of the blocks content moves in off the event loop: a sender reads its file this much at a
     /// time (sending it as several data frames), a receiver writes this much at a time (hashing content
-    /// as it arrives) while the next frames arrive, and reports `progress` after each block (version 3),
-    /// starting the block's writeback to the disk at once. Default 1 MiB:
+    /// as it arrives) while the next frames arrive, and reports `progress` after each block (version 3).
+    /// Default 1 MiB:
     /// large enough that a hop to the blocking pool costs little per byte, small enough to bound what
     /// each side holds in memory.
     public var blockBytes: Int
+
+    /// How much a receiver writes to its partial file before it asks the kernel to start writing that
+    /// part to the disk (Linux `sync_file_range`, not waiting for the disk): the disk works while the
+    /// rest arrives, and the one fsync before the `ack` finds little left. The request runs on the
+    /// blocking pool beside the block writes, never before the next one, at most one at a time (one due
+    /// while another runs covers both ranges), because it can block while the device's queue is full:
+    /// started for every block inside the block's write, it held the next write back at each MiB. A
+    /// small value asks often; a large one leaves more for the final fsync. Clamped to 64 KiB...1 GiB.
+    /// Default 8 MiB.
+    public var writebackBytes: Int
 
     /// How many blocks a sender reads ahead of the one it is sending (at least 1): file reads on the
     /// blocking pool overlap the sending, and a read that waits behind other work on the pool (the
@@ -81,6 +91,7 @@ public struct DeliveryLimits: Sendable, Hashable {
         maxItemBytes: UInt64 = 1 << 30,
         maxTextBytes: UInt64 = 64 * 1024,
         blockBytes: Int = 1 << 20,
+        writebackBytes: Int = 8 << 20,
         readAheadBlocks: Int = 2,
         progressWindowBytes: Int = 16 << 20,
         writeInterval: TimeAmount = .milliseconds(100),
@@ -97,6 +108,7 @@ public struct DeliveryLimits: Sendable, Hashable {
         self.maxTextBytes = maxTextBytes
         self.blockBytes = min(max(blockBytes, 1), 1 << 28)
         self.readAheadBlocks = min(max(readAheadBlocks, 1), 64)
+        self.writebackBytes = min(max(writebackBytes, 64 << 10), 1 << 30)
         self.requestedProgressWindowBytes = progressWindowBytes
         self.writeInterval = writeInterval
         self.maxBatchItems = max(maxBatchItems, 1)

@@ -10,7 +10,7 @@ import NIOPosix
 ///
 /// Content goes to a partial file under `partial/` (kept across sessions for resuming): hashed as it
 /// arrives, written in blocks on the blocking pool while the next frames arrive (a version 3 sender hears
-/// `progress` after each block; each block's writeback starts at once), made durable once at the end and
+/// `progress` after each block; the disk starts writing every `writebackBytes`), made durable once at the end and
 /// verified (size and SHA-256), then committed to the inbox
 /// in one durable transaction; only then is the item acknowledged. Texts that come whole in a batch of
 /// `item` frames are committed together, in one transaction, before any of them is acknowledged. An
@@ -313,6 +313,11 @@ private enum BatchOutcome: Sendable {
 /// the pool's file write instead of after it. A block is written once it holds
 /// ``DeliveryLimits/blockBytes``, or when nothing is being written and ``DeliveryLimits/writeInterval``
 /// passed since the last write began (a slow link still sees its content written and reported).
+///
+/// Every ``DeliveryLimits/writebackBytes`` written, it asks the kernel to start writing them to the disk,
+/// as a job of its own on the pool: that request can block while the device's queue is full, and inside
+/// the block's write it held the next block back (the transfer then waited on the disk at every block
+/// instead of beside it).
 private struct BlockWriter {
     let file: PartialFile
     /// The SHA-256 state after every byte of the item received so far (a resumed prefix included).
@@ -324,15 +329,22 @@ private struct BlockWriter {
     private let pool: NIOThreadPool
     private let eventLoop: any EventLoop
     private var block = ByteBuffer()
-    private var inFlight: (write: EventLoopFuture<UInt64>, done: NIOLockedValueBox<Bool>)?
+    private var inFlight: PoolJob<UInt64>?
     private var nextWrite = NIODeadline.now()
+    /// Where the writeback not yet asked for begins: the file before it was either there already (a
+    /// resumed prefix) or has its writeback started.
+    private var writebackFrom: UInt64
+    private let writebackBytes: UInt64
+    private var writeback: PoolJob<Void>?
 
     init(file: PartialFile, hasher: SHA256, written: UInt64, limits: DeliveryLimits, pool: NIOThreadPool,
          eventLoop: any EventLoop) {
         self.file = file
         self.hasher = hasher
         self.written = written
+        self.writebackFrom = written
         self.blockBytes = limits.blockBytes
+        self.writebackBytes = UInt64(limits.writebackBytes)
         self.interval = limits.writeInterval
         self.pool = pool
         self.eventLoop = eventLoop
@@ -346,23 +358,24 @@ private struct BlockWriter {
         var bytes = bytes
         block.writeBuffer(&bytes)
         var done: [UInt64] = []
-        if let (write, finished) = inFlight, block.readableBytes >= blockBytes || finished.withLockedValue({ $0 }) {
-            done.append(try await write.get())
-            inFlight = nil
+        if let write = inFlight, block.readableBytes >= blockBytes || write.isFinished {
+            done.append(try await completed(write))
         }
         if inFlight == nil && (block.readableBytes >= blockBytes || NIODeadline.now() >= nextWrite) { start() }
         return done
     }
 
-    /// Writes everything still held; returns the item's bytes in the file after each write that completed.
+    /// Writes everything still held and waits for the writeback asked for; returns the item's bytes in
+    /// the file after each write that completed.
     mutating func flush() async throws -> [UInt64] {
         var done: [UInt64] = []
-        if let previous = try await inFlight?.write.get() { done.append(previous) }
-        inFlight = nil
-        guard block.readableBytes > 0 else { return done }
-        start()
-        if let last = try await inFlight?.write.get() { done.append(last) }
-        inFlight = nil
+        if let previous = inFlight { done.append(try await completed(previous)) }
+        if block.readableBytes > 0 {
+            start()
+            if let last = inFlight { done.append(try await completed(last)) }
+        }
+        if let writeback { try await writeback.future.get() }
+        writeback = nil
         return done
     }
 
@@ -370,35 +383,63 @@ private struct BlockWriter {
     func digest() -> [UInt8] { Array(hasher.finalize()) }
 
     /// After a failure: waits for the block in flight and writes the one filling, ignoring errors (the
-    /// session is failing anyway; what gets written only spares a resume some bytes).
+    /// session is failing anyway; what gets written only spares a resume some bytes). The file may close
+    /// after it: no job of this writer uses it any more.
     mutating func drain() async {
         _ = try? await flush()
+        _ = try? await writeback?.future.get()
+        writeback = nil
+    }
+
+    /// Waits for the block write `job`, then asks for the writeback of what is written when
+    /// ``DeliveryLimits/writebackBytes`` gathered and no request runs.
+    private mutating func completed(_ job: PoolJob<UInt64>) async throws -> UInt64 {
+        let after = try await job.future.get()
+        inFlight = nil
+        if after - writebackFrom >= writebackBytes, writeback?.isFinished ?? true {
+            let (file, offset, length) = (self.file, writebackFrom, after - writebackFrom)
+            writeback = PoolJob(pool, eventLoop) { file.startWriteback(offset: offset, length: length) }
+            writebackFrom = after
+        }
+        return after
     }
 
     private mutating func start() {
         let (file, data) = (self.file, block)
         written += UInt64(data.readableBytes)
         let after = written
-        let finished = NIOLockedValueBox(false)
-        let write = pool.runIfActive(eventLoop: eventLoop) {
-            defer { finished.withLockedValue { $0 = true } }
+        inFlight = PoolJob(pool, eventLoop) {
             try file.append(data)
             return after
         }
-        inFlight = (write, finished)
         block = ByteBuffer()
         nextWrite = .now() + interval
     }
 }
 
-/// A file being received: truncated to the agreed offset, then appended to in blocks, each block's
-/// writeback to the disk started at once. Used by one session at a time (each call awaited before the
-/// next), hence unchecked.
+/// A job on the blocking pool and whether it finished, which a writer checks without waiting.
+private struct PoolJob<Value: Sendable> {
+    let future: EventLoopFuture<Value>
+    private let finished: NIOLockedValueBox<Bool>
+
+    init(_ pool: NIOThreadPool, _ eventLoop: any EventLoop, _ body: @escaping @Sendable () throws -> Value) {
+        let finished = NIOLockedValueBox(false)
+        self.finished = finished
+        self.future = pool.runIfActive(eventLoop: eventLoop) {
+            defer { finished.withLockedValue { $0 = true } }
+            return try body()
+        }
+    }
+
+    var isFinished: Bool { finished.withLockedValue { $0 } }
+}
+
+/// A file being received: truncated to the agreed offset, then appended to in blocks. Used by one
+/// session at a time (each write awaited before the next; a writeback request, which only reads the
+/// descriptor, may run beside a write), hence unchecked.
 private final class PartialFile: @unchecked Sendable {
     private let handle: FileHandle
     private let path: String
-    /// The file's length: where the next block goes.
-    private var length: UInt64
     private var closed = false
 
     /// Opens (creating) `path` and keeps its first `offset` bytes.
@@ -413,18 +454,20 @@ private final class PartialFile: @unchecked Sendable {
         }
         self.handle = handle
         self.path = path
-        self.length = offset
         try handle.truncate(atOffset: offset)
         try handle.seekToEnd()
     }
 
-    /// Writes `bytes` at the end (straight from the buffer, no copy) and starts their writeback.
+    /// Writes `bytes` at the end (straight from the buffer, no copy).
     func append(_ bytes: ByteBuffer) throws {
         try bytes.withUnsafeReadableBytes { raw in
             try inWords { try FileContent.writeAll(raw, to: handle.fileDescriptor) }
         }
-        FileContent.startWriteback(of: handle.fileDescriptor, offset: length, length: bytes.readableBytes)
-        length += UInt64(bytes.readableBytes)
+    }
+
+    /// Asks the kernel to start writing `length` bytes at `offset` to the disk (not waiting for it).
+    func startWriteback(offset: UInt64, length: UInt64) {
+        FileContent.startWriteback(of: handle.fileDescriptor, offset: offset, length: Int(clamping: length))
     }
 
     /// Makes the content durable and closes the file.
@@ -446,4 +489,3 @@ private final class PartialFile: @unchecked Sendable {
         try? handle.close()
     }
 }
-

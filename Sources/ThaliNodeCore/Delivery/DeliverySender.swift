@@ -69,8 +69,24 @@ public struct DeliverySender: Sendable {
         }
     }
 
-    /// The session itself, once ``run(on:)`` holds the claim.
+    /// The session itself, once ``run(on:)`` holds the claim. The copies of the files delivered, set
+    /// aside as each was acknowledged, are deleted once the stream is closed: deleting a large file can
+    /// take long (0.2 s for 256 MiB on a file system that trims what it frees), and neither the receiver
+    /// nor the next item needs to wait for it.
     private func runClaimed(on channel: DeliveryChannel.AsyncFrames) async throws -> Summary {
+        let store = self.store
+        do {
+            let summary = try await exchange(on: channel)
+            _ = try? await blocking { store.removeDeliveredCopies() }
+            return summary
+        } catch {
+            _ = try? await blocking { store.removeDeliveredCopies() }
+            throw error
+        }
+    }
+
+    /// The frames of the session, from `hello` until the stream closes.
+    private func exchange(on channel: DeliveryChannel.AsyncFrames) async throws -> Summary {
         let eventLoop = channel.channel.eventLoop
         return try await channel.executeThenClose { inbound, outbound in
             var machine = DeliverySenderStateMachine()
@@ -157,7 +173,8 @@ public struct DeliverySender: Sendable {
                     action = try machine.receive(try await next(&frames, &machine))
                     continue
                 case .delivered(let offer, let alreadyStored):
-                    try await blocking { try store.markDelivered(offer.id) }
+                    // Its copy is deleted after the session (``runClaimed(on:)``), not before the next item.
+                    try await blocking { try store.markDeliveredSettingAsideCopies([offer.id]) }
                     if alreadyStored { summary.alreadyStored.append(offer.id) } else { summary.delivered.append(offer.id) }
                     logger.info("delivered", metadata: ["item": "\(offer.id)", "alreadyStored": "\(alreadyStored)"])
                     // A version 2 receiver reports nothing before its ack, which covers every byte.

@@ -132,9 +132,11 @@ enum FileContent {
     }
 
     /// Asks the kernel to start writing `length` bytes at `offset` of `descriptor` to the disk now,
-    /// without waiting for it (Linux `sync_file_range` with `SYNC_FILE_RANGE_WRITE`): a receiver calls it
-    /// after each block, so the disk works while the rest arrives and the one `fsync` at the end finds
-    /// little left to write. Not a durability step (that stays the `fsync`); a no-op where unavailable.
+    /// without waiting for the disk to finish (Linux `sync_file_range` with `SYNC_FILE_RANGE_WRITE`): a
+    /// receiver calls it every ``DeliveryLimits/writebackBytes``, so the disk works while the rest arrives
+    /// and the one `fsync` at the end finds little left to write. It may block while the device's queue is
+    /// full, so a caller runs it where nothing else waits for it. Not a durability step (that stays the
+    /// `fsync`); a no-op where unavailable.
     static func startWriteback(of descriptor: Int32, offset: UInt64, length: Int) {
         guard let address = syncFileRangeAddress, let function = UnsafeRawPointer(bitPattern: address) else { return }
         let syncFileRange = unsafeBitCast(function, to: SyncFileRange.self)

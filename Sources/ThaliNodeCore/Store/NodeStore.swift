@@ -427,13 +427,39 @@ public final class NodeStore: Sendable {
 
     /// Removes delivered items and their file copies in one transaction (a batch the receiver answered).
     public func markDelivered(_ ids: [UUID]) throws {
-        guard !ids.isEmpty else { return }
-        let files = try pool.write { db -> [String] in
+        for file in try deleteDelivered(ids) { try? FileManager.default.removeItem(atPath: file) }
+    }
+
+    /// Removes delivered items in one transaction and sets their file copies aside (renamed with
+    /// ``deliveredCopySuffix``, in the outbox) for ``removeDeliveredCopies()``: deleting a large file can
+    /// take long (a file system mounted with `discard` trims its blocks as it unlinks, 0.2 s for 256 MiB
+    /// here), and a delivery session need not wait for it. A copy set aside by a process that then dies
+    /// goes at the next ``removeDeliveredCopies()``.
+    public func markDeliveredSettingAsideCopies(_ ids: [UUID]) throws {
+        // rename, not FileManager's move: it replaces a copy of the same item set aside before.
+        for file in try deleteDelivered(ids) { _ = rename(file, file + Self.deliveredCopySuffix) }
+    }
+
+    /// Deletes the file copies that ``markDeliveredSettingAsideCopies(_:)`` set aside; returns how many.
+    @discardableResult
+    public func removeDeliveredCopies() -> Int {
+        let names = (try? FileManager.default.contentsOfDirectory(atPath: home.outboxDirectory)) ?? []
+        return names.filter { $0.hasSuffix(Self.deliveredCopySuffix) }.reduce(0) { removed, name in
+            removed + ((try? FileManager.default.removeItem(atPath: home.outboxDirectory + "/" + name)) != nil ? 1 : 0)
+        }
+    }
+
+    /// The suffix of a delivered item's file copy set aside for removal.
+    public static let deliveredCopySuffix = ".delivered"
+
+    /// Deletes delivered items in one transaction; returns their file copies' paths.
+    private func deleteDelivered(_ ids: [UUID]) throws -> [String] {
+        guard !ids.isEmpty else { return [] }
+        return try pool.write { db -> [String] in
             let items = try OutboxItem.fetchAll(db, keys: ids)
             _ = try OutboxItem.deleteAll(db, keys: ids)
             return items.compactMap { resolved($0).filePath }
         }
-        for file in files { try? FileManager.default.removeItem(atPath: file) }
     }
 
     /// Marks an item refused by its receiver: kept for the user to see, never offered again.
