@@ -224,7 +224,7 @@ public struct PeerConformance: Sendable {
 
         /// Every case of peer mode.
         public static let all = [discovered, beaconFetch, beaconMatch, expiration, handshake, closeNotify, openStream, hello, offer,
-                                 transfer, frameMaximum, window, itemBatch, done, version2Fallback, usn, searchAnswer, byebye,
+                                 transfer, frameMaximum, window, itemBatch, done, version2Fallback] + answers + [usn, searchAnswer, byebye,
                                  senderConnects, senderBeaconRequest, senderWelcome, senderStream, senderProgress, senderAck, refusesExpired,
                                  rejectsDamaged, senderBatch, senderClose, senderInbox,
                                  noHint, noCompression, noTickets, unknownIdentity, wrongPSK, tls13, otherSuites, dhSize, dhFresh,
@@ -388,6 +388,7 @@ public struct PeerConformance: Sendable {
         await receive(run, over: client.session, queuedIDs: queuedIDs, limits: limits)
         gradeUnmarked(run, negotiated: negotiated)
         await gradeVersion2Fallback(run, over: client.session, limits: limits)
+        await gradeAnswers(run, over: client.session, limits: limits)
         try? await client.session.close().get()
     }
 
