@@ -224,7 +224,7 @@ public struct PeerConformance: Sendable {
 
         /// Every case of peer mode.
         public static let all = [discovered, beaconFetch, beaconMatch, expiration, handshake, closeNotify, openStream, hello, offer,
-                                 transfer, frameMaximum, window, itemBatch, done, version2Fallback, usn, searchAnswer, byebye,
+                                 transfer, frameMaximum, window, itemBatch, done, version2Fallback] + answers + [usn, searchAnswer, byebye,
                                  senderConnects, senderBeaconRequest, senderWelcome, senderStream, senderProgress, senderAck, refusesExpired,
                                  rejectsDamaged, senderBatch, senderClose, senderInbox,
                                  noHint, noCompression, noTickets, unknownIdentity, wrongPSK, tls13, otherSuites, dhSize, dhFresh,
@@ -307,7 +307,7 @@ public struct PeerConformance: Sendable {
         if let location = found?.1 ?? configuration.location, !Task.isCancelled {
             await negativeCases(run, location: location, match: found?.0)
             if let match = found?.0, !Task.isCancelled {
-                await rawMultiplexerCases(run, location: location, match: match)
+                await gradeRawMultiplexer(run, against: .keyed(match, location))
             }
             if let match = found?.0, !Task.isCancelled {
                 await markingCases(run, location: location, match: match)
@@ -388,6 +388,7 @@ public struct PeerConformance: Sendable {
         await receive(run, over: client.session, queuedIDs: queuedIDs, limits: limits)
         gradeUnmarked(run, negotiated: negotiated)
         await gradeVersion2Fallback(run, over: client.session, limits: limits)
+        await gradeAnswers(run, over: client.session, limits: limits)
         try? await client.session.close().get()
     }
 
@@ -1010,14 +1011,15 @@ public struct PeerConformance: Sendable {
 
     // MARK: Raw multiplexer cases
 
-    /// Yamux written by hand inside sessions keyed by its beacon: four connections, the first kept alive
+    /// Yamux written by hand inside sessions to `target` (keyed by its beacon for a Thali node, plain TCP
+    /// for a bare yamux server): four connections, the first kept alive
     /// through a ping, a stream with data after FIN and a reset stream; the second told GoAway 0, then 2;
     /// the other two each ended by a protocol error (a stream of the wrong parity, a window overrun).
-    private func rawMultiplexerCases(_ run: ConformanceRun, location: BeaconLocation, match: BeaconMatch) async {
+    func gradeRawMultiplexer(_ run: ConformanceRun, against target: RawYamuxTarget) async {
         let timeout = configuration.stepTimeout
         var started = NIODeadline.now()
         do {
-            try await RawYamuxSession.run(keyedBy: match, at: location, group: group) { session in
+            try await target.session(group: group) { session in
                 let (answer, answered) = try await Self.ping(&session, value: 0xC0FF_EE01, timeout: timeout)
                 run.grade(Cases.pingAnswered, holds: answered, expected: "Ping ACK stream 0 length \(0xC0FF_EE01)", actual: answer.summary,
                           started: started)
@@ -1043,9 +1045,9 @@ public struct PeerConformance: Sendable {
                           actual: last.summary + (before.isEmpty ? "" : " after \(before.map(\.summary).joined(separator: ", "))"), started: started)
             }
         } catch {
-            run.recordRemaining([Cases.pingAnswered, Cases.dataAfterFIN, Cases.resetStream], .inconclusive, because: "no PSK-TLS session: \(error)")
+            run.recordRemaining([Cases.pingAnswered, Cases.dataAfterFIN, Cases.resetStream], .inconclusive, because: "no session: \(error)")
         }
-        await gradeGoAway(run, location: location, match: match)
+        await gradeGoAway(run, against: target)
         // The wrong parity is a header alone. The overrun's header goes first, alone too: an implementation
         // that judges it from the header ends the session before any payload is sent (payload still
         // unread when it closes would make its kernel reset the connection, and drop its GoAway on our
@@ -1059,7 +1061,7 @@ public struct PeerConformance: Sendable {
         for (testCase, frames, payload) in endings {
             started = NIODeadline.now()
             do {
-                try await RawYamuxSession.run(keyedBy: match, at: location, group: group) { session in
+                try await target.session(group: group) { session in
                     try await session.send(frames)
                     var (ending, _) = try await session.waitFor(within: payload > 0 ? configuration.windowQuietPeriod : timeout) { $0.type == .goAway }
                     var afterPayload = ""
@@ -1079,28 +1081,45 @@ public struct PeerConformance: Sendable {
                     run.record(testCase, verdict, expected: "GoAway code 1 (protocol error)", actual: ending.summary + afterPayload, started: started)
                 }
             } catch {
-                run.record(testCase, .inconclusive, expected: testCase.title, actual: "no PSK-TLS session: \(error)", started: started)
+                run.record(testCase, .inconclusive, expected: testCase.title, actual: "no session: \(error)", started: started)
             }
         }
     }
 
-    /// A stream we open (its first frame from the implementation shows it is served), then our GoAway 0:
+    /// A stream we open (its first frame from the implementation shows it is served; one reset at once is
+    /// followed by another, up to ``fallbackStreamAttempts``), then our GoAway 0:
     /// the stream must not be reset and a Ping must still be answered; then our GoAway 2 (internal error)
     /// must end the session [MUX-2.14].
-    private func gradeGoAway(_ run: ConformanceRun, location: BeaconLocation, match: BeaconMatch) async {
+    private func gradeGoAway(_ run: ConformanceRun, against target: RawYamuxTarget) async {
         let (timeout, started) = (configuration.stepTimeout, NIODeadline.now())
+        let greeting = target.servedStreamGreeting
         do {
-            try await RawYamuxSession.run(keyedBy: match, at: location, group: group) { session in
-                try await session.send([(YamuxHeader(type: .windowUpdate, flags: .syn, streamID: 1, length: 0), 0)])
-                let (served, _) = try await session.waitFor(within: timeout) { $0.streamID == 1 && ($0.type == .data || $0.flags.contains(.rst)) }
-                guard case .frame(let first) = served, first.type == .data, !first.flags.contains(.rst) else {
-                    run.record(Cases.goAwayNormal, .inconclusive, expected: "a data frame on the stream we opened", actual: served.summary, started: started)
+            try await target.session(group: group) { session in
+                // A Thali node serves one delivery sender per contact at a time: a stream opened while the
+                // sender of an earlier session still holds the contact is closed at once (reset). The next
+                // stream, opened after that, is served.
+                var served: (id: UInt32, first: RawYamuxSession.Input)?
+                var refused: [String] = []
+                for id in stride(from: UInt32(1), through: UInt32(2 * Self.fallbackStreamAttempts - 1), by: 2) where served == nil {
+                    try await session.send([greeting > 0 ? (YamuxHeader(type: .data, flags: .syn, streamID: id, length: UInt32(greeting)), greeting)
+                                                         : (YamuxHeader(type: .windowUpdate, flags: .syn, streamID: id, length: 0), 0)])
+                    let (first, _) = try await session.waitFor(within: timeout) { $0.streamID == id && ($0.type == .data || $0.flags.contains(.rst)) }
+                    if case .frame(let header) = first, header.flags.contains(.rst) {
+                        refused.append(first.summary)
+                    } else {
+                        served = (id, first)
+                    }
+                }
+                guard let served, case .frame(let header) = served.first, header.type == .data else {
+                    run.record(Cases.goAwayNormal, .inconclusive, expected: "a data frame on a stream we opened",
+                               actual: (refused + [served?.first.summary].compactMap { $0 }).joined(separator: "; "), started: started)
                     return
                 }
+                let id = served.id
                 try await session.send([(YamuxHeader(type: .goAway, streamID: 0, length: YamuxHeader.GoAwayCode.normal.rawValue), 0),
                                         (YamuxHeader(type: .ping, flags: .syn, streamID: 0, length: 0xC0FF_EE04), 0)])
                 let (answer, before) = try await session.waitFor(within: timeout) {
-                    $0.type == .goAway || $0.type == .ping && $0.flags.contains(.ack) || $0.streamID == 1 && $0.flags.contains(.rst)
+                    $0.type == .goAway || $0.type == .ping && $0.flags.contains(.ack) || $0.streamID == id && $0.flags.contains(.rst)
                 }
                 var goesOn = false
                 if case .frame(let header) = answer { goesOn = header.type == .ping && header.length == 0xC0FF_EE04 }
@@ -1109,12 +1128,12 @@ public struct PeerConformance: Sendable {
                 var ended = false
                 if case .ended = ending { ended = true }
                 run.grade(Cases.goAwayNormal, holds: goesOn && ended,
-                          expected: "after GoAway 0: no RST on stream 1, no GoAway, the Ping answered; after GoAway 2: the connection ends",
+                          expected: "after GoAway 0: no RST on stream \(id), no GoAway, the Ping answered; after GoAway 2: the connection ends",
                           actual: "after GoAway 0: \(answer.summary)" + (before.isEmpty ? "" : " after \(before.map(\.summary).joined(separator: ", "))")
                               + "; after GoAway 2: \(ending.summary)", started: started)
             }
         } catch {
-            run.record(Cases.goAwayNormal, .inconclusive, expected: Cases.goAwayNormal.title, actual: "no PSK-TLS session: \(error)", started: started)
+            run.record(Cases.goAwayNormal, .inconclusive, expected: Cases.goAwayNormal.title, actual: "no session: \(error)", started: started)
         }
     }
 

@@ -1,4 +1,5 @@
 import NIOCore
+import NIOPosix
 import TCPMultiplexer
 import ThaliBeacons
 import ThaliPSKTLS
@@ -40,15 +41,31 @@ struct RawYamuxSession {
     static func run<Result: Sendable>(host: String, port: Int, identity: String, psk: [UInt8], group: any EventLoopGroup,
                                       _ body: (inout RawYamuxSession) async throws -> Result) async throws -> Result {
         let connection = try await PSKTLSClient.connect(host: host, port: port, identity: identity, psk: psk, eventLoopGroup: group)
-        let eventLoop = group.next()
         return try await connection.executeThenClose { inbound, outbound in
-            let (inputs, sink) = AsyncStream.makeStream(of: Input.self)
-            return try await withThrowingTaskGroup(of: Void.self) { tasks in
-                tasks.addTask { await Self.pump(inbound, into: sink) }
-                defer { tasks.cancelAll() }
-                var session = RawYamuxSession(inputs: inputs.makeAsyncIterator(), sink: sink, outbound: outbound, eventLoop: eventLoop)
-                return try await body(&session)
-            }
+            try await run(inbound, outbound, eventLoop: group.next(), body)
+        }
+    }
+
+    /// Connects over plain TCP (a bare yamux server: the cases calibrated against another
+    /// implementation), runs `body` on the session, and closes it.
+    static func run<Result: Sendable>(plainHost host: String, port: Int, group: any EventLoopGroup,
+                                      _ body: (inout RawYamuxSession) async throws -> Result) async throws -> Result {
+        let connection = try await ClientBootstrap(group: group).connect(host: host, port: port) { channel in
+            channel.eventLoop.makeCompletedFuture { try NIOAsyncChannel<ByteBuffer, ByteBuffer>(wrappingChannelSynchronously: channel) }
+        }
+        return try await connection.executeThenClose { inbound, outbound in
+            try await run(inbound, outbound, eventLoop: connection.channel.eventLoop, body)
+        }
+    }
+
+    private static func run<Result: Sendable>(_ inbound: NIOAsyncChannelInboundStream<ByteBuffer>, _ outbound: NIOAsyncChannelOutboundWriter<ByteBuffer>,
+                                              eventLoop: any EventLoop, _ body: (inout RawYamuxSession) async throws -> Result) async throws -> Result {
+        let (inputs, sink) = AsyncStream.makeStream(of: Input.self)
+        return try await withThrowingTaskGroup(of: Void.self) { tasks in
+            tasks.addTask { await Self.pump(inbound, into: sink) }
+            defer { tasks.cancelAll() }
+            var session = RawYamuxSession(inputs: inputs.makeAsyncIterator(), sink: sink, outbound: outbound, eventLoop: eventLoop)
+            return try await body(&session)
         }
     }
 
@@ -137,6 +154,34 @@ struct RawYamuxSession {
             guard case .frame(let header) = input, !wanted(header) else { return (input, seen) }
             seen.append(header)
         }
+    }
+}
+
+/// Where the raw multiplexer cases connect, one session per connection.
+public enum RawYamuxTarget: Sendable {
+    /// A Thali implementation: PSK-TLS keyed by its beacon for us, at its location. Its delivery sender
+    /// speaks first on a stream we open.
+    case keyed(BeaconMatch, BeaconLocation)
+    /// A bare yamux server over plain TCP, to calibrate the cases against another implementation: the
+    /// closure gives the address of a server for each new connection. A stream we open is served by an
+    /// echo, so it is opened with a few bytes for the server to answer.
+    case plain(@Sendable () async throws -> (host: String, port: Int))
+
+    /// Runs `body` on a new session to the target.
+    func session(group: any EventLoopGroup, _ body: (inout RawYamuxSession) async throws -> Void) async throws {
+        switch self {
+        case .keyed(let match, let location):
+            try await RawYamuxSession.run(keyedBy: match, at: location, group: group, body)
+        case .plain(let address):
+            let (host, port) = try await address()
+            try await RawYamuxSession.run(plainHost: host, port: port, group: group, body)
+        }
+    }
+
+    /// The payload of the frame that opens a stream that must be served: nothing for a Thali node
+    /// (its sender's hello comes first), a few bytes for an echo.
+    var servedStreamGreeting: Int {
+        if case .plain = self { 4 } else { 0 }
     }
 }
 

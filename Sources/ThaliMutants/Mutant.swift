@@ -69,6 +69,17 @@ public enum Mutant: String, CaseIterable, Sendable {
     /// Beacon announcements expire 25 h ahead, beyond the 24 h a receiver accepts [BCN-1.2].
     case beaconExpirationBeyondADay = "beacon-expiration-beyond-a-day"
 
+    /// The delivery sender keeps an item the receiver answered `complete` and offers it again [NODE-1.6].
+    case deliveryKeepsCompleted = "delivery-keeps-completed"
+    /// The delivery sender forgets a receiver's `refused` and offers the item again [NODE-1.7].
+    case deliveryForgetsRefusal = "delivery-forgets-refusal"
+    /// The delivery sender resumes at a `partial` answer's offset without checking its prefix digest [NODE-1.9].
+    case deliveryResumesUnchecked = "delivery-resumes-unchecked"
+    /// The delivery sender ends a session over the receiver's protocol error without an `error` frame [NODE-1.24].
+    case deliveryEndsWithoutError = "delivery-ends-without-error"
+    /// The opener of a refused marked delivery stream opens another at once on the same session [NODE-4.7].
+    case streamsRetryRefused = "streams-retry-refused"
+
     /// The environment variable that names the active mutant (debug builds only).
     public static let environmentVariable = "THALI_MUTANT"
 

@@ -49,6 +49,29 @@ public enum DeliveryChannel {
     }
 }
 
+extension DeliveryChannel {
+    /// The longest a side that reports an error waits for the other side to end the stream before it
+    /// closes anyway (the report's write included: a peer that reads nothing cannot hold the session).
+    public static let errorReportLinger: TimeAmount = .seconds(2)
+
+    /// Sends `report` (an `error` frame) as the session's last frame so that the other side reads it
+    /// [NODE-1.24]: a close while the other side may still send resets a multiplexer stream, and a reset
+    /// drops what its reader has not taken yet (the conformance suite saw the report lost in about two
+    /// runs in five). So the output ends after the report (FIN), and the stream closes when the other
+    /// side ends its own, or after ``errorReportLinger``.
+    static func sendLast(_ report: DeliveryFrame, on channel: any Channel) async {
+        let linger = channel.eventLoop.scheduleTask(in: errorReportLinger) { channel.close(promise: nil) }
+        defer { linger.cancel() }
+        do {
+            try await channel.writeAndFlush(report).get()
+            try await channel.close(mode: .output).get()
+        } catch {
+            return
+        }
+        try? await channel.closeFuture.get()
+    }
+}
+
 /// Nothing moved in either direction for ``DeliveryLimits/idleTimeout``; the session was closed.
 public struct DeliveryIdleTimeout: Error, Hashable, CustomStringConvertible {
     /// The timeout that passed.

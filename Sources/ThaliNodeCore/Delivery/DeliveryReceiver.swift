@@ -86,7 +86,7 @@ public struct DeliveryReceiver: Sendable {
                 // A version 2 sender hears why the session ends: a frame over our maximum, a name too
                 // long, a frame out of place. It would otherwise see only the stream end.
                 if machine.senderHearsErrors, let report = DeliveryFrame.error(reporting: error) {
-                    try? await outbound.write(report)
+                    await DeliveryChannel.sendLast(report, on: channel.channel)
                 }
                 throw error.naming(peer: peer.name)
             }

@@ -94,8 +94,8 @@ public struct DeliverySender: Sendable {
                 return try await session(inbound.makeAsyncIterator(), outbound, &machine, eventLoop)
             } catch let error as DeliveryProtocolError {
                 // A receiver that welcomed us hears why the session ends (it cannot see our side's reason).
-                if machine.receiverHearsErrors, let report = DeliveryFrame.error(reporting: error) {
-                    try? await outbound.write(report)
+                if machine.receiverHearsErrors, !Mutant.deliveryEndsWithoutError.isActive, let report = DeliveryFrame.error(reporting: error) {
+                    await DeliveryChannel.sendLast(report, on: channel.channel)
                 }
                 throw error.naming(peer: peer.name)
             }
@@ -154,7 +154,7 @@ public struct DeliverySender: Sendable {
             while true {
                 switch action {
                 case .verifyPrefix(_, let offset, let digest):
-                    let matches = try await blocking { try content.prefixDigest(length: offset) } == digest
+                    let matches = try await blocking { try content.prefixDigest(length: offset) } == digest || Mutant.deliveryResumesUnchecked.isActive
                     if !matches { logger.info("receiver's partial copy differs; restarting", metadata: ["item": "\(item.id)"]) }
                     action = try machine.prefixVerified(matches: matches)
                     continue
@@ -174,7 +174,9 @@ public struct DeliverySender: Sendable {
                     continue
                 case .delivered(let offer, let alreadyStored):
                     // Its copy is deleted after the session (``runClaimed(on:)``), not before the next item.
-                    try await blocking { try store.markDeliveredSettingAsideCopies([offer.id]) }
+                    if !alreadyStored || !Mutant.deliveryKeepsCompleted.isActive {
+                        try await blocking { try store.markDeliveredSettingAsideCopies([offer.id]) }
+                    }
                     if alreadyStored { summary.alreadyStored.append(offer.id) } else { summary.delivered.append(offer.id) }
                     logger.info("delivered", metadata: ["item": "\(offer.id)", "alreadyStored": "\(alreadyStored)"])
                     // A version 2 receiver reports nothing before its ack, which covers every byte.
@@ -246,7 +248,7 @@ public struct DeliverySender: Sendable {
         let store = self.store
         switch action {
         case .refused(let offer, let reason):
-            try await blocking { try store.markRefused(offer.id, reason: "refused by the receiver: \(reason)") }
+            if !Mutant.deliveryForgetsRefusal.isActive { try await blocking { try store.markRefused(offer.id, reason: "refused by the receiver: \(reason)") } }
             summary.refused.append(offer.id)
             logger.warning("refused by the receiver", metadata: ["item": "\(offer.id)", "reason": "\(reason)"])
             events?(.refused(id: offer.id, reason))

@@ -3,6 +3,7 @@ import NIOCore
 import NIOPosix
 import TCPMultiplexer
 import ThaliBeacons
+import ThaliMutants
 import ThaliPSKTLS
 import ThaliSSDP
 
@@ -145,6 +146,9 @@ extension ThaliPeer {
             emit(.sessionEnded(contact: contact.name, role: .connecting, error: nil))
             if !keepingSession { try? await session.close().get() }
         } catch {
+            if Mutant.streamsRetryRefused.isActive, marked, session.channel.isActive, !isStopped, !Task.isCancelled {
+                return try await receive(from: contact, over: session, at: location, marked: marked, keepingSession: keepingSession)
+            }
             emit(.sessionEnded(contact: contact.name, role: .connecting, error: sessionEndError(error, address: "\(location.host):\(location.port)")))
             if !keepingSession { try? await session.close().get() }
             throw error
