@@ -277,21 +277,23 @@ public final class PSKTLSHandler: ChannelDuplexHandler {
             pendingWriteBytes -= plaintext.readableBytes
             if plaintext.readableBytes < coalescedLimit {
                 if gathered.readableBytes + plaintext.readableBytes > SSLConnection.maximumRecordPlaintext {
-                    guard encryptGathered(bufferSize: bufferSize, context: context, wroteAny: &wroteAny) else { return }
+                    guard encryptGathered(before: plaintext.readableBytes, bufferSize: bufferSize, context: context,
+                                          wroteAny: &wroteAny) else { return }
                 }
                 gathered.writeBuffer(&plaintext)
                 if let promise = write.promise { promisesOfGathered.append(promise) }
                 continue
             }
-            guard encryptGathered(bufferSize: bufferSize, context: context, wroteAny: &wroteAny) else { return }
-            if let failure = encrypt(&plaintext, bufferSize: bufferSize, context: context, wroteAny: &wroteAny) {
+            guard encryptGathered(before: plaintext.readableBytes, bufferSize: bufferSize, context: context,
+                                  wroteAny: &wroteAny) else { return }
+            if let failure = encrypt(&plaintext, before: 0, bufferSize: bufferSize, context: context, wroteAny: &wroteAny) {
                 write.promise?.fail(failure)
                 fail(failure, context: context)
                 return
             }
             if let promise = write.promise { promisesOfOutput.append(promise) }
         }
-        guard encryptGathered(bufferSize: bufferSize, context: context, wroteAny: &wroteAny) else { return }
+        guard encryptGathered(before: 0, bufferSize: bufferSize, context: context, wroteAny: &wroteAny) else { return }
         if connection.pendingOutput > 0 || !promisesOfOutput.isEmpty {
             emitOutput(context: context)
             wroteAny = true
@@ -299,10 +301,12 @@ public final class PSKTLSHandler: ChannelDuplexHandler {
         if wroteAny { context.flush() }
     }
 
-    /// Encrypts the small writes gathered so far as one record. Returns false when the connection failed.
-    private func encryptGathered(bufferSize: Int, context: ChannelHandlerContext, wroteAny: inout Bool) -> Bool {
+    /// Encrypts the small writes gathered so far as one record, before `upcoming` bytes of a write already
+    /// taken from the queue. Returns false when the connection failed.
+    private func encryptGathered(before upcoming: Int, bufferSize: Int, context: ChannelHandlerContext,
+                                 wroteAny: inout Bool) -> Bool {
         if gathered.readableBytes > 0 {
-            let failure = encrypt(&gathered, bufferSize: bufferSize, context: context, wroteAny: &wroteAny)
+            let failure = encrypt(&gathered, before: upcoming, bufferSize: bufferSize, context: context, wroteAny: &wroteAny)
             gathered.clear()
             if let failure {
                 fail(failure, context: context)
@@ -315,9 +319,10 @@ public final class PSKTLSHandler: ChannelDuplexHandler {
     }
 
     /// Encrypts all of `plaintext` into the output buffer, writing out a buffer whenever the next record
-    /// would not fit in it.
-    private func encrypt(_ plaintext: inout ByteBuffer, bufferSize: Int, context: ChannelHandlerContext,
-                         wroteAny: inout Bool) -> PSKTLSError? {
+    /// would not fit in it. `upcoming`: bytes of this flush that follow it and are no longer counted in
+    /// `pendingWriteBytes`, so that a new buffer is sized for them too.
+    private func encrypt(_ plaintext: inout ByteBuffer, before upcoming: Int, bufferSize: Int,
+                         context: ChannelHandlerContext, wroteAny: inout Bool) -> PSKTLSError? {
         while plaintext.readableBytes > 0 {
             let room = Self.plaintextFitting(bufferSize - connection.pendingOutput)
             // Less than a record's room left: start a new buffer rather than cut a small record.
@@ -328,8 +333,9 @@ public final class PSKTLSHandler: ChannelDuplexHandler {
             }
             let piece = plaintext.readSlice(length: min(room, plaintext.readableBytes)) ?? ByteBuffer()
             // A new buffer is sized for what this flush may still put in it, so it grows at most once.
-            let expected = connection.pendingOutput == 0 ? min(room, piece.readableBytes + plaintext.readableBytes + pendingWriteBytes)
-                                                         : piece.readableBytes
+            let expected = connection.pendingOutput == 0
+                ? min(room, piece.readableBytes + plaintext.readableBytes + upcoming + pendingWriteBytes)
+                : piece.readableBytes
             connection.reserveOutput(Self.ciphertextLength(ofPlaintext: expected))
             if let failure = piece.withUnsafeReadableBytes({ connection.write($0) }) { return failure }
         }
