@@ -76,6 +76,12 @@ public struct PSKTLSConfiguration: Sendable {
     /// a multiplexer's 12-byte frame header and its payload go out in one buffer, not two. Default: 256 KiB.
     public var ciphertextBufferSize: Int = 256 << 10
 
+    /// Writes smaller than this are copied together with the other small writes of their flush and
+    /// encrypted as one record (of at most 16 KiB) instead of one record each: a multiplexer's 12-byte
+    /// frame header and a small payload cost one encryption and 29 bytes of record overhead, not two.
+    /// Larger writes are encrypted where they are, without the copy. 0 turns coalescing off. Default: 4 KiB.
+    public var coalescedWriteLimit: Int = 4 << 10
+
     /// How many ciphertext buffers of 64 KiB or more a connection keeps to write into again once the
     /// channel has sent them, instead of allocating fresh memory (and paying its page faults) for every
     /// large write; 0 keeps none. Each is at most `ciphertextBufferSize` (or one large write), so a busy

@@ -37,6 +37,10 @@ public final class PSKTLSHandler: ChannelDuplexHandler {
     private var pendingWriteBytes = 0
     /// Promises of the writes whose ciphertext is in the output buffer being filled.
     private var promisesOfOutput: [EventLoopPromise<Void>] = []
+    /// Small writes of the flush being encrypted, copied together to become one record (empty between
+    /// flushes), and their promises.
+    private var gathered = ByteBuffer()
+    private var promisesOfGathered: [EventLoopPromise<Void>] = []
     /// The application asked for a read that no plaintext has answered yet.
     private var applicationReadPending = false
     /// Plaintext was delivered during the current read burst.
@@ -262,39 +266,80 @@ public final class PSKTLSHandler: ChannelDuplexHandler {
     /// writes the records straight into them) and writes each buffer with the promises of the writes that
     /// ended in it. One buffer per flush, not one per write: a multiplexer's frame header and its payload
     /// share a buffer, and a write larger than a buffer is cut at record boundaries so that buffers stay of
-    /// a size the BIO can reuse.
+    /// a size the BIO can reuse. Writes smaller than `coalescedWriteLimit` are copied together and
+    /// encrypted as one record (a relayed 64-byte message and its frame header: one record, not two).
     private func encryptPendingWrites(context: ChannelHandlerContext) {
         let bufferSize = max(configuration.ciphertextBufferSize, Self.smallestCiphertextBuffer)
+        let coalescedLimit = min(configuration.coalescedWriteLimit, SSLConnection.maximumRecordPlaintext)
         var wroteAny = false
         while pendingWrites.hasMark, let write = pendingWrites.popFirst() {
             var plaintext = write.data
             pendingWriteBytes -= plaintext.readableBytes
-            while plaintext.readableBytes > 0 {
-                let room = Self.plaintextFitting(bufferSize - connection.pendingOutput)
-                // Less than a record's room left: start a new buffer rather than cut a small record.
-                if room < min(plaintext.readableBytes, SSLConnection.maximumRecordPlaintext) {
-                    emitOutput(context: context)
-                    wroteAny = true
-                    continue
+            if plaintext.readableBytes < coalescedLimit {
+                if gathered.readableBytes + plaintext.readableBytes > SSLConnection.maximumRecordPlaintext {
+                    guard encryptGathered(before: plaintext.readableBytes, bufferSize: bufferSize, context: context,
+                                          wroteAny: &wroteAny) else { return }
                 }
-                let piece = plaintext.readSlice(length: min(room, plaintext.readableBytes)) ?? ByteBuffer()
-                // A new buffer is sized for what this flush may still put in it, so it grows at most once.
-                let expected = connection.pendingOutput == 0 ? min(room, piece.readableBytes + plaintext.readableBytes + pendingWriteBytes)
-                                                             : piece.readableBytes
-                connection.reserveOutput(Self.ciphertextLength(ofPlaintext: expected))
-                if let failure = piece.withUnsafeReadableBytes({ connection.write($0) }) {
-                    write.promise?.fail(failure)
-                    fail(failure, context: context)
-                    return
-                }
+                gathered.writeBuffer(&plaintext)
+                if let promise = write.promise { promisesOfGathered.append(promise) }
+                continue
+            }
+            guard encryptGathered(before: plaintext.readableBytes, bufferSize: bufferSize, context: context,
+                                  wroteAny: &wroteAny) else { return }
+            if let failure = encrypt(&plaintext, before: 0, bufferSize: bufferSize, context: context, wroteAny: &wroteAny) {
+                write.promise?.fail(failure)
+                fail(failure, context: context)
+                return
             }
             if let promise = write.promise { promisesOfOutput.append(promise) }
         }
+        guard encryptGathered(before: 0, bufferSize: bufferSize, context: context, wroteAny: &wroteAny) else { return }
         if connection.pendingOutput > 0 || !promisesOfOutput.isEmpty {
             emitOutput(context: context)
             wroteAny = true
         }
         if wroteAny { context.flush() }
+    }
+
+    /// Encrypts the small writes gathered so far as one record, before `upcoming` bytes of a write already
+    /// taken from the queue. Returns false when the connection failed.
+    private func encryptGathered(before upcoming: Int, bufferSize: Int, context: ChannelHandlerContext,
+                                 wroteAny: inout Bool) -> Bool {
+        if gathered.readableBytes > 0 {
+            let failure = encrypt(&gathered, before: upcoming, bufferSize: bufferSize, context: context, wroteAny: &wroteAny)
+            gathered.clear()
+            if let failure {
+                fail(failure, context: context)
+                return false
+            }
+        }
+        promisesOfOutput.append(contentsOf: promisesOfGathered)
+        promisesOfGathered.removeAll(keepingCapacity: true)
+        return true
+    }
+
+    /// Encrypts all of `plaintext` into the output buffer, writing out a buffer whenever the next record
+    /// would not fit in it. `upcoming`: bytes of this flush that follow it and are no longer counted in
+    /// `pendingWriteBytes`, so that a new buffer is sized for them too.
+    private func encrypt(_ plaintext: inout ByteBuffer, before upcoming: Int, bufferSize: Int,
+                         context: ChannelHandlerContext, wroteAny: inout Bool) -> PSKTLSError? {
+        while plaintext.readableBytes > 0 {
+            let room = Self.plaintextFitting(bufferSize - connection.pendingOutput)
+            // Less than a record's room left: start a new buffer rather than cut a small record.
+            if room < min(plaintext.readableBytes, SSLConnection.maximumRecordPlaintext) {
+                emitOutput(context: context)
+                wroteAny = true
+                continue
+            }
+            let piece = plaintext.readSlice(length: min(room, plaintext.readableBytes)) ?? ByteBuffer()
+            // A new buffer is sized for what this flush may still put in it, so it grows at most once.
+            let expected = connection.pendingOutput == 0
+                ? min(room, piece.readableBytes + plaintext.readableBytes + upcoming + pendingWriteBytes)
+                : piece.readableBytes
+            connection.reserveOutput(Self.ciphertextLength(ofPlaintext: expected))
+            if let failure = piece.withUnsafeReadableBytes({ connection.write($0) }) { return failure }
+        }
+        return nil
     }
 
     /// Writes the ciphertext encrypted so far, completing the promises of the writes it finishes.
@@ -415,8 +460,10 @@ public final class PSKTLSHandler: ChannelDuplexHandler {
     }
 
     private func failPendingWrites(_ error: PSKTLSError) {
-        for promise in promisesOfOutput { promise.fail(error) }
+        for promise in promisesOfOutput + promisesOfGathered { promise.fail(error) }
         promisesOfOutput.removeAll()
+        promisesOfGathered.removeAll()
+        gathered.clear()
         while let write = pendingWrites.popFirst() { write.promise?.fail(error) }
         pendingWriteBytes = 0
     }

@@ -45,6 +45,63 @@ extension PSKTLSTests {
             }
         }
 
+        /// The plaintext length of each TLS record in `buffers` (5-byte header, 8-byte nonce, 16-byte tag).
+        private func recordPlaintextLengths(_ buffers: [ByteBuffer]) -> [Int] {
+            var lengths: [Int] = []
+            for var buffer in buffers {
+                while buffer.readableBytes >= 5, let length = buffer.getInteger(at: buffer.readerIndex + 3, as: UInt16.self) {
+                    lengths.append(Int(length) - 24)
+                    buffer.moveReaderIndex(forwardBy: 5 + Int(length))
+                }
+                #expect(buffer.readableBytes == 0)
+            }
+            return lengths
+        }
+
+        @Test func theSmallWritesOfOneFlushAreOneRecord() throws {
+            try afterHandshake { pair in
+                // A relayed 64-byte message: the multiplexer's 12-byte frame header, then the payload.
+                let writes = [ByteBuffer(repeating: 1, count: 12), ByteBuffer(repeating: 2, count: 64)]
+                let promises = writes.map { _ in pair.client.eventLoop.makePromise(of: Void.self) }
+                for (write, promise) in zip(writes, promises) { pair.client.write(write, promise: promise) }
+                pair.client.flush()
+                let buffers = try written(by: pair.client)
+                #expect(recordPlaintextLengths(buffers) == [76])
+                for promise in promises { #expect(throws: Never.self) { try promise.futureResult.wait() } }
+                try deliver(buffers, to: pair)
+                #expect(pair.serverRecorder.received == writes.flatMap { Array($0.readableBytesView) })
+            }
+        }
+
+        @Test func smallWritesAreGatheredUpToOneRecordAndLargeOnesEncryptedWhereTheyAre() throws {
+            try afterHandshake { pair in
+                let writes = [ByteBuffer(repeating: 1, count: 12), ByteBuffer(repeating: 2, count: 65_536),
+                              ByteBuffer(repeating: 3, count: 12), ByteBuffer(repeating: 4, count: 1000)]
+                    + (0..<5).map { ByteBuffer(repeating: UInt8(5 + $0), count: 4000) }
+                for write in writes { pair.client.write(write, promise: nil) }
+                pair.client.flush()
+                let buffers = try written(by: pair.client)
+                // The header alone (the payload is too large to copy), the payload in full records, then
+                // the small writes together until the next would overflow a record.
+                #expect(recordPlaintextLengths(buffers) == [12, 16_384, 16_384, 16_384, 16_384, 1012 + 12_000, 8000])
+                try deliver(buffers, to: pair)
+                #expect(pair.serverRecorder.received == writes.flatMap { Array($0.readableBytesView) })
+            }
+        }
+
+        @Test func coalescingCanBeTurnedOff() throws {
+            try expectNoLeaksNow {
+                let pair = try EmbeddedPair(configure: { $0.coalescedWriteLimit = 0 })
+                defer { pair.finish() }
+                try pair.activate()
+                try pair.exchange()
+                pair.client.write(ByteBuffer(repeating: 1, count: 12), promise: nil)
+                pair.client.write(ByteBuffer(repeating: 2, count: 64), promise: nil)
+                pair.client.flush()
+                #expect(recordPlaintextLengths(try written(by: pair.client)) == [12, 64])
+            }
+        }
+
         @Test func aLargeWriteIsCutIntoBuffersOfTheConfiguredSize() throws {
             try afterHandshake { pair in
                 let message = (0..<(1 << 20)).map { UInt8(truncatingIfNeeded: $0 &* 7) }
