@@ -97,7 +97,7 @@ let package = Package(
         .target(
             name: "ThaliBLEBinding",
             dependencies: [
-                "CDBus", "CBluetooth", "TCPMultiplexer", "ThaliAdmission", "ThaliBluetoothAddress",
+                "CDBus", "CBluetooth", "TCPMultiplexer", "ThaliAdmission", "ThaliBluetoothAddress", "ThaliMutants",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),

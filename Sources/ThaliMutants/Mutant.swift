@@ -79,6 +79,8 @@ public enum Mutant: String, CaseIterable, Sendable {
     case deliveryEndsWithoutError = "delivery-ends-without-error"
     /// The opener of a refused marked delivery stream opens another at once on the same session [NODE-4.7].
     case streamsRetryRefused = "streams-retry-refused"
+    /// The BLE advertisement decoder ignores deployed Android Thali's manufacturer data [BLE-1.2].
+    case advdataIgnoresManufacturerData = "advdata-ignores-manufacturer-data"
 
     /// The environment variable that names the active mutant (debug builds only).
     public static let environmentVariable = "THALI_MUTANT"

@@ -58,7 +58,7 @@ struct MutantTests {
         for mutant in table.mutants {
             #expect(!mutant.breaks.isEmpty && mutant.breaks.allSatisfy { catalog[$0] != nil }, "\(mutant.name)")
             #expect(!mutant.caughtBy.isEmpty && mutant.caughtBy.allSatisfy(cases.contains), "\(mutant.name): \(mutant.caughtBy)")
-            #expect(["vectors/delivery", "vectors/yamux", "vectors/thali-multiplex", "peer", "target"].contains(mutant.gradedBy), "\(mutant.name)")
+            #expect(["vectors/delivery", "vectors/yamux", "vectors/thali-multiplex", "vectors/advdata", "peer", "target"].contains(mutant.gradedBy), "\(mutant.name)")
         }
     }
 

@@ -1,3 +1,5 @@
+import ThaliMutants
+
 /// What a Thali peer says about itself in a BLE advertisement: either "connect to me over Bluetooth at
 /// this address" or "I am an iOS device" (reachable another way).
 ///
@@ -113,7 +115,7 @@ public struct ThaliAdvertisement: Hashable, Sendable {
         let companyLE: [UInt8] = [UInt8(androidCompanyIdentifier & 0xFF), UInt8(androidCompanyIdentifier >> 8)]
         let manufacturer = structures.filter { $0.type == ADStructure.manufacturerDataType && $0.data.starts(with: companyLE) }
         guard manufacturer.count <= 1 else { throw AdvertisingDataError(.duplicateStructure(type: ADStructure.manufacturerDataType)) }
-        if let data = manufacturer.first {
+        if let data = manufacturer.first, !Mutant.advdataIgnoresManufacturerData.isActive {
             return try decode(manufacturerData: data.data.dropFirst(2))
         }
         throw AdvertisingDataError(.notThali)
