@@ -217,8 +217,17 @@ let package = Package(
 
         // MARK: Tests (mirror Sources/<Module>)
         /// Helpers shared by the test targets: child processes of independent peers (``ThaliProcess``,
-        /// re-exported), package paths.
-        .target(name: "ThaliTestSupport", dependencies: ["ThaliProcess"], path: "Sources/ThaliTestSupport"),
+        /// re-exported), package paths; `Node/`: data directories and people with identities and contacts, an
+        /// announcement copied to another port; `Bluetooth/`: the python-dbusmock BlueZ stand-in.
+        .target(
+            name: "ThaliTestSupport",
+            dependencies: [
+                "ThaliProcess", "ThaliBeacons", "ThaliSSDP", "ThaliNodeCore", "ThaliBLEBinding",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            path: "Sources/ThaliTestSupport"),
         .testTarget(name: "ThaliBeaconsTests", dependencies: ["ThaliBeacons", "ThaliTestSupport"]),
         .testTarget(
             name: "ThaliAdmissionTests",
