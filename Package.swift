@@ -217,7 +217,7 @@ let package = Package(
 
         // MARK: Tests (mirror Sources/<Module>)
         /// Helpers shared by the test targets: child processes of independent peers (``ThaliProcess``,
-        /// re-exported), package paths; `Node/`: data directories and people with identities and contacts, an
+        /// re-exported), package paths, TCP connects from a chosen source address; `Node/`: data directories and people with identities and contacts, an
         /// announcement copied to another port; `Bluetooth/`: the python-dbusmock BlueZ stand-in.
         .target(
             name: "ThaliTestSupport",
