@@ -14,6 +14,3 @@ func loopbackPeer(_ person: TestPeople.Person, ssdpPort: Int,
     configure(&configuration)
     return try ThaliPeer(store: person.store, identity: person.key, configuration: configuration, logger: quietLogger)
 }
-
-/// The `thali-node` built beside this test bundle.
-var thaliNodeExecutable: String { CommandLineTests.executable }
