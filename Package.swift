@@ -217,8 +217,18 @@ let package = Package(
 
         // MARK: Tests (mirror Sources/<Module>)
         /// Helpers shared by the test targets: child processes of independent peers (``ThaliProcess``,
-        /// re-exported), package paths.
-        .target(name: "ThaliTestSupport", dependencies: ["ThaliProcess"], path: "Sources/ThaliTestSupport"),
+        /// re-exported), package paths, TCP connects from a chosen source address; `Node/`: data directories
+        /// and people with identities and contacts, an announcement copied to another port; `Bluetooth/`: the
+        /// python-dbusmock BlueZ stand-in.
+        .target(
+            name: "ThaliTestSupport",
+            dependencies: [
+                "ThaliProcess", "ThaliBeacons", "ThaliSSDP", "ThaliNodeCore", "ThaliBLEBinding",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            path: "Sources/ThaliTestSupport"),
         .testTarget(name: "ThaliBeaconsTests", dependencies: ["ThaliBeacons", "ThaliTestSupport"]),
         .testTarget(
             name: "ThaliAdmissionTests",
@@ -262,8 +272,7 @@ let package = Package(
         .testTarget(
             name: "ThaliBLEBindingTests",
             dependencies: [
-                "ThaliBLEBinding", "ThaliTestSupport", "ThaliBeacons", "ThaliSSDP", "TCPMultiplexer", "ThaliPSKTLS", "ThaliNodeCore",
-                "ThaliNodeBluetooth",
+                "ThaliBLEBinding", "ThaliTestSupport", "ThaliBeacons", "ThaliSSDP", "TCPMultiplexer", "ThaliPSKTLS",
                 .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -276,6 +285,30 @@ let package = Package(
                 .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ]),
+        /// The Bluetooth peer binding: its pursuit state machine, and peers over the BlueZ mock.
+        .testTarget(
+            name: "ThaliNodeBluetoothTests",
+            dependencies: [
+                "ThaliNodeBluetooth", "ThaliNodeCore", "ThaliBLEBinding", "ThaliAdmission", "ThaliBeacons", "ThaliSSDP",
+                "ThaliTestSupport",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ]),
+        /// `thali-node` (Sources/thali-node, with its `bench` commands from ThaliNodeBenchmarks) as a user
+        /// runs it: the built binary as a separate process, its output, exit status and data directory;
+        /// several processes on loopback, over the BlueZ mock, in network namespaces and in a QEMU guest.
+        .testTarget(
+            name: "ThaliNodeCLITests",
+            dependencies: [
+                "ThaliNodeCore", "ThaliBLEBinding", "ThaliBeacons", "ThaliSSDP", "ThaliPSKTLS", "ThaliConformance",
+                "ThaliProcess", "ThaliTestSupport",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "Crypto", package: "swift-crypto"),
             ]),
         /// Replays every committed fuzz corpus file (`Fuzz/Corpus/<harness>/`) through its harness.
         .testTarget(name: "ThaliFuzzHarnessesTests", dependencies: ["ThaliFuzzHarnesses", "ThaliTestSupport"]),

@@ -3,12 +3,15 @@ import Foundation
 /// Locates files of this package from a test's `#filePath`, so tests read `spec/vectors` and
 /// `Tests/*/Reference` in place instead of bundling copies.
 public enum PackagePaths {
-    /// The package root, found from a test file's path (`<root>/Tests/<Target>/<File>.swift`).
+    /// The package root, found from the path of one of its files: a test's (`<root>/Tests/<Target>/<File>.swift`)
+    /// or this module's own (`<root>/Sources/ThaliTestSupport/...`, for the helpers here); else the
+    /// current directory.
     public static func root(from filePath: String = #filePath) -> String {
         var components = filePath.split(separator: "/", omittingEmptySubsequences: false)
-        while let last = components.last, last != "Tests" { components.removeLast() }
-        components.removeLast()
-        return components.joined(separator: "/")
+        while let last = components.popLast() {
+            if last == "Tests" || last == "Sources" { return components.joined(separator: "/") }
+        }
+        return FileManager.default.currentDirectoryPath
     }
 }
 

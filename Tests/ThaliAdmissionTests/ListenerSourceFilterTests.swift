@@ -2,6 +2,7 @@ import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
 import Testing
+import ThaliTestSupport
 @testable import ThaliAdmission
 
 /// The kernel filter on a real listening socket (Linux, loopback): a source the gate refused for its rate
@@ -55,24 +56,6 @@ struct ListenerSourceFilterTests {
         func nextUpdate() async -> [String]? {
             var iterator = updates.makeAsyncIterator()
             return await iterator.next()
-        }
-    }
-
-    private enum Outcome: Equatable { case connected, timedOut, failed(String) }
-
-    /// Connects from `source` to `host:port`, waiting at most `timeout`, and closes at once.
-    private func connect(from source: String, to host: String, port: Int, timeout: TimeAmount = .milliseconds(400)) async -> Outcome {
-        do {
-            let channel = try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
-                .bind(to: try SocketAddress(ipAddress: source, port: 0))
-                .connectTimeout(timeout)
-                .connect(host: host, port: port).get()
-            try? await channel.close()
-            return .connected
-        } catch ChannelError.connectTimeout {
-            return .timedOut
-        } catch {
-            return .failed("\(error)")
         }
     }
 

@@ -4,31 +4,10 @@ import Logging
 import NIOCore
 import NIOPosix
 import ThaliBeacons
+// The helpers the tests here share with the CLI's tests (TemporaryHome, TestPeople, quietLogger, ...) live in
+// ThaliTestSupport; re-exported here so that every file of this target sees them.
+@_exported import ThaliTestSupport
 @testable import ThaliNodeCore
-
-/// A fresh data directory under the system's temporary directory, removed when the value is released.
-final class TemporaryHome: @unchecked Sendable {
-    let home: NodeHome
-
-    init(_ label: String = "node") {
-        let path = FileManager.default.temporaryDirectory
-            .appendingPathComponent("thali-node-test-\(label)-\(getpid())-\(UUID().uuidString.prefix(8))").path
-        home = NodeHome(path: path)
-    }
-
-    deinit { try? FileManager.default.removeItem(atPath: home.path) }
-}
-
-/// The compressed hex public key of a fresh identity, for contacts in tests.
-func randomPublicKey() -> String {
-    PrivateKey().publicKey.hexString(compressed: true)
-}
-
-/// Random bytes (seeded generator not needed: tests compare digests, not values).
-func randomBytes(_ count: Int) -> [UInt8] {
-    var generator = SystemRandomNumberGenerator()
-    return (0..<count).map { _ in UInt8.random(in: 0...255, using: &generator) }
-}
 
 /// Two nodes that know each other: `alice` sends to `bob`.
 final class NodePair: @unchecked Sendable {
@@ -148,6 +127,3 @@ final class EventLog: @unchecked Sendable {
     var handler: DeliveryEventHandler { { event in self.lock.withLock { self.storage.append(event) } } }
     var events: [DeliveryEvent] { lock.withLock { storage } }
 }
-
-/// Sessions in tests log nothing (hundreds of sessions run); the events carry what the tests check.
-let quietLogger = Logger(label: "thali.test") { _ in SwiftLogNoOpLogHandler() }

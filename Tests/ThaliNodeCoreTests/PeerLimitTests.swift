@@ -66,7 +66,7 @@ struct PeerLimitTests {
 struct PeerRetryAttackTests {
     @Test("a copy of a contact's announcement served where no one holds its PSK ends after one unknown_psk_identity, not six")
     func unknownIdentityStopsRetrying() async throws {
-        let people = try TestPeople(["alice", "bob"], label: "unknown-identity")
+        let people = try TestPeople(["alice", "bob", "carol"], label: "unknown-identity")
         let ssdpPort = randomSSDPPort()
         // The attacker re-serves a copy of Alice's announcement for Bob from its own port, which speaks
         // PSK-TLS but holds no PSK: every handshake ends in unknown_psk_identity.
@@ -77,26 +77,33 @@ struct PeerRetryAttackTests {
             }
         }
         let attackerLocation = attacker.location
+        // Under the same retry policy, a failure worth retrying: a copy of Carol's announcement whose port
+        // closes every connection. Bob's retries to Carol show when those to Alice would have been made.
+        let closing = try await AnnouncementCopyHost(copying: people["carol"], for: people["bob"], ssdpPort: ssdpPort) { channel in
+            channel.close()
+        }
 
         let bob = try loopbackPeer(people["bob"], ssdpPort: ssdpPort) {
             $0.retry.initialDelay = .milliseconds(50)
             $0.retry.maxDelay = .milliseconds(100)
+            $0.retry.restAfterMaxAttempts = .milliseconds(100)
         }
         let events = bob.events()
         try await bob.start()
         var attempts = 0
         var failure: (reason: PeerConnectionError, retryIn: Duration?)?
+        var carolAttemptsSinceAliceFailed = 0
         for await event in events {
             if case .connecting("alice", attackerLocation, _) = event { attempts += 1 }
-            if case .connectionFailed("alice", let reason, let retryIn) = event {
-                failure = (reason, retryIn)
-                break
-            }
+            if case .connectionFailed("alice", let reason, let retryIn) = event { failure = (reason, retryIn) }
+            if case .connecting("carol", _, _) = event, failure != nil { carolAttemptsSinceAliceFailed += 1 }
+            // More than a round of retries to Carol (the policy's six attempts, then its rest) after Alice's
+            // failure: a retry to Alice, due at most `maxDelay` (100 ms) after it, would have been made by now.
+            if carolAttemptsSinceAliceFailed > 6 { break }
         }
-        // Time for retries that must not happen (the policy would allow five more within ~0.5 s).
-        try await Task.sleep(for: .seconds(1))
         await bob.stop()
         await attacker.stop()
+        await closing.stop()
         var rest: [PeerEvent] = []
         for await event in events { rest.append(event) }
         let failed = try #require(failure)
@@ -104,7 +111,7 @@ struct PeerRetryAttackTests {
         #expect(failed.reason.description.contains("unknown_psk_identity"))
         #expect(failed.retryIn == nil, "no retry after unknown_psk_identity")
         #expect(attempts == 1)
-        #expect(!rest.contains { if case .connecting = $0 { true } else { false } })
+        #expect(!rest.contains { if case .connecting("alice", _, _) = $0 { true } else { false } })
     }
 }
 

@@ -3,6 +3,7 @@ import NIOPosix
 import Testing
 import ThaliAdmission
 import ThaliPSKTLS
+import ThaliTestSupport
 
 // Nested in the serialized PSKTLSTests: its leak checks count live OpenSSL objects process-wide, so a
 // suite that makes contexts and connections must not run beside them.
@@ -12,24 +13,6 @@ extension PSKTLSTests {
     @Suite("PSKTLSServer kernel source filter", .serialized)
     struct PSKTLSServerSourceFilterTests {
         private static let lookup: PSKLookup = { $0 == Fixtures.identity192 ? Fixtures.psk : nil }
-
-        private enum Outcome: Equatable { case connected, timedOut, failed(String) }
-
-        /// A TCP connect from `source`, closed at once.
-        private func connect(from source: String, port: Int) async -> Outcome {
-            do {
-                let channel = try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
-                    .bind(to: try SocketAddress(ipAddress: source, port: 0))
-                    .connectTimeout(.milliseconds(400))
-                    .connect(host: "127.0.0.1", port: port).get()
-                try? await channel.close()
-                return .connected
-            } catch ChannelError.connectTimeout {
-                return .timedOut
-            } catch {
-                return .failed("\(error)")
-            }
-        }
 
         @Test("a source over its rate is refused once after its accept, then the kernel drops it; a contact's handshake still completes")
         func refusedSourceNeverReachesTheServer() async throws {

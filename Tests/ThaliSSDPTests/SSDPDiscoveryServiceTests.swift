@@ -283,7 +283,13 @@ struct SSDPDiscoveryServiceTests {
             try await attacker.send(aliveText(port: port, location: "http://127.0.0.61:\(try closedTCPPort())/"))
         }
         try await eventually(timeout: .seconds(3), "the host ignored") { await bob.counters().sourcesIgnoredForFetchFailures == 1 }
-        try await Task.sleep(for: .milliseconds(300))
+        // Every one of the eight locations is settled (its fetch failed, was skipped, or its datagram or
+        // peer refused), so a fetch made after the host was ignored would be counted by now.
+        try await eventually(timeout: .seconds(5), "all eight locations settled") {
+            let counters = await bob.counters()
+            return counters.beaconFetchesFailed + counters.fetchesSkippedForIgnoredSources + counters.datagramsFromIgnoredSources
+                + counters.peersRejectedPerSource >= 8
+        }
         let counters = await bob.counters()
         #expect(!(await bob.isAnnouncingPaused()))
         #expect(counters.unicastFailurePauses == 0)
@@ -390,7 +396,7 @@ struct SSDPDiscoveryServiceTests {
         var configuration = loopbackConfiguration(port: port)
         configuration.limits.unicastFailureThreshold = 3
         configuration.limits.unicastFailureMinimumSpan = .milliseconds(1500)
-        configuration.limits.unicastFailurePause = .seconds(30)
+        configuration.limits.unicastFailurePause = .seconds(2)
         configuration.limits.failedFetchRetryDelay = .milliseconds(300)
         configuration.limits.sourceFetchFailureThreshold = 100  // keep fetching them
         configuration.client.maxAttempts = 1
@@ -419,16 +425,20 @@ struct SSDPDiscoveryServiceTests {
         defer { alives.cancel() }
         // Failing on, with no success, past the span: unicast is blocked.
         try await bobEvents.wait(timeout: .seconds(10), "unicast failure") { $0 == .limitTriggered(.unicastFailure) }
+        let pauseSeen = ContinuousClock.now
         alives.cancel()
         #expect(await bob.isAnnouncingPaused())
         let counters = await bob.counters()
         #expect(counters.unicastFailurePauses == 1 && counters.beaconFetchesFailed > 3)
         #expect(counters.beaconFetchFailuresByKind[.noConnection] == counters.beaconFetchesFailed, "\(counters)")
-        // The pause withdrew our USN, and no alive goes out during it.
+        // The pause withdrew our USN, and no alive goes out during it: the next one (alives are due every
+        // 200 ms) is the one that resumes announcing when the 2 s pause ends.
         let before = counters.alivesSent
         #expect(counters.byebyesSent == 1)
-        try await Task.sleep(for: .milliseconds(600))
-        #expect(await bob.counters().alivesSent == before)
+        try await eventually(timeout: .seconds(10), "announcing resumed") { await bob.counters().alivesSent > before }
+        let quiet = ContinuousClock.now - pauseSeen
+        #expect(quiet >= .seconds(1), "the first alive came \(quiet) after the pause began")
+        #expect(!(await bob.isAnnouncingPaused()))
         await bob.stop()
     }
 
@@ -535,14 +545,19 @@ struct SSDPDiscoveryServiceTests {
     @Test func backgroundModeSlowsTheAlivesAndForegroundRestoresThem() async throws {
         var configuration = loopbackConfiguration(port: try freeUDPPort())
         configuration.foregroundAliveInterval = .milliseconds(100)
-        configuration.backgroundAliveInterval = .seconds(30)
+        configuration.backgroundAliveInterval = .seconds(1)
         let peer = SSDPDiscoveryService(configuration: configuration, group: group)
         try await peer.start(advertising: [1])
         try await eventually("foreground alives") { await peer.counters().alivesSent >= 4 }
+        let switched = ContinuousClock.now
         await peer.setBackground(true)
         let quiet = await peer.counters().alivesSent
-        try await Task.sleep(for: .milliseconds(500))
-        #expect(await peer.counters().alivesSent == quiet)
+        // The next alive is the background one, a background interval after the switch: none at the
+        // foreground rate (ten would be due by then) came before it.
+        try await eventually("a background alive") { await peer.counters().alivesSent > quiet }
+        let gap = ContinuousClock.now - switched
+        #expect(gap >= .seconds(1), "the first alive came \(gap) after the switch")
+        #expect(await peer.counters().alivesSent == quiet + 1)
         await peer.setBackground(false)
         try await eventually("foreground again") { await peer.counters().alivesSent >= quiet + 3 }
         await peer.stop()

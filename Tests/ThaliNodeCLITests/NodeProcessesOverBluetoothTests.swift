@@ -40,7 +40,7 @@ private final class MockAir: Sendable {
             let registered = try await mock.calls(path, "RegisterAdvertisement").count
             let unregistered = try await mock.calls(path, "UnregisterAdvertisement").count
             guard registered > unregistered else { continue }
-            let address = try await PeerOverBluetoothTests.address(of: advertiser, mock: mock)
+            let address = try await mock.address(of: advertiser)
             for scanner in adapters where scanner != advertiser {
                 let key = "\(scanner) \(advertiser)"
                 var device = devices.withLockedValue { $0[key] }
@@ -76,20 +76,13 @@ struct NodeProcessesOverBluetoothTests {
         air.start()
         defer { air.stop() }
 
-        let names = ["alice", "bob", "carol"]
-        let people = try names.map { try PeerOverBluetoothTests.person($0) }
-        defer { for person in people { try? FileManager.default.removeItem(atPath: person.directory) } }
-        for person in people {
-            for other in people where other.name != person.name {
-                try person.store.addContact(name: other.name, publicKey: other.key.publicKey.hexString(compressed: true))
-            }
-        }
+        let people = try TestPeople(["alice", "bob", "carol"], label: "bt-nodes").people
         let (alice, bob, carol) = (people[0], people[1], people[2])
         let expiry = Date().addingTimeInterval(600)
         // About 3 s at the throttle below, so the kill lands mid-transfer.
         let fileSize = 1_000_000, throttle = 300_000
         let file = Data((0..<fileSize).map { _ in UInt8.random(in: 0...255) })
-        let filePath = alice.directory + "/photo.jpg"
+        let filePath = alice.home.path + "/photo.jpg"
         try file.write(to: URL(fileURLWithPath: filePath))
         var expected: [String: Set<UUID>] = ["alice": [], "bob": [], "carol": []]
         var files: [UUID: Data] = [:]
@@ -98,7 +91,7 @@ struct NodeProcessesOverBluetoothTests {
         for (from, to) in [(alice, bob), (bob, alice)] {
             expected[to.name]!.insert(try from.store.enqueueText("\(from.name) to \(to.name)", to: to.name, expiresAt: expiry).id)
             let content = Data((0..<fileSize).map { _ in UInt8.random(in: 0...255) })
-            let path = from.directory + "/report.pdf"
+            let path = from.home.path + "/report.pdf"
             try content.write(to: URL(fileURLWithPath: path))
             let item = try from.store.enqueueFile(at: path, to: to.name, expiresAt: expiry)
             expected[to.name]!.insert(item.id)
@@ -118,7 +111,7 @@ struct NodeProcessesOverBluetoothTests {
             let bindings = wifi ? ["--address", "127.0.0.1", "--ssdp-port", ssdpPort, "--bluetooth", "--adapter", adapters[index]]
                 : ["--bluetooth", adapters[index], "--no-wifi"]
             return try RunningPeer(label, executable, [
-                "run", "--home", people[index].directory, "--json", "--max-age", "5", "--throttle", String(throttle),
+                "run", "--home", people[index].home.path, "--json", "--max-age", "5", "--throttle", String(throttle),
             ] + bindings, environment: environment)
         }
         let alicePeer = try start(0, wifi: true, label: "alice")
@@ -209,8 +202,8 @@ struct NodeProcessesOverBluetoothTests {
         let air = MockAir(mock: mock, adapters: adapters)
         air.start()
         defer { air.stop() }
-        let (alice, bob) = try PeerOverBluetoothTests.contacts()
-        defer { for person in [alice, bob] { try? FileManager.default.removeItem(atPath: person.directory) } }
+        let pair = try TestPeople(["alice", "bob"], label: "bt-nonet")
+        let (alice, bob) = (try pair["alice"], try pair["bob"])
         let expiry = Date().addingTimeInterval(600)
         let toBob = try alice.store.enqueueText("alice to bob, no network", to: "bob", expiresAt: expiry).id
         let toAlice = try bob.store.enqueueText("bob to alice, no network", to: "alice", expiresAt: expiry).id
@@ -219,7 +212,7 @@ struct NodeProcessesOverBluetoothTests {
         // both nodes share this one, as two devices share the air.
         let environment = ["DBUS_SYSTEM_BUS_ADDRESS": mock.busAddress, "THALI_BLUETOOTH_STANDIN": "nonet-\(getpid())"]
         let peers = try [(alice, "hci0"), (bob, "hci1")].map { person, adapter in
-            try RunningPeer(person.name, ip, ["netns", "exec", namespace, executable, "run", "--home", person.directory, "--json",
+            try RunningPeer(person.name, ip, ["netns", "exec", namespace, executable, "run", "--home", person.home.path, "--json",
                                              "--bluetooth", adapter], environment: environment)
         }
         for peer in peers {

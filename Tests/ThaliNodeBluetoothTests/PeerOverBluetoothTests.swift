@@ -68,16 +68,9 @@ import ThaliTestSupport
         return (alice, bob)
     }
 
-    /// The address BlueZ reports for `adapter`.
-    static func address(of adapter: String, mock: BlueZMock) async throws -> BluetoothAddress {
-        let reply = try await mock.bluez("/org/bluez/\(adapter)", "org.freedesktop.DBus.Properties", "Get",
-                                         [.string("org.bluez.Adapter1"), .string("Address")])
-        return try #require(reply.first?.unwrapped.string.flatMap { BluetoothAddress($0) })
-    }
-
     /// Plays the air: `advertiser`'s advertisement, as registered, reaches `scanner`'s adapter.
     static func carry(advertiser: String, to scanner: String, mock: BlueZMock) async throws {
-        let address = try await address(of: advertiser, mock: mock)
+        let address = try await mock.address(of: advertiser)
         let device = try await mock.addDevice(address.description, adapter: scanner)
         try await mock.updateProperties(device, interface: "org.bluez.Device1", [
             ("ServiceData", serviceData(ThaliAdvertisement.serviceUUIDString,
@@ -257,7 +250,7 @@ import ThaliTestSupport
         #expect(try alice.store.inbox().compactMap(\.text).sorted() == ["bob to alice", "carol to alice"])
         #expect(try carol.store.outbox().isEmpty)
         #expect(try bob.store.outbox().map(\.text) == ["bob to dave"])
-        let (bobAddress, carolAddress) = (try await Self.address(of: "hci1", mock: mock), try await Self.address(of: "hci2", mock: mock))
+        let (bobAddress, carolAddress) = (try await mock.address(of: "hci1"), try await mock.address(of: "hci2"))
         #expect(Set(appeared.withLockedValue { $0 }) == [.bluetooth(bobAddress), .bluetooth(carolAddress)])
     }
 

@@ -1,33 +1,32 @@
 import Foundation
 import Testing
-import ThaliTestSupport
-@testable import ThaliBLEBinding
+import ThaliBLEBinding
 
 /// A private `dbus-daemon` with python-dbusmock's `bluez5` template on it: a stand-in for bluetoothd
 /// that speaks the real BlueZ D-Bus API. Nothing touches the machine's own buses.
-final class BlueZMock: @unchecked Sendable {
-    let directory: String
-    let busAddress: String
-    let daemon: ChildProcess
-    var mock: ChildProcess?
-    let python: String
+public final class BlueZMock: @unchecked Sendable {
+    public let directory: String
+    public let busAddress: String
+    public let daemon: ChildProcess
+    public var mock: ChildProcess?
+    public let python: String
     /// The test's own connection, used to drive the mock (add adapters and devices, read call logs).
-    let control: DBusClient
+    public let control: DBusClient
 
     /// Whether the peers these tests need are installed: `dbus-daemon` and the test venv with
     /// python-dbusmock (`scripts/bootstrap.sh --test`). Under `scripts/test.sh`/CI they must be.
-    static var peersPresent: Bool {
+    public static var peersPresent: Bool {
         TestEnvironment.available(
             ChildProcess.which("dbus-daemon") != nil
                 && ChildProcess.testVenvPython(packageRoot: PackagePaths.root()) != nil)
     }
 
-    struct Unavailable: Error, CustomStringConvertible {
-        let description: String
+    public struct Unavailable: Error, CustomStringConvertible {
+        public let description: String
     }
 
     /// Starts the bus and, if `startBlueZ`, the mock bluetoothd.
-    init(startBlueZ: Bool = true) async throws {
+    public init(startBlueZ: Bool = true) async throws {
         let root = PackagePaths.root()
         self.python = try #require(ChildProcess.testVenvPython(packageRoot: root), "no test venv: run scripts/bootstrap.sh --test")
         directory = NSTemporaryDirectory() + "thali-ble-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
@@ -51,7 +50,7 @@ final class BlueZMock: @unchecked Sendable {
     }
 
     /// Starts (or restarts) the mock bluetoothd and waits until it owns `org.bluez`.
-    func startMock() async throws {
+    public func startMock() async throws {
         mock = try ChildProcess(python, ["-m", "dbusmock", "--system", "--template", "bluez5"],
                                 environment: ["DBUS_SYSTEM_BUS_ADDRESS": busAddress])
         let deadline = ContinuousClock.now + .seconds(15)
@@ -66,33 +65,40 @@ final class BlueZMock: @unchecked Sendable {
     }
 
     /// Kills the mock bluetoothd (as if it crashed).
-    func killMock() {
+    public func killMock() {
         mock?.terminate(signal: SIGKILL)
         mock = nil
     }
 
     // MARK: Driving the mock
 
-    func bluez(_ path: String, _ interface: String, _ member: String, _ arguments: [DBusValue] = []) async throws -> [DBusValue] {
+    public func bluez(_ path: String, _ interface: String, _ member: String, _ arguments: [DBusValue] = []) async throws -> [DBusValue] {
         try await control.call(destination: "org.bluez", path: path, interface: interface, member: member, arguments: arguments)
     }
 
     @discardableResult
-    func addAdapter(_ name: String = "hci0") async throws -> String {
+    public func addAdapter(_ name: String = "hci0") async throws -> String {
         try await bluez("/", "org.bluez.Mock", "AddAdapter", [.string(name), .string("thali-test")]).first?.string ?? ""
     }
 
     @discardableResult
-    func addDevice(_ address: String, adapter: String = "hci0") async throws -> String {
+    public func addDevice(_ address: String, adapter: String = "hci0") async throws -> String {
         try await bluez("/", "org.bluez.Mock", "AddDevice", [.string(adapter), .string(address), .string("peer")]).first?.string ?? ""
     }
 
-    func updateProperties(_ path: String, interface: String, _ properties: [(String, DBusValue)]) async throws {
+    public func updateProperties(_ path: String, interface: String, _ properties: [(String, DBusValue)]) async throws {
         _ = try await bluez(path, "org.freedesktop.DBus.Mock", "UpdateProperties", [.string(interface), .properties(properties)])
     }
 
+    /// The address BlueZ reports for `adapter`.
+    public func address(of adapter: String) async throws -> BluetoothAddress {
+        let reply = try await bluez("/org/bluez/\(adapter)", "org.freedesktop.DBus.Properties", "Get",
+                                    [.string("org.bluez.Adapter1"), .string("Address")])
+        return try #require(reply.first?.unwrapped.string.flatMap { BluetoothAddress($0) })
+    }
+
     /// The arguments of every logged call of `method` on `path`.
-    func calls(_ path: String, _ method: String) async throws -> [[DBusValue]] {
+    public func calls(_ path: String, _ method: String) async throws -> [[DBusValue]] {
         let reply = try await bluez(path, "org.freedesktop.DBus.Mock", "GetMethodCalls", [.string(method)])
         guard case .array(_, let calls)? = reply.first else { return [] }
         return calls.compactMap { call in
@@ -103,7 +109,7 @@ final class BlueZMock: @unchecked Sendable {
 
     /// Runs a Python snippet (with `dbus` imported, `bus` connected to the private bus, and `argv`) and
     /// returns its standard output.
-    func python(_ script: String, _ arguments: [String]) async throws -> String {
+    public func python(_ script: String, _ arguments: [String]) async throws -> String {
         let prelude = "import sys, dbus, socket\nbus = dbus.bus.BusConnection(sys.argv[1])\nargv = sys.argv[2:]\n"
         let child = try ChildProcess(python, ["-c", prelude + script, busAddress] + arguments)
         let status = try await child.waitForExit(timeout: .seconds(20))
@@ -113,11 +119,11 @@ final class BlueZMock: @unchecked Sendable {
 }
 
 /// Service data as BlueZ reports it: `a{sv}` of UUID → `ay`.
-func serviceData(_ uuid: String, _ bytes: [UInt8]) -> DBusValue {
+public func serviceData(_ uuid: String, _ bytes: [UInt8]) -> DBusValue {
     .dictionary(keySignature: "s", valueSignature: "v", [DBusDictionaryEntry(key: .string(uuid), value: .variant(.bytes(bytes)))])
 }
 
 /// Manufacturer data as BlueZ reports it: `a{qv}` of company → `ay`.
-func manufacturerData(_ company: UInt16, _ bytes: [UInt8]) -> DBusValue {
+public func manufacturerData(_ company: UInt16, _ bytes: [UInt8]) -> DBusValue {
     .dictionary(keySignature: "q", valueSignature: "v", [DBusDictionaryEntry(key: .uint16(company), value: .variant(.bytes(bytes)))])
 }
