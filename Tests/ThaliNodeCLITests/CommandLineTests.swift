@@ -1,7 +1,12 @@
 import Foundation
 import Testing
-import ThaliTestSupport
+// The helpers these tests share with the library's (TemporaryHome, TestPeople, BlueZMock, ...) live in
+// ThaliTestSupport; re-exported here so that every file of this target sees them.
+@_exported import ThaliTestSupport
 @testable import ThaliNodeCore
+
+/// The `thali-node` built beside this test bundle.
+var thaliNodeExecutable: String { CommandLineTests.executable }
 
 /// Runs the built `thali-node` executable as a separate process, the way a user does.
 @Suite("thali-node command line")

@@ -1,14 +1,8 @@
-import Foundation
-import NIOCore
-import NIOPosix
-import Testing
-import ThaliBeacons
-import ThaliSSDP
-@testable import ThaliNodeCore
+import ThaliNodeCore
 
 /// A quiet `ThaliPeer` for `person`, pinned to 127.0.0.1 with `ssdpPort`; `configure` adjusts the rest.
-func loopbackPeer(_ person: TestPeople.Person, ssdpPort: Int,
-                  _ configure: (inout PeerConfiguration) -> Void = { _ in }) throws -> ThaliPeer {
+public func loopbackPeer(_ person: TestPeople.Person, ssdpPort: Int,
+                         _ configure: (inout PeerConfiguration) -> Void = { _ in }) throws -> ThaliPeer {
     var configuration = PeerConfiguration(interfaceAddress: "127.0.0.1")
     configuration.ssdpPort = ssdpPort
     configure(&configuration)
