@@ -1,6 +1,7 @@
 import Crypto
 import Foundation
 import Logging
+import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
 import ThaliMutants
@@ -75,23 +76,30 @@ public struct DeliverySender: Sendable {
     /// nor the next item needs to wait for it.
     private func runClaimed(on channel: DeliveryChannel.AsyncFrames) async throws -> Summary {
         let store = self.store
+        let setAside = NIOLockedValueBox<[String]>([])
+        let removeSetAside = {
+            let copies = setAside.withLockedValue { $0 }
+            if !copies.isEmpty { _ = try? await blocking { store.removeSetAsideCopies(copies) } }
+        }
         do {
-            let summary = try await exchange(on: channel)
-            _ = try? await blocking { store.removeDeliveredCopies() }
+            let summary = try await exchange(on: channel, settingAsideCopiesIn: setAside)
+            await removeSetAside()
             return summary
         } catch {
-            _ = try? await blocking { store.removeDeliveredCopies() }
+            await removeSetAside()
             throw error
         }
     }
 
-    /// The frames of the session, from `hello` until the stream closes.
-    private func exchange(on channel: DeliveryChannel.AsyncFrames) async throws -> Summary {
+    /// The frames of the session, from `hello` until the stream closes. Paths of the delivered files'
+    /// copies, set aside at each `ack`, are added to `setAside`.
+    private func exchange(on channel: DeliveryChannel.AsyncFrames,
+                          settingAsideCopiesIn setAside: NIOLockedValueBox<[String]>) async throws -> Summary {
         let eventLoop = channel.channel.eventLoop
         return try await channel.executeThenClose { inbound, outbound in
             var machine = DeliverySenderStateMachine()
             do {
-                return try await session(inbound.makeAsyncIterator(), outbound, &machine, eventLoop)
+                return try await session(inbound.makeAsyncIterator(), outbound, &machine, setAside, eventLoop)
             } catch let error as DeliveryProtocolError {
                 // A receiver that welcomed us hears why the session ends (it cannot see our side's reason).
                 if machine.receiverHearsErrors, !Mutant.deliveryEndsWithoutError.isActive, let report = DeliveryFrame.error(reporting: error) {
@@ -105,7 +113,8 @@ public struct DeliverySender: Sendable {
     /// The frames of one session, after the claim.
     private func session(_ frames: NIOAsyncChannelInboundStream<DeliveryFrame>.AsyncIterator,
                          _ outbound: NIOAsyncChannelOutboundWriter<DeliveryFrame>,
-                         _ machine: inout DeliverySenderStateMachine, _ eventLoop: any EventLoop) async throws -> Summary {
+                         _ machine: inout DeliverySenderStateMachine, _ setAside: NIOLockedValueBox<[String]>,
+                         _ eventLoop: any EventLoop) async throws -> Summary {
         let store = self.store, peer = self.peer, now = self.now
         var frames = frames
         var summary = Summary()
@@ -175,7 +184,8 @@ public struct DeliverySender: Sendable {
                 case .delivered(let offer, let alreadyStored):
                     // Its copy is deleted after the session (``runClaimed(on:)``), not before the next item.
                     if !alreadyStored || !Mutant.deliveryKeepsCompleted.isActive {
-                        try await blocking { try store.markDeliveredSettingAsideCopies([offer.id]) }
+                        let copies = try await blocking { try store.markDeliveredSettingAsideCopies([offer.id]) }
+                        setAside.withLockedValue { $0 += copies }
                     }
                     if alreadyStored { summary.alreadyStored.append(offer.id) } else { summary.delivered.append(offer.id) }
                     logger.info("delivered", metadata: ["item": "\(offer.id)", "alreadyStored": "\(alreadyStored)"])

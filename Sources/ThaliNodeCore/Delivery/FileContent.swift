@@ -72,7 +72,27 @@ enum FileContent {
         }
         if FileManager.default.fileExists(atPath: destination) { try FileManager.default.removeItem(atPath: destination) }
         try FileManager.default.moveItem(atPath: temporary, toPath: destination)
+        try syncDirectory(containing: destination)
         return (size, Array(hasher.finalize()))
+    }
+
+    /// Makes the entries of the directory holding `path` durable (`fsync` on the directory). A file's
+    /// own `fsync` does not cover its name: after a rename into place, a power loss can take the new name
+    /// back while a row committed later points at it. Throws ``NodeError/dataDirectoryUnusable(path:reason:)``.
+    static func syncDirectory(containing path: String) throws {
+        try syncDirectory(URL(fileURLWithPath: path).deletingLastPathComponent().path)
+    }
+
+    /// `fsync` on the directory `directory` itself, so the names created, renamed or removed in it are on disk.
+    static func syncDirectory(_ directory: String) throws {
+        let descriptor = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard descriptor >= 0 else {
+            throw NodeError.dataDirectoryUnusable(path: directory, reason: String(cString: strerror(errno)))
+        }
+        defer { close(descriptor) }
+        guard fsync(descriptor) == 0 else {
+            throw NodeError.dataDirectoryUnusable(path: directory, reason: String(cString: strerror(errno)))
+        }
     }
 
     /// Whether `path` names a descriptor of this process (`/dev/stdin`, `/dev/fd/N`, `/proc/self/fd/N`)

@@ -57,6 +57,7 @@ public final class NodeStore: Sendable {
             throw NodeError.storeUnavailable(path: home.databasePath, reason: SystemErrorText.describe(error))
         }
         home.makePrivate()
+        removeLeftoverDeliveredCopies()
     }
 
     /// The schema, one registered migration per version. Never edit a shipped migration; add one.
@@ -431,22 +432,32 @@ public final class NodeStore: Sendable {
     }
 
     /// Removes delivered items in one transaction and sets their file copies aside (renamed with
-    /// ``deliveredCopySuffix``, in the outbox) for ``removeDeliveredCopies()``: deleting a large file can
-    /// take long (a file system mounted with `discard` trims its blocks as it unlinks, 0.2 s for 256 MiB
-    /// here), and a delivery session need not wait for it. A copy set aside by a process that then dies
-    /// goes at the next ``removeDeliveredCopies()``.
-    public func markDeliveredSettingAsideCopies(_ ids: [UUID]) throws {
+    /// ``deliveredCopySuffix``, in the outbox), returning the set-aside paths for the caller to delete
+    /// later (``removeSetAsideCopies(_:)``): deleting a large file can take long (a file system mounted
+    /// with `discard` trims its blocks as it unlinks, 0.2 s for 256 MiB here), and a delivery session need
+    /// not wait for it. A copy set aside by a process that then dies goes when the store is next opened.
+    @discardableResult
+    public func markDeliveredSettingAsideCopies(_ ids: [UUID]) throws -> [String] {
         // rename, not FileManager's move: it replaces a copy of the same item set aside before.
-        for file in try deleteDelivered(ids) { _ = rename(file, file + Self.deliveredCopySuffix) }
+        try deleteDelivered(ids).compactMap { file in
+            rename(file, file + Self.deliveredCopySuffix) == 0 ? file + Self.deliveredCopySuffix : nil
+        }
     }
 
-    /// Deletes the file copies that ``markDeliveredSettingAsideCopies(_:)`` set aside; returns how many.
+    /// Deletes file copies that ``markDeliveredSettingAsideCopies(_:)`` set aside; returns how many.
     @discardableResult
-    public func removeDeliveredCopies() -> Int {
-        let names = (try? FileManager.default.contentsOfDirectory(atPath: home.outboxDirectory)) ?? []
-        return names.filter { $0.hasSuffix(Self.deliveredCopySuffix) }.reduce(0) { removed, name in
-            removed + ((try? FileManager.default.removeItem(atPath: home.outboxDirectory + "/" + name)) != nil ? 1 : 0)
+    public func removeSetAsideCopies(_ paths: [String]) -> Int {
+        paths.reduce(0) { removed, path in
+            removed + ((try? FileManager.default.removeItem(atPath: path)) != nil ? 1 : 0)
         }
+    }
+
+    /// Deletes every set-aside copy in the outbox (those a process left when it died before deleting
+    /// them); the store does this once when it opens. Returns how many.
+    @discardableResult
+    func removeLeftoverDeliveredCopies() -> Int {
+        let names = (try? FileManager.default.contentsOfDirectory(atPath: home.outboxDirectory)) ?? []
+        return removeSetAsideCopies(names.filter { $0.hasSuffix(Self.deliveredCopySuffix) }.map { home.outboxDirectory + "/" + $0 })
     }
 
     /// The suffix of a delivered item's file copy set aside for removal.
@@ -558,6 +569,11 @@ public final class NodeStore: Sendable {
                                                             attributes: [.posixPermissions: NodeHome.directoryMode])
                     if FileManager.default.fileExists(atPath: destination) { try FileManager.default.removeItem(atPath: destination) }
                     try FileManager.default.moveItem(atPath: partial, toPath: destination)
+                    // The file's name and its directory's, durable before the row that points at them.
+                    try FileContent.syncDirectory(directory)
+                    try FileContent.syncDirectory(home.inboxDirectory)
+                } catch let error as NodeError {
+                    throw error
                 } catch {
                     throw NodeError.dataDirectoryUnusable(path: directory, reason: SystemErrorText.describe(error))
                 }
