@@ -68,6 +68,60 @@ struct UnicastFailureSpanTests {
         await bob.stop()
     }
 
+    /// Oversubscription is not blocked unicast: a peer whose own event loop stops for a while (a crowd on a
+    /// few cores) fails its connects for that reason. Its housekeeping tick runs late then, and a streak in
+    /// which it ran `unicastFailureStarvedLoopLag` late starts over instead of pausing announcing.
+    @Test("failures while this peer's own event loop runs late start over instead of pausing announcing")
+    func starvedLoopDoesNotPause() async throws {
+        let loops = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+        let port = try freeUDPPort()
+        var configuration = loopbackConfiguration(port: port)
+        configuration.housekeepingInterval = .milliseconds(50)
+        configuration.limits.unicastFailureThreshold = 3
+        configuration.limits.unicastFailureMinimumSpan = .milliseconds(400)
+        configuration.limits.unicastFailureStarvedLoopLag = .milliseconds(150)
+        configuration.limits.failedFetchRetryDelay = .milliseconds(100)
+        configuration.limits.maxFailedFetchRetryDelay = .milliseconds(100)
+        configuration.limits.sourceFetchFailureThreshold = 1000  // keep fetching them
+        configuration.client.maxAttempts = 1
+        let bob = SSDPDiscoveryService(configuration: configuration, group: loops)
+        let bobEvents = EventLog(bob)
+        try await bob.start(advertising: [1])
+
+        var hosts: [(RawSSDPSocket, String)] = []
+        for index in 0..<3 {
+            let raw = try await RawSSDPSocket(host: "127.0.0.\(66 + index)", groupPort: port)
+            hosts.append((raw, aliveText(port: port, location: "http://127.0.0.\(66 + index):\(try closedTCPPort())/")))
+        }
+        let alives = Task {
+            while !Task.isCancelled {
+                for (raw, alive) in hosts { try? await raw.send(alive) }
+                try? await Task.sleep(for: .milliseconds(50))
+            }
+        }
+        defer { alives.cancel() }
+        // Bob's loop stops for 200 ms out of every 300, as a starved peer's does.
+        let stalls = Task {
+            while !Task.isCancelled {
+                bob.eventLoop.execute { usleep(200_000) }
+                try? await Task.sleep(for: .milliseconds(300))
+            }
+        }
+        try await eventually(timeout: .seconds(20), "two streaks read as starvation") {
+            await bob.counters().unicastFailureStreaksStarved >= 2
+        }
+        #expect(!bobEvents.events.contains(.limitTriggered(.unicastFailure)), "\(bobEvents.events)")
+        #expect(await bob.counters().unicastFailurePauses == 0)
+        #expect(await bob.counters().worstLoopLagMilliseconds >= 150)
+        stalls.cancel()
+        _ = await stalls.value
+        // Running on time again, the same failures are blocked unicast: announcing pauses.
+        try await bobEvents.wait(timeout: .seconds(15), "unicast failure") { $0 == .limitTriggered(.unicastFailure) }
+        #expect(await bob.counters().unicastFailurePauses == 1)
+        await bob.stop()
+        try await loops.shutdownGracefully()
+    }
+
     @Test("a negative span once unicast worked is refused as configuration")
     func negativeSpanIsRefused() async throws {
         var configuration = loopbackConfiguration(port: try freeUDPPort())

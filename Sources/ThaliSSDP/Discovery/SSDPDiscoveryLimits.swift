@@ -70,6 +70,14 @@ public struct SSDPDiscoveryLimits: Sendable {
     /// it has read our beacons; 500 honest peers on 2 loaded cores drove some peers past 20 s (spec/ssdp.md
     /// 7.1). Default 120 s; never shorter than `unicastFailureMinimumSpan` in effect.
     public var unicastFailureMinimumSpanOnceWorked: TimeAmount = .seconds(120)
+    /// How late this peer's own event loop may run during a failure streak before the streak is read as
+    /// this device's starvation rather than blocked unicast. Lateness is measured for free on the
+    /// housekeeping tick (every `housekeepingInterval`): a loop that runs that tick this much later than
+    /// due was not running at all, and the connects and fetches it had in flight failed for that reason.
+    /// A streak in which the loop ran this late starts over instead of pausing announcing: blocked unicast
+    /// fails on a device that keeps time, oversubscription fails on one that does not. Default 250 ms
+    /// (a loop a few milliseconds late is the normal case); zero turns the check off.
+    public var unicastFailureStarvedLoopLag: TimeAmount = .milliseconds(250)
     /// How long announcements pause when unicast to many sources fails, and how long a source whose
     /// fetches keep failing is ignored.
     public var unicastFailurePause: TimeAmount = .seconds(60)
@@ -166,6 +174,12 @@ public struct SSDPDiscoveryCounters: Hashable, Sendable {
     public var beaconFetchesFailed = 0
     /// Times announcing paused because every unicast to discovered peers failed.
     public var unicastFailurePauses = 0
+    /// Failure streaks long enough for the `unicastFailure` last resort that started over instead, because
+    /// this peer's own event loop ran late by `unicastFailureStarvedLoopLag` or more during them.
+    public var unicastFailureStreaksStarved = 0
+    /// The latest this peer's event loop has run its housekeeping tick, beyond `housekeepingInterval`,
+    /// in milliseconds: how starved of CPU the peer has been.
+    public var worstLoopLagMilliseconds = 0
     /// Failed beacon fetches by kind, not-made ones included (a busy answer is none).
     public var beaconFetchFailuresByKind: [BeaconFetchFailure.Kind: Int] = [:]
     /// Datagrams dropped unread because their source was being ignored.

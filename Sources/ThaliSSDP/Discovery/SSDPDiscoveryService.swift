@@ -78,6 +78,11 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
     /// Peers that reached us over unicast when the first of `failingSources` failed
     /// (``inboundUnicastCount``): any since then proves that unicast works.
     private var inboundAtFailingSince = 0
+    /// Whether this peer's event loop ran late by `unicastFailureStarvedLoopLag` since the first of
+    /// `failingSources` failed: the streak shows our starvation, not blocked unicast.
+    private var loopStarvedDuringStreak = false
+    /// When the housekeeping tick last ran (the loop's lateness is measured between ticks).
+    private var lastHousekeeping: NIODeadline?
     /// Whether a fetch of ours succeeded in this run: unicast has worked here.
     private var anyFetchSucceeded = false
     /// Connections from peers that an app serving the beacons itself reported (``noteInboundUnicast()``).
@@ -719,9 +724,7 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
         let inbound = inboundUnicastCount
         // A peer reached us meanwhile: unicast works here, whatever our fetches meet. A new streak starts.
         if failingSince == nil || inbound != inboundAtFailingSince {
-            failingSources.removeAll()
-            failingSince = now
-            inboundAtFailingSince = inbound
+            startFailureStreak(at: now, inbound: inbound)
         }
         failingSources.insert(host)
         let limits = configuration.limits
@@ -729,11 +732,28 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
         let span = unicastHasWorked ? max(limits.unicastFailureMinimumSpan, limits.unicastFailureMinimumSpanOnceWorked)
                                     : limits.unicastFailureMinimumSpan
         guard let since = failingSince, failingSources.count >= limits.unicastFailureThreshold, now - since >= span else { return }
+        // Our own loop stopped for a while: the fetches failed because we were not running. Start over.
+        if loopStarvedDuringStreak {
+            counters.unicastFailureStreaksStarved += 1
+            logger.notice("SSDP unicast failures while this peer was starved of CPU: announcing goes on", metadata: [
+                "sources": "\(failingSources.count)", "worstLoopLagMs": "\(counters.worstLoopLagMilliseconds)",
+            ])
+            startFailureStreak(at: now, inbound: inbound)
+            failingSources.insert(host)
+            return
+        }
         failingSources.removeAll()
         failingSince = nil
         if pauseAnnouncing(for: configuration.limits.unicastFailurePause, kind: .unicastFailure) {
             counters.unicastFailurePauses += 1
         }
+    }
+
+    private func startFailureStreak(at now: NIODeadline, inbound: Int) {
+        failingSources.removeAll()
+        failingSince = now
+        inboundAtFailingSince = inbound
+        loopStarvedDuringStreak = false
     }
 
     /// Peers that reached us over unicast so far: requests the built-in beacon server answered, and the
@@ -788,7 +808,16 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
     }
 
     private func housekeeping() {
-        perform(table.expire(now: .now()))
+        let now = NIODeadline.now()
+        if let last = lastHousekeeping {
+            let lag = now - last - configuration.housekeepingInterval
+            let lagMilliseconds = Int(lag.nanoseconds / 1_000_000)
+            if lagMilliseconds > counters.worstLoopLagMilliseconds { counters.worstLoopLagMilliseconds = lagMilliseconds }
+            let limit = configuration.limits.unicastFailureStarvedLoopLag
+            if failingSince != nil, limit > .zero, lag >= limit { loopStarvedDuringStreak = true }
+        }
+        lastHousekeeping = now
+        perform(table.expire(now: now))
         // Below seven eighths of the cap the table is no longer narrowing: the few peers a hall's table
         // loses to expiry between refills do not count (and log) a new narrowing each time.
         if narrowingAtCap, table.count < configuration.limits.maxTrackedPeers - configuration.limits.maxTrackedPeers / 8 {
@@ -818,6 +847,7 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
             ("maxFetchSpread", configuration.limits.maxFetchSpread),
             ("unicastFailureMinimumSpan", configuration.limits.unicastFailureMinimumSpan),
             ("unicastFailureMinimumSpanOnceWorked", configuration.limits.unicastFailureMinimumSpanOnceWorked),
+            ("unicastFailureStarvedLoopLag", configuration.limits.unicastFailureStarvedLoopLag),
         ]
         for (name, value) in nonNegativeTimes where value < .zero { throw .invalidConfiguration(name) }
         for (name, value) in positiveTimes where value <= .zero { throw .invalidConfiguration(name) }
