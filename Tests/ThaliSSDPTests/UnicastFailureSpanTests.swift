@@ -14,14 +14,9 @@ struct UnicastFailureSpanTests {
     @Test("after one successful fetch, failing connects pause announcing only once the longer span has passed")
     func unicastThatWorkedNeedsTheLongerSpan() async throws {
         let port = try freeUDPPort()
-        var configuration = loopbackConfiguration(port: port)
-        configuration.limits.unicastFailureThreshold = 3
+        var configuration = Self.refetchingConfiguration(port: port)
         configuration.limits.unicastFailureMinimumSpan = .milliseconds(300)
         configuration.limits.unicastFailureMinimumSpanOnceWorked = .seconds(3)
-        configuration.limits.failedFetchRetryDelay = .milliseconds(100)
-        configuration.limits.maxFailedFetchRetryDelay = .milliseconds(100)
-        configuration.limits.sourceFetchFailureThreshold = 1000  // keep fetching them
-        configuration.client.maxAttempts = 1
         let bob = SSDPDiscoveryService(configuration: configuration, group: group)
         let bobEvents = EventLog(bob)
         try await bob.start(advertising: [1])
@@ -36,21 +31,11 @@ struct UnicastFailureSpanTests {
         try await eventually("the open peer fetched") { await bob.counters().beaconFetchesSucceeded >= 1 }
         await open.stop()
 
-        // Then three hosts whose ports refuse, announcing again and again.
-        var hosts: [(RawSSDPSocket, String)] = []
-        for index in 0..<3 {
-            let raw = try await RawSSDPSocket(host: "127.0.0.\(62 + index)", groupPort: port)
-            hosts.append((raw, aliveText(port: port, location: "http://127.0.0.\(62 + index):\(try closedTCPPort())/")))
-        }
         // Before the first failure: the streak starts later, so the pause must come at least the span after this.
         let clock = ContinuousClock()
         let beforeFailures = clock.now
-        let alives = Task {
-            while !Task.isCancelled {
-                for (raw, alive) in hosts { try? await raw.send(alive) }
-                try? await Task.sleep(for: .milliseconds(50))
-            }
-        }
+        // Then three hosts whose ports refuse, announcing again and again.
+        let alives = try await Self.announceRefusingHosts(from: 62, port: port)
         defer { alives.cancel() }
         try await eventually("a failure from each") {
             Set(bobEvents.events.compactMap { if case .beaconFetchFailed(let peer, _) = $0 { peer.location.host } else { nil } }).count == 3
@@ -73,32 +58,17 @@ struct UnicastFailureSpanTests {
     /// which it ran `unicastFailureStarvedLoopLag` late starts over instead of pausing announcing.
     @Test("failures while this peer's own event loop runs late start over instead of pausing announcing")
     func starvedLoopDoesNotPause() async throws {
+        // A loop of its own: the test stalls it.
         let loops = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         let port = try freeUDPPort()
-        var configuration = loopbackConfiguration(port: port)
+        var configuration = Self.refetchingConfiguration(port: port)
         configuration.housekeepingInterval = .milliseconds(50)
-        configuration.limits.unicastFailureThreshold = 3
         configuration.limits.unicastFailureMinimumSpan = .milliseconds(400)
         configuration.limits.unicastFailureStarvedLoopLag = .milliseconds(150)
-        configuration.limits.failedFetchRetryDelay = .milliseconds(100)
-        configuration.limits.maxFailedFetchRetryDelay = .milliseconds(100)
-        configuration.limits.sourceFetchFailureThreshold = 1000  // keep fetching them
-        configuration.client.maxAttempts = 1
         let bob = SSDPDiscoveryService(configuration: configuration, group: loops)
         let bobEvents = EventLog(bob)
         try await bob.start(advertising: [1])
-
-        var hosts: [(RawSSDPSocket, String)] = []
-        for index in 0..<3 {
-            let raw = try await RawSSDPSocket(host: "127.0.0.\(66 + index)", groupPort: port)
-            hosts.append((raw, aliveText(port: port, location: "http://127.0.0.\(66 + index):\(try closedTCPPort())/")))
-        }
-        let alives = Task {
-            while !Task.isCancelled {
-                for (raw, alive) in hosts { try? await raw.send(alive) }
-                try? await Task.sleep(for: .milliseconds(50))
-            }
-        }
+        let alives = try await Self.announceRefusingHosts(from: 66, port: port)
         defer { alives.cancel() }
         // Bob's loop stops for 200 ms out of every 300, as a starved peer's does.
         let stalls = Task {
@@ -120,6 +90,34 @@ struct UnicastFailureSpanTests {
         #expect(await bob.counters().unicastFailurePauses == 1)
         await bob.stop()
         try await loops.shutdownGracefully()
+    }
+
+    /// Loopback discovery that reads three failing sources as enough for the last resort, and fetches
+    /// them again every 100 ms however often they fail.
+    static func refetchingConfiguration(port: Int) -> SSDPDiscoveryConfiguration {
+        var configuration = loopbackConfiguration(port: port)
+        configuration.limits.unicastFailureThreshold = 3
+        configuration.limits.failedFetchRetryDelay = .milliseconds(100)
+        configuration.limits.maxFailedFetchRetryDelay = .milliseconds(100)
+        configuration.limits.sourceFetchFailureThreshold = 1000  // keep fetching them
+        configuration.client.maxAttempts = 1
+        return configuration
+    }
+
+    /// Three hosts, 127.0.0.`first` and the two after it, announcing every 50 ms locations whose ports
+    /// refuse, until the returned task is cancelled.
+    static func announceRefusingHosts(from first: Int, port: Int) async throws -> Task<Void, Never> {
+        var hosts: [(RawSSDPSocket, String)] = []
+        for host in (first..<first + 3).map({ "127.0.0.\($0)" }) {
+            hosts.append((try await RawSSDPSocket(host: host, groupPort: port),
+                          aliveText(port: port, location: "http://\(host):\(try closedTCPPort())/")))
+        }
+        return Task {
+            while !Task.isCancelled {
+                for (raw, alive) in hosts { try? await raw.send(alive) }
+                try? await Task.sleep(for: .milliseconds(50))
+            }
+        }
     }
 
     @Test("a negative span once unicast worked is refused as configuration")
