@@ -37,7 +37,7 @@ struct Contacts: ParsableCommand {
             let added: String
 
             init(_ contact: Contact) {
-                (name, publicKey, added) = (contact.name, contact.publicKey, formatMilliseconds(contact.addedAtMs))
+                (name, publicKey, added) = (contact.name, contact.publicKey, formatDate(contact.addedAt))
             }
         }
 

@@ -27,7 +27,7 @@ struct Inbox: ParsableCommand {
         let entries = try (store?.inbox() ?? []).map {
             Entry(id: $0.itemID.uuidString, from: $0.fromContact, fromPublicKey: $0.fromPublicKey, kind: $0.kind.rawValue,
                   text: $0.text, fileName: $0.fileName, filePath: $0.filePath, size: $0.size, sha256: hex($0.sha256),
-                  created: formatMilliseconds($0.createdAtMs), received: formatMilliseconds($0.receivedAtMs))
+                  created: formatDate($0.createdAt), received: formatDate($0.receivedAt))
         }
         if json { return try printJSON(entries) }
         if entries.isEmpty { print("inbox is empty") }

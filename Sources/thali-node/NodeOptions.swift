@@ -107,10 +107,10 @@ func snakeCased(_ text: String) -> String {
 }
 
 /// Dates for people: ISO 8601 in UTC.
-func formatMilliseconds(_ milliseconds: Int64) -> String {
+func formatDate(_ date: Date) -> String {
     let formatter = ISO8601DateFormatter()
     formatter.formatOptions = [.withInternetDateTime]
-    return formatter.string(from: Date(timeIntervalSince1970: Double(milliseconds) / 1000))
+    return formatter.string(from: date)
 }
 
 /// Lowercase hex of `data`.

@@ -51,7 +51,7 @@ struct Send: ParsableCommand {
             item = try store.enqueueText(text ?? "", to: contact, expiresAt: expiry, now: now)
         }
         let queued = Queued(id: item.id.uuidString, contact: contact, kind: item.kind.rawValue, size: item.size,
-                            sha256: hex(item.sha256), expires: formatMilliseconds(item.expiresAtMs))
+                            sha256: hex(item.sha256), expires: formatDate(item.expiresAt))
         if json { return try printJSON(queued) }
         print("queued \(queued.kind) \(queued.id) for \(contact) (\(queued.size) bytes, expires \(queued.expires))")
     }
@@ -82,13 +82,13 @@ struct Outbox: ParsableCommand {
     func run() throws {
         let (store, _) = try options.openExistingStore()
         let names = Dictionary(uniqueKeysWithValues: try (store?.contacts() ?? []).compactMap { c in c.id.map { ($0, c.name) } })
-        let now = Date().millisecondsSinceEpoch
+        let now = Date()
         let entries = try (store?.outbox() ?? []).map {
             // An expired item is no longer offered; `run` drops it at its next sweep.
-            let state = $0.expiresAtMs <= now ? "expired" : $0.state.rawValue
+            let state = $0.expiresAt <= now ? "expired" : $0.state.rawValue
             return Entry(id: $0.id.uuidString, contact: names[$0.contactID] ?? "?", kind: $0.kind.rawValue, text: $0.text,
                          fileName: $0.fileName, size: $0.size, acknowledgedBytes: $0.acknowledgedBytes, state: state,
-                         created: formatMilliseconds($0.createdAtMs), expires: formatMilliseconds($0.expiresAtMs), problem: $0.lastError)
+                         created: formatDate($0.createdAt), expires: formatDate($0.expiresAt), problem: $0.lastError)
         }
         if json { return try printJSON(entries) }
         if entries.isEmpty { print("outbox is empty") }

@@ -61,7 +61,7 @@ struct CommandLineTests {
         #expect(outbox.map(\.kind) == [.text, .file] || outbox.map(\.kind) == [.file, .text])
         let text = try #require(outbox.first { $0.kind == .text })
         #expect(text.text == "hello from the CLI")
-        #expect(abs(Double(text.expiresAtMs - text.createdAtMs) - 7_200_000) < 1)
+        #expect(abs(text.expiresAt.timeIntervalSince(text.createdAt) - 7_200) < 0.001)
         #expect(sent.output.contains(text.id.uuidString))
 
         let outboxJSON = try await thaliNode(["outbox", "--json"] + home)

@@ -58,7 +58,7 @@ public struct PeerConfiguration: Sendable {
     /// SSDP `CACHE-CONTROL: max-age` announced, in seconds.
     public var maxAge: Int = 60
     /// SSDP alive interval in the foreground.
-    public var aliveInterval: TimeAmount = .milliseconds(500)
+    public var aliveInterval: Duration = .milliseconds(500)
     /// How long announced beacons stay valid; re-announced when a quarter of it is left.
     public var beaconValidity: Duration = .seconds(3600)
     /// The beacon wire profile.
@@ -95,7 +95,7 @@ public struct PeerConfiguration: Sendable {
     public var admission = AdmissionLimits()
     /// How long a connection to the single port may take to send its first byte, and a beacon request to
     /// be answered; PSK-TLS then runs under its own handshake timeout (`PSKTLSConfiguration.handshakeTimeout`).
-    public var firstByteTimeout: TimeAmount = .seconds(2)
+    public var firstByteTimeout: Duration = .seconds(2)
     /// SSDP discovery's limits (flood threshold, peer cap, cooldowns); a limit that fires is reported as
     /// ``PeerEvent/limitTriggered(_:)`` and counted in ``PeerStatus/limitsTriggered``.
     public var discoveryLimits = SSDPDiscoveryLimits()

@@ -15,7 +15,7 @@ public struct PeerStreamConfiguration: Sendable, Hashable {
     /// opener for the answer to it; then the stream is refused (``StreamRefusal/Code/badHeader``) or
     /// fails (``StreamHeaderError/statusTimedOut(milliseconds:)``). The answer to a relay stream comes
     /// after the app port took the connection, so this also bounds that connect. Default: 10 s.
-    public var headerTimeout: TimeAmount = .seconds(10)
+    public var headerTimeout: Duration = .seconds(10)
     /// How long ``ThaliPeer/openStream(to:protocol:timeout:)`` waits, by default, for a session with the contact
     /// when none is up. Default: 30 s.
     public var openTimeout: Duration = .seconds(30)

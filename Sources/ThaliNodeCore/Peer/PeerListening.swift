@@ -72,7 +72,7 @@ extension ThaliPeer {
         }
         ticket.release(when: channel.closeFuture)
         // Until its first byte (and, for HTTP, until its answer), a connection has firstByteTimeout.
-        let timeout = channel.eventLoop.scheduleTask(in: configuration.firstByteTimeout) { [weak self] in
+        let timeout = channel.eventLoop.scheduleTask(in: TimeAmount(configuration.firstByteTimeout)) { [weak self] in
             self?.portCounters.withLockedValue { $0.timedOut += 1 }
             channel.close(promise: nil)
         }

@@ -129,12 +129,13 @@ public final class ThaliPeer: Sendable {
     /// synchronously on the peer's tasks and event loops (keep it short; or use
     /// ``events(bufferingNewest:)``). Throws ``StartError/setup(_:)`` when TLS cannot be set up.
     public init(store: NodeStore, identity: PrivateKey, configuration: PeerConfiguration,
-                group: MultiThreadedEventLoopGroup = .singleton,
                 logger: Logger = Logger(label: "thali.node.peer"), events: @escaping PeerEventHandler = { _ in }) throws {
         self.store = store
         self.identity = identity
         self.configuration = configuration
-        self.group = group
+        // NIO's shared loops, one per core: every peer of a process shares them (a crowd of 500 in one
+        // bench process too), and the app never sees an event-loop type.
+        self.group = .singleton
         self.logger = logger
         let broadcaster = self.broadcaster
         self.emit = { event in

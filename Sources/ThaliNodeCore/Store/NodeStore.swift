@@ -7,8 +7,6 @@ import ThaliBeacons
 import Glibc
 #endif
 
-extension ItemKind: DatabaseValueConvertible {}
-
 /// The node's durable state: contacts, the outbox, the inbox. A real SQLite file (`node.sqlite`, WAL
 /// mode) under the data directory, with schema migrations; files live beside it (see ``NodeHome``).
 ///
@@ -240,24 +238,24 @@ public final class NodeStore: Sendable {
             throw NodeError.invalidPublicKey(publicKey, reason: "this is the node's own key")
         }
         return try pool.write { db in
-            if try Contact.filter(Column("name") == name).fetchOne(db) != nil { throw NodeError.contactExists(name) }
-            if let holder = try Contact.filter(Column("publicKey") == key).fetchOne(db) {
+            if try ContactRow.filter(Column("name") == name).fetchOne(db) != nil { throw NodeError.contactExists(name) }
+            if let holder = try ContactRow.filter(Column("publicKey") == key).fetchOne(db) {
                 throw NodeError.contactKeyExists(holder: holder.name)
             }
-            var contact = Contact(name: name, publicKey: key, addedAtMs: now.milliseconds)
-            try contact.insert(db)
-            return contact
+            var row = ContactRow(Contact(name: name, publicKey: key, addedAtMs: now.milliseconds))
+            try row.insert(db)
+            return row.value
         }
     }
 
     /// All contacts, by name.
     public func contacts() throws -> [Contact] {
-        try pool.read { db in try Contact.order(Column("name")).fetchAll(db) }
+        try pool.read { db in try ContactRow.order(Column("name")).fetchAll(db) }.map(\.value)
     }
 
     /// The contact named `name`; throws ``NodeError/unknownContact(_:)`` if there is none.
     public func contact(named name: String) throws -> Contact {
-        guard let contact = try pool.read({ db in try Contact.filter(Column("name") == name).fetchOne(db) }) else {
+        guard let contact = try pool.read({ db in try ContactRow.filter(Column("name") == name).fetchOne(db) })?.value else {
             throw NodeError.unknownContact(name)
         }
         return contact
@@ -267,14 +265,14 @@ public final class NodeStore: Sendable {
     /// a peer uses this to name the contact a session runs with.
     public func contact(publicKey: String) throws -> Contact? {
         let key = try ContactKey.normalize(publicKey)
-        return try pool.read { db in try Contact.filter(Column("publicKey") == key).fetchOne(db) }
+        return try pool.read { db in try ContactRow.filter(Column("publicKey") == key).fetchOne(db) }?.value
     }
 
     /// The contact whose identity key is `key` (as authenticated by a beacon match and PSK-TLS), if any:
     /// the `authenticatedPeer` of a delivery session.
     public func contact(for key: PublicKey) throws -> Contact? {
         let canonical = key.hexString(compressed: true)
-        return try pool.read { db in try Contact.filter(Column("publicKey") == canonical).fetchOne(db) }
+        return try pool.read { db in try ContactRow.filter(Column("publicKey") == canonical).fetchOne(db) }?.value
     }
 
     /// Removes the contact named `name`, the items queued for it (their file copies too) and its partial
@@ -284,14 +282,14 @@ public final class NodeStore: Sendable {
     @discardableResult
     public func removeContact(named name: String, deletingQueuedItems: Bool = true) throws -> [OutboxItem] {
         let (id, items) = try pool.write { db -> (Int64, [OutboxItem]) in
-            guard let contact = try Contact.filter(Column("name") == name).fetchOne(db), let id = contact.id else {
+            guard let contact = try ContactRow.filter(Column("name") == name).fetchOne(db), let id = contact.id else {
                 throw NodeError.unknownContact(name)
             }
-            let items = try OutboxItem.filter(Column("contactID") == id).fetchAll(db).map(resolved)
+            let items = try OutboxRow.filter(Column("contactID") == id).fetchAll(db).map { resolved(try $0.value()) }
             if !items.isEmpty && !deletingQueuedItems {
                 throw NodeError.contactHasQueuedItems(name, count: items.count, bytes: items.reduce(0) { $0 + $1.size })
             }
-            _ = try Contact.deleteOne(db, key: id)
+            _ = try ContactRow.deleteOne(db, key: id)
             return (id, items)
         }
         for file in items.compactMap(\.filePath) { try? FileManager.default.removeItem(atPath: file) }
@@ -350,8 +348,8 @@ public final class NodeStore: Sendable {
 
     private func insertIdempotently(_ item: OutboxItem) throws -> OutboxItem {
         resolved(try pool.write { db in
-            try item.insert(db, onConflict: .ignore)
-            return try OutboxItem.fetchOne(db, key: item.id) ?? item
+            try OutboxRow(item).insert(db, onConflict: .ignore)
+            return try OutboxRow.fetchOne(db, key: item.id)?.value() ?? item
         })
     }
 
@@ -371,31 +369,31 @@ public final class NodeStore: Sendable {
 
     /// The outbox item `id`, if it is still queued.
     public func outboxItem(id: UUID) throws -> OutboxItem? {
-        try pool.read { db in try OutboxItem.fetchOne(db, key: id) }.map(resolved)
+        try pool.read { db in try OutboxRow.fetchOne(db, key: id)?.value() }.map(resolved)
     }
 
     /// Every queued item (pending and refused), oldest first.
     public func outbox() throws -> [OutboxItem] {
-        try pool.read { db in try OutboxItem.order(Column("createdAtMs"), Column("id")).fetchAll(db) }.map(resolved)
+        try pool.read { db in try OutboxRow.order(Column("createdAtMs"), Column("id")).fetchAll(db).map { try $0.value() } }.map(resolved)
     }
 
     /// The contacts that have pending, unexpired items at `now`: the ones to advertise beacons for.
     public func contactsWithPendingItems(now: Date = Date()) throws -> [Contact] {
         try pool.read { db in
-            try Contact.filter(sql: """
+            try ContactRow.filter(sql: """
                 id IN (SELECT contactID FROM outboxItem WHERE state = ? AND expiresAtMs > ?)
                 """, arguments: [OutboxState.pending.rawValue, now.milliseconds])
                 .order(Column("name")).fetchAll(db)
-        }
+        }.map(\.value)
     }
 
     /// The pending, unexpired items for `contact` at `now`, oldest first: what a session offers it.
     public func pendingItems(for contact: Contact, now: Date = Date()) throws -> [OutboxItem] {
         try pool.read { db in
-            try OutboxItem
+            try OutboxRow
                 .filter(Column("contactID") == contact.id && Column("state") == OutboxState.pending.rawValue
                         && Column("expiresAtMs") > now.milliseconds)
-                .order(Column("createdAtMs"), Column("id")).fetchAll(db)
+                .order(Column("createdAtMs"), Column("id")).fetchAll(db).map { try $0.value() }
         }.map(resolved)
     }
 
@@ -404,8 +402,8 @@ public final class NodeStore: Sendable {
     @discardableResult
     public func sweepExpired(now: Date = Date()) throws -> [OutboxItem] {
         let expired = try pool.write { db in
-            let items = try OutboxItem.filter(Column("expiresAtMs") <= now.milliseconds).fetchAll(db)
-            _ = try OutboxItem.filter(Column("expiresAtMs") <= now.milliseconds).deleteAll(db)
+            let items = try OutboxRow.filter(Column("expiresAtMs") <= now.milliseconds).fetchAll(db).map { try $0.value() }
+            _ = try OutboxRow.filter(Column("expiresAtMs") <= now.milliseconds).deleteAll(db)
             return items
         }.map(resolved)
         for file in expired.compactMap(\.filePath) { try? FileManager.default.removeItem(atPath: file) }
@@ -422,12 +420,12 @@ public final class NodeStore: Sendable {
     }
 
     /// Removes a delivered item (the receiver acknowledged it or already had it) and its file copy.
-    public func markDelivered(_ id: UUID) throws {
+    func markDelivered(_ id: UUID) throws {
         try markDelivered([id])
     }
 
     /// Removes delivered items and their file copies in one transaction (a batch the receiver answered).
-    public func markDelivered(_ ids: [UUID]) throws {
+    func markDelivered(_ ids: [UUID]) throws {
         for file in try deleteDelivered(ids) { try? FileManager.default.removeItem(atPath: file) }
     }
 
@@ -437,7 +435,7 @@ public final class NodeStore: Sendable {
     /// with `discard` trims its blocks as it unlinks, 0.2 s for 256 MiB here), and a delivery session need
     /// not wait for it. A copy set aside by a process that then dies goes when the store is next opened.
     @discardableResult
-    public func markDeliveredSettingAsideCopies(_ ids: [UUID]) throws -> [String] {
+    func markDeliveredSettingAsideCopies(_ ids: [UUID]) throws -> [String] {
         // rename, not FileManager's move: it replaces a copy of the same item set aside before.
         try deleteDelivered(ids).compactMap { file in
             rename(file, file + Self.deliveredCopySuffix) == 0 ? file + Self.deliveredCopySuffix : nil
@@ -446,7 +444,7 @@ public final class NodeStore: Sendable {
 
     /// Deletes file copies that ``markDeliveredSettingAsideCopies(_:)`` set aside; returns how many.
     @discardableResult
-    public func removeSetAsideCopies(_ paths: [String]) -> Int {
+    func removeSetAsideCopies(_ paths: [String]) -> Int {
         paths.reduce(0) { removed, path in
             removed + ((try? FileManager.default.removeItem(atPath: path)) != nil ? 1 : 0)
         }
@@ -461,20 +459,20 @@ public final class NodeStore: Sendable {
     }
 
     /// The suffix of a delivered item's file copy set aside for removal.
-    public static let deliveredCopySuffix = ".delivered"
+    static let deliveredCopySuffix = ".delivered"
 
     /// Deletes delivered items in one transaction; returns their file copies' paths.
     private func deleteDelivered(_ ids: [UUID]) throws -> [String] {
         guard !ids.isEmpty else { return [] }
         return try pool.write { db -> [String] in
-            let items = try OutboxItem.fetchAll(db, keys: ids)
-            _ = try OutboxItem.deleteAll(db, keys: ids)
-            return items.compactMap { resolved($0).filePath }
+            let paths = try OutboxRow.fetchAll(db, keys: ids).compactMap { $0.filePath.map(home.absolute) }
+            _ = try OutboxRow.deleteAll(db, keys: ids)
+            return paths
         }
     }
 
     /// Marks an item refused by its receiver: kept for the user to see, never offered again.
-    public func markRefused(_ id: UUID, reason: String) throws {
+    func markRefused(_ id: UUID, reason: String) throws {
         try pool.write { db in
             try db.execute(sql: "UPDATE outboxItem SET state = ?, lastError = ? WHERE id = ?",
                            arguments: [OutboxState.refused.rawValue, reason, id])
@@ -482,14 +480,14 @@ public final class NodeStore: Sendable {
     }
 
     /// Records a delivery problem of a still pending item.
-    public func recordProblem(_ id: UUID, _ problem: String) throws {
+    func recordProblem(_ id: UUID, _ problem: String) throws {
         try pool.write { db in
             try db.execute(sql: "UPDATE outboxItem SET lastError = ? WHERE id = ?", arguments: [problem, id])
         }
     }
 
     /// Records how many bytes of item `id` the receiver holds durably.
-    public func recordAcknowledgedBytes(_ id: UUID, _ bytes: UInt64) throws {
+    func recordAcknowledgedBytes(_ id: UUID, _ bytes: UInt64) throws {
         try pool.write { db in
             try db.execute(sql: "UPDATE outboxItem SET acknowledgedBytes = ? WHERE id = ?",
                            arguments: [Int64(clamping: bytes), id])
@@ -500,24 +498,24 @@ public final class NodeStore: Sendable {
 
     /// Everything received, oldest first.
     public func inbox() throws -> [InboxItem] {
-        try pool.read { db in try InboxItem.order(Column("receivedAtMs"), Column("rowID")).fetchAll(db) }.map(resolved)
+        try pool.read { db in try InboxRow.order(Column("receivedAtMs"), Column("rowID")).fetchAll(db).map { try $0.value() } }.map(resolved)
     }
 
     /// Whether item `id` from `contact` is in the inbox.
-    public func inboxContains(_ id: UUID, from contact: Contact) throws -> Bool {
+    func inboxContains(_ id: UUID, from contact: Contact) throws -> Bool {
         try pool.read { db in
-            try InboxItem.filter(Column("fromPublicKey") == contact.publicKey && Column("itemID") == id).fetchCount(db) > 0
+            try InboxRow.filter(Column("fromPublicKey") == contact.publicKey && Column("itemID") == id).fetchCount(db) > 0
         }
     }
 
     /// The partial file that holds item `id` from `contact` while it is being received.
-    public func partialPath(for id: UUID, from contact: Contact) -> String {
+    func partialPath(for id: UUID, from contact: Contact) -> String {
         "\(home.partialDirectory)/\(contact.id ?? 0)-\(id.uuidString).part"
     }
 
     /// Deletes the partial files from `contact` last modified before `cutoff`; returns how many.
     @discardableResult
-    public func sweepStalePartials(from contact: Contact, before cutoff: Date) -> Int {
+    func sweepStalePartials(from contact: Contact, before cutoff: Date) -> Int {
         let prefix = "\(contact.id ?? 0)-"
         let names = (try? FileManager.default.contentsOfDirectory(atPath: home.partialDirectory)) ?? []
         var removed = 0
@@ -531,7 +529,7 @@ public final class NodeStore: Sendable {
     }
 
     /// The outcome of ``commitReceived(_:from:now:)``.
-    public enum CommitResult: Sendable, Hashable {
+    enum CommitResult: Sendable, Hashable {
         /// Stored now.
         case stored(InboxItem)
         /// It was already in the inbox (the partial file is discarded).
@@ -542,7 +540,7 @@ public final class NodeStore: Sendable {
 
     /// Commits a fully received and verified item from its partial file: a text goes into the row, a file
     /// moves to `inbox/<id>/<name>`; the row is inserted in the same transaction (idempotent per sender).
-    public func commitReceived(_ offer: ItemOffer, from contact: Contact, now: Date = Date()) throws -> CommitResult {
+    func commitReceived(_ offer: ItemOffer, from contact: Contact, now: Date = Date()) throws -> CommitResult {
         let partial = partialPath(for: offer.id, from: contact)
         var text: String?
         if offer.kind == .text {
@@ -553,14 +551,14 @@ public final class NodeStore: Sendable {
         let directory = "\(home.inboxDirectory)/\(offer.id.uuidString)"
         let destination = "\(directory)/\(offer.name)"
         let result = try durableWrite { db -> CommitResult in
-            if try InboxItem.filter(Column("fromPublicKey") == contact.publicKey && Column("itemID") == offer.id).fetchCount(db) > 0 {
+            if try InboxRow.filter(Column("fromPublicKey") == contact.publicKey && Column("itemID") == offer.id).fetchCount(db) > 0 {
                 return .alreadyStored
             }
-            var item = InboxItem(itemID: offer.id, fromContact: contact.name, fromPublicKey: contact.publicKey,
+            var row = InboxRow(InboxItem(itemID: offer.id, fromContact: contact.name, fromPublicKey: contact.publicKey,
                                  kind: offer.kind, text: text, filePath: offer.kind == .file ? home.relative(destination) : nil,
                                  fileName: offer.kind == .file ? offer.name : nil, size: Int64(clamping: offer.size),
                                  sha256: Data(offer.sha256), createdAtMs: Int64(clamping: offer.createdMilliseconds),
-                                 receivedAtMs: now.milliseconds)
+                                 receivedAtMs: now.milliseconds))
             if offer.kind == .file {
                 // Inside the transaction: if the move fails nothing is inserted; if the process dies after the
                 // move but before the commit, the rerun receives the item again and replaces the file.
@@ -578,8 +576,8 @@ public final class NodeStore: Sendable {
                     throw NodeError.dataDirectoryUnusable(path: directory, reason: SystemErrorText.describe(error))
                 }
             }
-            try item.insert(db)
-            return .stored(resolved(item))
+            try row.insert(db)
+            return .stored(resolved(try row.value()))
         }
         if result == .alreadyStored || offer.kind == .text { try? FileManager.default.removeItem(atPath: partial) }
         return result
@@ -590,22 +588,22 @@ extension NodeStore {
     /// Commits texts that arrived whole (a batch of version 3 `item` frames, each verified by the caller)
     /// in one durable transaction: one fsync for the batch, so every text is on disk before any of them
     /// is acknowledged. Returns, in order, `.stored` or `.alreadyStored` (idempotent per sender).
-    public func commitReceivedTexts(_ texts: [(offer: ItemOffer, text: String)], from contact: Contact,
+    func commitReceivedTexts(_ texts: [(offer: ItemOffer, text: String)], from contact: Contact,
                                     now: Date = Date()) throws -> [CommitResult] {
         guard !texts.isEmpty else { return [] }
         return try durableWrite { db -> [CommitResult] in
             var results: [CommitResult] = []
             for (offer, text) in texts {
-                if try InboxItem.filter(Column("fromPublicKey") == contact.publicKey && Column("itemID") == offer.id).fetchCount(db) > 0 {
+                if try InboxRow.filter(Column("fromPublicKey") == contact.publicKey && Column("itemID") == offer.id).fetchCount(db) > 0 {
                     results.append(.alreadyStored)
                     continue
                 }
-                var item = InboxItem(itemID: offer.id, fromContact: contact.name, fromPublicKey: contact.publicKey,
-                                     kind: .text, text: text, filePath: nil, fileName: nil, size: Int64(clamping: offer.size),
-                                     sha256: Data(offer.sha256), createdAtMs: Int64(clamping: offer.createdMilliseconds),
-                                     receivedAtMs: now.milliseconds)
-                try item.insert(db)
-                results.append(.stored(item))
+                var row = InboxRow(InboxItem(itemID: offer.id, fromContact: contact.name, fromPublicKey: contact.publicKey,
+                                             kind: .text, text: text, filePath: nil, fileName: nil, size: Int64(clamping: offer.size),
+                                             sha256: Data(offer.sha256), createdAtMs: Int64(clamping: offer.createdMilliseconds),
+                                             receivedAtMs: now.milliseconds))
+                try row.insert(db)
+                results.append(.stored(try row.value()))
             }
             return results
         }

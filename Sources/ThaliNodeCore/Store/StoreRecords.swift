@@ -1,31 +1,28 @@
 import Foundation
-import GRDB
 
 /// A contact: someone this node delivers to and accepts deliveries from.
-public struct Contact: Sendable, Hashable, Codable, FetchableRecord, MutablePersistableRecord {
-    public static let databaseTableName = "contact"
+public struct Contact: Sendable, Hashable {
     /// The row id (stable; never reused after removal).
     public var id: Int64?
     /// The unique name the user gave.
     public var name: String
     /// The contact's public key, normalised (see ``ContactKey``).
     public var publicKey: String
-    /// When the contact was added, in milliseconds since the epoch.
-    public var addedAtMs: Int64
+    /// When the contact was added.
+    public var addedAt: Date { Date(milliseconds: addedAtMs) }
+    /// ``addedAt`` as stored: milliseconds since the epoch.
+    var addedAtMs: Int64
 
-    /// Creates a contact record (not yet stored).
-    public init(id: Int64? = nil, name: String, publicKey: String, addedAtMs: Int64) {
+    init(id: Int64? = nil, name: String, publicKey: String, addedAtMs: Int64) {
         self.id = id
         self.name = name
         self.publicKey = publicKey
         self.addedAtMs = addedAtMs
     }
-
-    public mutating func didInsert(_ inserted: InsertionSuccess) { id = inserted.rowID }
 }
 
 /// Where an outbox item stands. Delivered items are removed, so they have no state.
-public enum OutboxState: String, Sendable, Hashable, Codable, DatabaseValueConvertible {
+public enum OutboxState: String, Sendable, Hashable, Codable {
     /// Waiting for (or in) delivery.
     case pending
     /// The receiver refused it (too large, bad name, expired); it is kept for the user to see and never
@@ -34,11 +31,10 @@ public enum OutboxState: String, Sendable, Hashable, Codable, DatabaseValueConve
 }
 
 /// An item queued for a contact.
-public struct OutboxItem: Sendable, Hashable, Codable, FetchableRecord, PersistableRecord {
-    public static let databaseTableName = "outboxItem"
+public struct OutboxItem: Sendable, Hashable {
     /// The idempotent item id (also the id in the receiver's inbox).
     public var id: UUID
-    /// The contact it is for.
+    /// The contact it is for (``Contact/id``).
     public var contactID: Int64
     /// Text or file.
     public var kind: ItemKind
@@ -52,19 +48,40 @@ public struct OutboxItem: Sendable, Hashable, Codable, FetchableRecord, Persista
     public var size: Int64
     /// SHA-256 of the content.
     public var sha256: Data
-    /// When it was queued (ms since the epoch).
-    public var createdAtMs: Int64
-    /// When it expires (ms since the epoch); it is dropped then, delivered or not.
-    public var expiresAtMs: Int64
+    /// When it was queued.
+    public var createdAt: Date { Date(milliseconds: createdAtMs) }
+    /// When it expires; it is dropped then, delivered or not.
+    public var expiresAt: Date { Date(milliseconds: expiresAtMs) }
     /// Pending or refused.
     public var state: OutboxState
     /// How many bytes the receiver reported holding durably (for progress and resume).
     public var acknowledgedBytes: Int64
     /// Why the item is refused, or the last delivery problem.
     public var lastError: String?
+    /// ``createdAt`` as stored and sent: milliseconds since the epoch.
+    var createdAtMs: Int64
+    /// ``expiresAt`` as stored and sent: milliseconds since the epoch.
+    var expiresAtMs: Int64
+
+    init(id: UUID, contactID: Int64, kind: ItemKind, text: String?, filePath: String?, fileName: String?, size: Int64,
+         sha256: Data, createdAtMs: Int64, expiresAtMs: Int64, state: OutboxState, acknowledgedBytes: Int64, lastError: String?) {
+        self.id = id
+        self.contactID = contactID
+        self.kind = kind
+        self.text = text
+        self.filePath = filePath
+        self.fileName = fileName
+        self.size = size
+        self.sha256 = sha256
+        self.createdAtMs = createdAtMs
+        self.expiresAtMs = expiresAtMs
+        self.state = state
+        self.acknowledgedBytes = acknowledgedBytes
+        self.lastError = lastError
+    }
 
     /// The offer that announces this item.
-    public var offer: ItemOffer {
+    var offer: ItemOffer {
         ItemOffer(id: id, kind: kind, size: UInt64(max(0, size)), sha256: Array(sha256),
                   createdMilliseconds: UInt64(max(0, createdAtMs)), expiresMilliseconds: UInt64(max(0, expiresAtMs)),
                   name: fileName ?? "")
@@ -72,9 +89,8 @@ public struct OutboxItem: Sendable, Hashable, Codable, FetchableRecord, Persista
 }
 
 /// An item received from a contact.
-public struct InboxItem: Sendable, Hashable, Codable, FetchableRecord, MutablePersistableRecord {
-    public static let databaseTableName = "inboxItem"
-    /// The row id.
+public struct InboxItem: Sendable, Hashable {
+    /// The item's place in the inbox, in order of arrival.
     public var rowID: Int64?
     /// The sender's item id; unique per sender key.
     public var itemID: UUID
@@ -94,10 +110,28 @@ public struct InboxItem: Sendable, Hashable, Codable, FetchableRecord, MutablePe
     public var size: Int64
     /// SHA-256 of the content (verified on arrival).
     public var sha256: Data
-    /// When the sender queued it (ms since the epoch).
-    public var createdAtMs: Int64
-    /// When it arrived (ms since the epoch).
-    public var receivedAtMs: Int64
+    /// When the sender queued it.
+    public var createdAt: Date { Date(milliseconds: createdAtMs) }
+    /// When it arrived.
+    public var receivedAt: Date { Date(milliseconds: receivedAtMs) }
+    /// ``createdAt`` as stored: milliseconds since the epoch.
+    var createdAtMs: Int64
+    /// ``receivedAt`` as stored: milliseconds since the epoch.
+    var receivedAtMs: Int64
 
-    public mutating func didInsert(_ inserted: InsertionSuccess) { rowID = inserted.rowID }
+    init(rowID: Int64? = nil, itemID: UUID, fromContact: String, fromPublicKey: String, kind: ItemKind, text: String?,
+         filePath: String?, fileName: String?, size: Int64, sha256: Data, createdAtMs: Int64, receivedAtMs: Int64) {
+        self.rowID = rowID
+        self.itemID = itemID
+        self.fromContact = fromContact
+        self.fromPublicKey = fromPublicKey
+        self.kind = kind
+        self.text = text
+        self.filePath = filePath
+        self.fileName = fileName
+        self.size = size
+        self.sha256 = sha256
+        self.createdAtMs = createdAtMs
+        self.receivedAtMs = receivedAtMs
+    }
 }

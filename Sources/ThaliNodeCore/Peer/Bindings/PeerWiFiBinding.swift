@@ -26,7 +26,7 @@ final class PeerWiFiBinding: PeerBindingService {
         ssdp.port = configuration.ssdpPort
         ssdp.beaconServer = .external(port: nodePort)
         ssdp.maxAge = configuration.maxAge
-        ssdp.foregroundAliveInterval = configuration.aliveInterval
+        ssdp.foregroundAliveInterval = TimeAmount(configuration.aliveInterval)
         ssdp.limits = configuration.discoveryLimits
         let service = SSDPDiscoveryService(configuration: ssdp, group: group, logger: logger) { peer, bytes in
             events(.beaconsFetched(origin: .wifi(peer.location), location: peer.location, bytes: bytes))

@@ -204,7 +204,7 @@ extension ThaliPeer {
     /// a refusal or a bad answer is reported as ``PeerEvent/streamRefused(contact:role:kind:refusal:byThisNode:)``
     /// (a relay's dead app port as ``PeerEvent/relayAppUnreachable(contact:role:error:)``, as before).
     func markingWriter(_ kind: StreamKind, contact: Contact, role: PeerEvent.Role) -> @Sendable () -> StreamHeaderWriter {
-        let timeout = configuration.streams.headerTimeout
+        let timeout = TimeAmount(configuration.streams.headerTimeout)
         let emit = self.emit
         return {
             StreamHeaderWriter(header: StreamHeader(kind: kind), timeout: timeout) { error in
@@ -223,7 +223,7 @@ extension ThaliPeer {
         let emit = self.emit
         return stream.eventLoop.makeCompletedFuture {
             try stream.pipeline.syncOperations.addHandler(StreamHeaderReader(
-                timeout: configuration.streams.headerTimeout,
+                timeout: TimeAmount(configuration.streams.headerTimeout),
                 dispatch: { [self] kind, stream in dispatch(kind, stream, for: contact, from: address, role: role) },
                 refused: { kind, refusal in
                     // A relay whose app port is dead was reported as relayAppUnreachable already.
