@@ -4,7 +4,7 @@ import NIOPosix
 import Testing
 import ThaliBeacons
 import ThaliSSDP
-import ThaliTestSupport
+import ThaliNodeTestSupport
 
 @testable import ThaliConformance
 

@@ -1,6 +1,6 @@
 import Foundation
 import Testing
-import ThaliProcess
+import ThaliTestSupport
 import ThaliSSDP
 
 /// A deliberately broken `/NotificationBeacons` server: Python's own `http.server`, run as a separate
