@@ -216,19 +216,29 @@ let package = Package(
         .target(name: "ThaliProcess"),
 
         // MARK: Tests (mirror Sources/<Module>)
-        /// Helpers shared by the test targets: child processes of independent peers (``ThaliProcess``,
-        /// re-exported), package paths, TCP connects from a chosen source address; `Node/`: data directories
-        /// and people with identities and contacts, an announcement copied to another port; `Bluetooth/`: the
-        /// python-dbusmock BlueZ stand-in.
+        /// Helpers every test target may share, on the low-level modules only: child processes of independent
+        /// peers (``ThaliProcess``, re-exported), package paths, the test environment, TCP connects from a
+        /// chosen source address, a seeded random generator, snake_case JSON keys.
         .target(
             name: "ThaliTestSupport",
+            dependencies: ["ThaliProcess", .product(name: "NIOCore", package: "swift-nio"), .product(name: "NIOPosix", package: "swift-nio")]),
+        /// Helpers for the tests of the peer and of what drives it (ThaliTestSupport re-exported): `Node/`:
+        /// data directories and people with identities and contacts, a loopback peer, an announcement copied to
+        /// another port; `Beacons/`: a deliberately broken beacon server. Links ThaliNodeCore, so only the
+        /// test targets that test the peer, the CLI or the conformance suite use it.
+        .target(
+            name: "ThaliNodeTestSupport",
             dependencies: [
-                "ThaliProcess", "ThaliBeacons", "ThaliSSDP", "ThaliNodeCore", "ThaliBLEBinding",
+                "ThaliTestSupport", "ThaliBeacons", "ThaliSSDP", "ThaliNodeCore",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
-            ],
-            path: "Sources/ThaliTestSupport"),
+            ]),
+        /// The python-dbusmock BlueZ stand-in (ThaliTestSupport re-exported), for the test targets that run
+        /// Bluetooth over it; links ThaliBLEBinding but not the peer.
+        .target(
+            name: "ThaliBluetoothTestSupport",
+            dependencies: ["ThaliTestSupport", "ThaliBLEBinding"]),
         .testTarget(name: "ThaliBeaconsTests", dependencies: ["ThaliBeacons", "ThaliTestSupport"]),
         .testTarget(
             name: "ThaliAdmissionTests",
@@ -265,14 +275,14 @@ let package = Package(
         .testTarget(
             name: "ThaliConformanceTests",
             dependencies: [
-                "ThaliConformance", "ThaliSSDP", "ThaliBeacons", "ThaliTestSupport", "ThaliPSKTLS",
+                "ThaliConformance", "ThaliSSDP", "ThaliBeacons", "ThaliNodeTestSupport", "ThaliPSKTLS",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
             ]),
         .testTarget(
             name: "ThaliBLEBindingTests",
             dependencies: [
-                "ThaliBLEBinding", "ThaliTestSupport", "ThaliBeacons", "ThaliSSDP", "TCPMultiplexer", "ThaliPSKTLS",
+                "ThaliBLEBinding", "ThaliBluetoothTestSupport", "ThaliBeacons", "ThaliSSDP", "TCPMultiplexer", "ThaliPSKTLS",
                 .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -281,7 +291,7 @@ let package = Package(
         .testTarget(
             name: "ThaliNodeCoreTests",
             dependencies: [
-                "ThaliNodeCore", "ThaliNodeBluetooth", "ThaliBeacons", "TCPMultiplexer", "ThaliPSKTLS", "ThaliSSDP", "ThaliTestSupport",
+                "ThaliNodeCore", "ThaliNodeBluetooth", "ThaliBeacons", "TCPMultiplexer", "ThaliPSKTLS", "ThaliSSDP", "ThaliNodeTestSupport",
                 .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -291,7 +301,7 @@ let package = Package(
             name: "ThaliNodeBluetoothTests",
             dependencies: [
                 "ThaliNodeBluetooth", "ThaliNodeCore", "ThaliBLEBinding", "ThaliAdmission", "ThaliBeacons", "ThaliSSDP",
-                "ThaliTestSupport",
+                "ThaliBluetoothTestSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -304,7 +314,7 @@ let package = Package(
             name: "ThaliNodeCLITests",
             dependencies: [
                 "ThaliNodeCore", "ThaliBLEBinding", "ThaliBeacons", "ThaliSSDP", "ThaliPSKTLS", "ThaliConformance",
-                "ThaliProcess", "ThaliTestSupport",
+                "ThaliProcess", "ThaliNodeTestSupport", "ThaliBluetoothTestSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),

@@ -2,9 +2,9 @@ import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
 import Testing
-// The BlueZ mock these tests share with the Bluetooth peer binding's lives in ThaliTestSupport; re-exported
+// The BlueZ mock these tests share with the Bluetooth peer binding's lives in ThaliBluetoothTestSupport; re-exported
 // here so that every file of this target sees it.
-@_exported import ThaliTestSupport
+@_exported import ThaliBluetoothTestSupport
 @testable import ThaliBLEBinding
 
 /// A localhost TCP server standing in for the app: echoes what it receives, counts connections,

@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import ThaliTestSupport
 
 #if canImport(FoundationXML)
 import FoundationXML
@@ -112,10 +113,4 @@ final class ElementCounter: NSObject, XMLParserDelegate {
                 attributes: [String: String] = [:]) {
         counts[name, default: 0] += 1
     }
-}
-
-/// The keys of `keys` that are not snake_case (lower case letters, digits, `_`), sorted: thali-node's
-/// JSON output version 2 has no others.
-func notSnakeCase(_ keys: some Sequence<String>) -> [String] {
-    keys.filter { key in !key.allSatisfy { $0.isLowercase || $0.isNumber || $0 == "_" } }.sorted()
 }

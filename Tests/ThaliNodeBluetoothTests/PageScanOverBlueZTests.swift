@@ -4,7 +4,7 @@ import NIOPosix
 import Testing
 import ThaliNodeBluetooth
 import ThaliNodeCore
-import ThaliTestSupport
+import ThaliBluetoothTestSupport
 @testable import ThaliBLEBinding
 
 /// The controller's page scan as the test sets it, and how often the node read it.

@@ -8,7 +8,7 @@ import ThaliBeacons
 import ThaliNodeBluetooth
 import ThaliNodeCore
 import ThaliSSDP
-import ThaliTestSupport
+import ThaliBluetoothTestSupport
 @testable import ThaliBLEBinding
 
 /// Two `ThaliPeer`s with only the Bluetooth binding, on python-dbusmock's BlueZ (two adapters on one

@@ -1,8 +1,9 @@
 import Foundation
 import Testing
 // The helpers these tests share with the library's (TemporaryHome, TestPeople, BlueZMock, ...) live in
-// ThaliTestSupport; re-exported here so that every file of this target sees them.
-@_exported import ThaliTestSupport
+// ThaliNodeTestSupport and ThaliBluetoothTestSupport; re-exported here so that every file of this target sees them.
+@_exported import ThaliNodeTestSupport
+@_exported import ThaliBluetoothTestSupport
 @testable import ThaliNodeCore
 
 /// The `thali-node` built beside this test bundle.

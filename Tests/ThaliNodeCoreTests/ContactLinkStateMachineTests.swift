@@ -200,12 +200,21 @@ import ThaliSSDP
 /// What ends a link's backoff: its time, a new match's signal (given before or during the wait), or the
 /// task's cancellation; and a wait that ended leaves nothing behind to cut the next one short.
 @Suite(.timeLimit(.minutes(1))) struct LinkWakeSignalTests {
+    /// Returns once a wait is blocked on `signal` (or `ended` holds: the wait returned instead).
+    func waitUntilBlocked(_ signal: LinkWakeSignal, or ended: () -> Bool = { false }) async throws {
+        let deadline = ContinuousClock.now + .seconds(10)
+        while !signal.isWaiting, !ended() {
+            try #require(ContinuousClock.now < deadline, "the wait never blocked")
+            try await Task.sleep(for: .milliseconds(1))
+        }
+    }
+
     @Test func aSignalGivenBeforeOrDuringTheWaitEndsIt() async throws {
         let signal = LinkWakeSignal()
         signal.signal()
         await signal.wait(upTo: .seconds(3600))
         let waiting = Task { await signal.wait(upTo: .seconds(3600)) }
-        try await Task.sleep(for: .milliseconds(50))
+        try await waitUntilBlocked(signal)
         signal.signal()
         await waiting.value
     }
@@ -225,7 +234,8 @@ import ThaliSSDP
             await signal.wait(upTo: .seconds(3600))
             returned.withLockedValue { $0 = true }
         }
-        try await Task.sleep(for: .milliseconds(300))
+        // A signal left behind would have ended the wait before it blocked.
+        try await waitUntilBlocked(signal, or: { returned.withLockedValue { $0 } })
         #expect(!returned.withLockedValue { $0 })
         signal.signal()
         await waiting.value

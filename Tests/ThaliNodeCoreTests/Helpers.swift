@@ -5,8 +5,8 @@ import NIOCore
 import NIOPosix
 import ThaliBeacons
 // The helpers the tests here share with the CLI's tests (TemporaryHome, TestPeople, quietLogger, ...) live in
-// ThaliTestSupport; re-exported here so that every file of this target sees them.
-@_exported import ThaliTestSupport
+// ThaliNodeTestSupport; re-exported here so that every file of this target sees them.
+@_exported import ThaliNodeTestSupport
 @testable import ThaliNodeCore
 
 /// Two nodes that know each other: `alice` sends to `bob`.

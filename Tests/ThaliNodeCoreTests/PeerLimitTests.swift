@@ -204,6 +204,7 @@ struct DiscoveryAttackTests {
         let bobsEvents = bob.events()
         try await alice.start()
         try await bob.start()
+        // A sleep: the attack runs a while before alice sends; an ignored source leaves no trace in status to wait on.
         try await Task.sleep(for: .seconds(1))
         let item = try await alice.send(text: "through the \(mode)", to: "bob")
         var received: UUID?

@@ -47,7 +47,12 @@ struct BeaconsOverSSDPTests {
         try await eventually("bob matches the second announcement") { log.matched.count == 2 }
         #expect(log.matched[1].match.sender == alice.publicKey && log.matched[1].match.beaconIndex == 0)
         #expect(log.matched[1].match.pskIdentity != log.matched[0].match.pskIdentity)
-        try await Task.sleep(for: .milliseconds(500))  // more alives: no refetch, so no replay
+        // More alives of the second USN, read by bob (it advertises nothing, so all it reads is alice's): a
+        // refetch would follow each within milliseconds (one tracked peer, a 10 ms spread); the first two
+        // would be done when the third alive, 200 ms later, is read.
+        let readBefore = await bobService.counters().datagramsReceived
+        try await eventually("three more alives read") { await bobService.counters().datagramsReceived >= readBefore + 3 }
+        #expect(await bobService.counters().beaconFetchesSucceeded == 2)
         #expect(log.matched.count == 2)
         #expect(log.rejected.isEmpty)
         #expect(receiver.statistics.matches == 2)

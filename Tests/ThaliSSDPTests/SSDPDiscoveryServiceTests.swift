@@ -76,8 +76,8 @@ struct SSDPDiscoveryServiceTests {
         var quiet = loopbackConfiguration(port: port)
         quiet.background = true  // one alive at start, then only every 60 s
         let alice = SSDPDiscoveryService(configuration: quiet, group: group)
+        // start() returns once alice's one alive is on the wire: it is gone before bob listens.
         try await alice.start(advertising: [1])
-        try await Task.sleep(for: .milliseconds(200))  // alice's first alive is gone before bob listens
         let bob = SSDPDiscoveryService(configuration: loopbackConfiguration(port: port), group: group)
         let bobEvents = EventLog(bob)
         try await bob.start()
@@ -94,6 +94,7 @@ struct SSDPDiscoveryServiceTests {
         try await raw.send(search + "upnp:rootdevice\r\n\r\n")
         try await raw.send(search + "ssdp:all\r\n\r\n")
         try await eventually(timeout: .seconds(3), "an answer") { raw.datagrams.count >= 1 }
+        // A sleep: MX 1 lets any answer wait up to 1 s on the answerer's own clock, none injectable.
         try await Task.sleep(for: .milliseconds(1200))
         let answers = try raw.datagrams.map { try SSDPMessage.parse($0.data.readableBytesView) }
         #expect(answers.count == 1)  // alice once (ssdp:all); bob advertises nothing; nobody answers rootdevice
@@ -322,9 +323,12 @@ struct SSDPDiscoveryServiceTests {
         for name in names {
             try await raw.send(aliveText(port: port, usn: name, location: "http://\(host):\(serverPort)/NotificationBeacons"))
         }
-        let deadline = ContinuousClock.now + .seconds(6)
+        let sent = ContinuousClock.now
+        let deadline = sent + .seconds(6)
         while ContinuousClock.now < deadline, consumed.entries.isEmpty { try await Task.sleep(for: .milliseconds(50)) }
-        try await Task.sleep(for: .milliseconds(300))  // any further fetch would land by now
+        // A sleep: a timer per datagram would fire within the 3 s spread, drawn on the service's own clock and
+        // random numbers (none injectable); past it, and a fetch's round trip, every such fetch has landed.
+        try await Task.sleep(until: sent + .seconds(3) + .milliseconds(300))
         #expect(consumed.entries.map(\.0) == [names[4]], "only the newest USN is read")
         #expect(server.counters.requestsAnswered == 1)
         await bob.stop()

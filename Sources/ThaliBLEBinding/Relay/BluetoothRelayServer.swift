@@ -87,6 +87,9 @@ public final class BluetoothRelayServer: Sendable {
         }
     }
 
+    /// Relays admitted and not yet closed (at most `BluetoothBindingLimits.maxConcurrentIncomingConnections`).
+    public var openRelays: Int { state.withLockedValue { $0.gate.open } }
+
     /// Listens on RFCOMM `channel` of the transport and serves every incoming stream until `stop()`.
     public func start(channel: UInt8) async throws {
         let listener = try await transport.listen(channel: channel)

@@ -52,6 +52,10 @@ package final class LinkWakeSignal: Sendable {
         timer.cancel()
     }
 
+    /// Whether a wait is blocked on its continuation, neither signalled nor expired: what tests wait for
+    /// before they signal "during" a wait, or conclude that a wait did not return at once.
+    package var isWaiting: Bool { state.withLockedValue { $0.waiter != nil } }
+
     /// Ends wait `id` (its time ran out, or its task was cancelled) without leaving a signal behind.
     private func expire(_ id: UInt64) {
         resumeWaiter(if: { $0.waitID == id }) { $0.expiredBeforeInstalled = id }
