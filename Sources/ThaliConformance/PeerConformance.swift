@@ -63,7 +63,7 @@ public struct PeerConformanceConfiguration: Sendable {
     /// step timeout as idle timeout.
     var deliveryLimits: DeliveryLimits {
         DeliveryLimits(maxFramePayloadBytes: 16 << 20, maxItemBytes: maxItemBytes, maxTextBytes: maxItemBytes,
-                       idleTimeout: stepTimeout)
+                       idleTimeout: .nanoseconds(stepTimeout.nanoseconds))
     }
 }
 

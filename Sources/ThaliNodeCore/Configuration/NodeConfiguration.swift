@@ -151,7 +151,7 @@ public struct NodeConfiguration: Sendable, Hashable {
         let windowFloor = DeliveryLimits(maxFramePayloadBytes: frame, maxNameBytes: name, blockBytes: block).minimumProgressWindowBytes
         let window = try fields.integer("progressWindowBytes", default: max(defaults.progressWindowBytes, windowFloor),
                                         range: windowFloor...Int(UInt32.max))
-        let writeInterval = try fields.integer("writeIntervalMs", default: Int(defaults.writeInterval.nanoseconds / 1_000_000),
+        let writeInterval = try fields.integer("writeIntervalMs", default: Int(defaults.writeInterval.wholeMilliseconds),
                                                range: 1...10_000)
         let batch = try fields.integer("maxBatchItems", default: defaults.maxBatchItems, range: 1...4096)
         let idle = try fields.integer("idleTimeoutSeconds", default: 60, range: 1...86400)
@@ -215,9 +215,9 @@ public struct NodeConfiguration: Sendable, Hashable {
             "maxNameBytes": limits.maxNameBytes, "maxItemBytes": limits.maxItemBytes,
             "maxTextBytes": limits.maxTextBytes, "blockBytes": limits.blockBytes,
             "writebackBytes": limits.writebackBytes, "readAheadBlocks": limits.readAheadBlocks, "progressWindowBytes": limits.progressWindowBytes,
-            "writeIntervalMs": limits.writeInterval.nanoseconds / 1_000_000, "maxBatchItems": limits.maxBatchItems,
-            "idleTimeoutSeconds": limits.idleTimeout.nanoseconds / 1_000_000_000,
-            "partialRetentionSeconds": limits.partialRetention.nanoseconds / 1_000_000_000,
+            "writeIntervalMs": limits.writeInterval.wholeMilliseconds, "maxBatchItems": limits.maxBatchItems,
+            "idleTimeoutSeconds": limits.idleTimeout.components.seconds,
+            "partialRetentionSeconds": limits.partialRetention.components.seconds,
             "wifi": wifi, "bluetooth": bluetooth, "bluetoothAdapter": bluetoothAdapter.map { $0 as Any } ?? NSNull(),
             "bluetoothMakeConnectable": bluetoothMakeConnectable,
         ]

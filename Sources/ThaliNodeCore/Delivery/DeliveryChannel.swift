@@ -13,8 +13,8 @@ public enum DeliveryChannel {
     public static func configureSynchronously(_ channel: any Channel, limits: DeliveryLimits) throws -> AsyncFrames {
         channel.eventLoop.preconditionInEventLoop()
         try channel.pipeline.syncOperations.addHandlers([
-            IdleStateHandler(allTimeout: limits.idleTimeout),
-            IdleTimeoutHandler(timeout: limits.idleTimeout),
+            IdleStateHandler(allTimeout: TimeAmount(limits.idleTimeout)),
+            IdleTimeoutHandler(timeout: TimeAmount(limits.idleTimeout)),
             ByteToMessageHandler(DeliveryFrameDecoder(limits: limits)),
             MessageToByteHandler(DeliveryFrameEncoder()),
         ])

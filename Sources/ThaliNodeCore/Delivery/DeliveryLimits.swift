@@ -66,7 +66,7 @@ public struct DeliveryLimits: Sendable, Hashable {
     /// The longest a receiver holds content that arrived before it starts writing it when a block fills
     /// slowly (a slow link): the write, and the `progress` after it, come at least this often while
     /// content arrives. Default 100 ms.
-    public var writeInterval: TimeAmount
+    public var writeInterval: Duration
 
     /// The most text items a receiver keeps waiting for one group commit (version 3 `item` frames): at
     /// this many it commits and answers them even before the sender marks the end of its batch, and a
@@ -76,12 +76,12 @@ public struct DeliveryLimits: Sendable, Hashable {
 
     /// How long a delivery session may go without reading or writing anything before it is closed, so a
     /// silent or stalled peer cannot hold a session (and its partial file) open forever. Default 60 s.
-    public var idleTimeout: TimeAmount
+    public var idleTimeout: Duration
 
     /// How long a partial file (an interrupted transfer) is kept for resuming. A receiving session first
     /// deletes its contact's partial files untouched for longer, so transfers a sender abandoned (the
     /// item expired or was removed) do not hold disk space forever. Default 7 days.
-    public var partialRetention: TimeAmount
+    public var partialRetention: Duration
 
     /// Creates limits; every argument defaults to the documented value.
     public init(
@@ -94,10 +94,10 @@ public struct DeliveryLimits: Sendable, Hashable {
         writebackBytes: Int = 8 << 20,
         readAheadBlocks: Int = 2,
         progressWindowBytes: Int = 16 << 20,
-        writeInterval: TimeAmount = .milliseconds(100),
+        writeInterval: Duration = .milliseconds(100),
         maxBatchItems: Int = 64,
-        idleTimeout: TimeAmount = .seconds(60),
-        partialRetention: TimeAmount = .hours(24 * 7)
+        idleTimeout: Duration = .seconds(60),
+        partialRetention: Duration = .seconds(7 * 24 * 3600)
     ) {
         let maxNameBytes = min(max(maxNameBytes, 1), Int(UInt16.max))
         let frame = max(maxFramePayloadBytes, DeliveryLimits.minimumFramePayloadBytes, ItemOffer.fixedBytes + maxNameBytes)

@@ -74,7 +74,7 @@ public struct DeliveryReceiver: Sendable {
     /// The session itself, once ``run(on:)`` holds the claim.
     private func runClaimed(on channel: DeliveryChannel.AsyncFrames) async throws -> Summary {
         let clock = now, store = self.store, peer = self.peer
-        let cutoff = now().addingTimeInterval(-Double(limits.partialRetention.nanoseconds) / 1e9)
+        let cutoff = now().addingTimeInterval(-limits.partialRetention.timeInterval)
         let stale = try await blocking { store.sweepStalePartials(from: peer, before: cutoff) }
         if stale > 0 { logger.info("deleted abandoned partial files", metadata: ["count": "\(stale)"]) }
         let eventLoop = channel.channel.eventLoop
@@ -345,7 +345,7 @@ private struct BlockWriter {
         self.writebackFrom = written
         self.blockBytes = limits.blockBytes
         self.writebackBytes = UInt64(limits.writebackBytes)
-        self.interval = limits.writeInterval
+        self.interval = TimeAmount(limits.writeInterval)
         self.pool = pool
         self.eventLoop = eventLoop
     }

@@ -100,4 +100,9 @@ extension Duration {
     var timeInterval: TimeInterval {
         Double(components.seconds) + Double(components.attoseconds) / 1e18
     }
+
+    /// Whole milliseconds (rounded down), exactly: the unit of config.json's `…Ms` keys.
+    var wholeMilliseconds: Int64 {
+        components.seconds * 1000 + components.attoseconds / 1_000_000_000_000_000
+    }
 }
