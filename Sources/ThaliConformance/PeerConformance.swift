@@ -665,7 +665,7 @@ public struct PeerConformance: Sendable {
                     lastFailure.withLockedValue { $0 = reason }
                 case .stream(let frames):
                     return frames
-                case .beaconsFetched, .wake, .markedStream, .refusedStreamEnded:
+                case .beaconsFetched, .wake, .markedStream, .refusedStreamEnded, .sessionEnded:
                     break
                 }
             }

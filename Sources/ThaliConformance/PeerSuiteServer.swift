@@ -29,6 +29,8 @@ final class PeerSuiteServer: Sendable {
         case beaconsFetched
         /// A wait scheduled with ``wake(after:id:)`` ended.
         case wake(Int)
+        /// An authenticated session's connection closed, ended as this says [PSK-6.1].
+        case sessionEnded(SessionEnd)
     }
 
     let channel: Channel
@@ -125,7 +127,11 @@ final class PeerSuiteServer: Sendable {
                                 }
                                 try acceptMarked(stream, policy: policy, limits: limits, sink: sink)
                             }
-                        }).map { server in
+                        }).flatMapThrowing { server in
+                            // Right above PSK-TLS, so that it sees the session's end before the multiplexer acts on it.
+                            let tls = try channel.pipeline.syncOperations.handler(type: PSKTLSHandler.self)
+                            try channel.pipeline.syncOperations.addHandler(SessionEndRecorder { sink.yield(.sessionEnded($0)) },
+                                                                           position: .after(tls))
                             server.peer.and(server.handshake).whenComplete { result in
                                 switch result {
                                 case .success(let (_, parameters)):
@@ -182,5 +188,69 @@ final class PeerSuiteServer: Sendable {
     func close() async {
         sink.finish()
         try? await channel.close()
+    }
+}
+
+/// How the implementation under test ended an authenticated session on the suite's port [PSK-6.1].
+enum SessionEnd: Sendable, Equatable, CustomStringConvertible {
+    /// Its close_notify came before the connection closed.
+    case closeNotify
+    /// TCP closed without its close_notify (`uncleanShutdown`).
+    case bareClose
+    /// We closed first, so how it would have closed is unknown.
+    case closedBySuite
+    /// The connection failed on something else (the error).
+    case failed(String)
+
+    var description: String {
+        switch self {
+        case .closeNotify: "close_notify, then the connection closed"
+        case .bareClose: "TCP closed without close_notify (uncleanShutdown)"
+        case .closedBySuite: "the suite closed first"
+        case .failed(let error): "failed: \(error)"
+        }
+    }
+}
+
+/// Sits right above PSK-TLS on the suite's port and notes the first sign of a session's end: the peer's
+/// close_notify (`ChannelEvent.inputClosed`, which PSK-TLS fires only for it, half-closure being allowed on
+/// the port), TLS's `uncleanShutdown` (TCP closed without it), or our own close. When an authenticated
+/// session's connection goes away, hands that sign to `ended`. Only moves bytes.
+final class SessionEndRecorder: ChannelDuplexHandler, RemovableChannelHandler {
+    typealias InboundIn = ByteBuffer
+    typealias InboundOut = ByteBuffer
+    typealias OutboundIn = ByteBuffer
+    typealias OutboundOut = ByteBuffer
+    private let ended: @Sendable (SessionEnd) -> Void
+    private var authenticated = false
+    private var end: SessionEnd?
+
+    init(ended: @escaping @Sendable (SessionEnd) -> Void) { self.ended = ended }
+
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if case PSKTLSEvent.handshakeCompleted = event { authenticated = true }
+        if case ChannelEvent.inputClosed = event { note(.closeNotify) }
+        context.fireUserInboundEventTriggered(event)
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        if let error = error as? PSKTLSError {
+            note(error.reason == .uncleanShutdown ? .bareClose : .failed("\(error)"))
+        }
+        context.fireErrorCaught(error)
+    }
+
+    func close(context: ChannelHandlerContext, mode: CloseMode, promise: EventLoopPromise<Void>?) {
+        note(.closedBySuite)
+        context.close(mode: mode, promise: promise)
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        if authenticated { ended(end ?? .failed("the connection went away without a sign")) }
+        context.fireChannelInactive()
+    }
+
+    private func note(_ sign: SessionEnd) {
+        if end == nil { end = sign }
     }
 }

@@ -86,6 +86,11 @@ public struct TargetConformance: Sendable {
         public static let matchConnects = ConformanceCase("target/beacons/match-connects",
                                                           "a good announcement for it from a contact is fetched and leads to a PSK-TLS session and delivery, unmarked (our server selects no ALPN)",
                                                           ["NODE-3.2", "BCN-4.7", "NODE-4.2"])
+        /// `target/psk-tls/close-notify-first`: the session of match-connects, which it closes once delivery
+        /// ends (it connected, and it received), ends with its close_notify before TCP closes.
+        public static let closeNotifyFirst = ConformanceCase("target/psk-tls/close-notify-first",
+                                                             "closing the session of match-connects once delivery ends, it sends close_notify before it closes TCP",
+                                                             ["PSK-6.1"])
         /// `target/beacons/replay-no-connect`: the same announcement again from the same location, under a
         /// new USN, is fetched and leads to no connection.
         public static let replayNoConnect = ConformanceCase("target/beacons/replay-no-connect",
@@ -122,9 +127,9 @@ public struct TargetConformance: Sendable {
 
         /// Every case of target mode.
         public static let all = [validFetched, fetchOnce, noMatchNoConnect, malformed, foreignNT, badUSN, spoofedLocation, forgedByebye,
-                                 tamperedNoConnect, strangerFirstNoConnect, matchConnects, replayNoConnect, smallGroupRefused,
+                                 tamperedNoConnect, strangerFirstNoConnect, matchConnects, closeNotifyFirst, replayNoConnect, smallGroupRefused,
                                  deliveryHeader, statusRead, refusalNotRetried, busyWaited]
-        static let beacons = [tamperedNoConnect, strangerFirstNoConnect, matchConnects, replayNoConnect, smallGroupRefused]
+        static let beacons = [tamperedNoConnect, strangerFirstNoConnect, matchConnects, closeNotifyFirst, replayNoConnect, smallGroupRefused]
             + marking
         static let marking = [deliveryHeader, statusRead, refusalNotRetried]
     }
@@ -305,13 +310,14 @@ public struct TargetConformance: Sendable {
                       expected: "a fetch, then a PSK-TLS session without ALPN whose delivery stream welcomes our hello",
                       actual: connected.description + (connected.session && !connected.welcomed ? ", no welcome to our hello" : ""), started: started)
             guard connected.session else {
-                for testCase in [Cases.tamperedNoConnect, Cases.strangerFirstNoConnect, Cases.replayNoConnect, Cases.smallGroupRefused]
-                    + Cases.marking {
+                for testCase in [Cases.tamperedNoConnect, Cases.strangerFirstNoConnect, Cases.closeNotifyFirst, Cases.replayNoConnect,
+                                 Cases.smallGroupRefused] + Cases.marking {
                     run.record(testCase, .inconclusive, expected: testCase.title, actual: "a good announcement led to no session either")
                 }
                 await server.close()
                 return
             }
+            try await gradeClosing(run, connected: connected, watch: &watch)
             for (testCase, seen) in [(Cases.tamperedNoConnect, tamperedSeen), (Cases.strangerFirstNoConnect, strangerSeen)] {
                 run.grade(testCase, holds: seen.fetches > 0 && seen.connections == 0,
                           expected: "a fetch and no connection within \(PeerConformance.text(configuration.observation))", actual: seen.description)
@@ -335,6 +341,26 @@ public struct TargetConformance: Sendable {
         }
         await server.close()
         try await smallGroup(run, sender: sender, datagrams: datagrams, peer: peer, identity: identity)
+    }
+
+    /// How the session of match-connects ended, waiting up to an observation period for its end: its
+    /// close_notify first passes, a bare TCP close fails [PSK-6.1]; a session still open, or one we
+    /// closed first, says nothing of how it closes.
+    private func gradeClosing(_ run: ConformanceRun, connected: ServerWatch.Seen, watch: inout ServerWatch) async throws {
+        let started = NIODeadline.now()
+        let ended = connected.ended.isEmpty ? try await watch.untilSessionEnds(within: configuration.observation).ended : connected.ended
+        let expected = "its close_notify, then the TCP close"
+        guard let end = ended.first else {
+            run.record(Cases.closeNotifyFirst, .inconclusive, expected: expected,
+                       actual: "the session was still open \(PeerConformance.text(configuration.observation)) after delivery ended", started: started)
+            return
+        }
+        switch end {
+        case .closeNotify, .bareClose:
+            run.grade(Cases.closeNotifyFirst, holds: end == .closeNotify, expected: expected, actual: end.description, started: started)
+        case .closedBySuite, .failed:
+            run.record(Cases.closeNotifyFirst, .inconclusive, expected: expected, actual: end.description, started: started)
+        }
     }
 
     /// Our server now selects `thali-streams/1` (the sessions before were unmarked): a new announcement
@@ -499,6 +525,8 @@ struct ServerWatch {
         var headers: [(MarkedStreamAcceptor.Header, StreamStatus)] = []
         /// Marked streams we refused that it closed.
         var refusedEnded = 0
+        /// How its authenticated sessions ended, in order.
+        var ended: [SessionEnd] = []
         var refused: Int { headers.count { if case .refused = $0.1 { true } else { false } } }
         var description: String {
             "\(fetches) fetch(es), \(connections) connection(s)" + (markedSessions > 0 ? " (\(markedSessions) marked)" : "")
@@ -526,6 +554,11 @@ struct ServerWatch {
         try await watch(timeout) { $0.session }
     }
 
+    /// Waits until an authenticated session's connection closes, or `timeout` passes.
+    mutating func untilSessionEnds(within timeout: TimeAmount) async throws -> Seen {
+        try await watch(timeout) { !$0.ended.isEmpty }
+    }
+
     private mutating func watch(_ period: TimeAmount, until done: (Seen) -> Bool) async throws -> Seen {
         wakes += 1
         let wake = wakes
@@ -542,6 +575,8 @@ struct ServerWatch {
                 seen.headers.append((header, status))
             case .refusedStreamEnded:
                 seen.refusedEnded += 1
+            case .sessionEnded(let end):
+                seen.ended.append(end)
             case .stream(let frames):
                 seen.welcomed = await Self.finishSession(frames)
                 seen.session = true

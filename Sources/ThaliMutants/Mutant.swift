@@ -45,6 +45,8 @@ public enum Mutant: String, CaseIterable, Sendable {
     case tlsAcceptsSmallGroup = "tls-accepts-small-group"
     /// The PSK-TLS server offers session tickets [PSK-1.4].
     case tlsSessionTickets = "tls-session-tickets"
+    /// Closing a PSK-TLS connection closes TCP without sending close_notify first [PSK-6.1].
+    case tlsCloseWithoutCloseNotify = "tls-close-without-close-notify"
     /// The announcer does not answer M-SEARCH [SSDP-2.7].
     case ssdpNoSearchAnswer = "ssdp-no-search-answer"
     /// The announcer withdraws nothing when its beacons are gone: no byebye [SSDP-2.5].

@@ -1,4 +1,5 @@
 import NIOCore
+import ThaliMutants
 
 /// A channel handler that runs TLS 1.2 with `DHE-PSK-AES256-GCM-SHA384` over the bytes of a channel:
 /// ciphertext below it, plaintext above it. It only moves bytes between the channel and OpenSSL (through
@@ -398,7 +399,7 @@ public final class PSKTLSHandler: ChannelDuplexHandler {
         case .sendCloseNotifyThenClose:
             encryptPendingWrites(context: context)
             failPendingWrites(PSKTLSError(.connectionClosed, role: role, detail: "closed before flush"))
-            connection.sendCloseNotify()
+            if !Mutant.tlsCloseWithoutCloseNotify.isActive { connection.sendCloseNotify() }
             sendThenClose(context: context, mode: .all, promise: promise)
         case .sendCloseNotifyThenCloseOutput:
             encryptPendingWrites(context: context)
