@@ -47,6 +47,8 @@ public struct ConformanceProbe: Sendable {
         ConformanceCase("probe/method", "POST is refused, 405", ["SSDP-6.3"]),
         ConformanceCase("probe/keep-alive", "one request per connection, then close", ["SSDP-6.5"]),
         ConformanceCase("probe/burst", "a burst is throttled (opt-in)", ["SSDP-7.1"]),
+        ConformanceCase("probe/busy-answer", "each 503 of the burst names a Retry-After of whole seconds, 1 to the client's bound, and serves no body (opt-in)",
+                        ["SSDP-6.9"]),
         ConformanceCase("probe/recovery", "answering again after the burst (opt-in)", ["SSDP-7.1"]),
     ]
 
@@ -54,7 +56,7 @@ public struct ConformanceProbe: Sendable {
     static let answerDependentChecks = ["status", "content-type", "cache-control", "empty-204", "size-bound",
                                         "body-format", "expiration", "beacon-count", "client-fetch"]
     /// Check ids of the HTTP behaviour and load phases, in report order.
-    static let laterChecks = ["unknown-path", "method", "keep-alive", "burst", "recovery"]
+    static let laterChecks = ["unknown-path", "method", "keep-alive", "burst", "busy-answer", "recovery"]
 
     /// Runs every check and returns the report (the probe itself never throws: failures are verdicts).
     /// A configuration whose `problem` is not nil gives a single failed `configuration` check and no traffic.
@@ -104,8 +106,9 @@ public struct ConformanceProbe: Sendable {
             flush(report)
             await checkRecovery(into: &report)
         } else {
-            report.record("burst", .notApplicable, "not run (it trips throttling; ask for it with --burst)")
-            report.record("recovery", .notApplicable, "not run (it trips throttling; ask for it with --burst)")
+            for id in ["burst", "busy-answer", "recovery"] {
+                report.record(id, .notApplicable, "not run (it trips throttling; ask for it with --burst)")
+            }
         }
         return report
     }
@@ -358,28 +361,110 @@ public struct ConformanceProbe: Sendable {
         }
     }
 
-    /// Sends `burstRequests` GETs, `burstConcurrency` at a time, each on its own connection, within
-    /// `burstTimeLimit`; results in completion order.
-    func runBurst() async -> (results: [BurstResult], sent: Int) {
-        let deadline = NIODeadline.now() + configuration.burstTimeLimit
-        return await withTaskGroup(of: BurstResult.self) { group in
-            var results: [BurstResult] = []
-            var sent = 0
-            while sent < configuration.burstRequests, NIODeadline.now() < deadline {
-                if sent - results.count >= configuration.burstConcurrency, let result = await group.next() {
-                    results.append(result)
-                    continue
-                }
-                sent += 1
-                group.addTask { BurstResult(await self.oneShot(.GET, BeaconLocation.notificationBeaconsPath)) }
+    /// The `503` answers of a burst, judged one by one as they come (only the tally is kept).
+    struct BusyTally: Sendable {
+        /// `503` answers seen.
+        var answers = 0
+        /// The distinct `Retry-After` values of the well-formed ones, in seconds.
+        var retryAfterSeconds: Set<Int> = []
+        /// Answers that break the form [SSDP-6.9].
+        var malformed = 0
+        /// Why the first of them does.
+        var firstProblem: String?
+
+        /// Adds one answer: `problem` nil when it is well formed, naming `seconds`.
+        mutating func add(seconds: Int?, problem: String?) {
+            answers += 1
+            if let problem {
+                malformed += 1
+                if firstProblem == nil { firstProblem = problem }
+            } else if let seconds {
+                retryAfterSeconds.insert(seconds)
             }
-            for await result in group { results.append(result) }
-            return (results, sent)
         }
     }
 
+    /// Judges a `503`'s form [SSDP-6.9]: one `Retry-After` of whole seconds (delta-seconds, not an
+    /// HTTP-date) from 1 to `maxRetryAfter`, and no body (a busy server serves no stream). Returns the
+    /// seconds it names, or why it is malformed.
+    static func judgeBusyAnswer(_ response: ProbeResponse, maxRetryAfter: TimeAmount) -> Result<Int, BusyAnswerProblem> {
+        let values = response.head.headers["Retry-After"]
+        guard let value = values.first else { return .failure(.init("no Retry-After")) }
+        guard values.count == 1 else { return .failure(.init("Retry-After \(values.count) times")) }
+        let trimmed = value.trimmingSpaces
+        let maximum = Int(maxRetryAfter.nanoseconds / 1_000_000_000)
+        guard !trimmed.isEmpty, trimmed.count <= 10, trimmed.utf8.allSatisfy({ (UInt8(ascii: "0")...UInt8(ascii: "9")).contains($0) }),
+              let seconds = Int(trimmed)
+        else { return .failure(.init("Retry-After \(quoted(value)) is not whole seconds")) }
+        guard (1...maximum).contains(seconds) else { return .failure(.init("Retry-After \(seconds) s is outside 1 ... \(maximum) s")) }
+        guard response.complete, response.body.isEmpty, !response.exceededBodyLimit else {
+            return .failure(.init(response.complete ? "a body of \(response.body.count)\(response.exceededBodyLimit ? "+" : "") bytes"
+                                                    : "the connection ended before the response did"))
+        }
+        return .success(seconds)
+    }
+
+    /// Why a `503` is malformed, in a few words.
+    struct BusyAnswerProblem: Error, Sendable {
+        var reason: String
+        init(_ reason: String) { self.reason = reason }
+    }
+
+    /// Sends `burstRequests` GETs, `burstConcurrency` at a time, each on its own connection, within
+    /// `burstTimeLimit`; results in completion order, and the tally of the `503` answers among them.
+    func runBurst() async -> (results: [BurstResult], sent: Int, busy: BusyTally) {
+        let deadline = NIODeadline.now() + configuration.burstTimeLimit
+        let maxRetryAfter = configuration.maxBusyRetryAfter
+        return await withTaskGroup(of: (BurstResult, Result<Int, BusyAnswerProblem>?).self) { group in
+            var results: [BurstResult] = []
+            var busy = BusyTally()
+            func add(_ result: (BurstResult, Result<Int, BusyAnswerProblem>?)) {
+                results.append(result.0)
+                switch result.1 {
+                case .success(let seconds): busy.add(seconds: seconds, problem: nil)
+                case .failure(let problem): busy.add(seconds: nil, problem: problem.reason)
+                case nil: break
+                }
+            }
+            var sent = 0
+            while sent < configuration.burstRequests, NIODeadline.now() < deadline {
+                if sent - results.count >= configuration.burstConcurrency, let result = await group.next() {
+                    add(result)
+                    continue
+                }
+                sent += 1
+                group.addTask {
+                    let outcome = await self.oneShot(.GET, BeaconLocation.notificationBeaconsPath)
+                    guard case .response(let response) = outcome, response.head.status == .serviceUnavailable else {
+                        return (BurstResult(outcome), nil)
+                    }
+                    return (BurstResult(outcome), Self.judgeBusyAnswer(response, maxRetryAfter: maxRetryAfter))
+                }
+            }
+            for await result in group { add(result) }
+            return (results, sent, busy)
+        }
+    }
+
+    /// Grades the form of the burst's `503` answers [SSDP-6.9]; N/A when none came, since a server shows
+    /// its busy answer only with its admission budget nearly spent, which one source may not reach (its
+    /// per-source limits refuse first).
+    private func checkBusyAnswers(_ busy: BusyTally, into report: inout ProbeReport) {
+        guard busy.answers > 0 else {
+            report.record("busy-answer", .notApplicable, "no 503 in the burst (refused otherwise, or never busy)")
+            return
+        }
+        guard let problem = busy.firstProblem else {
+            let values = busy.retryAfterSeconds.sorted().map(String.init).joined(separator: ", ")
+            report.record("busy-answer", .pass, "\(busy.answers) answered 503, Retry-After (s): \(values), no body")
+            return
+        }
+        // A SHOULD (SSDP-6.9): a malformed busy answer is a warning.
+        report.record("busy-answer", .warn, "\(busy.malformed) of \(busy.answers) 503 answers malformed; the first: \(problem)")
+    }
+
     private func checkBurst(into report: inout ProbeReport) async {
-        let (results, sent) = await runBurst()
+        let (results, sent, busy) = await runBurst()
         let answered = results.count { $0 == .answered }
         let timedOut = results.count { $0 == .timedOut }
         let throttled = results.filter { if case .throttled = $0 { true } else { false } }
@@ -398,6 +483,7 @@ public struct ConformanceProbe: Sendable {
             // Throttling is a policy (PROFILE, SSDP-7.1), not a wire rule: never throttling is a warning.
             report.record("burst", .warn, "never throttled; \(tally)")
         }
+        checkBusyAnswers(busy, into: &report)
     }
 
     /// After the burst the server may close its port for a while (the seed allows it), but it must come

@@ -36,6 +36,10 @@ public struct ProbeConfiguration: Sendable {
     public var maxOutage: TimeAmount = .seconds(60)
     /// Interval between attempts while waiting for the server to answer again after the burst.
     public var recoveryPollInterval: TimeAmount = .milliseconds(250)
+    /// The longest `Retry-After` a busy answer (`503`) of the burst may name (ThaliSSDP's client bound,
+    /// 60 s, by default): a client cuts a longer wait to its bound, so a server's own maximum must lie
+    /// within it (spec/ssdp.md §6.1). Whole seconds, at least 1 s.
+    public var maxBusyRetryAfter: TimeAmount
 
     /// Upper bound on `burstRequests`: the probe is a checker, not a load generator.
     public static let maximumBurstRequests = 10_000
@@ -48,6 +52,7 @@ public struct ProbeConfiguration: Sendable {
         connectTimeout = client.connectTimeout
         responseTimeout = client.responseTimeout
         maxBodyBytes = client.maxBodyBytes
+        maxBusyRetryAfter = client.maxBusyRetryAfter
         maxHeadBytes = client.maxHeadBytes
         maxBeacons = BeaconLimits().maximumBeaconsPerAnnouncement
     }
@@ -67,6 +72,7 @@ public struct ProbeConfiguration: Sendable {
             if burstTimeLimit <= .zero || maxOutage < .zero || recoveryPollInterval <= .zero {
                 return "burst time limit and poll interval must be positive, max outage not negative"
             }
+            if maxBusyRetryAfter < .seconds(1) { return "max busy Retry-After must be at least 1 s" }
         }
         return nil
     }

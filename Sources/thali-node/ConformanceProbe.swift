@@ -53,6 +53,9 @@ struct ConformanceProbeCommand: AsyncParsableCommand {
     @Option(help: "After the burst, longest the server may stay silent before a warning, in seconds.")
     var maxOutageS: Int64 = 60
 
+    @Option(help: "Longest Retry-After a 503 of the burst may name, in seconds (the client's bound).")
+    var maxBusyRetryAfterS: Int64 = 60
+
     @Flag(help: "Run the burst and recovery checks (they trip the target's throttling).")
     var burst = false
 
@@ -81,6 +84,7 @@ struct ConformanceProbeCommand: AsyncParsableCommand {
         configuration.burstConcurrency = burstConcurrency
         configuration.burstTimeLimit = .seconds(burstTimeLimitS)
         configuration.maxOutage = .seconds(maxOutageS)
+        configuration.maxBusyRetryAfter = .seconds(maxBusyRetryAfterS)
         return configuration
     }
 
@@ -90,13 +94,16 @@ struct ConformanceProbeCommand: AsyncParsableCommand {
         let json = self.json
         if !json { printNow("probe \(location)") }
         let report = await ConformanceProbe(location: location, configuration: probeConfiguration, group: group).run(
-            progress: { check in if !json { printNow("\(check.verdict.rawValue.padding(toLength: 4, withPad: " ", startingAt: 0)) \(check.id): \(check.reason)") } },
-            notice: { text in if !json { printNow("NOTE \(text)") } })
+            // Reasons quote the server's header values: escaped, so they cannot drive the terminal.
+            progress: { check in
+                if !json { printNow(TerminalText.escaped("\(check.verdict.rawValue.padding(toLength: 4, withPad: " ", startingAt: 0)) \(check.id): \(check.reason)")) }
+            },
+            notice: { text in if !json { printNow(TerminalText.escaped("NOTE \(text)")) } })
         try? await group.shutdownGracefully()
         if json {
             print(report.json())
         } else {
-            for note in report.notes { print("NOTE \(note)") }
+            for note in report.notes { print(TerminalText.escaped("NOTE \(note)")) }
             print("\(report.passed) passed, \(report.failed) failed")
         }
         if report.failed > 0 { throw ExitCode.failure }

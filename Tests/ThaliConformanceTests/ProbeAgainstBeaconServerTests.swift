@@ -119,6 +119,28 @@ struct ProbeAgainstBeaconServerTests {
         }
     }
 
+    @Test("nearly out of its budget, the server answers 503 with a Retry-After of whole seconds within its bound: busy-answer passes")
+    func busyAnswersPass() async throws {
+        var limits = Self.lowLimits
+        limits.maxRequestsPerSource = 1000
+        limits.busyRequestsGlobal = 5
+        limits.maxRequestsGlobal = 1000
+        limits.globalWindow = .seconds(1)
+        let stream = try BeaconGenerator(identity: PrivateKey()).makeAnnouncement(
+            for: [PrivateKey().publicKey], validity: .seconds(60)).stream
+        try await withServer(limits: limits, beacons: stream) { server, location in
+            let report = await ConformanceProbe(location: location, configuration: Self.fastProbe, group: group).run()
+            #expect(server.counters.answeredBusy >= 1)
+            #expect(report.check("burst")?.verdict == .pass, "\(report.text)")
+            let busy = try #require(report.check("busy-answer"))
+            #expect(busy.verdict == .pass, "\(report.text)")
+            // The server draws each Retry-After from 1 to its maxBusyRetryAfter (2 s).
+            let values = busy.reason.split(separator: ": ").last?.split(separator: ",").compactMap { Int($0.trimmingCharacters(in: .whitespaces)) } ?? []
+            #expect(!values.isEmpty && values.allSatisfy { (1...2).contains($0) }, "\(busy.reason)")
+            #expect(report.failed == 0 && report.warnings == 0, "\(report.text)")
+        }
+    }
+
     @Test("a port that stays closed longer than the allowed outage is a warning")
     func outageLongerThanAllowed() async throws {
         var limits = Self.lowLimits

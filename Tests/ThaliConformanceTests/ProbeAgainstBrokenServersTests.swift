@@ -23,6 +23,16 @@ struct ProbeAgainstBrokenServersTests {
         return configuration
     }
 
+    /// ``probe`` with the burst on: `requests`, `concurrency` at a time, then `maxOutage` for recovery.
+    static func burst(_ requests: Int, concurrency: Int, maxOutage: TimeAmount) -> ProbeConfiguration {
+        var configuration = probe
+        configuration.burstEnabled = true
+        configuration.burstRequests = requests
+        configuration.burstConcurrency = concurrency
+        configuration.maxOutage = maxOutage
+        return configuration
+    }
+
     static func stream(_ profile: BeaconProfile = .spec, clock: BeaconClock = .system) throws -> [UInt8] {
         try BeaconGenerator(identity: PrivateKey(), profile: profile, clock: clock)
             .makeAnnouncement(for: [PrivateKey().publicKey], validity: .seconds(600)).stream
@@ -41,6 +51,7 @@ struct ProbeAgainstBrokenServersTests {
             #expect(report.check("keep-alive")?.reason.contains("HTTP/1.0") == true, "\(report.text)")
             #expect(report.check("method")?.reason.contains("501") == true, "\(report.text)")
             #expect(report.check("burst")?.verdict == .notApplicable)
+            #expect(report.check("busy-answer")?.verdict == .notApplicable)
         }
     }
 
@@ -184,11 +195,7 @@ struct ProbeAgainstBrokenServersTests {
 
     @Test("429 counts as throttling; a server that keeps refusing warns in recovery")
     func throttlesWith429() async throws {
-        var configuration = Self.probe
-        configuration.burstEnabled = true
-        configuration.burstRequests = 20
-        configuration.burstConcurrency = 1
-        configuration.maxOutage = .seconds(1)
+        let configuration = Self.burst(20, concurrency: 1, maxOutage: .seconds(1))
         try await withBrokenServer("throttles-429", body: Self.stream()) { location in
             let report = await probe(location, configuration)
             // Three GETs of /NotificationBeacons came before the burst (first answer, client fetch,
@@ -202,13 +209,28 @@ struct ProbeAgainstBrokenServersTests {
         }
     }
 
+    @Test("each 503 of the burst is judged for its form (a SHOULD): a well-formed one passes with the Retry-After it names, a malformed one warns naming what it breaks; the burst counts each as throttling",
+          arguments: [("busy-ok", ProbeVerdict.pass, "4 answered 503, Retry-After (s): 2, no body"),
+                      ("busy-http-date", .warn, "Retry-After \"Fri, 27 Nov 2026 03:00:00 GMT\" is not whole seconds"),
+                      ("busy-fraction", .warn, "Retry-After \"1.5\" is not whole seconds"),
+                      ("busy-zero", .warn, "Retry-After 0 s is outside 1 ... 60 s"),
+                      ("busy-too-long", .warn, "Retry-After 3600 s is outside 1 ... 60 s"),
+                      ("busy-no-retry-after", .warn, "no Retry-After"),
+                      ("busy-with-body", .warn, "a body of ")])
+    func busyAnswerForm(mode: String, verdict: ProbeVerdict, reason: String) async throws {
+        try await withBrokenServer(mode, body: Self.stream()) { location in
+            let report = await probe(location, Self.burst(4, concurrency: 1, maxOutage: .zero))
+            #expect(report.check("burst")?.verdict == .pass, "\(report.text)")
+            let busy = try #require(report.check("busy-answer"))
+            #expect(busy.verdict == verdict)
+            #expect(busy.reason.hasPrefix(verdict == .pass ? reason : "4 of 4 503 answers malformed; the first: \(reason)"), "\(busy.reason)")
+            #expect(report.failed == 0, "\(report.text)")
+        }
+    }
+
     @Test("a server that dies under the burst: recovery warns that it stopped answering")
     func crashesUnderLoad() async throws {
-        var configuration = Self.probe
-        configuration.burstEnabled = true
-        configuration.burstRequests = 10
-        configuration.burstConcurrency = 2
-        configuration.maxOutage = .seconds(1)
+        let configuration = Self.burst(10, concurrency: 2, maxOutage: .seconds(1))
         try await withBrokenServer("crashes", body: Self.stream()) { location in
             let report = await probe(location, configuration)
             // A dead server refuses like a throttling one; recovery is what tells them apart.
@@ -249,11 +271,7 @@ struct ProbeAgainstBrokenServersTests {
 
     @Test("a server that never throttles warns in the burst: throttling is our policy (PROFILE), not a wire rule")
     func neverThrottles() async throws {
-        var configuration = Self.probe
-        configuration.burstEnabled = true
-        configuration.burstRequests = 30
-        configuration.burstConcurrency = 4
-        configuration.maxOutage = .seconds(2)
+        let configuration = Self.burst(30, concurrency: 4, maxOutage: .seconds(2))
         try await withBrokenServer("ok", body: Self.stream()) { location in
             let report = await probe(location, configuration)
             let burst = try #require(report.check("burst"))

@@ -45,6 +45,17 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Length", "0")
             self.end_headers()
             return
+        if mode.startswith("busy-") and count > 3:   # busy answers, each breaking one rule of their form
+            retry_after = {"busy-http-date": "Fri, 27 Nov 2026 03:00:00 GMT", "busy-zero": "0", "busy-too-long": "3600",
+                           "busy-fraction": "1.5"}.get(mode, "2")
+            self.send_response(503)
+            if mode != "busy-no-retry-after":
+                self.send_header("Retry-After", retry_after)
+            payload = body if mode == "busy-with-body" else b""
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+            return
         self.requests_here = getattr(self, "requests_here", 0) + 1
         if mode == "hangs-second" and self.requests_here == 2:
             time.sleep(3600)      # the second request on a persistent connection is never answered
