@@ -128,10 +128,8 @@ final class PeerSuiteServer: Sendable {
                                 try acceptMarked(stream, policy: policy, limits: limits, sink: sink)
                             }
                         }).flatMapThrowing { server in
-                            // Right above PSK-TLS, so that it sees the session's end before the multiplexer acts on it.
-                            let tls = try channel.pipeline.syncOperations.handler(type: PSKTLSHandler.self)
-                            try channel.pipeline.syncOperations.addHandler(SessionEndRecorder { sink.yield(.sessionEnded($0)) },
-                                                                           position: .after(tls))
+                            // Last, behind the multiplexer, which hands on every event and error it is given.
+                            try channel.pipeline.syncOperations.addHandler(SessionEndRecorder { sink.yield(.sessionEnded($0)) })
                             server.peer.and(server.handshake).whenComplete { result in
                                 switch result {
                                 case .success(let (_, parameters)):
@@ -197,7 +195,7 @@ enum SessionEnd: Sendable, Equatable, CustomStringConvertible {
     case closeNotify
     /// TCP closed without its close_notify (`uncleanShutdown`).
     case bareClose
-    /// We closed first, so how it would have closed is unknown.
+    /// Neither came: we closed first, so how it would have closed is unknown.
     case closedBySuite
     /// The connection failed on something else (the error).
     case failed(String)
@@ -206,21 +204,19 @@ enum SessionEnd: Sendable, Equatable, CustomStringConvertible {
         switch self {
         case .closeNotify: "close_notify, then the connection closed"
         case .bareClose: "TCP closed without close_notify (uncleanShutdown)"
-        case .closedBySuite: "the suite closed first"
+        case .closedBySuite: "neither its close_notify nor a bare close: the suite closed first"
         case .failed(let error): "failed: \(error)"
         }
     }
 }
 
-/// Sits right above PSK-TLS on the suite's port and notes the first sign of a session's end: the peer's
-/// close_notify (`ChannelEvent.inputClosed`, which PSK-TLS fires only for it, half-closure being allowed on
-/// the port), TLS's `uncleanShutdown` (TCP closed without it), or our own close. When an authenticated
-/// session's connection goes away, hands that sign to `ended`. Only moves bytes.
-final class SessionEndRecorder: ChannelDuplexHandler, RemovableChannelHandler {
+/// Sits at the end of a session's pipeline on the suite's port and notes the first sign of the session's
+/// end: the peer's close_notify (`ChannelEvent.inputClosed`, which PSK-TLS fires only for it, half-closure
+/// being allowed on the port, and the multiplexer hands on) or TLS's `uncleanShutdown` (TCP closed
+/// without it). Once an authenticated session's connection has gone away, hands that sign to `ended`;
+/// none means we closed first. Reads nothing itself.
+final class SessionEndRecorder: ChannelInboundHandler, RemovableChannelHandler {
     typealias InboundIn = ByteBuffer
-    typealias InboundOut = ByteBuffer
-    typealias OutboundIn = ByteBuffer
-    typealias OutboundOut = ByteBuffer
     private let ended: @Sendable (SessionEnd) -> Void
     private var authenticated = false
     private var end: SessionEnd?
@@ -240,13 +236,12 @@ final class SessionEndRecorder: ChannelDuplexHandler, RemovableChannelHandler {
         context.fireErrorCaught(error)
     }
 
-    func close(context: ChannelHandlerContext, mode: CloseMode, promise: EventLoopPromise<Void>?) {
-        note(.closedBySuite)
-        context.close(mode: mode, promise: promise)
-    }
-
     func channelInactive(context: ChannelHandlerContext) {
-        if authenticated { ended(end ?? .failed("the connection went away without a sign")) }
+        // The multiplexer closes the channel on the close_notify's inputClosed before handing the event on,
+        // so the channel goes inactive first: judge once the event that closed it has come too.
+        if authenticated {
+            context.eventLoop.assumeIsolated().execute { [self] in ended(end ?? .closedBySuite) }
+        }
         context.fireChannelInactive()
     }
 
