@@ -80,8 +80,14 @@ struct RunCommandTests {
         #expect(!alicePeer.events.contains { isEvent($0, "received", ["id": file.id.uuidString]) })
         kill(bobPeer.pid, SIGCONT)
 
-        try await alicePeer.waitFor("the file after the retry", timeout: .seconds(60)) {
-            isEvent($0, "received", ["id": file.id.uuidString])
+        do {
+            try await alicePeer.waitFor("the file after the retry", timeout: .seconds(60)) {
+                isEvent($0, "received", ["id": file.id.uuidString])
+            }
+        } catch {
+            // Why the retries failed is on the sender's side (once: it kept its stalled session's claim).
+            Issue.record("bob's output:\n\(bobPeer.output)")
+            throw error
         }
         try await bobPeer.waitFor("the file acknowledged", timeout: .seconds(30)) {
             isEvent($0, "delivered", ["id": file.id.uuidString])
