@@ -495,7 +495,15 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
         for (_, promise) in pingPromises { promise.fail(error) }
         pingPromises.removeAll()
         readyToWrite.removeAll()
+        // Streams already over on the wire are no longer the session's: what they received (their end
+        // included, perhaps in the same read as the session's end) is still theirs to hand on. Dropped,
+        // a stream whose end was queued here never ended.
+        let finished = pendingDelivery.filter { $0.isDetached && !$0.tornDown }
         pendingDelivery.removeAll()
+        for stream in finished {
+            stream.isQueuedForDelivery = false
+            stream.deliverIfReadPending()
+        }
     }
 
     private func start() {

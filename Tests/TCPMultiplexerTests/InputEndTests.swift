@@ -42,6 +42,36 @@ import Testing
         try channel.throwIfErrorCaught()
     }
 
+    /// A stream we had closed our side of, whose peer's end comes in the same read as the session's
+    /// end (a node that closes its stream and then its session at once): the stream is over on the
+    /// wire, so the session no longer holds it, but its end must still reach it. Before, the session
+    /// dropped the delivery it had queued, and the stream stayed open for good.
+    @Test(arguments: MultiplexerFraming.allCases)
+    func aStreamsEndInTheSameReadAsTheSessionsEndStillReachesIt(framing: MultiplexerFraming) throws {
+        let accepted = AcceptedStreams(halfClosure: true)
+        let (channel, _) = try EmbeddedChannel.withSession(role: .server, configuration: quietConfiguration(framing),
+                                                           initializer: accepted.initializer)
+        let opening = framing == .yamux ? [yamux(.data, .syn, id: 1, length: 2, payload: Array("hi".utf8))]
+                                        : [thali(.open, id: 0, body: Array("a".utf8)), thali(.messageInitiator, id: 0, body: Array("hi".utf8))]
+        for frame in opening { try channel.writeInbound(frame) }
+        channel.pipeline.fireChannelReadComplete()
+        let stream = try #require(accepted.all.first)
+        try stream.channel.close(mode: .output).wait()
+        _ = try channel.drainOutbound()
+        #expect(!stream.recorder.inactive)
+
+        // One read: the peer's end of the stream, then the end of the session's input.
+        // (writeInbound would complete the read in between.)
+        channel.pipeline.fireChannelRead(framing == .yamux ? yamux(.data, .fin, id: 1, length: 0) : thali(.closeInitiator, id: 0))
+        channel.pipeline.fireUserInboundEventTriggered(ChannelEvent.inputClosed)
+        channel.pipeline.fireChannelReadComplete()
+
+        #expect(stream.recorder.inputClosed)
+        #expect(stream.recorder.inactive)
+        #expect(stream.recorder.errors.isEmpty, "over on the wire before the session ended: \(stream.recorder.errors)")
+        #expect(!channel.isActive)
+    }
+
     @Test(arguments: MultiplexerFraming.allCases)
     func inputEndingInsideAFrameIsAProtocolError(framing: MultiplexerFraming) throws {
         let (channel, stream) = try Self.sessionWithOneStream(framing)
