@@ -13,28 +13,60 @@ import ThaliTestSupport
             && ((try? FileManager.default.contentsOfDirectory(atPath: "/boot")) ?? []).contains { $0.hasPrefix("vmlinuz-") }
     }
 
-    /// Runs `scripts/bt-vm/<script>` in the guest with the built `thali-node` and `arguments`; expects
-    /// it to succeed, and returns the figures line that starts with `{"<firstKey>"` and the guest's output.
-    /// With `harnessConnectable` false the harness leaves page scan as bluetoothd set it (off).
-    static func runInGuest<Figures: Decodable>(_ script: String, _ arguments: [String], figures: Figures.Type,
-                                               firstKey: String, harnessConnectable: Bool = true) throws -> (Figures, String) {
+    /// What `scripts/bt-vm/checks.sh` printed in one guest: each part's output and exit status.
+    struct GuestChecks: Sendable {
+        var parts: [String: (status: Int, output: String)] = [:]
+        var whole: String
+
+        /// The part's output, after checking that it ran and succeeded.
+        func part(_ name: String, sourceLocation: SourceLocation = #_sourceLocation) throws -> String {
+            let found = try #require(parts[name], "the guest did not run \(name):\n\(whole)", sourceLocation: sourceLocation)
+            #expect(found.status == 0, "\(name) exited \(found.status):\n\(found.output)", sourceLocation: sourceLocation)
+            return found.output
+        }
+
+        /// The line of figures in `output` that starts with `{"<firstKey>"`.
+        func figures<Figures: Decodable>(_ type: Figures.Type, in output: String, firstKey: String) throws -> Figures {
+            // The guest's console ends lines with CR LF.
+            let line = try #require(output.split(whereSeparator: \.isNewline).first { $0.hasPrefix("{\"\(firstKey)\"") },
+                                    "no figures starting with \(firstKey)")
+            return try JSONDecoder().decode(Figures.self, from: Data(line.utf8))
+        }
+    }
+
+    /// The three checks share one boot of the guest (15-20 s with KVM, about 50 s under emulation in CI):
+    /// `scripts/bt-vm/checks.sh` runs them in turn with the adapters as bluetoothd leaves them (page
+    /// scan off), and each test reads its part. Run once, by whichever test comes first.
+    static let guestChecks: Result<GuestChecks, any Error> = Result { try runChecksInGuest() }
+
+    static func runChecksInGuest() throws -> GuestChecks {
         let node = try #require(PackagePaths.thaliNode())
         let job = FileManager.default.temporaryDirectory.appendingPathComponent("thali-bt-vm-\(UUID().uuidString)").path
         defer { try? FileManager.default.removeItem(atPath: job) }
         var environment = ProcessInfo.processInfo.environment
         environment["BT_VM_JOB"] = job
-        environment["BT_VM_TIMEOUT"] = "240"
-        environment["BT_VM_CONNECTABLE"] = harnessConnectable ? "1" : "0"
-        let result = try ChildProcess.run("/bin/bash", ["\(root)/scripts/bt-vm/run.sh", "bash", "\(root)/scripts/bt-vm/\(script)", node]
-                                              + arguments,
-                                          environment: environment, timeout: .seconds(300))
+        environment["BT_VM_TIMEOUT"] = "420"
+        environment["BT_VM_CONNECTABLE"] = "0"
+        let result = try ChildProcess.run("/bin/bash", ["\(root)/scripts/bt-vm/run.sh", "bash", "\(root)/scripts/bt-vm/checks.sh", node,
+                                                        "65536", "90"],
+                                          environment: environment, timeout: .seconds(480))
         print(result.output)
         let guestLog = (try? String(contentsOfFile: "\(job)/bluetoothd.log", encoding: .utf8)) ?? ""
-        #expect(result.status == 0, "bt-vm exited \(result.status); bluetoothd said:\n\(guestLog)")
-        // The guest's console ends lines with CR LF.
-        let line = try #require(result.output.split(whereSeparator: \.isNewline).first { $0.hasPrefix("{\"\(firstKey)\"") },
-                                "no figures from \(script)")
-        return (try JSONDecoder().decode(Figures.self, from: Data(line.utf8)), result.output)
+        var checks = GuestChecks(whole: result.output + "\n--- bluetoothd:\n" + guestLog)
+        var current: (name: String, lines: [Substring])?
+        for rawLine in result.output.split(whereSeparator: \.isNewline) {
+            let line = rawLine.trimmingCharacters(in: .whitespaces)
+            if line.hasPrefix("=== "), let open = current, line.hasPrefix("=== \(open.name) status "),
+               let status = Int(line.dropFirst("=== \(open.name) status ".count)) {
+                checks.parts[open.name] = (status, open.lines.joined(separator: "\n"))
+                current = nil
+            } else if line.hasPrefix("=== "), current == nil {
+                current = (String(line.dropFirst(4)), [])
+            } else {
+                current?.lines.append(rawLine)
+            }
+        }
+        return checks
     }
 
     struct RadioFigures: Decodable {
@@ -49,26 +81,22 @@ import ThaliTestSupport
     /// controller is found by a scan on the other, then the relay carries 64 KiB over kernel RFCOMM.
     @Test(.enabled(if: geteuid() == 0 && TestEnvironment.available(vmAvailable && PackagePaths.thaliNode() != nil)))
     func advertiseScanAndRelay64KiBOverRealBlueZ() throws {
-        let (figures, _) = try Self.runInGuest("radio-bench.sh", ["65536"], figures: RadioFigures.self, firstKey: "advertiser")
+        let checks = try Self.guestChecks.get()
+        let figures = try checks.figures(RadioFigures.self, in: try checks.part("radio-bench"), firstKey: "advertiser")
         #expect(figures.relay_bytes == 65536)
         #expect(figures.relay_intact)
         #expect(figures.ble_discovery_s > 0)
         #expect(figures.rfcomm_connect_s > 0)
     }
 
-    /// `scripts/bt-vm/demo.sh`: `thali-node demo --bluetooth` in the guest, Alice and Bob on two emulated
-    /// controllers: it says the radio is emulated, and every item reaches its inbox once, intact.
+    /// `thali-node demo --bluetooth` in the guest (what `scripts/bt-vm/demo.sh` runs), Alice and Bob on two
+    /// emulated controllers: every item reaches its inbox once, intact.
     @Test(.enabled(if: geteuid() == 0 && TestEnvironment.available(vmAvailable && PackagePaths.thaliNode() != nil)))
     func theDemoRunsOverRealBlueZ() throws {
-        let node = try #require(PackagePaths.thaliNode())
-        let result = try ChildProcess.run("/bin/bash", ["\(Self.root)/scripts/bt-vm/demo.sh", node, "--timeout", "90", "--pace", "0"],
-                                          timeout: .seconds(300))
-        print(result.output)
-        #expect(result.status == 0)
-        #expect(result.output.contains("The radio is emulated"))
-        #expect(result.output.contains("two peers on Bluetooth adapters hci0, hci1"))
-        #expect(result.output.contains("3 of 3 items verified in the right inbox, exactly once, content intact"))
-        #expect(result.output.contains("Every item reached its contact, and only its contact."))
+        let output = try Self.guestChecks.get().part("demo")
+        #expect(output.contains("two peers on Bluetooth adapters hci0, hci1"), "\(output)")
+        #expect(output.contains("3 of 3 items verified in the right inbox, exactly once, content intact"), "\(output)")
+        #expect(output.contains("Every item reached its contact, and only its contact."), "\(output)")
     }
 
     struct NodePairFigures: Decodable {
@@ -83,8 +111,9 @@ import ThaliTestSupport
     /// The controllers start as bluetoothd leaves them, page scan off: the nodes turn it on themselves.
     @Test(.enabled(if: geteuid() == 0 && TestEnvironment.available(vmAvailable && PackagePaths.thaliNode() != nil)))
     func twoNodesDeliverOverRealBluetooth() throws {
-        let (figures, output) = try Self.runInGuest("node-pair.sh", ["65536", "90"], figures: NodePairFigures.self,
-                                                    firstKey: "alice_inbox", harnessConnectable: false)
+        let checks = try Self.guestChecks.get()
+        let output = try checks.part("node-pair")
+        let figures = try checks.figures(NodePairFigures.self, in: output, firstKey: "alice_inbox")
         #expect(output.contains("Bluetooth adapter hci0 had page scan off; made it discoverable"), "alice did not make hci0 connectable")
         #expect(output.contains("Bluetooth adapter hci1 had page scan off; made it discoverable"), "bob did not make hci1 connectable")
         #expect(figures.node_pair_ok)
