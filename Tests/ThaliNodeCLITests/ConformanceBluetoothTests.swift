@@ -1,0 +1,238 @@
+import Foundation
+import NIOCore
+import NIOPosix
+import TCPMultiplexer
+import Testing
+import ThaliBLEBinding
+import ThaliBluetoothTestSupport
+import ThaliNodeTestSupport
+@testable import ThaliConformance
+
+/// `thali-node conformance bluetooth` against our own `thali-node run --bluetooth` over the cross-process
+/// stand-in (BlueZ played by python-dbusmock, as in `NodeProcessesOverBluetoothTests`): every case passes.
+/// Then the mode in-process against Bluetooth servers written here on the same stand-in, right but for
+/// one fault each: each fault fails exactly its cases, so the mode grades, not just runs.
+@Suite(.serialized, .timeLimit(.minutes(2)))
+struct ConformanceBluetoothTests {
+    @Test("against thali-node run --bluetooth: every case passes, each printed as it ends",
+          .enabled(if: BlueZMock.peersPresent))
+    func againstOurNode() async throws {
+        let executable = try #require(PackagePaths.thaliNode(), "thali-node is not built")
+        let mock = try await BlueZMock()
+        try await mock.addAdapter("hci0")
+        let address = try await mock.address(of: "hci0")
+        let people = try TestPeople(["alice"], label: "bt-conformance")
+        let scope = "conformance-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
+        let environment = ["DBUS_SYSTEM_BUS_ADDRESS": mock.busAddress, "THALI_BLUETOOTH_STANDIN": scope]
+        let node = try RunningPeer("alice", executable, ["run", "--home", try people["alice"].home.path, "--json",
+                                                         "--bluetooth", "hci0", "--no-wifi"], environment: environment)
+        defer { _ = node.kill(signal: SIGTERM) }
+        try await node.waitFor("started") { isEvent($0, "started") }
+
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("thali-bt-conformance-\(UUID().uuidString)").path
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let jsonPath = directory + "/bluetooth.json"
+        let run = try ChildProcess(executable, ["conformance", "bluetooth", address.description, "--json-out", jsonPath,
+                                                "--close-margin-s", "2"],
+                                   environment: ["THALI_BLUETOOTH_STANDIN": scope])
+        let status = try await run.waitForExit(timeout: .seconds(60))
+        #expect(status == 0, "\(run.output)\n--- node:\n\(node.output.suffix(4000))")
+        let object = try JSONSerialization.jsonObject(with: Data(contentsOf: URL(fileURLWithPath: jsonPath))) as? [String: Any]
+        let results = try #require(object?["results"] as? [[String: Any]])
+        var verdicts: [String: String] = [:]
+        for result in results { if let id = result["id"] as? String { verdicts[id] = result["verdict"] as? String } }
+        #expect(Set(verdicts.keys) == Set(BluetoothConformance.Cases.all.map(\.id)))
+        for (id, verdict) in verdicts { #expect(verdict == "PASS", "\(id)\n\(run.output)") }
+        #expect(run.output.split(separator: "\n").filter { $0.hasPrefix("PASS ") }.count == BluetoothConformance.Cases.all.count,
+                "\(run.output)")
+    }
+
+    @Test("against scripted servers: the right one passes every case, each fault fails exactly its cases")
+    func againstScriptedServers() async throws {
+        let group = MultiThreadedEventLoopGroup.singleton
+        let scope = "scripted-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
+        let cases = BluetoothConformance.Cases.self
+        let expectations: [(ScriptedBluetoothServer.Faults, failing: Set<String>)] = [
+            (.init(), []),
+            (.init(acknowledgement: 0x01), [cases.helloWithBeacons.id, cases.helloWithoutBeacons.id]),
+            (.init(answersBadHello: true), [cases.badHelloClosed.id]),
+            (.init(closesSilentStream: false), [cases.silentClosed.id]),
+            (.init(fetchesOnSurprise: false), [cases.surpriseFetch.id]),
+            (.init(closesStreams: false), [cases.appCloseEndsStream.id, cases.suiteCloseEndsStream.id]),
+        ]
+        let catalog = try RequirementCatalog.load(from: RequirementCatalog.defaultPath)
+        let suiteAddress = try #require(BluetoothAddress("02:00:00:00:C0:DE"))
+        // All at once: each run is mostly waiting, on a server of its own.
+        let reports = try await withThrowingTaskGroup(of: (ScriptedBluetoothServer.Faults, ConformanceReport).self) { runs in
+            for (index, (faults, _)) in expectations.enumerated() {
+                let serverAddress = try #require(BluetoothAddress(octets: [2, 0, 0, 0, 0x50, UInt8(index)]))
+                runs.addTask {
+                    let server = try await ScriptedBluetoothServer.start(
+                        transport: CrossProcessBluetoothTransport(scope: scope, localAddress: serverAddress), faults: faults, group: group)
+                    defer { server.stop() }
+                    var configuration = BluetoothConformanceConfiguration(address: serverAddress)
+                    // Longer than the scripted server's own handshake timeout (``ScriptedBluetoothServer/handshakeTimeout``).
+                    configuration.handshakeTimeout = .milliseconds(400)
+                    configuration.closeMargin = .milliseconds(300)
+                    configuration.stepTimeout = .seconds(1)
+                    let suite = BluetoothConformance(configuration: configuration,
+                                                     transport: CrossProcessBluetoothTransport(scope: scope, localAddress: suiteAddress),
+                                                     group: group)
+                    let run = ConformanceRun(target: "scripted \(faults)", catalog: catalog)
+                    await suite.run(run)
+                    return (faults, run.report)
+                }
+            }
+            return try await runs.reduce(into: [String: ConformanceReport]()) { $0[$1.0.description] = $1.1 }
+        }
+        for (faults, failing) in expectations {
+            let report = try #require(reports[faults.description])
+            #expect(Set(report.results.map(\.testCase.id)) == Set(cases.all.map(\.id)), "\(faults)")
+            let failed = Set(report.results.filter { $0.verdict == .fail }.map(\.testCase.id))
+            #expect(failed == failing, "\(faults):\n\(report.table)")
+            // Nothing else goes wrong: what a fault does not fail passes, or cannot be decided after it (the
+            // cases behind a handshake that failed).
+            let undecidable = faults.acknowledgement == 0 ? [] : Set([cases.yamuxServed, cases.appCloseEndsStream, cases.suiteCloseEndsStream,
+                                                                       cases.surpriseFetch].map(\.id))
+            for result in report.results where !failing.contains(result.testCase.id) {
+                #expect(result.verdict == (undecidable.contains(result.testCase.id) ? .inconclusive : .pass),
+                        "\(faults): \(result.testCase.id)\n\(report.table)")
+            }
+        }
+    }
+}
+
+/// A Bluetooth server of the Thali binding written for this test: the handshake, a yamux server session
+/// whose streams answer an HTTP request and close, and after a `00` hello a beacon request of its own over
+/// the link. ``Faults`` breaks one rule at a time.
+private final class ScriptedBluetoothServer: Sendable {
+    struct Faults: Sendable, CustomStringConvertible {
+        /// The octet it answers a valid hello with (right: 00).
+        var acknowledgement: UInt8 = 0
+        /// Whether it answers 00 to any other first octet too (right: it closes).
+        var answersBadHello = false
+        /// Whether it closes a stream that sends no hello (right: after its handshake timeout).
+        var closesSilentStream = true
+        /// Whether a 00 hello makes it fetch the client's beacons over the link.
+        var fetchesOnSurprise = true
+        /// Whether its streams close after their answer and on the client's FIN.
+        var closesStreams = true
+
+        var description: String {
+            var faults: [String] = []
+            if acknowledgement != 0 { faults.append("acknowledges with \(acknowledgement)") }
+            if answersBadHello { faults.append("answers a bad hello") }
+            if !closesSilentStream { faults.append("keeps a silent stream") }
+            if !fetchesOnSurprise { faults.append("fetches nothing on a 00 hello") }
+            if !closesStreams { faults.append("never closes a stream") }
+            return faults.isEmpty ? "right" : faults.joined(separator: ", ")
+        }
+    }
+
+    /// Shorter than the suite's 400 ms + 300 ms in the test.
+    static let handshakeTimeout = TimeAmount.milliseconds(200)
+
+    private let listener: any BluetoothListener
+    private let acceptor: Task<Void, Never>
+
+    private init(listener: any BluetoothListener, acceptor: Task<Void, Never>) {
+        self.listener = listener
+        self.acceptor = acceptor
+    }
+
+    static func start(transport: any BluetoothTransport, faults: Faults, group: any EventLoopGroup) async throws -> ScriptedBluetoothServer {
+        let listener = try await transport.listen(channel: BluetoothConformanceConfiguration.defaultChannel)
+        let acceptor = Task {
+            while let socket = try? await listener.accept() {
+                _ = try? await socket.makeChannel(on: group.next()) { channel in
+                    channel.eventLoop.makeCompletedFuture {
+                        try channel.pipeline.syncOperations.addHandler(ScriptedHandshakeHandler(faults: faults))
+                    }
+                }
+            }
+        }
+        return ScriptedBluetoothServer(listener: listener, acceptor: acceptor)
+    }
+
+    func stop() {
+        listener.close()
+        acceptor.cancel()
+    }
+}
+
+/// The server's handshake, then a yamux session on the stream.
+private final class ScriptedHandshakeHandler: ChannelInboundHandler, RemovableChannelHandler {
+    typealias InboundIn = ByteBuffer
+    typealias InboundOut = ByteBuffer
+    private let faults: ScriptedBluetoothServer.Faults
+    private var timer: Scheduled<Void>?
+    private var answered = false
+
+    init(faults: ScriptedBluetoothServer.Faults) { self.faults = faults }
+
+    func channelActive(context: ChannelHandlerContext) {
+        if faults.closesSilentStream {
+            let channel = context.channel
+            timer = context.eventLoop.scheduleTask(in: ScriptedBluetoothServer.handshakeTimeout) { channel.close(promise: nil) }
+        }
+        context.fireChannelActive()
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        var bytes = unwrapInboundIn(data)
+        guard !answered, let hello = bytes.readInteger(as: UInt8.self) else { return }
+        answered = true
+        timer?.cancel()
+        guard hello <= 1 else {
+            if faults.answersBadHello {
+                context.writeAndFlush(NIOAny(context.channel.allocator.buffer(bytes: [0])), promise: nil)
+            } else {
+                context.close(promise: nil)
+            }
+            return
+        }
+        context.writeAndFlush(NIOAny(context.channel.allocator.buffer(bytes: [faults.acknowledgement])), promise: nil)
+        let closesStreams = faults.closesStreams
+        let channel = context.channel
+        let session = MultiplexerSession.configure(on: channel, role: .server) { stream in
+            stream.eventLoop.makeCompletedFuture {
+                if !closesStreams { try stream.syncOptions?.setOption(ChannelOptions.allowRemoteHalfClosure, value: true) }
+                try stream.pipeline.syncOperations.addHandler(ScriptedAnswerHandler(closes: closesStreams))
+            }
+        }
+        if bytes.readableBytes > 0 { context.fireChannelRead(wrapInboundOut(bytes)) }
+        context.pipeline.syncOperations.removeHandler(context: context, promise: nil)
+        guard hello == 0, faults.fetchesOnSurprise else { return }
+        session.whenSuccess { session in
+            session.openStream().whenSuccess { stream in
+                stream.writeAndFlush(stream.allocator.buffer(bytes: BluetoothStreamTranscript.beaconRequest), promise: nil)
+            }
+        }
+    }
+}
+
+/// Answers a request head with an empty `200` and (unless told not to) closes.
+private final class ScriptedAnswerHandler: ChannelInboundHandler {
+    typealias InboundIn = ByteBuffer
+    typealias OutboundOut = ByteBuffer
+    private let closes: Bool
+    private var head: [UInt8] = []
+
+    init(closes: Bool) { self.closes = closes }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        head += unwrapInboundIn(data).readableBytesView
+        guard head.firstRange(of: Array("\r\n\r\n".utf8)) != nil else { return }
+        head = []
+        context.writeAndFlush(wrapOutboundOut(context.channel.allocator.buffer(string: "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")),
+                              promise: nil)
+        // FIN after the answer; the client's FIN then closes the stream (half-closure is off).
+        if closes { context.close(mode: .output, promise: nil) }
+    }
+
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        // Half-closure is on only to keep the stream open: the client's FIN is ignored.
+        if closes { context.fireUserInboundEventTriggered(event) }
+    }
+}
