@@ -25,6 +25,8 @@ public struct BluetoothConformanceConfiguration: Sendable {
     public var maxBytesPerStream = 64 * 1024
     /// The first octet of the bad-hello case: neither `00` nor `01`.
     public var badHello: UInt8 = 0x02
+    /// What the suite answers the implementation's hello with in the client cases: not `00`.
+    public var badAnswer: UInt8 = 0x01
 
     /// A run against `address`.
     public init(address: BluetoothAddress) {
@@ -36,7 +38,8 @@ public struct BluetoothConformanceConfiguration: Sendable {
 /// under test, as its Bluetooth server, through any ``BluetoothTransport`` (RFCOMM on a radio, a stand-in
 /// without one). Grades the handshake (BLE-3.1, BLE-3.3), the surprise connection's beacon fetch (BLE-3.4)
 /// and the multiplexed relay behind it (BLE-4.2, BLE-4.3). The silent stream's wait overlaps the others, so
-/// a run takes about `handshakeTimeout` + `closeMargin`; it opens four streams.
+/// a run takes about `handshakeTimeout` + `closeMargin`; it opens four streams. With a listener, it also
+/// grades the implementation as a client (BLE-3.1, BLE-3.2: ``runClientCases(_:on:waitingUpTo:)``).
 public struct BluetoothConformance: Sendable {
     /// The cases of Bluetooth mode.
     public enum Cases {
@@ -65,9 +68,20 @@ public struct BluetoothConformance: Sendable {
         public static let suiteCloseEndsStream = ConformanceCase(
             "bluetooth/relay/suite-close-ends-stream", "our end of a stream ends the implementation's end", ["BLE-4.2"])
 
+        /// The client sends its hello first.
+        public static let clientHelloFirst = ConformanceCase(
+            "bluetooth/client/hello-first", "as the client, it sends 00 or 01 first", ["BLE-3.1"])
+        /// The client closes on an answer other than `00`.
+        public static let clientBadAnswerClosed = ConformanceCase(
+            "bluetooth/client/bad-answer-closed", "as the client, it closes the stream on an answer other than 00", ["BLE-3.2"])
+
+        /// The cases with the implementation as the Bluetooth server (``BluetoothConformance/run(_:)``).
+        public static let server = [helloWithBeacons, helloWithoutBeacons, badHelloClosed, silentClosed, surpriseFetch,
+                                    yamuxServed, appCloseEndsStream, suiteCloseEndsStream]
+        /// The cases with the implementation as the client (``BluetoothConformance/runClientCases(_:on:waitingUpTo:)``).
+        public static let client = [clientHelloFirst, clientBadAnswerClosed]
         /// Every case of the mode.
-        public static let all = [helloWithBeacons, helloWithoutBeacons, badHelloClosed, silentClosed, surpriseFetch,
-                                 yamuxServed, appCloseEndsStream, suiteCloseEndsStream]
+        public static let all = server + client
     }
 
     private let configuration: BluetoothConformanceConfiguration
@@ -81,7 +95,7 @@ public struct BluetoothConformance: Sendable {
         self.group = group
     }
 
-    /// Runs every case and records it in `run`.
+    /// Runs the cases with the implementation as the server and records them in `run`.
     public func run(_ run: ConformanceRun) async {
         // The first stream tells whether the implementation can be reached at all.
         let silent: BluetoothStreamProbe
@@ -89,7 +103,7 @@ public struct BluetoothConformance: Sendable {
             silent = try await open()
         } catch {
             run.note("no Bluetooth stream to \(configuration.address) channel \(configuration.channel): \(error)")
-            run.recordRemaining(Cases.all, .inconclusive, because: "no Bluetooth stream: \(error)")
+            run.recordRemaining(Cases.server, .inconclusive, because: "no Bluetooth stream: \(error)")
             return
         }
         async let silentGraded: Void = gradeSilent(run, silent)
@@ -102,6 +116,46 @@ public struct BluetoothConformance: Sendable {
     private func open() async throws -> BluetoothStreamProbe {
         let socket = try await transport.connect(to: configuration.address, channel: configuration.channel)
         return try await BluetoothStreamProbe.start(socket, on: group.next(), maxBytes: configuration.maxBytesPerStream)
+    }
+
+    /// Runs the cases with the implementation as the Bluetooth client: waits up to `wait` for it to
+    /// connect to `listener` (which it must have found, by the suite's advertisement or otherwise), then
+    /// grades its hello (BLE-3.1) and, answering it with `badAnswer`, that it closes (BLE-3.2). Closes
+    /// `listener` when done; the implementation's later connects are refused.
+    public func runClientCases(_ run: ConformanceRun, on listener: any BluetoothListener, waitingUpTo wait: TimeAmount) async {
+        let started = NIODeadline.now()
+        // The one way to end a pending accept: close the listener.
+        let deadline = Task {
+            try await Task.sleep(nanoseconds: UInt64(max(0, wait.nanoseconds)))
+            listener.close()
+        }
+        let socket = try? await listener.accept()
+        deadline.cancel()
+        listener.close()
+        guard let socket, let probe = try? await BluetoothStreamProbe.start(socket, on: group.next(), maxBytes: configuration.maxBytesPerStream) else {
+            run.recordRemaining(Cases.client, .inconclusive, because: "the implementation did not connect in \(text(wait))")
+            return
+        }
+        let hello = await probe.firstOctet(within: configuration.stepTimeout)
+        let actual = switch hello {
+        case .closed: "closed without a hello"
+        case .octet(let octet): "sent \(hex(octet))"
+        case .timedOut: "sent nothing in \(text(configuration.stepTimeout))"
+        }
+        let valid = if case .octet(let octet) = hello { octet <= 1 } else { false }
+        run.grade(Cases.clientHelloFirst, holds: valid, expected: "00 or 01 first, before any answer", actual: actual, started: started)
+        guard valid else {
+            run.recordRemaining([Cases.clientBadAnswerClosed], .inconclusive, because: "no valid hello to answer")
+            await probe.close()
+            return
+        }
+        let answered = NIODeadline.now()
+        probe.send([configuration.badAnswer])
+        let closed = await probe.closed(within: configuration.stepTimeout)
+        run.grade(Cases.clientBadAnswerClosed, holds: closed, expected: "the stream closed after our \(hex(configuration.badAnswer))",
+                  actual: closed ? "closed after \(text(.now() - answered))" : "still open after \(text(configuration.stepTimeout))",
+                  started: answered)
+        await probe.close()
     }
 
     /// Opens a stream and sends `hello`; nil (and `cases` INCONCLUSIVE) if it cannot be opened.

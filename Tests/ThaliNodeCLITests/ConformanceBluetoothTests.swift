@@ -10,8 +10,8 @@ import ThaliNodeTestSupport
 
 /// `thali-node conformance bluetooth` against our own `thali-node run --bluetooth` over the cross-process
 /// stand-in (BlueZ played by python-dbusmock, as in `NodeProcessesOverBluetoothTests`): every case passes.
-/// Then the mode in-process against Bluetooth servers written here on the same stand-in, right but for
-/// one fault each: each fault fails exactly its cases, so the mode grades, not just runs.
+/// Then the mode in-process against Bluetooth servers and clients written here on the same stand-in, right
+/// but for one fault each: each fault fails exactly its cases, so the mode grades, not just runs.
 @Suite(.serialized, .timeLimit(.minutes(2)))
 struct ConformanceBluetoothTests {
     @Test("against thali-node run --bluetooth: every case passes, each printed as it ends",
@@ -33,9 +33,21 @@ struct ConformanceBluetoothTests {
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let jsonPath = directory + "/bluetooth.json"
+        // The suite's adapter, hci1, is the one it advertises on for the client cases.
+        try await mock.addAdapter("hci1")
+        let suiteAddress = try await mock.address(of: "hci1")
         let run = try ChildProcess(executable, ["conformance", "bluetooth", address.description, "--json-out", jsonPath,
-                                                "--close-margin-s", "2"],
-                                   environment: ["THALI_BLUETOOTH_STANDIN": scope])
+                                                "--close-margin-s", "2", "--client-wait-s", "20", "--advertise", "--adapter", "hci1"],
+                                   environment: environment)
+        // The air: once the suite advertises, the node's adapter hears it.
+        try await run.waitForOutput(containing: "waiting for the implementation to connect", timeout: .seconds(30))
+        #expect(try await mock.calls("/org/bluez/hci1", "RegisterAdvertisement").count == 1)
+        let heard = try await mock.addDevice(suiteAddress.description, adapter: "hci0")
+        try await mock.updateProperties(heard, interface: "org.bluez.Device1", [
+            ("RSSI", .int16(-50)),
+            ("ServiceData", serviceData(ThaliAdvertisement.serviceUUIDString,
+                                        ThaliAdvertisement(payload: .bluetoothAddress(suiteAddress)).serviceDataValue)),
+        ])
         let status = try await run.waitForExit(timeout: .seconds(60))
         #expect(status == 0, "\(run.output)\n--- node:\n\(node.output.suffix(4000))")
         let object = try JSONSerialization.jsonObject(with: Data(contentsOf: URL(fileURLWithPath: jsonPath))) as? [String: Any]
@@ -88,7 +100,7 @@ struct ConformanceBluetoothTests {
         }
         for (faults, failing) in expectations {
             let report = try #require(reports[faults.description])
-            #expect(Set(report.results.map(\.testCase.id)) == Set(cases.all.map(\.id)), "\(faults)")
+            #expect(Set(report.results.map(\.testCase.id)) == Set(cases.server.map(\.id)), "\(faults)")
             let failed = Set(report.results.filter { $0.verdict == .fail }.map(\.testCase.id))
             #expect(failed == failing, "\(faults):\n\(report.table)")
             // Nothing else goes wrong: what a fault does not fail passes, or cannot be decided after it (the
@@ -100,6 +112,88 @@ struct ConformanceBluetoothTests {
                         "\(faults): \(result.testCase.id)\n\(report.table)")
             }
         }
+    }
+
+    @Test("against scripted clients: the right one passes, a bad hello and staying after a bad answer fail their case")
+    func againstScriptedClients() async throws {
+        let group = MultiThreadedEventLoopGroup.singleton
+        let scope = "clients-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
+        let cases = BluetoothConformance.Cases.self
+        let expectations: [(ScriptedBluetoothClient, failing: Set<String>)] = [
+            (.init(hello: 0x01, closesOnBadAnswer: true), []),
+            (.init(hello: 0x00, closesOnBadAnswer: true), []),
+            (.init(hello: 0x02, closesOnBadAnswer: true), [cases.clientHelloFirst.id]),
+            (.init(hello: 0x01, closesOnBadAnswer: false), [cases.clientBadAnswerClosed.id]),
+        ]
+        let catalog = try RequirementCatalog.load(from: RequirementCatalog.defaultPath)
+        let clientAddress = try #require(BluetoothAddress("02:00:00:00:C1:1E"))
+        let reports = try await withThrowingTaskGroup(of: (Int, ConformanceReport).self) { runs in
+            for (index, (client, _)) in expectations.enumerated() {
+                let suiteAddress = try #require(BluetoothAddress(octets: [2, 0, 0, 0, 0x51, UInt8(index)]))
+                runs.addTask {
+                    let transport = CrossProcessBluetoothTransport(scope: scope, localAddress: suiteAddress)
+                    let listener = try await transport.listen(channel: BluetoothConformanceConfiguration.defaultChannel)
+                    var configuration = BluetoothConformanceConfiguration(address: clientAddress)
+                    configuration.stepTimeout = .seconds(1)
+                    let suite = BluetoothConformance(configuration: configuration, transport: transport, group: group)
+                    let connected = Task {
+                        try await client.connect(CrossProcessBluetoothTransport(scope: scope, localAddress: clientAddress), to: suiteAddress,
+                                                 group: group)
+                    }
+                    let run = ConformanceRun(target: "scripted client \(index)", catalog: catalog)
+                    await suite.runClientCases(run, on: listener, waitingUpTo: .seconds(10))
+                    try? await connected.value.close()
+                    return (index, run.report)
+                }
+            }
+            return try await runs.reduce(into: [Int: ConformanceReport]()) { $0[$1.0] = $1.1 }
+        }
+        for (index, (client, failing)) in expectations.enumerated() {
+            let report = try #require(reports[index])
+            #expect(Set(report.results.map(\.testCase.id)) == Set(cases.client.map(\.id)), "\(client)")
+            #expect(Set(report.results.filter { $0.verdict == .fail }.map(\.testCase.id)) == failing, "\(client):\n\(report.table)")
+            for result in report.results where !failing.contains(result.testCase.id) {
+                // Behind a bad hello there is nothing to answer.
+                let expected: ConformanceVerdict = client.hello > 1 ? .inconclusive : .pass
+                #expect(result.verdict == expected, "\(client): \(result.testCase.id)\n\(report.table)")
+            }
+        }
+    }
+}
+
+/// A Bluetooth client of the Thali binding written for this test: sends `hello` and, unless told not to,
+/// closes when the answer is not 00.
+private struct ScriptedBluetoothClient: Sendable, CustomStringConvertible {
+    var hello: UInt8
+    var closesOnBadAnswer: Bool
+
+    var description: String { "client sending \(hello)" + (closesOnBadAnswer ? "" : ", staying after a bad answer") }
+
+    func connect(_ transport: any BluetoothTransport, to address: BluetoothAddress, group: any EventLoopGroup) async throws -> any Channel {
+        let socket = try await transport.connect(to: address, channel: BluetoothConformanceConfiguration.defaultChannel)
+        let closes = closesOnBadAnswer
+        let channel = try await socket.makeChannel(on: group.next()) { channel in
+            channel.eventLoop.makeCompletedFuture {
+                try channel.pipeline.syncOperations.addHandler(ScriptedClientHandler(closesOnBadAnswer: closes))
+            }
+        }
+        try await channel.writeAndFlush(channel.allocator.buffer(bytes: [hello]))
+        return channel
+    }
+}
+
+/// Closes on a first octet other than 00 (if told to).
+private final class ScriptedClientHandler: ChannelInboundHandler {
+    typealias InboundIn = ByteBuffer
+    private let closesOnBadAnswer: Bool
+    private var answered = false
+
+    init(closesOnBadAnswer: Bool) { self.closesOnBadAnswer = closesOnBadAnswer }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        guard !answered, let answer = unwrapInboundIn(data).getInteger(at: unwrapInboundIn(data).readerIndex, as: UInt8.self) else { return }
+        answered = true
+        if answer != 0 && closesOnBadAnswer { context.close(promise: nil) }
     }
 }
 
