@@ -97,12 +97,15 @@ public struct BluetoothConformance: Sendable {
 
     /// Runs the cases with the implementation as the server and records them in `run`.
     public func run(_ run: ConformanceRun) async {
-        // The first stream tells whether the implementation can be reached at all.
+        // The first stream tells whether the implementation can be reached at all. A server that cannot be
+        // reached answers no hello: the 01 hello's case fails (silence is not conformance), the rest cannot
+        // be decided.
         let silent: BluetoothStreamProbe
         do {
             silent = try await open()
         } catch {
             run.note("no Bluetooth stream to \(configuration.address) channel \(configuration.channel): \(error)")
+            run.grade(Cases.helloWithoutBeacons, holds: false, expected: "answered 00", actual: "no Bluetooth stream: \(error)")
             run.recordRemaining(Cases.server, .inconclusive, because: "no Bluetooth stream: \(error)")
             return
         }

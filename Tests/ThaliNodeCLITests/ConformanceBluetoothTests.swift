@@ -114,6 +114,24 @@ struct ConformanceBluetoothTests {
         }
     }
 
+    @Test("against nothing: the 01 hello's case fails and the rest cannot pass, so silence is not conformance")
+    func againstNothing() async throws {
+        let scope = "nothing-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
+        let nobody = try #require(BluetoothAddress("02:00:00:00:00:01"))
+        let suiteAddress = try #require(BluetoothAddress("02:00:00:00:C0:DE"))
+        let suite = BluetoothConformance(configuration: BluetoothConformanceConfiguration(address: nobody),
+                                         transport: CrossProcessBluetoothTransport(scope: scope, localAddress: suiteAddress),
+                                         group: MultiThreadedEventLoopGroup.singleton)
+        let run = ConformanceRun(target: "nothing", catalog: try RequirementCatalog.load(from: RequirementCatalog.defaultPath))
+        await suite.run(run)
+        let report = run.report
+        #expect(!report.succeeded)
+        #expect(report.result(BluetoothConformance.Cases.helloWithoutBeacons.id)?.verdict == .fail, "\(report.table)")
+        for testCase in BluetoothConformance.Cases.server where testCase != BluetoothConformance.Cases.helloWithoutBeacons {
+            #expect(report.result(testCase.id)?.verdict == .inconclusive, "\(testCase.id)")
+        }
+    }
+
     @Test("against scripted clients: the right one passes, a bad hello and staying after a bad answer fail their case")
     func againstScriptedClients() async throws {
         let group = MultiThreadedEventLoopGroup.singleton
