@@ -100,6 +100,14 @@ public struct BluetoothConformance: Sendable {
         // The first stream tells whether the implementation can be reached at all. A server that cannot be
         // reached answers no hello: the 01 hello's case fails (silence is not conformance), the rest cannot
         // be decided.
+        do {
+            try transport.checkAvailable()
+        } catch {
+            // Our side, not the implementation's: nothing can be decided.
+            run.note("this machine cannot open Bluetooth streams: \(error)")
+            run.recordRemaining(Cases.server, .inconclusive, because: "no Bluetooth here: \(error)")
+            return
+        }
         let silent: BluetoothStreamProbe
         do {
             silent = try await open()

@@ -41,7 +41,7 @@ struct ConformanceBluetoothCommand: AsyncParsableCommand {
     @Option(help: "Longest wait for any other answer, in seconds.")
     var stepTimeoutS: Double = 5
 
-    @Option(help: "Seconds to wait for the implementation to connect to us as a client first (0: those cases are N/A).")
+    @Option(help: "After the server cases, seconds to wait for the implementation to connect to us as a client (0: those cases are N/A).")
     var clientWaitS: Double = 0
 
     @Option(help: "The RFCOMM channel the suite listens on for the implementation as a client.")
@@ -113,6 +113,12 @@ struct ConformanceBluetoothCommand: AsyncParsableCommand {
         } else {
             transport = RFCOMMTransport(localAddress: local)
             listenTransport = RFCOMMTransport(localAddress: listening)
+        }
+        // A machine without Bluetooth is our problem, not the implementation's: say so instead of grading.
+        do {
+            try transport.checkAvailable()
+        } catch {
+            throw ValidationError("cannot open Bluetooth streams here: \(error)")
         }
         let (clientWait, listenChannel) = (Self.amount(clientWaitS), self.listenChannel)
         try await report.grade(target: "bluetooth \(target) channel \(channel)", threads: 1) { [configuration, advertiser] run, group in

@@ -133,6 +133,16 @@ struct ConformanceBluetoothTests {
         }
     }
 
+    @Test("without Bluetooth here (no stand-in, a kernel without RFCOMM) the command says so and grades nothing",
+          .enabled(if: (try? RFCOMMTransport().checkAvailable()) == nil))
+    func withoutBluetoothHere() async throws {
+        let executable = try #require(PackagePaths.thaliNode(), "thali-node is not built")
+        let (status, output) = try ChildProcess.run(executable, ["conformance", "bluetooth", "00:11:22:33:44:55"])
+        #expect(status == 64, "\(output)")
+        #expect(output.contains("error: cannot open Bluetooth streams here: this kernel has no Bluetooth sockets"), "\(output)")
+        #expect(!output.contains("FAIL"), "\(output)")
+    }
+
     @Test("against scripted clients: the right one passes, a bad hello and staying after a bad answer fail their case")
     func againstScriptedClients() async throws {
         let group = MultiThreadedEventLoopGroup.singleton
