@@ -206,6 +206,6 @@ enum TerminalText {
 struct Conformance: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Check wire formats against the conformance vectors, or probe another implementation's endpoint.",
-        subcommands: [ConformanceBeacons.self, ConformanceVectors.self, ConformanceProbeCommand.self, ConformancePeerCommand.self, ConformanceTargetCommand.self]
+        subcommands: [ConformanceBeacons.self, ConformanceVectors.self, ConformanceProbeCommand.self, ConformancePeerCommand.self, ConformanceTargetCommand.self, ConformanceBluetoothCommand.self]
     )
 }

@@ -21,6 +21,7 @@ struct ConformanceCatalogTests {
     /// Every case the suite has, in every mode.
     static var allCases: [ConformanceCase] {
         PeerConformance.Cases.all + ConformanceProbe.cases + FrameVectorSets.cases + TargetConformance.Cases.all
+            + BluetoothConformance.Cases.all
     }
 
     @Test("the catalog loads from the source tree, its ids are unique and each names an existing document")
