@@ -35,7 +35,7 @@ public struct BluetoothConformanceConfiguration: Sendable {
 }
 
 /// Bluetooth mode (spec/conformance.md, "Bluetooth mode"): raw Bluetooth streams to the implementation
-/// under test, as its Bluetooth server, through any ``BluetoothTransport`` (RFCOMM on a radio, a stand-in
+/// under test, as its Bluetooth server, through any `BluetoothTransport` (ThaliBLEBinding) (RFCOMM on a radio, a stand-in
 /// without one). Grades the handshake (BLE-3.1, BLE-3.3), the surprise connection's beacon fetch (BLE-3.4)
 /// and the multiplexed relay behind it (BLE-4.2, BLE-4.3). The silent stream's wait overlaps the others, so
 /// a run takes about `handshakeTimeout` + `closeMargin`; it opens four streams. With a listener, it also
