@@ -45,6 +45,9 @@ public struct PeerConformanceConfiguration: Sendable {
     /// Longest wait for the answer to our close_notify: an implementation answers at once, so anything
     /// longer is waiting for a timer, not for the network.
     public var closeNotifyTimeout: TimeAmount = .seconds(2)
+    /// Longest wait for the answer to a renegotiation we ask for inside a session: an implementation
+    /// answers at once (with no_renegotiation), so silence this long is a request ignored.
+    public var renegotiationTimeout: TimeAmount = .seconds(2)
     /// Whether to play the sender too (we deliver an item to it).
     public var senderRole = true
     /// How long a version 3 sender may send nothing before the suite, as receiver, reports its progress:
@@ -180,6 +183,11 @@ public struct PeerConformance: Sendable {
         /// `peer/psk-tls/wrong-psk`: its own identity with a wrong PSK fails the handshake.
         public static let wrongPSK = ConformanceCase("peer/psk-tls/wrong-psk", "its own identity with a wrong PSK fails the handshake",
                                                      ["PSK-4.3"])
+        /// `peer/psk-tls/renegotiation-refused`: a ClientHello we send inside an established session
+        /// gets no_renegotiation, never a second handshake.
+        public static let renegotiationRefused = ConformanceCase("peer/psk-tls/renegotiation-refused",
+                                                                 "a ClientHello we send inside an established session gets no_renegotiation, never a second handshake",
+                                                                 ["PSK-1.5"])
         /// `peer/psk-tls/tls13-refused`: a TLS 1.3-only hello gets protocol_version.
         public static let tls13 = ConformanceCase("peer/psk-tls/tls13-refused", "a TLS 1.3-only hello gets protocol_version", ["PSK-1.3"])
         /// `peer/psk-tls/other-suites-refused`: a hello without 0x00AB gets handshake_failure.
@@ -227,7 +235,7 @@ public struct PeerConformance: Sendable {
                                  transfer, frameMaximum, window, itemBatch, done, version2Fallback] + answers + [usn, searchAnswer, byebye,
                                  senderConnects, senderBeaconRequest, senderWelcome, senderStream, senderProgress, senderAck, refusesExpired,
                                  rejectsDamaged, senderBatch, senderClose, senderInbox,
-                                 noHint, noCompression, noTickets, unknownIdentity, wrongPSK, tls13, otherSuites, dhSize, dhFresh,
+                                 noHint, noCompression, noTickets, unknownIdentity, wrongPSK, renegotiationRefused, tls13, otherSuites, dhSize, dhFresh,
                                  pingAnswered, dataAfterFIN, resetStream, wrongParity, windowOverrun, goAwayNormal,
                                  unmarkedServed, alpnSelected, unknownKindRefused, badHeaderRefused, appNotServed, deliveryAccepted]
         static let rawMultiplexer = [pingAnswered, dataAfterFIN, resetStream, wrongParity, windowOverrun, goAwayNormal]
@@ -969,8 +977,15 @@ public struct PeerConformance: Sendable {
         if let match {
             await refusedHandshake(run, Cases.wrongPSK, location: location, identity: match.pskIdentity,
                                    expected: .badRecordMAC, what: "its identity and a wrong PSK")
+            started = NIODeadline.now()
+            let answer = await RenegotiationProbe.run(host: location.host, port: location.port, identity: match.pskIdentity,
+                                                      psk: match.psk, timeout: configuration.renegotiationTimeout, group: group)
+            run.record(Cases.renegotiationRefused, answer.verdict, expected: "a no_renegotiation alert, no second handshake",
+                       actual: answer.description, started: started)
         } else {
-            run.record(Cases.wrongPSK, .inconclusive, expected: Cases.wrongPSK.title, actual: "no identity of its own matched")
+            for testCase in [Cases.wrongPSK, Cases.renegotiationRefused] {
+                run.record(testCase, .inconclusive, expected: testCase.title, actual: "no identity of its own matched")
+            }
         }
 
         let refusals: [(ConformanceCase, TLSHelloProbe.Hello, UInt8)] = [(Cases.tls13, .tls13Only, 70),
