@@ -48,6 +48,10 @@ public struct PeerConformanceConfiguration: Sendable {
     /// Longest wait for the answer to a renegotiation we ask for inside a session: an implementation
     /// answers at once (with no_renegotiation), so silence this long is a request ignored.
     public var renegotiationTimeout: TimeAmount = .seconds(2)
+    /// Longest wait, after queuing an item through the adapter, for a second announcement of its when SSDP
+    /// has fetched only one (BCN-1.3 compares their ephemeral keys): ours announces anew for a new item
+    /// within its outbox poll (1 s).
+    public var announcementWait: TimeAmount = .seconds(3)
     /// Whether to play the sender too (we deliver an item to it).
     public var senderRole = true
     /// How long a version 3 sender may send nothing before the suite, as receiver, reports its progress:
@@ -93,6 +97,11 @@ public struct PeerConformance: Sendable {
         /// `peer/beacons/match`: its announcement has a beacon for us that matches.
         public static let beaconMatch = ConformanceCase("peer/beacons/match", "its announcement has a beacon for us that matches",
                                                         ["BCN-1.1", "BCN-2.1", "BCN-2.2", "BCN-2.3", "BCN-2.4", "BCN-2.5", "BCN-4.7", "NODE-3.1"])
+        /// `peer/beacons/fresh-ephemeral-key`: the announcements it makes for us over the run (a new one
+        /// for each item queued through the adapter) each carry another ephemeral key.
+        public static let freshEphemeralKey = ConformanceCase("peer/beacons/fresh-ephemeral-key",
+                                                              "every announcement of its that SSDP fetched over the run carries an ephemeral key of its own",
+                                                              ["BCN-1.3"])
         /// `peer/beacons/expiration`: expiration is ahead, at most 24 h.
         public static let expiration = ConformanceCase("peer/beacons/expiration", "expiration is ahead, at most 24 h",
                                                        ["BCN-1.2", "BCN-4.3", "BCN-4.4"])
@@ -231,7 +240,7 @@ public struct PeerConformance: Sendable {
                                                          ["MUX-2.14"])
 
         /// Every case of peer mode.
-        public static let all = [discovered, beaconFetch, beaconMatch, expiration, handshake, closeNotify, openStream, hello, offer,
+        public static let all = [discovered, beaconFetch, beaconMatch, expiration, freshEphemeralKey, handshake, closeNotify, openStream, hello, offer,
                                  transfer, frameMaximum, window, itemBatch, done, version2Fallback] + answers + [usn, searchAnswer, byebye,
                                  senderConnects, senderBeaconRequest, senderWelcome, senderStream, senderProgress, senderAck, refusesExpired,
                                  rejectsDamaged, senderBatch, senderClose, senderInbox,
@@ -252,6 +261,7 @@ public struct PeerConformance: Sendable {
     public init(configuration: PeerConformanceConfiguration, group: EventLoopGroup) {
         self.configuration = configuration
         self.group = group
+        announcements = NIOLockedValueBox(AnnouncementKeyLog(profile: configuration.profile))
     }
 
     /// Runs every case, recording each into `run` as it ends. Cancelling the task stops the run; what
@@ -294,7 +304,11 @@ public struct PeerConformance: Sendable {
             ssdp.beaconServer = .external(port: server.port)
             let (stream, sink) = AsyncStream.makeStream(of: (SSDPPeer, [UInt8]).self, bufferingPolicy: .bufferingNewest(64))
             fetched = stream
-            discovery = SSDPDiscoveryService(configuration: ssdp, group: group) { peer, bytes in sink.yield((peer, bytes)) }
+            let announcements = self.announcements
+            discovery = SSDPDiscoveryService(configuration: ssdp, group: group) { peer, bytes in
+                announcements.withLockedValue { $0.record(bytes, from: peer.location) }
+                sink.yield((peer, bytes))
+            }
             try await discovery.start(advertising: nil)
         } catch {
             run.note("cannot start the suite's port or SSDP on \(configuration.address): \(error)")
@@ -312,6 +326,7 @@ public struct PeerConformance: Sendable {
         await discovery.stop()
         await server.close()
         let found = lastMatch.withLockedValue { $0 }
+        gradeEphemeralKeys(run, location: found?.1)
         if let location = found?.1 ?? configuration.location, !Task.isCancelled {
             await negativeCases(run, location: location, match: found?.0)
             if let match = found?.0, !Task.isCancelled {
@@ -322,6 +337,28 @@ public struct PeerConformance: Sendable {
             }
         }
         run.recordRemaining(Cases.all, .inconclusive, because: Task.isCancelled ? "interrupted" : "an earlier step failed")
+    }
+
+    /// Every announcement SSDP fetched, for BCN-1.3.
+    private let announcements: NIOLockedValueBox<AnnouncementKeyLog>
+
+    /// The announcements fetched from its location over the run, once SSDP has stopped [BCN-1.3]. One
+    /// announcement is N/A: a node makes a new one for a new item, and a run that queued nothing (no
+    /// adapter) may see just one.
+    private func gradeEphemeralKeys(_ run: ConformanceRun, location: BeaconLocation?) {
+        let expected = "a different ephemeral key in each announcement"
+        guard let location, configuration.location == nil else {
+            run.record(Cases.freshEphemeralKey, configuration.location == nil ? .inconclusive : .notApplicable, expected: expected,
+                       actual: configuration.location == nil ? "no announcement of its matched" : "location given: SSDP not used to find it")
+            return
+        }
+        let log = announcements.withLockedValue { $0 }
+        guard let (holds, actual) = log.judge(location) else {
+            run.record(Cases.freshEphemeralKey, .notApplicable, expected: expected,
+                       actual: "\(log.count(location)) announcement(s) fetched from \(location): nothing to compare")
+            return
+        }
+        run.grade(Cases.freshEphemeralKey, holds: holds, expected: expected, actual: actual)
     }
 
     /// The USN under which SSDP found the implementation's announcement for us.
@@ -395,7 +432,7 @@ public struct PeerConformance: Sendable {
         await gradeCloseNotify(run, location: location, match: match)
         await receive(run, over: client.session, queuedIDs: queuedIDs, limits: limits)
         gradeUnmarked(run, negotiated: negotiated)
-        await gradeVersion2Fallback(run, over: client.session, limits: limits)
+        await gradeVersion2Fallback(run, over: client.session, limits: limits, announcedFrom: location, fetched: fetched)
         await gradeAnswers(run, over: client.session, limits: limits)
         try? await client.session.close().get()
     }
@@ -545,7 +582,8 @@ public struct PeerConformance: Sendable {
     /// A second delivery stream, welcomed with version 2: a version 3 sender speaks version 2 on it
     /// [NODE-1.26]. A fresh text is queued for it first (the first stream took the others); its steps are
     /// graded apart and summed up in one case.
-    private func gradeVersion2Fallback(_ run: ConformanceRun, over session: MultiplexerSession, limits: DeliveryLimits) async {
+    private func gradeVersion2Fallback(_ run: ConformanceRun, over session: MultiplexerSession, limits: DeliveryLimits,
+                                       announcedFrom location: BeaconLocation, fetched: AsyncStream<(SSDPPeer, [UInt8])>) async {
         let testCase = Cases.version2Fallback
         let started = NIODeadline.now()
         guard let hello = run.report.results.first(where: { $0.testCase == Cases.hello }), hello.verdict == .pass else {
@@ -562,6 +600,7 @@ public struct PeerConformance: Sendable {
                 run.record(testCase, .inconclusive, expected: testCase.title, actual: "adapter: \(error)", started: started)
                 return
             }
+            await awaitSecondAnnouncement(from: location, in: fetched)
         }
         // The stream is scripted apart: its own verdicts are summed up in this one case.
         let scratch = ConformanceRun(target: "version 2 stream", catalog: nil)
@@ -585,6 +624,17 @@ public struct PeerConformance: Sendable {
             : wrong.map { "\($0.testCase.id.split(separator: "/").last ?? ""): \($0.actual)" }.joined(separator: "; ")
         run.grade(testCase, holds: wrong.isEmpty && script.itemFrames == 0, expected: "welcome(2) answered in version 2: offer, start, data, end, done",
                   actual: actual, started: started)
+    }
+
+    /// Waits, up to `announcementWait`, for SSDP to fetch a second announcement of its from `location`
+    /// unless it has one already: the item just queued is new, and a node announces anew for it.
+    private func awaitSecondAnnouncement(from location: BeaconLocation, in fetched: AsyncStream<(SSDPPeer, [UInt8])>) async {
+        let announcements = self.announcements
+        guard announcements.withLockedValue({ $0.count(location) }) < 2 else { return }
+        _ = await withDeadline(configuration.announcementWait) { () async -> Bool? in
+            for await _ in fetched where announcements.withLockedValue({ $0.count(location) }) >= 2 { return true }
+            return nil
+        }
     }
 
     /// The bulk of the long texts queued for us: 12 KiB, more than our frame maximum and our progress window.

@@ -92,6 +92,9 @@ struct PeerModeTests {
         for result in results where ["MUST", "SHOULD"].contains(result["level"] as? String) {
             #expect(result["verdict"] as? String == "PASS", "\(result)\n\(run.output)")
         }
+        // A second announcement came (the node announces anew for an item queued during the run), each under a key of its own.
+        let keys = results.first { $0["id"] as? String == PeerConformance.Cases.freshEphemeralKey.id }?["actual"] as? String
+        #expect(keys?.hasSuffix("different ephemeral keys") == true, "\(keys ?? "no result")")
         // Progress lines came before the table, one per case.
         #expect(run.output.split(separator: "\n").filter { $0.hasPrefix("PASS ") }.count >= results.count - 1, "\(run.output)")
 
