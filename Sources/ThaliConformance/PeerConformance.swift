@@ -52,6 +52,10 @@ public struct PeerConformanceConfiguration: Sendable {
     /// has fetched only one (BCN-1.3 compares their ephemeral keys): ours announces anew for a new item
     /// within its outbox poll (1 s).
     public var announcementWait: TimeAmount = .seconds(3)
+    /// How many identical searches (`MX: 1`) go out at once to see how their answers are delayed (SSDP-4.3).
+    public var searchesAtOnce = 8
+    /// Lateness of a search answer forgiven beyond min(MX, 5) s: the network, and scheduling on a loaded host.
+    public var searchDelayTolerance: TimeAmount = .milliseconds(500)
     /// Whether to play the sender too (we deliver an item to it).
     public var senderRole = true
     /// How long a version 3 sender may send nothing before the suite, as receiver, reports its progress:
@@ -88,6 +92,11 @@ public struct PeerConformance: Sendable {
         public static let searchAnswer = ConformanceCase("peer/ssdp/search-answer",
                                                          "an M-SEARCH for the Thali NT is answered by unicast to our port with CACHE-CONTROL, LOCATION, ST and USN",
                                                          ["SSDP-2.7"])
+        /// `peer/ssdp/search-answer-delay`: searches sent at once are answered after delays drawn at random
+        /// within min(MX, 5) s.
+        public static let searchAnswerDelay = ConformanceCase("peer/ssdp/search-answer-delay",
+                                                              "searches sent at once are answered after delays spread at random within min(MX, 5) s",
+                                                              ["SSDP-4.3"])
         /// `peer/ssdp/byebye`: once nothing is left for us it withdraws its announcement with a byebye.
         public static let byebye = ConformanceCase("peer/ssdp/byebye", "once nothing is left for us it withdraws its announcement with a byebye",
                                                    ["SSDP-2.5", "SSDP-4.2", "NODE-3.1"])
@@ -241,7 +250,7 @@ public struct PeerConformance: Sendable {
 
         /// Every case of peer mode.
         public static let all = [discovered, beaconFetch, beaconMatch, expiration, freshEphemeralKey, handshake, closeNotify, openStream, hello, offer,
-                                 transfer, frameMaximum, window, itemBatch, done, version2Fallback] + answers + [usn, searchAnswer, byebye,
+                                 transfer, frameMaximum, window, itemBatch, done, version2Fallback] + answers + [usn, searchAnswer, searchAnswerDelay, byebye,
                                  senderConnects, senderBeaconRequest, senderWelcome, senderStream, senderProgress, senderAck, refusesExpired,
                                  rejectsDamaged, senderBatch, senderClose, senderInbox,
                                  noHint, noCompression, noTickets, unknownIdentity, wrongPSK, renegotiationRefused, tls13, otherSuites, dhSize, dhFresh,
@@ -492,16 +501,23 @@ public struct PeerConformance: Sendable {
     /// the searcher's address and port, with the headers of an answer (ThaliSSDP's strict parser).
     private func gradeSearchAnswer(_ run: ConformanceRun) async {
         guard let usn = usn.withLockedValue({ $0 }) else {
-            run.record(Cases.searchAnswer, .notApplicable, expected: Cases.searchAnswer.title,
-                       actual: "location given: SSDP not used to find it")
+            for testCase in [Cases.searchAnswer, Cases.searchAnswerDelay] {
+                run.record(testCase, .notApplicable, expected: testCase.title, actual: "location given: SSDP not used to find it")
+            }
             return
         }
         let started = NIODeadline.now()
-        let probe = SSDPSearchProbe(address: configuration.address, group: configuration.ssdpGroup, port: configuration.ssdpPort)
+        var probe = SSDPSearchProbe(address: configuration.address, group: configuration.ssdpGroup, port: configuration.ssdpPort)
+        probe.searches = configuration.searchesAtOnce
         let expected = "an answer for \(usn) within \(probe.maxWaitSeconds) s + \(Self.text(probe.slack))"
+        let delays = SearchAnswerDelays(maxWaitSeconds: probe.maxWaitSeconds, sent: probe.searches, tolerance: configuration.searchDelayTolerance)
+        let expectedDelays = "\(probe.searches) answers within \(probe.maxWaitSeconds) s, spread over more than \(Self.text(SearchAnswerDelays.minimumSpread))"
+        defer { run.recordRemaining([Cases.searchAnswerDelay], .inconclusive, because: "no search made") }
         do {
             let location = lastMatch.withLockedValue { $0 }?.1.description
             let outcome = try await probe.search(expecting: usn, orLocation: location, on: group)
+            let (verdict, seen) = delays.judge(outcome.answerDelays)
+            run.record(Cases.searchAnswerDelay, verdict, expected: expectedDelays, actual: seen, started: started)
             if let (answer, sender) = outcome.answer {
                 run.grade(Cases.searchAnswer, holds: answer.searchTarget == ThaliServiceName.notificationType, expected: expected,
                           actual: "from \(sender): CACHE-CONTROL max-age=\(answer.maxAge), LOCATION \(answer.location.prefix(80)), "
