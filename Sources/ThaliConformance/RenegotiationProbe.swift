@@ -68,7 +68,7 @@ enum RenegotiationProbe {
             try await channel.triggerUserOutboundEvent(PSKTLSRenegotiation.Request()).get()
         } catch {
             answer.fail(error)
-            return .noSession("the session ended before we asked: \(error)")
+            return .noSession("the request for renegotiation failed: \(error)")
         }
         return (try? await answer.futureResult.get()) ?? .noSession("the answer was lost")
     }
