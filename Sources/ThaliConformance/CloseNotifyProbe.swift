@@ -34,31 +34,13 @@ enum CloseNotifyProbe {
                     group: EventLoopGroup) async -> Outcome {
         let errors = ErrorLog()
         let channel: Channel
-        let handshake = group.next().makePromise(of: PSKTLSNegotiatedParameters.self)
         do {
-            let context = try PSKTLSContext(role: .client)
-            channel = try await ClientBootstrap(group: group)
-                .connectTimeout(timeout)
-                .channelInitializer { channel in
-                    channel.eventLoop.makeCompletedFuture {
-                        try channel.pipeline.syncOperations.addHandlers([
-                            TCPOutputKeptOpen(),
-                            try PSKTLSHandler(clientContext: context, identity: identity, psk: psk, handshakePromise: handshake),
-                            errors,
-                        ])
-                    }
-                }
-                .connect(host: host, port: port).get()
+            channel = try await ProbeSession.connect(host: host, port: port, identity: identity, psk: psk, timeout: timeout,
+                                                     on: group.next(), below: [TCPOutputKeptOpen()], above: [errors])
         } catch {
-            handshake.fail(error)
             return .noSession("\(error)")
         }
         defer { channel.close(promise: nil) }
-        do {
-            _ = try await handshake.futureResult.get()
-        } catch {
-            return .noSession("\(error)")
-        }
         let started = NIODeadline.now()
         // Our close_notify; the TCP output stays open (TCPOutputKeptOpen), so only the answer ends it.
         try? await channel.close(mode: .output).get()

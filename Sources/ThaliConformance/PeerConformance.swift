@@ -45,6 +45,17 @@ public struct PeerConformanceConfiguration: Sendable {
     /// Longest wait for the answer to our close_notify: an implementation answers at once, so anything
     /// longer is waiting for a timer, not for the network.
     public var closeNotifyTimeout: TimeAmount = .seconds(2)
+    /// Longest wait for the answer to a renegotiation we ask for inside a session: an implementation
+    /// answers at once (with no_renegotiation), so silence this long is a request ignored.
+    public var renegotiationTimeout: TimeAmount = .seconds(2)
+    /// Longest wait, after queuing an item through the adapter, for a second announcement of its when SSDP
+    /// has fetched only one (BCN-1.3 compares their ephemeral keys): ours announces anew for a new item
+    /// within its outbox poll (1 s).
+    public var announcementWait: TimeAmount = .seconds(3)
+    /// How many identical searches (`MX: 1`) go out at once to see how their answers are delayed (SSDP-4.3).
+    public var searchesAtOnce = 8
+    /// Lateness of a search answer forgiven beyond min(MX, 5) s: the network, and scheduling on a loaded host.
+    public var searchDelayTolerance: TimeAmount = .milliseconds(500)
     /// Whether to play the sender too (we deliver an item to it).
     public var senderRole = true
     /// How long a version 3 sender may send nothing before the suite, as receiver, reports its progress:
@@ -81,6 +92,11 @@ public struct PeerConformance: Sendable {
         public static let searchAnswer = ConformanceCase("peer/ssdp/search-answer",
                                                          "an M-SEARCH for the Thali NT is answered by unicast to our port with CACHE-CONTROL, LOCATION, ST and USN",
                                                          ["SSDP-2.7"])
+        /// `peer/ssdp/search-answer-delay`: searches sent at once are answered after delays drawn at random
+        /// within min(MX, 5) s.
+        public static let searchAnswerDelay = ConformanceCase("peer/ssdp/search-answer-delay",
+                                                              "searches sent at once are answered after delays spread at random within min(MX, 5) s",
+                                                              ["SSDP-4.3"])
         /// `peer/ssdp/byebye`: once nothing is left for us it withdraws its announcement with a byebye.
         public static let byebye = ConformanceCase("peer/ssdp/byebye", "once nothing is left for us it withdraws its announcement with a byebye",
                                                    ["SSDP-2.5", "SSDP-4.2", "NODE-3.1"])
@@ -90,6 +106,11 @@ public struct PeerConformance: Sendable {
         /// `peer/beacons/match`: its announcement has a beacon for us that matches.
         public static let beaconMatch = ConformanceCase("peer/beacons/match", "its announcement has a beacon for us that matches",
                                                         ["BCN-1.1", "BCN-2.1", "BCN-2.2", "BCN-2.3", "BCN-2.4", "BCN-2.5", "BCN-4.7", "NODE-3.1"])
+        /// `peer/beacons/fresh-ephemeral-key`: the announcements it makes for us over the run (a new one
+        /// for each item queued through the adapter) each carry another ephemeral key.
+        public static let freshEphemeralKey = ConformanceCase("peer/beacons/fresh-ephemeral-key",
+                                                              "every announcement of its that SSDP fetched over the run carries an ephemeral key of its own",
+                                                              ["BCN-1.3"])
         /// `peer/beacons/expiration`: expiration is ahead, at most 24 h.
         public static let expiration = ConformanceCase("peer/beacons/expiration", "expiration is ahead, at most 24 h",
                                                        ["BCN-1.2", "BCN-4.3", "BCN-4.4"])
@@ -180,6 +201,11 @@ public struct PeerConformance: Sendable {
         /// `peer/psk-tls/wrong-psk`: its own identity with a wrong PSK fails the handshake.
         public static let wrongPSK = ConformanceCase("peer/psk-tls/wrong-psk", "its own identity with a wrong PSK fails the handshake",
                                                      ["PSK-4.3"])
+        /// `peer/psk-tls/renegotiation-refused`: a ClientHello we send inside an established session
+        /// gets no_renegotiation, never a second handshake.
+        public static let renegotiationRefused = ConformanceCase("peer/psk-tls/renegotiation-refused",
+                                                                 "a ClientHello we send inside an established session gets no_renegotiation, never a second handshake",
+                                                                 ["PSK-1.5"])
         /// `peer/psk-tls/tls13-refused`: a TLS 1.3-only hello gets protocol_version.
         public static let tls13 = ConformanceCase("peer/psk-tls/tls13-refused", "a TLS 1.3-only hello gets protocol_version", ["PSK-1.3"])
         /// `peer/psk-tls/other-suites-refused`: a hello without 0x00AB gets handshake_failure.
@@ -223,11 +249,11 @@ public struct PeerConformance: Sendable {
                                                          ["MUX-2.14"])
 
         /// Every case of peer mode.
-        public static let all = [discovered, beaconFetch, beaconMatch, expiration, handshake, closeNotify, openStream, hello, offer,
-                                 transfer, frameMaximum, window, itemBatch, done, version2Fallback] + answers + [usn, searchAnswer, byebye,
+        public static let all = [discovered, beaconFetch, beaconMatch, expiration, freshEphemeralKey, handshake, closeNotify, openStream, hello, offer,
+                                 transfer, frameMaximum, window, itemBatch, done, version2Fallback] + answers + [usn, searchAnswer, searchAnswerDelay, byebye,
                                  senderConnects, senderBeaconRequest, senderWelcome, senderStream, senderProgress, senderAck, refusesExpired,
                                  rejectsDamaged, senderBatch, senderClose, senderInbox,
-                                 noHint, noCompression, noTickets, unknownIdentity, wrongPSK, tls13, otherSuites, dhSize, dhFresh,
+                                 noHint, noCompression, noTickets, unknownIdentity, wrongPSK, renegotiationRefused, tls13, otherSuites, dhSize, dhFresh,
                                  pingAnswered, dataAfterFIN, resetStream, wrongParity, windowOverrun, goAwayNormal,
                                  unmarkedServed, alpnSelected, unknownKindRefused, badHeaderRefused, appNotServed, deliveryAccepted]
         static let rawMultiplexer = [pingAnswered, dataAfterFIN, resetStream, wrongParity, windowOverrun, goAwayNormal]
@@ -244,6 +270,7 @@ public struct PeerConformance: Sendable {
     public init(configuration: PeerConformanceConfiguration, group: EventLoopGroup) {
         self.configuration = configuration
         self.group = group
+        announcements = NIOLockedValueBox(AnnouncementKeyLog(profile: configuration.profile))
     }
 
     /// Runs every case, recording each into `run` as it ends. Cancelling the task stops the run; what
@@ -286,7 +313,11 @@ public struct PeerConformance: Sendable {
             ssdp.beaconServer = .external(port: server.port)
             let (stream, sink) = AsyncStream.makeStream(of: (SSDPPeer, [UInt8]).self, bufferingPolicy: .bufferingNewest(64))
             fetched = stream
-            discovery = SSDPDiscoveryService(configuration: ssdp, group: group) { peer, bytes in sink.yield((peer, bytes)) }
+            let announcements = self.announcements
+            discovery = SSDPDiscoveryService(configuration: ssdp, group: group) { peer, bytes in
+                announcements.withLockedValue { $0.record(bytes, from: peer.location) }
+                sink.yield((peer, bytes))
+            }
             try await discovery.start(advertising: nil)
         } catch {
             run.note("cannot start the suite's port or SSDP on \(configuration.address): \(error)")
@@ -304,6 +335,7 @@ public struct PeerConformance: Sendable {
         await discovery.stop()
         await server.close()
         let found = lastMatch.withLockedValue { $0 }
+        gradeEphemeralKeys(run, location: found?.1)
         if let location = found?.1 ?? configuration.location, !Task.isCancelled {
             await negativeCases(run, location: location, match: found?.0)
             if let match = found?.0, !Task.isCancelled {
@@ -314,6 +346,28 @@ public struct PeerConformance: Sendable {
             }
         }
         run.recordRemaining(Cases.all, .inconclusive, because: Task.isCancelled ? "interrupted" : "an earlier step failed")
+    }
+
+    /// Every announcement SSDP fetched, for BCN-1.3.
+    private let announcements: NIOLockedValueBox<AnnouncementKeyLog>
+
+    /// The announcements fetched from its location over the run, once SSDP has stopped [BCN-1.3]. One
+    /// announcement is N/A: a node makes a new one for a new item, and a run that queued nothing (no
+    /// adapter) may see just one.
+    private func gradeEphemeralKeys(_ run: ConformanceRun, location: BeaconLocation?) {
+        let expected = "a different ephemeral key in each announcement"
+        guard let location, configuration.location == nil else {
+            run.record(Cases.freshEphemeralKey, configuration.location == nil ? .inconclusive : .notApplicable, expected: expected,
+                       actual: configuration.location == nil ? "no announcement of its matched" : "location given: SSDP not used to find it")
+            return
+        }
+        let log = announcements.withLockedValue { $0 }
+        guard let (holds, actual) = log.judge(location) else {
+            run.record(Cases.freshEphemeralKey, .notApplicable, expected: expected,
+                       actual: "\(log.count(location)) announcement(s) fetched from \(location): nothing to compare")
+            return
+        }
+        run.grade(Cases.freshEphemeralKey, holds: holds, expected: expected, actual: actual)
     }
 
     /// The USN under which SSDP found the implementation's announcement for us.
@@ -387,7 +441,7 @@ public struct PeerConformance: Sendable {
         await gradeCloseNotify(run, location: location, match: match)
         await receive(run, over: client.session, queuedIDs: queuedIDs, limits: limits)
         gradeUnmarked(run, negotiated: negotiated)
-        await gradeVersion2Fallback(run, over: client.session, limits: limits)
+        await gradeVersion2Fallback(run, over: client.session, limits: limits, announcedFrom: location, fetched: fetched)
         await gradeAnswers(run, over: client.session, limits: limits)
         try? await client.session.close().get()
     }
@@ -447,16 +501,23 @@ public struct PeerConformance: Sendable {
     /// the searcher's address and port, with the headers of an answer (ThaliSSDP's strict parser).
     private func gradeSearchAnswer(_ run: ConformanceRun) async {
         guard let usn = usn.withLockedValue({ $0 }) else {
-            run.record(Cases.searchAnswer, .notApplicable, expected: Cases.searchAnswer.title,
-                       actual: "location given: SSDP not used to find it")
+            for testCase in [Cases.searchAnswer, Cases.searchAnswerDelay] {
+                run.record(testCase, .notApplicable, expected: testCase.title, actual: "location given: SSDP not used to find it")
+            }
             return
         }
         let started = NIODeadline.now()
-        let probe = SSDPSearchProbe(address: configuration.address, group: configuration.ssdpGroup, port: configuration.ssdpPort)
+        var probe = SSDPSearchProbe(address: configuration.address, group: configuration.ssdpGroup, port: configuration.ssdpPort)
+        probe.searches = configuration.searchesAtOnce
         let expected = "an answer for \(usn) within \(probe.maxWaitSeconds) s + \(Self.text(probe.slack))"
+        let delays = SearchAnswerDelays(maxWaitSeconds: probe.maxWaitSeconds, sent: probe.searches, tolerance: configuration.searchDelayTolerance)
+        let expectedDelays = "\(probe.searches) answers within \(probe.maxWaitSeconds) s, spread over more than \(Self.text(SearchAnswerDelays.minimumSpread))"
+        defer { run.recordRemaining([Cases.searchAnswerDelay], .inconclusive, because: "no search made") }
         do {
             let location = lastMatch.withLockedValue { $0 }?.1.description
             let outcome = try await probe.search(expecting: usn, orLocation: location, on: group)
+            let (verdict, seen) = delays.judge(outcome.answerDelays)
+            run.record(Cases.searchAnswerDelay, verdict, expected: expectedDelays, actual: seen, started: started)
             if let (answer, sender) = outcome.answer {
                 run.grade(Cases.searchAnswer, holds: answer.searchTarget == ThaliServiceName.notificationType, expected: expected,
                           actual: "from \(sender): CACHE-CONTROL max-age=\(answer.maxAge), LOCATION \(answer.location.prefix(80)), "
@@ -537,7 +598,8 @@ public struct PeerConformance: Sendable {
     /// A second delivery stream, welcomed with version 2: a version 3 sender speaks version 2 on it
     /// [NODE-1.26]. A fresh text is queued for it first (the first stream took the others); its steps are
     /// graded apart and summed up in one case.
-    private func gradeVersion2Fallback(_ run: ConformanceRun, over session: MultiplexerSession, limits: DeliveryLimits) async {
+    private func gradeVersion2Fallback(_ run: ConformanceRun, over session: MultiplexerSession, limits: DeliveryLimits,
+                                       announcedFrom location: BeaconLocation, fetched: AsyncStream<(SSDPPeer, [UInt8])>) async {
         let testCase = Cases.version2Fallback
         let started = NIODeadline.now()
         guard let hello = run.report.results.first(where: { $0.testCase == Cases.hello }), hello.verdict == .pass else {
@@ -554,6 +616,7 @@ public struct PeerConformance: Sendable {
                 run.record(testCase, .inconclusive, expected: testCase.title, actual: "adapter: \(error)", started: started)
                 return
             }
+            await awaitSecondAnnouncement(from: location, in: fetched)
         }
         // The stream is scripted apart: its own verdicts are summed up in this one case.
         let scratch = ConformanceRun(target: "version 2 stream", catalog: nil)
@@ -577,6 +640,17 @@ public struct PeerConformance: Sendable {
             : wrong.map { "\($0.testCase.id.split(separator: "/").last ?? ""): \($0.actual)" }.joined(separator: "; ")
         run.grade(testCase, holds: wrong.isEmpty && script.itemFrames == 0, expected: "welcome(2) answered in version 2: offer, start, data, end, done",
                   actual: actual, started: started)
+    }
+
+    /// Waits, up to `announcementWait`, for SSDP to fetch a second announcement of its from `location`
+    /// unless it has one already: the item just queued is new, and a node announces anew for it.
+    private func awaitSecondAnnouncement(from location: BeaconLocation, in fetched: AsyncStream<(SSDPPeer, [UInt8])>) async {
+        let announcements = self.announcements
+        guard announcements.withLockedValue({ $0.count(location) }) < 2 else { return }
+        _ = await withDeadline(configuration.announcementWait) { () async -> Bool? in
+            for await _ in fetched where announcements.withLockedValue({ $0.count(location) }) >= 2 { return true }
+            return nil
+        }
     }
 
     /// The bulk of the long texts queued for us: 12 KiB, more than our frame maximum and our progress window.
@@ -969,8 +1043,15 @@ public struct PeerConformance: Sendable {
         if let match {
             await refusedHandshake(run, Cases.wrongPSK, location: location, identity: match.pskIdentity,
                                    expected: .badRecordMAC, what: "its identity and a wrong PSK")
+            started = NIODeadline.now()
+            let answer = await RenegotiationProbe.run(host: location.host, port: location.port, identity: match.pskIdentity,
+                                                      psk: match.psk, timeout: configuration.renegotiationTimeout, group: group)
+            run.record(Cases.renegotiationRefused, answer.verdict, expected: "a no_renegotiation alert, no second handshake",
+                       actual: answer.description, started: started)
         } else {
-            run.record(Cases.wrongPSK, .inconclusive, expected: Cases.wrongPSK.title, actual: "no identity of its own matched")
+            for testCase in [Cases.wrongPSK, Cases.renegotiationRefused] {
+                run.record(testCase, .inconclusive, expected: testCase.title, actual: "no identity of its own matched")
+            }
         }
 
         let refusals: [(ConformanceCase, TLSHelloProbe.Hello, UInt8)] = [(Cases.tls13, .tls13Only, 70),

@@ -28,6 +28,17 @@ public struct TargetConformanceConfiguration: Sendable {
     /// "Stream marking"), so a storm of reconnections is a warning. Our node's link retries after 250 ms,
     /// doubling: about 5 connections in 3 s.
     public var maxConnectionsAfterRefusal = 8
+    /// How long the suite waits, before its script, for the implementation's first M-SEARCH: an
+    /// implementation searches when it joins the group (ours only then and every 5 minutes), so one started
+    /// after the suite is heard at once; zero starts the script at once and grades whatever searches the
+    /// run hears.
+    public var searchWait: TimeAmount = .zero
+    /// How long the judgement of a search waits for the announcement of the USN its `S` names, when that
+    /// has not come yet (an implementation may search just before it announces).
+    public var searchSettle: TimeAmount = .seconds(1)
+    /// Called once the suite listens on the group, before it waits for the implementation's M-SEARCH: the
+    /// moment to start the implementation.
+    public var listening: @Sendable () -> Void = {}
 
     /// A configuration for `address`; on loopback the second address is 127.0.0.2.
     public init(address: String) {
@@ -125,10 +136,18 @@ public struct TargetConformance: Sendable {
                                                        "answered 503 with Retry-After: 2, it fetches that location again no sooner than 2 s later, an alive in between notwithstanding",
                                                        ["SSDP-6.10"])
 
+        /// `target/ssdp/search-form`: its M-SEARCH datagrams heard on the group are well formed, name the
+        /// group in HOST and carry S with its current USN while it advertises one.
+        public static let searchForm = ConformanceCase("target/ssdp/search-form",
+                                                       "its M-SEARCH for the Thali NT is well formed with HOST group:port, MAN, MX and ST, and carries S with its current USN while it advertises one",
+                                                       ["SSDP-2.6"])
+
         /// Every case of target mode.
-        public static let all = [validFetched, fetchOnce, noMatchNoConnect, malformed, foreignNT, badUSN, spoofedLocation, forgedByebye,
+        public static let all = [searchForm, validFetched, fetchOnce, noMatchNoConnect, malformed, foreignNT, badUSN, spoofedLocation, forgedByebye,
                                  tamperedNoConnect, strangerFirstNoConnect, matchConnects, closeNotifyFirst, replayNoConnect, smallGroupRefused,
                                  deliveryHeader, statusRead, refusalNotRetried, busyWaited]
+        /// The cases of the script (all but the search, which listens beside it).
+        static let scripted = Array(all.dropFirst())
         static let beacons = [tamperedNoConnect, strangerFirstNoConnect, matchConnects, closeNotifyFirst, replayNoConnect, smallGroupRefused]
             + marking
         static let marking = [deliveryHeader, statusRead, refusalNotRetried]
@@ -145,15 +164,47 @@ public struct TargetConformance: Sendable {
 
     /// Runs every case, recording each verdict in `run` as it is decided.
     public func run(_ run: ConformanceRun) async {
+        let listener: SearchListener?
         do {
-            try await script(run)
+            listener = try await SearchListener.start(group: configuration.ssdpGroup, port: configuration.ssdpPort,
+                                                      interface: configuration.address, on: group)
+        } catch {
+            run.note("cannot listen on \(configuration.ssdpGroup):\(configuration.ssdpPort) for the implementation's searches: \(error)")
+            listener = nil
+        }
+        configuration.listening()
+        defer { listener?.close() }
+        let waited = configuration.searchWait > .zero
+        if let listener, waited {
+            await listener.wait(until: \.heardAny, within: configuration.searchWait)
+            await listener.wait(until: { !$0.awaitsAnnouncement }, within: configuration.searchSettle)
+            gradeSearches(run, listener)
+        }
+        do {
+            try await script(run, listener: listener)
         } catch {
             run.note("target mode stopped: \(error)")
-            run.recordRemaining(Cases.all, .inconclusive, because: "the run stopped: \(error)")
+            run.recordRemaining(Cases.scripted, .inconclusive, because: "the run stopped: \(error)")
         }
+        if let listener, !waited { gradeSearches(run, listener) }
+        run.recordRemaining([Cases.searchForm], .inconclusive, because: "the suite could not listen on the group")
     }
 
-    private func script(_ run: ConformanceRun) async throws {
+    /// The implementation's M-SEARCH datagrams heard so far [SSDP-2.6]; none is N/A (searching is not
+    /// required, and ours searches only when it joins the group and every 5 minutes).
+    private func gradeSearches(_ run: ConformanceRun, _ listener: SearchListener) {
+        let expected = "HOST \(configuration.ssdpGroup):\(configuration.ssdpPort), MAN, MX, ST the Thali NT, S its current USN while it advertises one"
+        guard let (holds, actual) = listener.heard.judge() else {
+            let why = configuration.searchWait > .zero
+                ? "no M-SEARCH for the Thali NT within \(PeerConformance.text(configuration.searchWait)) of listening"
+                : "no M-SEARCH for the Thali NT during the run (one searches when it joins: start it after the suite, with --search-wait-s)"
+            run.record(Cases.searchForm, .notApplicable, expected: expected, actual: why)
+            return
+        }
+        run.grade(Cases.searchForm, holds: holds, expected: expected, actual: actual)
+    }
+
+    private func script(_ run: ConformanceRun, listener: SearchListener?) async throws {
         let address = configuration.address
         // A stream with one beacon, for a key nobody holds: well formed, and for nobody we know.
         let stream = try BeaconGenerator(identity: PrivateKey()).makeAnnouncement(for: [PrivateKey().publicKey], validity: .seconds(600)).stream
@@ -169,6 +220,7 @@ public struct TargetConformance: Sendable {
         senders.append(try await MulticastSender.start(address: address, group: configuration.ssdpGroup, port: configuration.ssdpPort,
                                                        on: group))
         let sender = senders[0]
+        listener?.ignore(sender.localAddress)
         var spoofed: ScriptedLocation?
         var secondSender: MulticastSender?
         if let second = configuration.secondAddress {
@@ -179,6 +231,7 @@ public struct TargetConformance: Sendable {
                                                         port: configuration.ssdpPort, on: group)
             senders.append(other)
             secondSender = other
+            listener?.ignore(other.localAddress)
         }
         let datagrams = TargetDatagrams(host: "\(configuration.ssdpGroup):\(configuration.ssdpPort)")
         let controlUSN = ThaliServiceName.makeUniqueServiceName()
@@ -200,7 +253,7 @@ public struct TargetConformance: Sendable {
         run.grade(Cases.validFetched, holds: fetched >= 1, expected: "at least one GET of \(control.url)",
                   actual: "\(fetched) fetches")
         guard fetched >= 1, byebyeTarget.fetches >= 1 else {
-            run.recordRemaining(Cases.all, .inconclusive,
+            run.recordRemaining(Cases.scripted, .inconclusive,
                                 because: "the implementation fetched none of our well-formed alives: is it listening on \(configuration.ssdpGroup):\(configuration.ssdpPort)?")
             return
         }
@@ -814,6 +867,9 @@ final class MulticastSender: Sendable {
     func send(_ bytes: [UInt8]) async throws {
         try await channel.writeAndFlush(AddressedEnvelope(remoteAddress: destination, data: channel.allocator.buffer(bytes: bytes)))
     }
+
+    /// The address its datagrams come from.
+    var localAddress: SocketAddress? { channel.localAddress }
 
     func close() { channel.close(promise: nil) }
 }

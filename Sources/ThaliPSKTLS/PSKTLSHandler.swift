@@ -46,6 +46,8 @@ public final class PSKTLSHandler: ChannelDuplexHandler {
     private var applicationReadPending = false
     /// Plaintext was delivered during the current read burst.
     private var deliveredInBurst = false
+    /// A renegotiation asked for through `PSKTLSRenegotiation.Request` has not been answered yet.
+    private var renegotiationRequested = false
 
     /// A client handler that authenticates with `identity` and `psk`.
     ///
@@ -202,13 +204,16 @@ public final class PSKTLSHandler: ChannelDuplexHandler {
             case .wantsInput:
                 fire()
                 sendPendingCiphertext(context: context, flush: true)  // e.g. an alert OpenSSL queued
+                reportRenegotiation(context: context)
                 return
             case .closeNotify:
                 fire()
+                reportRenegotiation(context: context)
                 closeNotifyReceived(context: context)
                 return
             case .failed(let error):
                 fire()
+                reportRenegotiation(context: context)
                 fail(error, context: context)
                 return
             }
@@ -233,6 +238,41 @@ public final class PSKTLSHandler: ChannelDuplexHandler {
         case .ignore:
             break
         }
+    }
+
+    // MARK: Renegotiation (the conformance hook)
+
+    public func triggerUserOutboundEvent(context: ChannelHandlerContext, event: Any, promise: EventLoopPromise<Void>?) {
+        guard event is PSKTLSRenegotiation.Request else { return context.triggerUserOutboundEvent(event, promise: promise) }
+        guard role == .client, stateMachine.state == .active, !renegotiationRequested else {
+            promise?.fail(PSKTLSError(.failed, role: role, detail: "renegotiation needs an established client session"))
+            return
+        }
+        if let error = connection.requestRenegotiation() {
+            promise?.fail(error)
+            fail(error, context: context)
+            return
+        }
+        renegotiationRequested = true
+        sendPendingCiphertext(context: context, flush: true)
+        context.read()  // the answer is read whatever the application asked
+        promise?.succeed(())
+    }
+
+    /// Fires the server's answer to a renegotiation we asked for, once it has come.
+    private func reportRenegotiation(context: ChannelHandlerContext) {
+        guard renegotiationRequested else { return }
+        let outcome: PSKTLSRenegotiation.Outcome
+        if let alert = connection.warningAlertReceived {
+            outcome = .warned(alert)
+        } else if !connection.renegotiationPending {
+            outcome = .renegotiated
+        } else {
+            context.read()
+            return
+        }
+        renegotiationRequested = false
+        context.fireUserInboundEventTriggered(outcome)
     }
 
     // MARK: Outbound

@@ -20,8 +20,10 @@ struct ConformanceTargetCommand: AsyncParsableCommand {
             locations it serves, and grades which the implementation fetches, how often, and that it \
             connects to none (no beacon is for it). With --peer-key and --identity (a contact of the \
             implementation), it also serves announcements for it: a tampered one, one whose first beacon is \
-            a stranger's, and a replayed one must lead to no connection, a good one to a session. About six \
-            observation periods long. Prints each case \
+            a stranger's, and a replayed one must lead to no connection, a good one to a session. The suite \
+            also listens on the group for the implementation's M-SEARCH datagrams and grades their form: an \
+            implementation searches when it joins, so with --search-wait-s start it once the suite says it \
+            listens. About six observation periods long. Prints each case \
             as it ends, then a table; exits non-zero only when a MUST fails or --baseline does not hold.
             """)
 
@@ -46,10 +48,14 @@ struct ConformanceTargetCommand: AsyncParsableCommand {
     @Option(help: "Seconds the implementation has to react to each step.")
     var observeS: Int64 = 3
 
+    @Option(help: "Seconds to wait, before the script, for the implementation's first M-SEARCH (start it once the suite says it listens); 0 grades the searches the run happens to hear.")
+    var searchWaitS: Int64 = 0
+
     @OptionGroup var report: ReportOptions
 
     func validate() throws {
         guard observeS >= 1 else { throw ValidationError("--observe-s must be at least 1") }
+        guard (0...600).contains(searchWaitS) else { throw ValidationError("--search-wait-s must be from 0 to 600") }
         guard (peerKey == nil) == (identity == nil) else { throw ValidationError("--peer-key and --identity go together") }
     }
 
@@ -59,6 +65,14 @@ struct ConformanceTargetCommand: AsyncParsableCommand {
         configuration.ssdpPort = ssdpPort
         configuration.ssdpGroup = ssdpGroup
         configuration.observation = .seconds(observeS)
+        configuration.searchWait = .seconds(searchWaitS)
+        if searchWaitS > 0 {
+            let line = TerminalText.escaped("listening on \(ssdpGroup):\(ssdpPort) for the implementation's M-SEARCH for up to \(searchWaitS) s: start it now")
+            let json = report.json
+            configuration.listening = {
+                if json { FileHandle.standardError.write(Data((line + "\n").utf8)) } else { printNow(line) }
+            }
+        }
         if let peerKey, let identity {
             configuration.keys = (try ContactKey.parse(peerKey), try IdentityKeyFile.load(from: identity))
         }

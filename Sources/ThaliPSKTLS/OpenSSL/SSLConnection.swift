@@ -44,6 +44,8 @@ final class SSLConnection {
 
     private var fatalAlertSent: TLSAlert?
     private var fatalAlertReceived: TLSAlert?
+    /// The first warning alert received other than close_notify (a `no_renegotiation`, say).
+    private(set) var warningAlertReceived: TLSAlert?
     private var identityHintReceived = false
     private var acceptedIdentity: String?
 
@@ -234,6 +236,26 @@ final class SSLConnection {
         OpenSSLErrors.clear()
     }
 
+    // MARK: Renegotiation (the conformance hook, `PSKTLSRenegotiation`)
+
+    /// Client, after the handshake: queues a ClientHello inside the session. Returns the error when
+    /// OpenSSL will not start.
+    func requestRenegotiation() -> PSKTLSError? {
+        OpenSSLErrors.clear()
+        warningAlertReceived = nil  // only an answer to this request counts
+        _ = SSL_clear_options(ssl, thali_SSL_OP_NO_RENEGOTIATION())
+        guard SSL_renegotiate(ssl) == 1 else { return failure() }
+        let result = SSL_do_handshake(ssl)
+        guard result != 1 else { return nil }
+        switch SSL_get_error(ssl, result) {
+        case SSL_ERROR_WANT_READ, SSL_ERROR_WANT_WRITE: return nil
+        default: return failure()
+        }
+    }
+
+    /// Whether a renegotiation asked for has not finished yet.
+    var renegotiationPending: Bool { SSL_renegotiate_pending(ssl) == 1 }
+
     // MARK: Errors and alerts
 
     /// The typed error for the failure OpenSSL just reported.
@@ -247,7 +269,10 @@ final class SSLConnection {
     /// Called by the info callback for every alert sent or received.
     func recordAlert(level: UInt8, alert: TLSAlert, sent: Bool) {
         // Only fatal alerts (level 2) end a connection; close_notify and warnings are not failures.
-        guard level == 2 else { return }
+        guard level == 2 else {
+            if level == 1, !sent, alert != .closeNotify { warningAlertReceived = warningAlertReceived ?? alert }
+            return
+        }
         if sent { fatalAlertSent = fatalAlertSent ?? alert } else { fatalAlertReceived = fatalAlertReceived ?? alert }
     }
 
