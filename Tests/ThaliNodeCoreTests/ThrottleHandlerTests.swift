@@ -49,14 +49,20 @@ struct ThrottleHandlerTests {
         _ = try channel.finish(acceptAlreadyClosed: true)
     }
 
-    @Test("an orderly close waits for the writes held before it")
-    func closeWaitsForHeldWrites() throws {
+    /// At 1000 B/s, three 1000-byte writes and then a close: the first write goes out at once, the other
+    /// two and the close are held. Returns the writes' futures and whether the close completed.
+    private func threeWritesThenClose() throws -> (EmbeddedChannel, [EventLoopFuture<Void>], NIOLockedValueBox<Bool>) {
         let channel = try throttled(bytesPerSecond: 1000)
         let writes = (UInt8(1)...3).map { channel.writeAndFlush(block($0)) }
-        let closed = channel.close()
         let closeDone = NIOLockedValueBox(false)
-        closed.whenComplete { _ in closeDone.withLockedValue { $0 = true } }
+        channel.close().whenComplete { _ in closeDone.withLockedValue { $0 = true } }
         #expect(try written(channel) == [1])
+        return (channel, writes, closeDone)
+    }
+
+    @Test("an orderly close waits for the writes held before it")
+    func closeWaitsForHeldWrites() throws {
+        let (channel, writes, closeDone) = try threeWritesThenClose()
         #expect(!closeDone.withLockedValue { $0 } && channel.isActive)
         channel.embeddedEventLoop.advanceTime(by: .seconds(2))
         #expect(try written(channel) == [2, 3])
@@ -67,12 +73,7 @@ struct ThrottleHandlerTests {
 
     @Test("once the channel is inactive, held writes fail and a waiting close goes through at once")
     func inactiveChannelDropsHeldWrites() throws {
-        let channel = try throttled(bytesPerSecond: 1000)
-        let writes = (UInt8(1)...3).map { channel.writeAndFlush(block($0)) }
-        let closed = channel.close()
-        let closeDone = NIOLockedValueBox(false)
-        closed.whenComplete { _ in closeDone.withLockedValue { $0 = true } }
-        #expect(try written(channel) == [1])
+        let (channel, writes, closeDone) = try threeWritesThenClose()
         // What a torn-down multiplexer stream does: inactive, without waiting for anything held.
         channel.pipeline.fireChannelInactive()
         #expect(closeDone.withLockedValue { $0 })
