@@ -9,6 +9,9 @@ import ThaliSSDP
 struct AnnouncementKeyLog: Sendable {
     /// Most distinct streams kept per location: a run sees a few dozen at most.
     static let maxStreamsPerLocation = 256
+    /// Most locations kept: every peer on the segment is fetched, and a crowded or hostile one must not
+    /// grow the log; a location first heard beyond this is not judged (N/A).
+    static let maxLocations = 256
 
     private struct Entry: Sendable {
         var key: [UInt8]
@@ -25,6 +28,7 @@ struct AnnouncementKeyLog: Sendable {
     mutating func record(_ stream: [UInt8], from location: BeaconLocation) {
         guard stream.count >= profile.streamLength(beaconCount: 1) else { return }
         let digest = Array(SHA256.hash(data: stream))
+        guard streams[location] != nil || streams.count < Self.maxLocations else { return }
         var entries = streams[location] ?? []
         guard entries.count < Self.maxStreamsPerLocation, !entries.contains(where: { $0.digest == digest }) else { return }
         entries.append(Entry(key: Array(stream.prefix(profile.ephemeralKeyLength)), digest: digest))

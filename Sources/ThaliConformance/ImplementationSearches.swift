@@ -21,6 +21,8 @@ package struct ImplementationSearches: Sendable {
     /// Most searches kept, and most USNs kept per address: a chatty network cannot grow them.
     package static let maxSearches = 64
     package static let maxUSNsPerSource = 64
+    /// Most addresses whose announcements are followed: spoofed sources cannot grow the tables.
+    package static let maxSources = 256
 
     /// The `HOST` a search must carry: the group and port it was sent to.
     let host: String
@@ -59,6 +61,7 @@ package struct ImplementationSearches: Sendable {
             let usn = notification.uniqueServiceName
             switch notification.subtype {
             case .alive:
+                guard announced[source] != nil || announced.count < Self.maxSources else { return }
                 current[source] = usn
                 var usns = announced[source] ?? []
                 if !usns.contains(where: { $0.usn == usn }), usns.count < Self.maxUSNsPerSource { usns.append((usn, now)) }
