@@ -2,6 +2,7 @@ import ArgumentParser
 import Foundation
 import Logging
 import NIOCore
+import NIOPosix
 import ServiceLifecycle
 import UnixSignals
 import Synchronization
@@ -169,7 +170,15 @@ struct Run: AsyncParsableCommand {
         // One run per data directory (two would advertise and deliver the same items); held until exit.
         // Taken once the options are known to be valid, so that a refused command line changes nothing.
         let lock = try RunLock(home: home)
-        let output = RunOutput(json: json)
+        // Followers (`thali-node events`, a conformance adapter) read the events from the data directory.
+        let feed: NodeEventFeed?
+        do {
+            feed = try await NodeEventFeed.start(at: home.eventsSocketPath, group: MultiThreadedEventLoopGroup.singleton)
+        } catch {
+            feed = nil
+            FileHandle.standardError.write(Data("thali-node: events cannot be followed (`thali-node events`): \(error)\n".utf8))
+        }
+        let output = RunOutput(json: json, feed: feed)
         store.observeExpiry { items in
             for item in items { output.expired(item) }
         }
@@ -199,6 +208,7 @@ struct Run: AsyncParsableCommand {
         var stopped = PeerEventRecord(event: "stopped", summary: "stopped (\(stopReason))")
         stopped.reason = stopReason
         output.print(stopped)
+        await feed?.close()
         withExtendedLifetime(lock) {}
     }
 }
@@ -260,19 +270,27 @@ struct DurationLimit: Service {
 /// Progress is printed at most every 250 ms per item (and always at its end).
 final class RunOutput: Sendable {
     private let json: Bool
+    private let feed: NodeEventFeed?
     private let start = Date()
     private let lastProgress = Mutex<[UUID: Date]>([:])
 
-    init(json: Bool) { self.json = json }
+    /// Prints readable lines, or JSON lines with `json`; every record also goes to `feed`'s followers as
+    /// a JSON line.
+    init(json: Bool, feed: NodeEventFeed? = nil) {
+        self.json = json
+        self.feed = feed
+    }
 
     /// Prints `record`, stamped with the time since the start.
     func print(_ record: PeerEventRecord) {
         let elapsed = Date().timeIntervalSince(start)
+        var stamped = record
+        stamped.t = (elapsed * 1000).rounded() / 1000
+        let line = try? stamped.jsonLine() + Data("\n".utf8)
+        if let line { feed?.publish(line) }
         if json {
-            var record = record
-            record.t = (elapsed * 1000).rounded() / 1000
-            guard let data = try? record.jsonLine() else { return }
-            FileHandle.standardOutput.write(data + Data("\n".utf8))
+            guard let line else { return }
+            FileHandle.standardOutput.write(line)
         } else {
             // Summaries carry texts, names and reasons from other peers: escaped for the terminal.
             let line = TerminalText.escaped(Self.roundingDurations(record.summary))

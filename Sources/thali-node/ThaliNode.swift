@@ -12,7 +12,7 @@ struct ThaliNode: AsyncParsableCommand {
         commandName: "thali-node",
         abstract: "A Thali peer: private discovery of contacts and authenticated delivery over local networks.",
         version: "thali-node, JSON output version \(jsonOutputVersion)",
-        subcommands: [Demo.self, Conformance.self, Bench.self, Discover.self, Identity.self, Contacts.self, Send.self, Outbox.self, Inbox.self, Config.self, Run.self]
+        subcommands: [Demo.self, Conformance.self, Bench.self, Discover.self, Identity.self, Contacts.self, Send.self, Outbox.self, Inbox.self, Events.self, Config.self, Run.self]
     )
 
     /// Parses and runs the command. Every error is one line on standard error (`error: ...`, control

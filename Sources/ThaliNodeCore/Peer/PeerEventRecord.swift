@@ -66,6 +66,9 @@ public struct PeerEventRecord: Encodable, Sendable, Hashable {
     public var role: String?
     /// Why a connection, a peer or an item ended as it did.
     public var reason: String?
+    /// `disconnected`: true when the session ended cleanly (the other side's close_notify, or our own
+    /// close), false when it ended with an error; a TCP close without close_notify is one (PSK-6.3).
+    public var clean: Bool?
     /// `connection_failed`: milliseconds until the next attempt; absent when giving up.
     public var retryInMs: Int?
     /// `session_ended`: the error, absent when the session completed.
@@ -121,7 +124,7 @@ public struct PeerEventRecord: Encodable, Sendable, Hashable {
     public var summary: String = ""
 
     enum CodingKeys: String, CodingKey {
-        case event, t, location, contacts, contact, binding, attempt, role, reason
+        case event, t, location, contacts, contact, binding, attempt, role, reason, clean
         case retryInMs = "retry_in_ms"
         case error, kind, effect
         case periodSeconds = "period_s"
@@ -186,6 +189,7 @@ public struct PeerEventRecord: Encodable, Sendable, Hashable {
             let reason = error?.description ?? "closed"
             self.init(event: "disconnected", summary: "PSK-TLS session with \(contact) over \(binding.rawValue) ended: \(reason)")
             (self.contact, self.role, self.binding, self.reason) = (contact, role.rawValue, binding.rawValue, reason)
+            clean = error == nil
         case .sessionEnded(let contact, let role, let error):
             self.init(event: "session_ended", summary: "session with \(contact) ended" + (error.map { ": \($0)" } ?? ""))
             (self.contact, self.role, self.error) = (contact, role.rawValue, error?.description)
@@ -313,11 +317,24 @@ public struct PeerEventRecord: Encodable, Sendable, Hashable {
         limitsTriggered = Dictionary(uniqueKeysWithValues: status.limitsTriggered.map { ($0.key.rawValue, $0.value) })
     }
 
-    /// The JSON line (no newline): keys sorted, slashes unescaped.
+    /// The JSON line (no newline): keys sorted, slashes unescaped, and the characters that drive a
+    /// terminal which JSON leaves as they are (DEL, the C1 controls, the bidirectional overrides) written
+    /// as `\u` escapes: texts, names and reasons come from other peers, and the line may reach a terminal.
     public func jsonLine() throws -> Data {
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
-        return try encoder.encode(self)
+        let data = try encoder.encode(self)
+        // JSONEncoder escapes C0 already; the rest are above 0x7E, so plain ASCII output is final.
+        guard data.contains(where: { $0 >= 0x7F }) else { return data }
+        var escaped = ""
+        for scalar in String(decoding: data, as: UTF8.self).unicodeScalars {
+            if (0x7F...0x9F).contains(scalar.value) || (0x202A...0x202E).contains(scalar.value) || (0x2066...0x2069).contains(scalar.value) {
+                escaped += String(format: "\\u%04X", scalar.value)
+            } else {
+                escaped.unicodeScalars.append(scalar)
+            }
+        }
+        return Data(escaped.utf8)
     }
 }
 

@@ -8,7 +8,8 @@ import Glibc
 /// Layout: `config.json` (``NodeConfiguration``), `node.sqlite` (``NodeStore``, WAL mode),
 /// `identity.key` (the node's private key, format owned by ThaliBeacons), `outbox/` (snapshots of queued
 /// files), `inbox/<item id>/<name>` (received files), `partial/` (files being received), `run.lock`
-/// (held by a running `thali-node run`, see ``RunLock``).
+/// (held by a running `thali-node run`, see ``RunLock``), `events.sock` (a running `run`'s events, see
+/// ``NodeEventFeed``).
 ///
 /// The directory is self-contained: the store records paths relative to it, so it can be moved or copied
 /// whole. It is private: the directory and its subdirectories are 0700 and its files 0600, whatever
@@ -40,6 +41,8 @@ public struct NodeHome: Sendable, Hashable {
     public var identityPath: String { path + "/identity.key" }
     /// `run.lock`: locked (`flock`) by the `run` that uses the directory, with its pid inside.
     public var runLockPath: String { path + "/run.lock" }
+    /// `events.sock`: the UNIX stream socket where a running `run` serves its events (``NodeEventFeed``).
+    public var eventsSocketPath: String { path + "/events.sock" }
     /// `outbox/`: the node's own copies of queued files, so later changes to the originals cannot corrupt
     /// a delivery.
     public var outboxDirectory: String { path + "/outbox" }

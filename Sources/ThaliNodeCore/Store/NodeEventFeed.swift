@@ -1,0 +1,140 @@
+import Foundation
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOPosix
+
+/// A running node's events for local followers: a UNIX stream socket in the data directory
+/// (``NodeHome/eventsSocketPath``) to which the node writes every event as it prints it, one JSON object
+/// per line (``PeerEventRecord/jsonLine()``), to every follower connected at the time.
+///
+/// `thali-node events` follows it, and through it the conformance suite's adapter reads a node's events
+/// (spec/conformance.md, "Adapter contract"). The node never waits for a follower: one that does not
+/// read is dropped once ``Limits/maxPendingBytesPerFollower`` are queued for it, and followers beyond
+/// ``Limits/maxFollowers`` are closed at once. Followers send nothing; what they send is discarded. The
+/// socket is a file in the private data directory (mode 0600, the directory 0700): only the node's user
+/// can follow it.
+public final class NodeEventFeed: Sendable {
+    /// The feed's bounds.
+    public struct Limits: Sendable, Hashable {
+        /// Followers connected at once; more are closed as they connect.
+        public var maxFollowers = 8
+        /// Bytes queued for one follower that does not read; past them it is dropped.
+        public var maxPendingBytesPerFollower = 1 << 20
+
+        /// The defaults: 8 followers, 1 MiB each.
+        public init() {}
+    }
+
+    /// The socket's path.
+    public let path: String
+    private let server: Channel
+    private let followers = NIOLockedValueBox<[ObjectIdentifier: Channel]>([:])
+    private let dropped = NIOLockedValueBox(0)
+
+    private init(path: String, server: Channel) {
+        self.path = path
+        self.server = server
+    }
+
+    /// The longest socket path (`sockaddr_un.sun_path` less its terminating NUL).
+    public static let maxPathBytes = MemoryLayout.size(ofValue: sockaddr_un().sun_path) - 1
+
+    /// Listens at `path`, replacing a socket a run that ended without cleaning up left there (the caller
+    /// holds the data directory's ``RunLock``, so no other run uses it).
+    public static func start(at path: String, limits: Limits = Limits(), group: any EventLoopGroup) async throws -> NodeEventFeed {
+        guard path.utf8.count <= maxPathBytes else { throw NodeEventFeedError.pathTooLong(path: path, maximum: maxPathBytes) }
+        let registry = FollowerRegistry(limits: limits)
+        let server = try await ServerBootstrap(group: group)
+            .serverChannelOption(.backlog, value: 8)
+            .childChannelInitializer { channel in
+                registry.admit(channel)
+            }
+            .bind(unixDomainSocketPath: path, cleanupExistingSocketFile: true)
+            .get()
+        _ = chmod(path, NodeHome.fileMode)
+        let feed = NodeEventFeed(path: path, server: server)
+        registry.feed.withLockedValue { $0 = feed }
+        return feed
+    }
+
+    /// Followers connected now.
+    public var followerCount: Int { followers.withLockedValue { $0.count } }
+
+    /// Followers dropped so far, for not reading or for coming beyond the limit.
+    public var droppedFollowers: Int { dropped.withLockedValue { $0 } }
+
+    /// Writes `line` (one JSON object and its newline) to every follower; drops those that fell behind.
+    public func publish(_ line: Data) {
+        let current = followers.withLockedValue { Array($0.values) }
+        guard !current.isEmpty else { return }
+        for channel in current {
+            guard channel.isWritable else {
+                // Its queue passed the high water mark: it stopped reading, and the node does not wait.
+                if followers.withLockedValue({ $0.removeValue(forKey: ObjectIdentifier(channel)) }) != nil {
+                    dropped.withLockedValue { $0 += 1 }
+                    channel.close(promise: nil)
+                }
+                continue
+            }
+            channel.writeAndFlush(ByteBuffer(bytes: line), promise: nil)
+        }
+    }
+
+    /// Stops listening, closes every follower (their `events` ends) and removes the socket file.
+    public func close() async {
+        try? await server.close().get()
+        let current = followers.withLockedValue { Array($0.values) }
+        for channel in current { try? await channel.close().get() }
+        _ = unlink(path)
+    }
+
+    fileprivate func added(_ channel: Channel) -> Bool {
+        followers.withLockedValue { $0.updateValue(channel, forKey: ObjectIdentifier(channel)) == nil }
+    }
+
+    fileprivate func removed(_ channel: Channel) {
+        _ = followers.withLockedValue { $0.removeValue(forKey: ObjectIdentifier(channel)) }
+    }
+
+    fileprivate func refused() { dropped.withLockedValue { $0 += 1 } }
+
+    /// Admits followers until the feed exists and within the limit.
+    private final class FollowerRegistry: Sendable {
+        let limits: Limits
+        let feed = NIOLockedValueBox<NodeEventFeed?>(nil)
+
+        init(limits: Limits) { self.limits = limits }
+
+        func admit(_ channel: Channel) -> EventLoopFuture<Void> {
+            guard let feed = feed.withLockedValue({ $0 }), feed.followerCount < limits.maxFollowers else {
+                self.feed.withLockedValue { $0?.refused() }
+                return channel.close()
+            }
+            let high = max(1, limits.maxPendingBytesPerFollower)
+            _ = feed.added(channel)
+            channel.closeFuture.whenComplete { [weak feed] _ in feed?.removed(channel) }
+            return channel.setOption(.writeBufferWaterMark, value: .init(low: high / 2, high: high)).flatMap {
+                channel.pipeline.addHandler(InputDiscarder())
+            }
+        }
+    }
+
+    /// Followers send nothing: whatever comes is dropped (their end of input closes the connection).
+    private final class InputDiscarder: ChannelInboundHandler, Sendable {
+        typealias InboundIn = ByteBuffer
+        func channelRead(context: ChannelHandlerContext, data: NIOAny) {}
+    }
+}
+
+/// Why a node's event feed could not start.
+public enum NodeEventFeedError: Error, Sendable, Hashable, CustomStringConvertible {
+    /// The data directory's path is too long for a UNIX socket's address.
+    case pathTooLong(path: String, maximum: Int)
+
+    public var description: String {
+        switch self {
+        case .pathTooLong(let path, let maximum):
+            "\(path) is \(path.utf8.count) bytes, longer than a UNIX socket's path may be (\(maximum)); use a shorter data directory to follow its events"
+        }
+    }
+}
