@@ -2,12 +2,14 @@ import Foundation
 import ThaliBeacons
 
 /// How the suite drives the implementation under test (spec/conformance.md, "Adapter contract"): a
-/// command (an argv prefix) that accepts three verbs, which `thali-node --home DIR` meets as it is:
+/// command (an argv prefix) that accepts four verbs, which `thali-node --home DIR` meets as it is:
 ///
 /// - `contacts add NAME PUBLIC-KEY`: add a contact (exit 0);
 /// - `send NAME TEXT --json`: queue a text for a contact; prints a JSON object with `id` (a UUID);
 /// - `inbox --json`: prints a JSON array of received items, each with `id`, `from_public_key` (or
-///   `fromPublicKey`), `kind`, `text`.
+///   `fromPublicKey`), `kind`, `text`;
+/// - `events`: runs until stopped, printing the implementation's events as JSON lines
+///   (``AdapterEventFollower`` reads them).
 public struct ConformanceAdapter: Sendable {
     /// The command, e.g. `["thali-node", "--home", "/tmp/iut"]`.
     public var command: [String]

@@ -250,10 +250,10 @@ public struct PeerConformance: Sendable {
 
         /// Every case of peer mode.
         public static let all = [discovered, beaconFetch, beaconMatch, expiration, freshEphemeralKey, handshake, closeNotify, openStream, hello, offer,
-                                 transfer, frameMaximum, window, itemBatch, done, version2Fallback] + answers + [usn, searchAnswer, searchAnswerDelay, byebye,
+                                 transfer, frameMaximum, window, itemBatch, done, version2Fallback] + answers + [usn, searchAnswer, searchAnswerDelay, multicastTTL, byebye,
                                  senderConnects, senderBeaconRequest, senderWelcome, senderStream, senderProgress, senderAck, refusesExpired,
                                  rejectsDamaged, senderBatch, senderClose, senderInbox,
-                                 noHint, noCompression, noTickets, unknownIdentity, wrongPSK, renegotiationRefused, tls13, otherSuites, dhSize, dhFresh,
+                                 uncleanCloseReported, noHint, noCompression, noTickets, unknownIdentity, wrongPSK, renegotiationRefused, tls13, otherSuites, dhSize, dhFresh,
                                  pingAnswered, dataAfterFIN, resetStream, wrongParity, windowOverrun, goAwayNormal,
                                  unmarkedServed, alpnSelected, unknownKindRefused, badHeaderRefused, appNotServed, deliveryAccepted]
         static let rawMultiplexer = [pingAnswered, dataAfterFIN, resetStream, wrongParity, windowOverrun, goAwayNormal]
@@ -279,6 +279,9 @@ public struct PeerConformance: Sendable {
         let configuration = self.configuration
         let limits = configuration.deliveryLimits
         var queuedIDs: [UUID] = []
+        // Followed from the start, so that no report of the sessions below is missed.
+        let events: AdapterEventFollower? = configuration.adapter.flatMap { try? AdapterEventFollower(adapter: $0) }
+        defer { events?.stop() }
         if let adapter = configuration.adapter {
             do {
                 if configuration.addContact {
@@ -336,6 +339,9 @@ public struct PeerConformance: Sendable {
         await server.close()
         let found = lastMatch.withLockedValue { $0 }
         gradeEphemeralKeys(run, location: found?.1)
+        if let (match, location) = found, !Task.isCancelled {
+            await gradeUncleanClose(run, events: events, location: location, match: match)
+        }
         if let location = found?.1 ?? configuration.location, !Task.isCancelled {
             await negativeCases(run, location: location, match: found?.0)
             if let match = found?.0, !Task.isCancelled {
@@ -407,6 +413,7 @@ public struct PeerConformance: Sendable {
         lastMatch.withLockedValue { $0 = found }
         await gradeFetch(run, location)
         await gradeSearchAnswer(run)
+        await gradeMulticastTTL(run, location: location)
         run.record(Cases.beaconMatch, .pass, expected: Cases.beaconMatch.title,
                    actual: "beacon \(match.beaconIndex) matched \(configuration.peerKey.hexString(compressed: true).prefix(16))…")
         let now = DeliveryClock.nowMilliseconds

@@ -47,8 +47,13 @@ public enum Mutant: String, CaseIterable, Sendable {
     case tlsSessionTickets = "tls-session-tickets"
     /// Closing a PSK-TLS connection closes TCP without sending close_notify first [PSK-6.1].
     case tlsCloseWithoutCloseNotify = "tls-close-without-close-notify"
+    /// A TCP close without close_notify after the handshake ends a PSK-TLS connection as cleanly as
+    /// close_notify does, instead of as a possible truncation [PSK-6.3].
+    case tlsUncleanCloseAsClean = "tls-unclean-close-as-clean"
     /// The announcer does not answer M-SEARCH [SSDP-2.7].
     case ssdpNoSearchAnswer = "ssdp-no-search-answer"
+    /// Multicast datagrams go out with TTL 1, the common socket default, instead of 2 [SSDP-1.2].
+    case ssdpMulticastTTLOne = "ssdp-multicast-ttl-one"
     /// The announcer withdraws nothing when its beacons are gone: no byebye [SSDP-2.5].
     case ssdpNoByebye = "ssdp-no-byebye"
     /// The USN's UUID is in upper case [SSDP-2.3].

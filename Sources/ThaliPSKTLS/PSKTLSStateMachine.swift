@@ -1,4 +1,5 @@
 import NIOCore
+import ThaliMutants
 
 /// The life of one PSK-TLS connection. The handler asks it what to do for each event and does only
 /// that; every transition is spelled out here.
@@ -126,7 +127,7 @@ struct PSKTLSStateMachine {
         case .handshaking:
             return .closedDuringHandshake
         case .active, .outputClosed:
-            return .uncleanShutdown
+            return Mutant.tlsUncleanCloseAsClean.isActive ? nil : .uncleanShutdown
         case .inputClosed where !channelInactive:
             return nil  // the peer's close_notify came first: a clean half-closure
         case .idle, .inputClosed, .closed:

@@ -3,6 +3,7 @@ import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
 import ThaliAdmission
+import ThaliMutants
 
 #if canImport(Glibc)
 import Glibc
@@ -318,7 +319,7 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
                     return channel.close().flatMapThrowing { throw StartError.socketOptionsUnavailable }
                 }
                 return options.setIPMulticastIF(interface)
-                    .flatMap { options.setIPMulticastTTL(configuration.multicastTTL) }
+                    .flatMap { options.setIPMulticastTTL(Mutant.ssdpMulticastTTLOne.isActive ? 1 : configuration.multicastTTL) }
                     .flatMap { options.setIPMulticastLoop(1) }
                     .map { channel }
             }

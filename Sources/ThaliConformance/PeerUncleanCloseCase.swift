@@ -1,0 +1,69 @@
+import NIOCore
+import ThaliBeacons
+import ThaliSSDP
+
+extension PeerConformance.Cases {
+    /// `peer/psk-tls/unclean-close-reported`: a session the suite ends with a bare TCP close after the
+    /// handshake is reported, through the adapter's `events` verb, as an unclean end.
+    public static let uncleanCloseReported = ConformanceCase("peer/psk-tls/unclean-close-reported",
+                                                             "a TCP close without close_notify after the handshake is reported as an unclean end (the adapter's events: disconnected, clean false)",
+                                                             ["PSK-6.3"])
+}
+
+extension PeerConformance {
+    /// A PSK-TLS session ended by a TCP close without close_notify: the implementation must take it as an
+    /// error, not a clean end [PSK-6.3]. The wire cannot show that (either way it closes too), so the
+    /// verdict comes from its own report, the adapter's `events` verb: the first `disconnected` for the
+    /// suite's name, in the accepting role, after the close.
+    func gradeUncleanClose(_ run: ConformanceRun, events: AdapterEventFollower?, location: BeaconLocation, match: BeaconMatch) async {
+        let testCase = Cases.uncleanCloseReported
+        let name = configuration.nameAtPeer
+        let expected = "a `disconnected` event for \(name) with clean false"
+        guard let events else {
+            run.record(testCase, .notApplicable, expected: expected, actual: "no adapter, so no events to read")
+            return
+        }
+        if let ended = events.ended, events.count == 0 {
+            run.record(testCase, .notApplicable, expected: expected, actual: "the adapter's events verb gave nothing: \(ended)")
+            return
+        }
+        let started = NIODeadline.now()
+        let mark = events.count
+        let closer = BareCloser()
+        do {
+            let channel = try await ProbeSession.connect(host: location.host, port: location.port, identity: match.pskIdentity, psk: match.psk,
+                                                         timeout: configuration.stepTimeout, on: group.next(), below: [closer])
+            // Closed from below TLS: the close never passes our TLS handler, so no close_notify is written.
+            try await channel.eventLoop.flatSubmit {
+                do { return try channel.pipeline.syncOperations.context(handler: closer).close() } catch {
+                    return channel.eventLoop.makeFailedFuture(error)
+                }
+            }.get()
+        } catch {
+            run.record(testCase, .inconclusive, expected: expected, actual: "no PSK-TLS session to close: \(error)", started: started)
+            return
+        }
+        let reported = await events.first(after: mark, timeout: configuration.stepTimeout) {
+            $0.event == "disconnected" && $0.contact == name && $0.role != "connecting"
+        }
+        guard let reported else {
+            let seen = events.events(after: mark).suffix(8).map { [$0.event, $0.contact, $0.role].compactMap { $0 }.joined(separator: " ") }
+            run.record(testCase, .inconclusive, expected: expected,
+                       actual: "no `disconnected` for \(name) within \(Self.text(configuration.stepTimeout))" + (events.ended.map { " (\($0))" } ?? "")
+                           + "; its events since the close: " + (seen.isEmpty ? "none" : seen.joined(separator: "; ")),
+                       started: started)
+            return
+        }
+        let reason = reported.reason.map { ", reason \"\($0)\"" } ?? ""
+        switch reported.clean {
+        case false?: run.record(testCase, .pass, expected: expected, actual: "disconnected, clean false\(reason)", started: started)
+        case true?: run.record(testCase, .fail, expected: expected, actual: "reported as a clean end\(reason)", started: started)
+        case nil: run.record(testCase, .inconclusive, expected: expected, actual: "its `disconnected` has no boolean `clean`\(reason)", started: started)
+        }
+    }
+}
+
+/// Sits between TCP and TLS so that the probe can close the connection from there, past the TLS handler.
+private final class BareCloser: ChannelOutboundHandler, Sendable {
+    typealias OutboundIn = ByteBuffer
+}
