@@ -144,7 +144,7 @@ public struct TargetConformance: Sendable {
 
         /// Every case of target mode.
         public static let all = [searchForm, validFetched, fetchOnce, noMatchNoConnect, malformed, foreignNT, badUSN, spoofedLocation, forgedByebye,
-                                 tamperedNoConnect, strangerFirstNoConnect, matchConnects, closeNotifyFirst, replayNoConnect, smallGroupRefused,
+                                 forgotten, tamperedNoConnect, strangerFirstNoConnect, matchConnects, closeNotifyFirst, replayNoConnect, smallGroupRefused,
                                  deliveryHeader, statusRead, refusalNotRetried, busyWaited]
         /// The cases of the script (all but the search, which listens beside it).
         static let scripted = Array(all.dropFirst())
@@ -215,8 +215,9 @@ public struct TargetConformance: Sendable {
             for location in locations { location.close() }
             for sender in senders { sender.close() }
         }
-        for _ in 0..<5 { locations.append(try await ScriptedLocation.start(host: address, body: stream, group: group)) }
+        for _ in 0..<6 { locations.append(try await ScriptedLocation.start(host: address, body: stream, group: group)) }
         let (control, malformed, foreign, badUSN, byebyeTarget) = (locations[0], locations[1], locations[2], locations[3], locations[4])
+        var forgetting = ForgettingPeer(location: locations[5])
         senders.append(try await MulticastSender.start(address: address, group: configuration.ssdpGroup, port: configuration.ssdpPort,
                                                        on: group))
         let sender = senders[0]
@@ -247,6 +248,7 @@ public struct TargetConformance: Sendable {
         if let spoofed { try await sender.send(datagrams.alive(usn: ThaliServiceName.makeUniqueServiceName(), location: spoofed.url)) }
         try await sender.send(datagrams.alive(usn: controlUSN, location: control.url))
         try await sender.send(datagrams.alive(usn: byebyeUSN, location: byebyeTarget.url))
+        try await forgetting.announce(with: sender, datagrams)
         try await Task.sleep(for: .nanoseconds(configuration.observation.nanoseconds))
 
         let fetched = control.fetches
@@ -290,7 +292,11 @@ public struct TargetConformance: Sendable {
         } else {
             run.record(Cases.forgedByebye, .notApplicable, expected: "no new fetch", actual: "no second address (--second-address)")
         }
+        // Silent since step 1, two observation periods and more past its max-age: it must be forgotten.
+        try await forgetting.announceAgain(with: sender, datagrams)
         try await beaconCases(run, sender: sender, datagrams: datagrams)
+        // Before the busy location: a client may postpone every fetch from a busy server's address.
+        try await forgetting.grade(run, observation: configuration.observation)
         // Last: a client may postpone every fetch from a busy server's address, ours among them.
         let busy = try await ScriptedLocation.start(host: address, body: stream, busyRetryAfter: Self.busyRetryAfterSeconds, group: group)
         locations.append(busy)
@@ -662,8 +668,8 @@ struct TargetDatagrams {
     /// The `HOST` header: group:port.
     let host: String
 
-    func alive(nt: String = ThaliServiceName.notificationType, usn: String, location: String) -> [UInt8] {
-        Array(("NOTIFY * HTTP/1.1\r\nHOST: \(host)\r\nCACHE-CONTROL: max-age=30\r\nLOCATION: \(location)\r\nNT: \(nt)\r\n"
+    func alive(nt: String = ThaliServiceName.notificationType, usn: String, location: String, maxAge: Int = 30) -> [UInt8] {
+        Array(("NOTIFY * HTTP/1.1\r\nHOST: \(host)\r\nCACHE-CONTROL: max-age=\(maxAge)\r\nLOCATION: \(location)\r\nNT: \(nt)\r\n"
                + "NTS: ssdp:alive\r\nUSN: \(usn)\r\n\r\n").utf8)
     }
 

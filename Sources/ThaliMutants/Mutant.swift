@@ -54,6 +54,8 @@ public enum Mutant: String, CaseIterable, Sendable {
     case ssdpNoSearchAnswer = "ssdp-no-search-answer"
     /// Multicast datagrams go out with TTL 1, the common socket default, instead of 2 [SSDP-1.2].
     case ssdpMulticastTTLOne = "ssdp-multicast-ttl-one"
+    /// A peer whose max-age ran out is kept as if it still announced [SSDP-4.4].
+    case ssdpNeverForgets = "ssdp-never-forgets"
     /// The announcer withdraws nothing when its beacons are gone: no byebye [SSDP-2.5].
     case ssdpNoByebye = "ssdp-no-byebye"
     /// The USN's UUID is in upper case [SSDP-2.3].

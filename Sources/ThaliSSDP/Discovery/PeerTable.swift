@@ -1,5 +1,6 @@
 import NIOCore
 import ThaliAdmission
+import ThaliMutants
 
 /// The peers discovery tracks, as a state machine with explicit inputs (alive, byebye, fetch results,
 /// time) and outputs (`Action`s the service performs). No I/O, so tests drive it directly.
@@ -221,7 +222,7 @@ struct PeerTable {
         for (location, entry) in entries {
             let reason: SSDPDiscoveryEvent.DepartureReason?
             switch entry.state {
-            case .active(let expiry): reason = expiry <= now ? .expired : nil
+            case .active(let expiry): reason = expiry <= now && !Mutant.ssdpNeverForgets.isActive ? .expired : nil
             case .departing(let deadline): reason = deadline <= now ? .byebye : nil
             }
             guard let reason else { continue }
