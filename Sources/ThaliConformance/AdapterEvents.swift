@@ -15,6 +15,8 @@ public struct AdapterEvent: Sendable, Hashable {
     public var clean: Bool?
     /// `reason`: in words.
     public var reason: String?
+    /// `location`: for `peer_appeared`, where the peer was found (its LOCATION URL over SSDP).
+    public var location: String?
     /// When the suite read it.
     public var readAt: NIODeadline
 
@@ -27,6 +29,7 @@ public struct AdapterEvent: Sendable, Hashable {
         role = object["role"] as? String
         clean = object["clean"] as? Bool
         reason = object["reason"] as? String
+        location = object["location"] as? String
         self.readAt = readAt
     }
 }

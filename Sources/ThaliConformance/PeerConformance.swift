@@ -250,7 +250,7 @@ public struct PeerConformance: Sendable {
 
         /// Every case of peer mode.
         public static let all = [discovered, beaconFetch, beaconMatch, expiration, freshEphemeralKey, handshake, closeNotify, openStream, hello, offer,
-                                 transfer, frameMaximum, window, itemBatch, done, version2Fallback] + answers + [usn, searchAnswer, searchAnswerDelay, multicastTTL, byebye,
+                                 transfer, frameMaximum, window, itemBatch, done, version2Fallback] + answers + [usn, searchAnswer, searchAnswerDelay, multicastTTL, ownAlivesDropped, byebye,
                                  senderConnects, senderBeaconRequest, senderWelcome, senderStream, senderProgress, senderAck, refusesExpired,
                                  rejectsDamaged, senderBatch, senderClose, senderInbox,
                                  uncleanCloseReported, noHint, noCompression, noTickets, unknownIdentity, wrongPSK, renegotiationRefused, tls13, otherSuites, dhSize, dhFresh,
@@ -336,11 +336,13 @@ public struct PeerConformance: Sendable {
             run.recordRemaining(Cases.senderRole, .notApplicable, because: "sender role not run")
         }
         await discovery.stop()
+        let suiteLocation = BeaconLocation(host: configuration.address, port: server.port)
         await server.close()
         let found = lastMatch.withLockedValue { $0 }
         gradeEphemeralKeys(run, location: found?.1)
         if let (match, location) = found, !Task.isCancelled {
             await gradeUncleanClose(run, events: events, location: location, match: match)
+            gradeOwnAlivesDropped(run, events: events, own: location, suite: suiteLocation)
         }
         if let location = found?.1 ?? configuration.location, !Task.isCancelled {
             await negativeCases(run, location: location, match: found?.0)

@@ -56,6 +56,8 @@ public enum Mutant: String, CaseIterable, Sendable {
     case ssdpMulticastTTLOne = "ssdp-multicast-ttl-one"
     /// A peer whose max-age ran out is kept as if it still announced [SSDP-4.4].
     case ssdpNeverForgets = "ssdp-never-forgets"
+    /// Its own alives, heard back through multicast loopback, are taken for a peer's [SSDP-3.3].
+    case ssdpHearsItself = "ssdp-hears-itself"
     /// The announcer withdraws nothing when its beacons are gone: no byebye [SSDP-2.5].
     case ssdpNoByebye = "ssdp-no-byebye"
     /// The USN's UUID is in upper case [SSDP-2.3].

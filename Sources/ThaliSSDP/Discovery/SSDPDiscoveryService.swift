@@ -481,7 +481,7 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
                 counters.foreignMessagesIgnored += 1
                 return
             }
-            guard notification.uniqueServiceName != announcer.serviceName else {
+            guard notification.uniqueServiceName != announcer.serviceName || Mutant.ssdpHearsItself.isActive else {
                 counters.ownMessagesIgnored += 1
                 return
             }
