@@ -33,6 +33,7 @@ struct StreamWindow: Sendable, Hashable {
 
     /// Takes up to `wanted` bytes of the send window and returns how many may be sent now.
     mutating func reserveSend(upTo wanted: Int) -> Int {
+        if Mutant.yamuxSendsPastWindow.isActive { sendWindow = max(sendWindow, wanted + 1) }
         let allowed = max(0, min(wanted, sendWindow))
         sendWindow -= allowed
         return allowed

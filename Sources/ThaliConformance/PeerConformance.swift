@@ -255,7 +255,8 @@ public struct PeerConformance: Sendable {
                                  rejectsDamaged, senderBatch, senderClose, senderInbox,
                                  uncleanCloseReported, noHint, noCompression, noTickets, unknownIdentity, wrongPSK, renegotiationRefused, tls13, otherSuites, dhSize, dhFresh,
                                  pingAnswered, dataAfterFIN, resetStream, wrongParity, windowOverrun, goAwayNormal,
-                                 unmarkedServed, alpnSelected, unknownKindRefused, badHeaderRefused, appNotServed, deliveryAccepted]
+                                 unmarkedServed, alpnSelected, unknownKindRefused, badHeaderRefused, appNotServed, deliveryAccepted,
+                                 sendWindowRespected]
         static let rawMultiplexer = [pingAnswered, dataAfterFIN, resetStream, wrongParity, windowOverrun, goAwayNormal]
         static let receiverRole = [openStream, hello, offer, transfer, frameMaximum, window, itemBatch, done]
         static let senderRole = [senderConnects, senderBeaconRequest, senderWelcome, senderStream, senderProgress, senderAck, refusesExpired,
@@ -351,6 +352,9 @@ public struct PeerConformance: Sendable {
             }
             if let match = found?.0, !Task.isCancelled {
                 await markingCases(run, location: location, match: match)
+            }
+            if let match = found?.0, !Task.isCancelled {
+                await gradeSendWindow(run, location: location, match: match)
             }
         }
         run.recordRemaining(Cases.all, .inconclusive, because: Task.isCancelled ? "interrupted" : "an earlier step failed")

@@ -119,6 +119,14 @@ struct RawYamuxSession {
         try await outbound.write(buffer)
     }
 
+    /// Writes a data frame on `streamID` carrying `payload`.
+    func sendData(_ payload: ByteBuffer, streamID: UInt32) async throws {
+        var buffer = ByteBuffer()
+        YamuxHeader(type: .data, streamID: streamID, length: UInt32(payload.readableBytes)).write(to: &buffer)
+        buffer.writeImmutableBuffer(payload)
+        try await outbound.write(buffer)
+    }
+
     /// Writes `count` zero bytes: the payload of a data frame whose header went before.
     func sendPayload(_ count: Int) async throws {
         try await outbound.write(ByteBuffer(repeating: 0, count: count))

@@ -33,6 +33,8 @@ public enum Mutant: String, CaseIterable, Sendable {
     case yamuxAcceptsDataAfterFIN = "yamux-accepts-data-after-fin"
     /// A yamux session takes a data frame longer than the stream's receive window [MUX-2.12].
     case yamuxIgnoresReceiveWindow = "yamux-ignores-receive-window"
+    /// A yamux sender takes whatever it has as its window: it never waits for the peer's window update [MUX-2.11].
+    case yamuxSendsPastWindow = "yamux-sends-past-window"
     /// A yamux session takes the peer's GoAway 0 as an error and ends, its open streams with it [MUX-2.14].
     case yamuxGoAwayEndsSession = "yamux-goaway-ends-session"
     /// The thali-multiplex decoder reads varints of eleven bytes [MUX-3.1].
