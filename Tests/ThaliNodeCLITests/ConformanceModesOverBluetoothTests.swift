@@ -9,7 +9,8 @@ import ThaliNodeTestSupport
 /// `thali-node conformance peer --bluetooth` against a real `thali-node run --bluetooth hci0 --no-wifi`
 /// (BlueZ played by python-dbusmock, the link by the cross-process stand-in, as in
 /// `ConformanceBluetoothTests`): every case runs over one Bluetooth link, the SSDP ones N/A. And against
-/// an address where nobody listens: the run ends in bounded time, nothing behind the link passes.
+/// an address where nobody listens: the run ends in bounded time, nothing behind the link passes. Then
+/// `thali-node conformance target --bluetooth`: each scripted peer on a link of its own, the SSDP cases N/A.
 @Suite(.serialized, .timeLimit(.minutes(3)))
 struct ConformanceModesOverBluetoothTests {
     /// Our node on the mock's hci0 with the stand-in of `scope`, the suite its contact "suite".
@@ -110,5 +111,59 @@ struct ConformanceModesOverBluetoothTests {
         for (id, result) in results where id != cases.discovered.id {
             #expect(result["verdict"] as? String != "PASS", "\(id)")
         }
+    }
+
+    @Test("target mode over Bluetooth links to thali-node run: every MUST and SHOULD passes or is N/A, the beacon cases pass",
+          .enabled(if: BlueZMock.peersPresent))
+    func targetModeAgainstOurNode() async throws {
+        let executable = try #require(PackagePaths.thaliNode(), "thali-node is not built")
+        let implementation = try await Implementation.start(label: "bt-target-mode")
+        defer { _ = implementation.node.kill(signal: SIGTERM) }
+        let (iut, suite) = (try implementation.iut, try implementation.suite)
+        let jsonPath = suite.home.path + "/target.json"
+        let started = ContinuousClock.now
+        let run = try ChildProcess(executable, [
+            "conformance", "target", "--bluetooth", implementation.address.description,
+            "--peer-key", iut.publicKey, "--identity", suite.home.path + "/identity.key", "--json-out", jsonPath,
+        ], environment: implementation.environment)
+        let status = try await run.waitForExit(timeout: .seconds(120))
+        print("conformance target over Bluetooth took \(ContinuousClock.now - started)")
+        #expect(status == 0, "\(run.output)\n--- node:\n\(implementation.node.output.suffix(4000))")
+
+        let results = try Implementation.results(at: jsonPath)
+        #expect(Set(results.keys) == Set(TargetConformance.casesOverBluetooth.map(\.id)), "every case reports once")
+        for (id, result) in results where ["MUST", "SHOULD"].contains(result["level"] as? String) {
+            let verdict = result["verdict"] as? String
+            #expect(verdict == "PASS" || verdict == "N/A", "\(id): \(result)\n\(run.output)")
+        }
+        let warnings = results.filter { $0.value["verdict"] as? String == "WARN" }.map { "\($0.key): \($0.value["actual"] ?? "")" }
+        print("conformance target over Bluetooth: WARN \(warnings.isEmpty ? "none" : warnings.joined(separator: "; "))")
+        for testCase in TargetConformance.ssdpOnly {
+            #expect(results[testCase.id]?["verdict"] as? String == "N/A", "\(testCase.id)")
+        }
+        // Everything a link carries ran: the control (the fetch a 00 hello asks for), the beacon, TLS and
+        // stream cases, the busy location.
+        let cases = TargetConformance.Cases.self
+        for testCase in [BluetoothConformance.Cases.surpriseFetch, cases.noMatchNoConnect, cases.busyWaited] + TargetConformance.Cases.beacons {
+            #expect(results[testCase.id]?["verdict"] as? String == "PASS", "\(testCase.id): \(results[testCase.id] ?? [:])\n\(run.output)")
+        }
+    }
+
+    @Test("target mode over Bluetooth where nobody listens: bounded, the control fails, nothing else passes")
+    func targetModeAgainstNobody() async throws {
+        let executable = try #require(PackagePaths.thaliNode(), "thali-node is not built")
+        let people = try TestPeople(["suite"], label: "bt-target-nobody")
+        let suite = try people["suite"]
+        let jsonPath = suite.home.path + "/target.json"
+        let scope = "bt-target-nobody-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
+        let run = try ChildProcess(executable, [
+            "conformance", "target", "--bluetooth", "02:00:00:00:00:01", "--peer-key", randomPublicKey(),
+            "--identity", suite.home.path + "/identity.key", "--json-out", jsonPath,
+        ], environment: ["THALI_BLUETOOTH_STANDIN": scope])
+        let status = try await run.waitForExit(timeout: .seconds(30))
+        #expect(status != 0, "a MUST fails: \(run.output)")
+        let results = try Implementation.results(at: jsonPath)
+        #expect(results[BluetoothConformance.Cases.surpriseFetch.id]?["verdict"] as? String == "FAIL", "\(run.output)")
+        for (id, result) in results { #expect(result["verdict"] as? String != "PASS", "\(id)") }
     }
 }
