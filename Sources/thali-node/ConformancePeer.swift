@@ -108,7 +108,8 @@ struct ConformancePeerCommand: AsyncParsableCommand {
         }
 
         if !report.json { printNow("conformance peer: \(ConformancePeerCommand.announcement(configuration))") }
-        try await report.grade(target: "peer \(peer.hexString(compressed: true))", threads: 2) { [configuration] run, group in
+        let over = configuration.bluetooth.map { " over Bluetooth \($0.address) channel \($0.channel)" } ?? ""
+        try await report.grade(target: "peer \(peer.hexString(compressed: true))" + over, threads: 2) { [configuration] run, group in
             await PeerConformance(configuration: configuration, group: group).run(run)
         }
     }
