@@ -25,6 +25,10 @@ public struct PeerConformanceConfiguration: Sendable {
     /// The implementation's beacon location, when known: then it is fetched there instead of waiting for
     /// SSDP to find it (SSDP still announces the suite for the sender role).
     public var location: BeaconLocation?
+    /// The implementation over Bluetooth instead of Wi-Fi: the suite opens one link to it
+    /// (``SuiteBluetoothLink``), whose local port is its location, and the implementation reaches the suite
+    /// over the same link; SSDP is not used (its cases are N/A).
+    public var bluetooth: SuiteBluetoothTarget?
     /// Drives the implementation (queue an item for us, read its inbox); nil: an item must already be
     /// queued for us, and the inbox is not checked.
     public var adapter: ConformanceAdapter?
@@ -306,11 +310,21 @@ public struct PeerConformance: Sendable {
         }
 
         let server: PeerSuiteServer
-        let discovery: SSDPDiscoveryService
-        let fetched: AsyncStream<(SSDPPeer, [UInt8])>
         do {
             server = try await PeerSuiteServer.start(host: configuration.address, peer: configuration.peerKey,
                                                      limits: limits, group: group)
+        } catch {
+            run.note("cannot start the suite's port on \(configuration.address): \(error)")
+            run.recordRemaining(Cases.all, .inconclusive, because: "the suite could not start")
+            return
+        }
+        if let bluetooth = configuration.bluetooth {
+            await runOverBluetooth(run, bluetooth, server: server, queuedIDs: queuedIDs, events: events)
+            return
+        }
+        let discovery: SSDPDiscoveryService
+        let fetched: AsyncStream<(SSDPPeer, [UInt8])>
+        do {
             var ssdp = SSDPDiscoveryConfiguration(interfaceAddress: configuration.address)
             ssdp.groupAddress = configuration.ssdpGroup
             ssdp.port = configuration.ssdpPort
@@ -324,19 +338,30 @@ public struct PeerConformance: Sendable {
             }
             try await discovery.start(advertising: nil)
         } catch {
-            run.note("cannot start the suite's port or SSDP on \(configuration.address): \(error)")
+            await server.close()
+            run.note("cannot start SSDP on \(configuration.address): \(error)")
             run.recordRemaining(Cases.all, .inconclusive, because: "the suite could not start")
             return
         }
+        await roles(run, server: server, discovery: discovery, fetched: fetched, queuedIDs: queuedIDs, events: events)
+    }
 
+    /// Both delivery roles, then (with SSDP stopped and the suite's port closed) the cases on the
+    /// implementation's port: negative TLS, raw multiplexer, marking. Without `discovery` (over Bluetooth)
+    /// the implementation is at ``PeerConformanceConfiguration/location`` and finds the suite there too.
+    /// `events` are the implementation's own reports, through the adapter.
+    func roles(_ run: ConformanceRun, server: PeerSuiteServer, discovery: SSDPDiscoveryService?,
+               fetched: AsyncStream<(SSDPPeer, [UInt8])>, queuedIDs: [UUID], events: AdapterEventFollower?) async {
+        let configuration = self.configuration
+        let limits = configuration.deliveryLimits
         await receiverRole(run, fetched: fetched, queuedIDs: queuedIDs, limits: limits)
-        await gradeWithdrawal(run, events: discovery.events)
+        await gradeWithdrawal(run, events: discovery?.events)
         if configuration.senderRole && !Task.isCancelled {
             await senderRole(run, server: server, discovery: discovery, limits: limits)
         } else {
             run.recordRemaining(Cases.senderRole, .notApplicable, because: "sender role not run")
         }
-        await discovery.stop()
+        await discovery?.stop()
         let suiteLocation = BeaconLocation(host: configuration.address, port: server.port)
         await server.close()
         let found = lastMatch.withLockedValue { $0 }
@@ -368,9 +393,11 @@ public struct PeerConformance: Sendable {
     /// adapter) may see just one.
     private func gradeEphemeralKeys(_ run: ConformanceRun, location: BeaconLocation?) {
         let expected = "a different ephemeral key in each announcement"
-        guard let location, configuration.location == nil else {
-            run.record(Cases.freshEphemeralKey, configuration.location == nil ? .inconclusive : .notApplicable, expected: expected,
-                       actual: configuration.location == nil ? "no announcement of its matched" : "location given: SSDP not used to find it")
+        // Over Bluetooth the announcements are those the suite fetched over the link.
+        let logged = configuration.location == nil || configuration.bluetooth != nil
+        guard let location, logged else {
+            run.record(Cases.freshEphemeralKey, logged ? .inconclusive : .notApplicable, expected: expected,
+                       actual: logged ? "no announcement of its matched" : "location given: SSDP not used to find it")
             return
         }
         let log = announcements.withLockedValue { $0 }
@@ -398,7 +425,8 @@ public struct PeerConformance: Sendable {
         let started = NIODeadline.now()
         let found: (BeaconMatch, BeaconLocation)?
         if let location = configuration.location {
-            run.record(Cases.discovered, .notApplicable, expected: Cases.discovered.title, actual: "location given: \(location)")
+            run.record(Cases.discovered, .notApplicable, expected: Cases.discovered.title,
+                       actual: configuration.bluetooth == nil ? "location given: \(location)" : "\(Self.overBluetooth), reached at \(location)")
             found = await poll(location, receiver: receiver)
         } else {
             found = await firstMatch(in: fetched, receiver: receiver)
@@ -480,9 +508,9 @@ public struct PeerConformance: Sendable {
     /// After the receiver role the implementation has nothing left for us: it withdraws the announcement
     /// it made for us with a byebye from its own address (ThaliSSDP reports `left(byebye)` only for a
     /// well-formed byebye of the tracked USN from the peer's address). Also grades that USN's form.
-    private func gradeWithdrawal(_ run: ConformanceRun, events: AsyncStream<SSDPDiscoveryEvent>) async {
-        guard let usn = usn.withLockedValue({ $0 }), let location = lastMatch.withLockedValue({ $0 })?.1 else {
-            let why = configuration.location == nil ? "not found over SSDP" : "location given: SSDP not used to find it"
+    private func gradeWithdrawal(_ run: ConformanceRun, events: AsyncStream<SSDPDiscoveryEvent>?) async {
+        guard let events, let usn = usn.withLockedValue({ $0 }), let location = lastMatch.withLockedValue({ $0 })?.1 else {
+            let why = configuration.location == nil ? "not found over SSDP" : ssdpNotUsed
             run.record(Cases.usn, .notApplicable, expected: Cases.usn.title, actual: why)
             run.record(Cases.byebye, .notApplicable, expected: Cases.byebye.title, actual: why)
             return
@@ -515,7 +543,7 @@ public struct PeerConformance: Sendable {
     private func gradeSearchAnswer(_ run: ConformanceRun) async {
         guard let usn = usn.withLockedValue({ $0 }) else {
             for testCase in [Cases.searchAnswer, Cases.searchAnswerDelay] {
-                run.record(testCase, .notApplicable, expected: testCase.title, actual: "location given: SSDP not used to find it")
+                run.record(testCase, .notApplicable, expected: testCase.title, actual: ssdpNotUsed)
             }
             return
         }
@@ -567,11 +595,14 @@ public struct PeerConformance: Sendable {
         client.maxAttempts = 1
         let http = BeaconHTTPClient(configuration: client, group: group)
         let peerKey = configuration.peerKey
+        let announcements = self.announcements
         return await withDeadline(configuration.discoveryTimeout) {
             while !Task.isCancelled {
-                if let bytes = try? await http.fetch(location), !bytes.isEmpty,
-                   let match = try? receiver.receive(bytes, from: location.description), match.sender == peerKey {
-                    return (match, location)
+                if let bytes = try? await http.fetch(location), !bytes.isEmpty {
+                    announcements.withLockedValue { $0.record(bytes, from: location) }
+                    if let match = try? receiver.receive(bytes, from: location.description), match.sender == peerKey {
+                        return (match, location)
+                    }
                 }
                 try? await Task.sleep(nanoseconds: 500_000_000)
             }
@@ -660,6 +691,26 @@ public struct PeerConformance: Sendable {
     private func awaitSecondAnnouncement(from location: BeaconLocation, in fetched: AsyncStream<(SSDPPeer, [UInt8])>) async {
         let announcements = self.announcements
         guard announcements.withLockedValue({ $0.count(location) }) < 2 else { return }
+        guard configuration.bluetooth == nil else {
+            // No SSDP to fetch it for us: fetch it over the link until it changes.
+            var client = BeaconHTTPClientConfiguration()
+            client.maxAttempts = 1
+            let http = BeaconHTTPClient(configuration: client, group: group)
+            _ = await withDeadline(configuration.announcementWait) { () async -> Bool? in
+                while !Task.isCancelled {
+                    if let bytes = try? await http.fetch(location) {
+                        let count = announcements.withLockedValue { log in
+                            log.record(bytes, from: location)
+                            return log.count(location)
+                        }
+                        if count >= 2 { return true }
+                    }
+                    try? await Task.sleep(nanoseconds: 250_000_000)
+                }
+                return nil
+            }
+            return
+        }
         _ = await withDeadline(configuration.announcementWait) { () async -> Bool? in
             for await _ in fetched where announcements.withLockedValue({ $0.count(location) }) >= 2 { return true }
             return nil
@@ -723,7 +774,7 @@ public struct PeerConformance: Sendable {
 
     // MARK: Sender role: we deliver an item to it
 
-    private func senderRole(_ run: ConformanceRun, server: PeerSuiteServer, discovery: SSDPDiscoveryService,
+    private func senderRole(_ run: ConformanceRun, server: PeerSuiteServer, discovery: SSDPDiscoveryService?,
                             limits: DeliveryLimits) async {
         let configuration = self.configuration
         let announcement: BeaconAnnouncement
@@ -734,8 +785,10 @@ public struct PeerConformance: Sendable {
             run.recordRemaining(Cases.senderRole, .inconclusive, because: "cannot make an announcement: \(error)")
             return
         }
+        // Over Bluetooth nothing is announced: the implementation fetches the suite's port over the link
+        // (after the `00` hello, and again while the link lasts).
         server.serve(announcement)
-        await discovery.advertise(announcement.stream)
+        await discovery?.advertise(announcement.stream)
         defer { server.serve(nil) }
 
         let content = Array("thali-conformance sender test \(UUID().uuidString)".utf8)
@@ -758,9 +811,11 @@ public struct PeerConformance: Sendable {
             }
             return nil
         }
-        await discovery.advertise(nil)
+        await discovery?.advertise(nil)
         if let request = server.beaconRequests.first {
-            Self.gradeBeaconRequest(run, request, host: BeaconLocation(host: configuration.address, port: server.port).hostHeader)
+            // Over the link it fetched a local port of its own, which the suite cannot know.
+            let host = configuration.bluetooth == nil ? BeaconLocation(host: configuration.address, port: server.port).hostHeader : nil
+            Self.gradeBeaconRequest(run, request, host: host)
         }
         guard let frames else {
             let failure = lastFailure.withLockedValue { $0 }.map { "; last handshake: \($0)" } ?? ""
@@ -1256,18 +1311,38 @@ public struct PeerConformance: Sendable {
         }
     }
 
-    /// Grades the first beacon request it sent us against the client's rules [SSDP-6.6, SSDP-6.8].
-    static func gradeBeaconRequest(_ run: ConformanceRun, _ request: HTTPRequestHead, host: String) {
-        let expected = "GET \(BeaconLocation.notificationBeaconsPath) HTTP/1.1, Host: \(host), Connection: close, Accept: application/octet-stream"
+    /// Grades the first beacon request it sent us against the client's rules [SSDP-6.6, SSDP-6.8]. With
+    /// `host` nil (over Bluetooth: it fetched a local port of its own) Host must be one `host:port`.
+    static func gradeBeaconRequest(_ run: ConformanceRun, _ request: HTTPRequestHead, host: String?) {
+        let expected = "GET \(BeaconLocation.notificationBeaconsPath) HTTP/1.1, Host: \(host ?? "host:port (the port it connected to)"), "
+            + "Connection: close, Accept: application/octet-stream"
         let connection = request.headers[canonicalForm: "Connection"].map { $0.lowercased() }
         let accept = request.headers[canonicalForm: "Accept"].map { $0.split(separator: ";").first?.trimmingCharacters(in: .whitespaces).lowercased() }
+        let hostHolds = host.map { request.headers["Host"] == [$0] } ?? (request.headers["Host"].count == 1
+            && request.headers["Host"].first.map(hasPort) == true)
         let holds = request.method == .GET && request.uri == BeaconLocation.notificationBeaconsPath && request.version == .http1_1
-            && request.headers["Host"] == [host] && connection.contains("close") && accept.contains("application/octet-stream")
+            && hostHolds && connection.contains("close") && accept.contains("application/octet-stream")
         let shown = ["Host", "Connection", "Accept"].map { name in
             "\(name): \(request.headers[name].joined(separator: ", ").prefix(80))"
         }
         run.grade(Cases.senderBeaconRequest, holds: holds, expected: expected,
                   actual: "\(request.method.rawValue) \(request.uri.prefix(80)) \(request.version), \(shown.joined(separator: ", "))")
+    }
+
+    /// Whether a Host value ends in `:PORT`, a port number from 1 to 65535.
+    static func hasPort(_ host: String) -> Bool {
+        guard let colon = host.lastIndex(of: ":") else { return false }
+        let digits = host[host.index(after: colon)...]
+        guard !digits.isEmpty, digits.count <= 5, digits.allSatisfy({ ("0"..."9").contains($0) }), let port = Int(digits) else { return false }
+        return (1...65_535).contains(port)
+    }
+
+    /// Why the SSDP cases do not apply over Bluetooth.
+    static let overBluetooth = "over Bluetooth: no SSDP"
+
+    /// Why a case that needs SSDP's view of the implementation does not apply to this run.
+    var ssdpNotUsed: String {
+        configuration.bluetooth == nil ? "location given: SSDP not used to find it" : Self.overBluetooth
     }
 
     static func text(_ amount: TimeAmount) -> String {

@@ -19,7 +19,7 @@ extension PeerConformance {
         let testCase = Cases.multicastTTL
         let expected = "IP TTL 2 on every alive naming \(location)"
         guard configuration.location == nil else {
-            run.record(testCase, .notApplicable, expected: expected, actual: "location given: SSDP not used to find it")
+            run.record(testCase, .notApplicable, expected: expected, actual: ssdpNotUsed)
             return
         }
         let started = NIODeadline.now()

@@ -16,7 +16,7 @@ extension PeerConformance {
         let testCase = Cases.ownAlivesDropped
         let expected = "a `peer_appeared` for the suite's \(suite) and none for its own \(own)"
         guard configuration.location == nil else {
-            run.record(testCase, .notApplicable, expected: expected, actual: "location given: SSDP not used")
+            run.record(testCase, .notApplicable, expected: expected, actual: ssdpNotUsed)
             return
         }
         guard let events else {

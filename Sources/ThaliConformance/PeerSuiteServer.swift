@@ -41,6 +41,7 @@ final class PeerSuiteServer: Sendable {
     private let table: AdvertisedPSKTable
     private let requests: NIOLockedValueBox<[HTTPRequestHead]>
     private let policy: NIOLockedValueBox<MarkingPolicy>
+    private let fetches: NIOLockedValueBox<Int>
 
     /// Whether the suite's server marks streams, and how it answers the header of a marked stream the
     /// implementation opens.
@@ -64,7 +65,9 @@ final class PeerSuiteServer: Sendable {
 
     private init(channel: Channel, events: AsyncStream<Event>, sink: AsyncStream<Event>.Continuation,
                  beacons: NIOLockedValueBox<[UInt8]?>, table: AdvertisedPSKTable,
-                 requests: NIOLockedValueBox<[HTTPRequestHead]>, policy: NIOLockedValueBox<MarkingPolicy>) {
+                 requests: NIOLockedValueBox<[HTTPRequestHead]>, policy: NIOLockedValueBox<MarkingPolicy>,
+                 fetches: NIOLockedValueBox<Int>) {
+        self.fetches = fetches
         self.policy = policy
         self.channel = channel
         self.events = events
@@ -76,6 +79,9 @@ final class PeerSuiteServer: Sendable {
 
     /// The heads of the beacon requests answered so far, oldest first (at most ``maxRecordedRequests``).
     var beaconRequests: [HTTPRequestHead] { requests.withLockedValue { $0 } }
+
+    /// How many beacon requests were answered so far (all of them, unlike ``beaconRequests``).
+    var fetchCount: Int { fetches.withLockedValue { $0 } }
 
     /// Adds `.wake(id)` to ``events`` after `delay`: a reader of the events waits for one of them or a
     /// deadline, without a second task.
@@ -96,8 +102,10 @@ final class PeerSuiteServer: Sendable {
         let beacons = NIOLockedValueBox<[UInt8]?>(nil)
         let table = AdvertisedPSKTable()
         let requests = NIOLockedValueBox<[HTTPRequestHead]>([])
+        let fetches = NIOLockedValueBox(0)
         let record: @Sendable (HTTPRequestHead) -> Void = { head in
             requests.withLockedValue { if $0.count < maxRecordedRequests { $0.append(head) } }
+            fetches.withLockedValue { $0 += 1 }
             sink.yield(.beaconsFetched)
         }
         let policy = NIOLockedValueBox(marking)
@@ -143,7 +151,7 @@ final class PeerSuiteServer: Sendable {
             }
             .bind(host: host, port: 0).get()
         return PeerSuiteServer(channel: channel, events: events, sink: sink, beacons: beacons, table: table,
-                               requests: requests, policy: policy)
+                               requests: requests, policy: policy, fetches: fetches)
     }
 
     /// Reads a marked stream's header and answers it by `policy`: an accepted `delivery` stream becomes

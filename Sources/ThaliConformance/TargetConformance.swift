@@ -39,6 +39,10 @@ public struct TargetConformanceConfiguration: Sendable {
     /// Called once the suite listens on the group, before it waits for the implementation's M-SEARCH: the
     /// moment to start the implementation.
     public var listening: @Sendable () -> Void = {}
+    /// The implementation over Bluetooth instead of Wi-Fi: each scripted peer reaches it by a link of its
+    /// own (its `00` hello makes the implementation fetch that peer's location, BLE-3.4) instead of an
+    /// alive; the SSDP cases are N/A (spec/conformance.md, "Target mode over Bluetooth").
+    public var bluetooth: TargetBluetoothLinks?
 
     /// A configuration for `address`; on loopback the second address is 127.0.0.2.
     public init(address: String) {
@@ -164,6 +168,10 @@ public struct TargetConformance: Sendable {
 
     /// Runs every case, recording each verdict in `run` as it is decided.
     public func run(_ run: ConformanceRun) async {
+        if let links = configuration.bluetooth {
+            await runOverBluetooth(run, links)
+            return
+        }
         let listener: SearchListener?
         do {
             listener = try await SearchListener.start(group: configuration.ssdpGroup, port: configuration.ssdpPort,
@@ -294,13 +302,32 @@ public struct TargetConformance: Sendable {
         }
         // Silent since step 1, two observation periods and more past its max-age: it must be forgotten.
         try await forgetting.announceAgain(with: sender, datagrams)
-        try await beaconCases(run, sender: sender, datagrams: datagrams)
+        try await beaconCases(run, announcer: .overSSDP(sender: sender, datagrams: datagrams, address: address))
         // Before the busy location: a client may postpone every fetch from a busy server's address.
         try await forgetting.grade(run, observation: configuration.observation)
         // Last: a client may postpone every fetch from a busy server's address, ours among them.
         let busy = try await ScriptedLocation.start(host: address, body: stream, busyRetryAfter: Self.busyRetryAfterSeconds, group: group)
         locations.append(busy)
         try await gradeBusy(run, busy, sender: sender, datagrams: datagrams)
+    }
+
+    /// How a scripted peer's location reaches the implementation: an alive over SSDP under a new USN, or a
+    /// new Bluetooth link joined to it.
+    struct Announcer: Sendable {
+        /// Announces the suite's location at `port` as a new peer; `fetches` counts that location's beacon
+        /// requests (over Bluetooth the announcement returns once it rose, or after a bounded wait).
+        let announce: @Sendable (_ port: Int, _ fetches: @escaping @Sendable () -> Int) async throws -> Void
+        /// How the replay is made: nil, by announcing the same location again under a new USN (SSDP); a
+        /// period, by waiting that long on the link that made the session for the implementation's own
+        /// refetch of the same announcement (over Bluetooth a new link is a new origin, where the same
+        /// announcement rightly matches anew: spec/beacons.md keys the replay cache by origin).
+        let replayWait: TimeAmount?
+
+        static func overSSDP(sender: MulticastSender, datagrams: TargetDatagrams, address: String) -> Announcer {
+            Announcer(announce: { port, _ in
+                try await sender.send(datagrams.alive(usn: ThaliServiceName.makeUniqueServiceName(), location: "http://\(address):\(port)/"))
+            }, replayWait: nil)
+        }
     }
 
     /// The `Retry-After` of the busy location, in seconds.
@@ -317,6 +344,12 @@ public struct TargetConformance: Sendable {
         try await Task.sleep(for: .nanoseconds(configuration.observation.nanoseconds / 2))
         try await sender.send(datagrams.alive(usn: usn, location: busy.url))
         try await Task.sleep(for: .nanoseconds((wait + configuration.observation).nanoseconds))
+        judgeBusy(run, busy, started: started)
+    }
+
+    /// The judgement of the busy case once the watch is over: when, after the `503`, it fetched again [SSDP-6.10].
+    func judgeBusy(_ run: ConformanceRun, _ busy: ScriptedLocation, started: NIODeadline) {
+        let wait = TimeAmount.seconds(Int64(Self.busyRetryAfterSeconds))
         let times = busy.fetchTimes
         let expected = "no fetch within \(Self.busyRetryAfterSeconds) s of the 503"
         guard let first = times.first else {
@@ -336,7 +369,7 @@ public struct TargetConformance: Sendable {
     /// Announcements for the implementation from a contact, served on a port that also speaks PSK-TLS: a
     /// tampered one (no connection may follow), a good one (a session must), then the good one again from
     /// the same location under a new USN (a replay: no connection may follow).
-    private func beaconCases(_ run: ConformanceRun, sender: MulticastSender, datagrams: TargetDatagrams) async throws {
+    func beaconCases(_ run: ConformanceRun, announcer: Announcer) async throws {
         guard let (peer, identity) = configuration.keys else {
             for testCase in Cases.beacons {
                 run.record(testCase, .notApplicable, expected: testCase.title, actual: "no keys (--peer-key and --identity)")
@@ -352,18 +385,16 @@ public struct TargetConformance: Sendable {
             var flipped = other.stream
             flipped[other.profile.preambleLength + BeaconWire.flagLength - 1] ^= 0x01  // the last byte of its beacon's flag (the GCM tag)
             let tampered = BeaconAnnouncement(profile: other.profile, stream: flipped, expiration: other.expiration, beacons: other.beacons)
-            let location = "http://\(configuration.address):\(server.port)/"
-
             var started = NIODeadline.now()
             server.serve(tampered)
-            try await sender.send(datagrams.alive(usn: ThaliServiceName.makeUniqueServiceName(), location: location))
+            try await announcer.announce(server.port, { server.fetchCount })
             let tamperedSeen = try await watch.observe(for: configuration.observation)
             server.serve(try Self.strangerFirst(for: peer, identity: identity))
-            try await sender.send(datagrams.alive(usn: ThaliServiceName.makeUniqueServiceName(), location: location))
+            try await announcer.announce(server.port, { server.fetchCount })
             let strangerSeen = try await watch.observe(for: configuration.observation)
             started = NIODeadline.now()
             server.serve(good)
-            try await sender.send(datagrams.alive(usn: ThaliServiceName.makeUniqueServiceName(), location: location))
+            try await announcer.announce(server.port, { server.fetchCount })
             let connected = try await watch.untilSession(within: configuration.observation)
             run.grade(Cases.matchConnects, holds: connected.session && connected.welcomed,
                       expected: "a fetch, then a PSK-TLS session without ALPN whose delivery stream welcomes our hello",
@@ -382,24 +413,26 @@ public struct TargetConformance: Sendable {
                           expected: "a fetch and no connection within \(PeerConformance.text(configuration.observation))", actual: seen.description)
             }
             started = NIODeadline.now()
-            try await sender.send(datagrams.alive(usn: ThaliServiceName.makeUniqueServiceName(), location: location))
-            let replayed = try await watch.observe(for: configuration.observation)
-            let expected = "a fetch and no connection within \(PeerConformance.text(configuration.observation))"
+            if announcer.replayWait == nil { try await announcer.announce(server.port, { server.fetchCount }) }
+            let replayPeriod = announcer.replayWait ?? configuration.observation
+            let replayed = try await watch.observe(for: replayPeriod)
+            let expected = (announcer.replayWait == nil ? "" : "over the same link, ")
+                + "a fetch and no connection within \(PeerConformance.text(replayPeriod))"
             if replayed.fetches == 0 {
                 run.record(Cases.replayNoConnect, .inconclusive, expected: expected, actual: replayed.description, started: started)
             } else {
                 run.grade(Cases.replayNoConnect, holds: replayed.connections == 0, expected: expected, actual: replayed.description, started: started)
             }
-            if try await marking(run, server: server, watch: &watch, generator: generator, peer: peer, sender: sender, datagrams: datagrams) {
+            if try await marking(run, server: server, watch: &watch, generator: generator, peer: peer, announcer: announcer) {
                 try await refusal(run, server: server, watch: &watch, announcement: try generator.makeAnnouncement(for: [peer], validity: .seconds(600)),
-                                  sender: sender, datagrams: datagrams)
+                                  announcer: announcer)
             }
         } catch {
             await server.close()
             throw error
         }
         await server.close()
-        try await smallGroup(run, sender: sender, datagrams: datagrams, peer: peer, identity: identity)
+        try await smallGroup(run, announcer: announcer, peer: peer, identity: identity)
     }
 
     /// How the session of match-connects ended, waiting up to an observation period for its end: its
@@ -426,10 +459,10 @@ public struct TargetConformance: Sendable {
     /// for it, and the header of the delivery stream it opens on the new session, and whether it read our
     /// status. Returns whether its sessions are marked (else the marking cases are UNSUPPORTED).
     private func marking(_ run: ConformanceRun, server: PeerSuiteServer, watch: inout ServerWatch, generator: BeaconGenerator,
-                         peer: PublicKey, sender: MulticastSender, datagrams: TargetDatagrams) async throws -> Bool {
+                         peer: PublicKey, announcer: Announcer) async throws -> Bool {
         server.mark(.acceptDelivery)
         server.serve(try generator.makeAnnouncement(for: [peer], validity: .seconds(600)))
-        try await sender.send(datagrams.alive(usn: ThaliServiceName.makeUniqueServiceName(), location: "http://\(configuration.address):\(server.port)/"))
+        try await announcer.announce(server.port, { server.fetchCount })
         let connected = try await watch.untilSession(within: configuration.observation)
         guard connected.session else {
             run.recordRemaining(Cases.marking, .inconclusive, because: "a new announcement led to no session: \(connected)")
@@ -455,11 +488,11 @@ public struct TargetConformance: Sendable {
     /// closed by it, none opened again on its session, and the sessions over ``TargetConformanceConfiguration/observation``
     /// stay within ``TargetConformanceConfiguration/maxConnectionsAfterRefusal`` [NODE-4.7].
     private func refusal(_ run: ConformanceRun, server: PeerSuiteServer, watch: inout ServerWatch, announcement: BeaconAnnouncement,
-                         sender: MulticastSender, datagrams: TargetDatagrams) async throws {
+                         announcer: Announcer) async throws {
         let started = NIODeadline.now()
         server.mark(.refuse(StreamRefusal(.notServed, reason: "refused on purpose by the conformance suite")))
         server.serve(announcement)
-        try await sender.send(datagrams.alive(usn: ThaliServiceName.makeUniqueServiceName(), location: "http://\(configuration.address):\(server.port)/"))
+        try await announcer.announce(server.port, { server.fetchCount })
         let seen = try await watch.observe(for: configuration.observation)
         let expected = "the refused streams closed by it, at most one per session, at most \(configuration.maxConnectionsAfterRefusal) connections "
             + "within \(PeerConformance.text(configuration.observation))"
@@ -475,14 +508,13 @@ public struct TargetConformance: Sendable {
     /// A good announcement for it on a location whose TLS side offers a 1536-bit group: the client must
     /// refuse it at the ServerKeyExchange [PSK-2.3]. The server's flight is written by hand (no TLS
     /// library would offer the group); nothing after it is needed, since a conforming client stops there.
-    private func smallGroup(_ run: ConformanceRun, sender: MulticastSender, datagrams: TargetDatagrams,
-                            peer: PublicKey, identity: PrivateKey) async throws {
+    private func smallGroup(_ run: ConformanceRun, announcer: Announcer, peer: PublicKey, identity: PrivateKey) async throws {
         let started = NIODeadline.now()
         let announcement = try BeaconGenerator(identity: identity).makeAnnouncement(for: [peer], validity: .seconds(600))
         let location = try await ScriptedLocation.start(host: configuration.address, body: announcement.stream,
                                                         tlsFlight: SmallGroupFlight.bytes(), group: group)
         defer { location.close() }
-        try await sender.send(datagrams.alive(usn: ThaliServiceName.makeUniqueServiceName(), location: location.url))
+        try await announcer.announce(location.port, { location.fetches })
         try await Task.sleep(for: .nanoseconds(configuration.observation.nanoseconds))
         let replies = location.tlsReplies
         let expected = "a fatal handshake_failure alert after our ServerKeyExchange"
@@ -726,6 +758,9 @@ final class ScriptedLocation: Sendable {
 
     /// With a TLS flight: what each TLS client answered to it, in order.
     var tlsReplies: [TLSReply] { replies.withLockedValue { $0 } }
+
+    /// The port it listens on.
+    var port: Int { channel.localAddress?.port ?? 0 }
 
     /// Beacon requests answered.
     var fetches: Int { counts.withLockedValue { $0.fetches } }

@@ -153,3 +153,54 @@ struct ConformanceBluetoothCommand: AsyncParsableCommand {
 
     private static func amount(_ seconds: Double) -> TimeAmount { .nanoseconds(Int64(seconds * 1_000_000_000)) }
 }
+
+/// Checks `--bluetooth ADDRESS` and `--local-address ADDRESS` of the modes that can run over a link.
+func validateBluetooth(_ address: String?, localAddress: String?) throws {
+    if let address, BluetoothAddress(address) == nil { throw ValidationError("--bluetooth: not a Bluetooth address: \(address)") }
+    if let localAddress {
+        guard address != nil else { throw ValidationError("--local-address goes with --bluetooth") }
+        guard BluetoothAddress(localAddress) != nil else { throw ValidationError("--local-address: not a Bluetooth address: \(localAddress)") }
+    }
+}
+
+/// The implementation at `address` over Bluetooth, reached as `conformance bluetooth` reaches it: RFCOMM
+/// from `localAddress` (nil: the kernel's choice), or with `THALI_BLUETOOTH_STANDIN=<scope>` the
+/// cross-process stand-in (from `localAddress`, 02:00:00:00:C0:DE by default). Throws when this machine
+/// cannot open Bluetooth streams: that is ours to fix, not the implementation's to fail.
+func suiteBluetoothTarget(_ address: String, channel: UInt8, localAddress: String?) throws -> SuiteBluetoothTarget {
+    try suiteBluetoothLinks(address, channel: channel, localAddress: localAddress).target
+}
+
+/// Like ``suiteBluetoothTarget(_:channel:localAddress:)``, for target mode's scripted peers: on the
+/// stand-in the n-th comes from the local address plus n in its last octets (each peer another device),
+/// on RFCOMM every one from the adapter's.
+func suiteBluetoothLinks(_ address: String, channel: UInt8, localAddress: String?) throws -> TargetBluetoothLinks {
+    guard let target = BluetoothAddress(address) else { throw ValidationError("--bluetooth: not a Bluetooth address: \(address)") }
+    let local = localAddress.flatMap { BluetoothAddress($0) }
+    let transport: any BluetoothTransport
+    var transportForPeer: (@Sendable (Int) -> any BluetoothTransport)?
+    if let scope = ProcessInfo.processInfo.environment[Run.standInEnvironmentKey], !scope.isEmpty {
+        guard scope.utf8.count <= CrossProcessBluetoothTransport.maxScopeLength else {
+            throw ValidationError("\(Run.standInEnvironmentKey) is longer than \(CrossProcessBluetoothTransport.maxScopeLength) bytes")
+        }
+        guard let standIn = local ?? BluetoothAddress(ConformanceBluetoothCommand.standInLocalAddress) else {
+            throw ValidationError("--local-address: not a Bluetooth address")
+        }
+        FileHandle.standardError.write(Data("thali-node: Bluetooth streams use the cross-process stand-in (scope \(scope)), not RFCOMM: a test configuration\n".utf8))
+        transport = CrossProcessBluetoothTransport(scope: scope, localAddress: standIn)
+        transportForPeer = { index in
+            let address = BluetoothAddress(octets: withUnsafeBytes(of: (standIn.value &+ UInt64(index)).bigEndian) { Array($0.suffix(6)) })
+            return CrossProcessBluetoothTransport(scope: scope, localAddress: address ?? standIn)
+        }
+    } else {
+        transport = RFCOMMTransport(localAddress: local)
+    }
+    do {
+        try transport.checkAvailable()
+    } catch {
+        throw ValidationError("cannot open Bluetooth streams here: \(error)")
+    }
+    var suite = SuiteBluetoothTarget(address: target, transport: transport)
+    suite.channel = channel
+    return TargetBluetoothLinks(target: suite, transportForPeer: transportForPeer)
+}

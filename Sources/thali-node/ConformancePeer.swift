@@ -3,6 +3,7 @@ import Dispatch
 import Foundation
 import NIOCore
 import NIOPosix
+import ThaliBLEBinding
 import ThaliBeacons
 import ThaliConformance
 import ThaliNodeCore
@@ -18,7 +19,10 @@ struct ConformancePeerCommand: AsyncParsableCommand {
             --peer-key is its public key. The suite finds it over SSDP (or at --location), fetches and \
             matches its beacon, connects with PSK-TLS, opens a yamux stream and receives the item it has \
             queued for us; then it announces a beacon for it and delivers one item to it; then it runs \
-            the negative TLS cases. --adapter drives the implementation (spec/conformance.md, "Adapter \
+            the negative TLS cases. With --bluetooth ADDRESS it does all of this over one Bluetooth link \
+            instead (RFCOMM, or the stand-in with THALI_BLUETOOTH_STANDIN): the link's local port is the \
+            implementation's location, and the implementation finds the suite by the link's 00 hello and \
+            delivers over it; the SSDP cases are N/A. --adapter drives the implementation (spec/conformance.md, "Adapter \
             contract"), e.g. --adapter "thali-node --home DIR". Prints each case as it ends, then a \
             table; exits non-zero only when a MUST fails or --baseline does not hold. SIGINT prints what \
             the run has so far.
@@ -41,6 +45,17 @@ struct ConformancePeerCommand: AsyncParsableCommand {
 
     @Option(help: "The implementation's beacon location, http://IPv4:PORT (skips waiting for SSDP).")
     var location: String?
+
+    @Option(help: ArgumentHelp("The implementation's Bluetooth address: run over one Bluetooth link to it instead of Wi-Fi (no SSDP).",
+                               valueName: "address"))
+    var bluetooth: String?
+
+    @Option(help: "With --bluetooth, the RFCOMM channel it listens on.")
+    var channel = BluetoothConformanceConfiguration.defaultChannel
+
+    @Option(help: ArgumentHelp("With --bluetooth, the address our link comes from (default: the kernel's choice; with the stand-in, 02:00:00:00:C0:DE).",
+                               valueName: "address"))
+    var localAddress: String?
 
     @Option(help: "Adapter command (split at spaces) meeting spec/conformance.md's contract, e.g. \"thali-node --home DIR\".")
     var adapter: String?
@@ -70,6 +85,8 @@ struct ConformancePeerCommand: AsyncParsableCommand {
         if BeaconProfile(rawValue: profile) == nil { throw ValidationError("profile must be spec or cordova") }
         if discoveryTimeoutS < 1 || stepTimeoutS < 1 { throw ValidationError("timeouts must be at least 1 s") }
         if let adapter, adapter.split(separator: " ").isEmpty { throw ValidationError("empty --adapter") }
+        try validateBluetooth(bluetooth, localAddress: localAddress)
+        if bluetooth != nil, location != nil { throw ValidationError("--bluetooth and --location exclude each other") }
     }
 
     func run() async throws {
@@ -86,15 +103,20 @@ struct ConformancePeerCommand: AsyncParsableCommand {
         configuration.discoveryTimeout = .seconds(discoveryTimeoutS)
         configuration.stepTimeout = .seconds(stepTimeoutS)
         configuration.senderRole = !noSenderRole
+        if let bluetooth {
+            configuration.bluetooth = try suiteBluetoothTarget(bluetooth, channel: channel, localAddress: localAddress)
+        }
 
         if !report.json { printNow("conformance peer: \(ConformancePeerCommand.announcement(configuration))") }
-        try await report.grade(target: "peer \(peer.hexString(compressed: true))", threads: 2) { [configuration] run, group in
+        let over = configuration.bluetooth.map { " over Bluetooth \($0.address) channel \($0.channel)" } ?? ""
+        try await report.grade(target: "peer \(peer.hexString(compressed: true))" + over, threads: 2) { [configuration] run, group in
             await PeerConformance(configuration: configuration, group: group).run(run)
         }
     }
 
     static func announcement(_ configuration: PeerConformanceConfiguration) -> String {
-        let finding = configuration.location.map { "at \($0)" }
+        let finding = configuration.bluetooth.map { "over one Bluetooth link to \($0.address) channel \($0.channel) (no SSDP)" }
+            ?? configuration.location.map { "at \($0)" }
             ?? "over SSDP \(configuration.ssdpGroup):\(configuration.ssdpPort) on \(configuration.address)"
         return "finding the implementation \(finding); "
             + (configuration.senderRole ? "it will also connect to the suite and receive one item" : "receiver role only")

@@ -2,6 +2,7 @@ import ArgumentParser
 import Foundation
 import NIOCore
 import NIOPosix
+import ThaliBLEBinding
 import ThaliBeacons
 import ThaliConformance
 import ThaliNodeCore
@@ -23,7 +24,10 @@ struct ConformanceTargetCommand: AsyncParsableCommand {
             a stranger's, and a replayed one must lead to no connection, a good one to a session. The suite \
             also listens on the group for the implementation's M-SEARCH datagrams and grades their form: an \
             implementation searches when it joins, so with --search-wait-s start it once the suite says it \
-            listens. About six observation periods long. Prints each case \
+            listens. About six observation periods long. With --bluetooth ADDRESS the scripted peers reach \
+            the implementation over Bluetooth links instead (RFCOMM, or the stand-in with \
+            THALI_BLUETOOTH_STANDIN), one link each, whose 00 hello makes it fetch their locations; the SSDP \
+            cases are N/A. Prints each case \
             as it ends, then a table; exits non-zero only when a MUST fails or --baseline does not hold.
             """)
 
@@ -51,12 +55,25 @@ struct ConformanceTargetCommand: AsyncParsableCommand {
     @Option(help: "Seconds to wait, before the script, for the implementation's first M-SEARCH (start it once the suite says it listens); 0 grades the searches the run happens to hear.")
     var searchWaitS: Int64 = 0
 
+    @Option(help: ArgumentHelp("The implementation's Bluetooth address: scripted peers reach it over Bluetooth links instead of SSDP.",
+                               valueName: "address"))
+    var bluetooth: String?
+
+    @Option(help: "With --bluetooth, the RFCOMM channel it listens on.")
+    var channel = BluetoothConformanceConfiguration.defaultChannel
+
+    @Option(help: ArgumentHelp("With --bluetooth, the address of the first scripted peer's link (default: the kernel's choice; with the stand-in, 02:00:00:00:C0:DE, the next peers the following addresses).",
+                               valueName: "address"))
+    var localAddress: String?
+
     @OptionGroup var report: ReportOptions
 
     func validate() throws {
         guard observeS >= 1 else { throw ValidationError("--observe-s must be at least 1") }
         guard (0...600).contains(searchWaitS) else { throw ValidationError("--search-wait-s must be from 0 to 600") }
         guard (peerKey == nil) == (identity == nil) else { throw ValidationError("--peer-key and --identity go together") }
+        try validateBluetooth(bluetooth, localAddress: localAddress)
+        guard bluetooth == nil || searchWaitS == 0 else { throw ValidationError("--search-wait-s is for SSDP, not --bluetooth") }
     }
 
     func run() async throws {
@@ -76,7 +93,11 @@ struct ConformanceTargetCommand: AsyncParsableCommand {
         if let peerKey, let identity {
             configuration.keys = (try ContactKey.parse(peerKey), try IdentityKeyFile.load(from: identity))
         }
-        try await report.grade(target: "target over SSDP \(ssdpGroup):\(ssdpPort) from \(address)", threads: 1) { [configuration] run, group in
+        if let bluetooth {
+            configuration.bluetooth = try suiteBluetoothLinks(bluetooth, channel: channel, localAddress: localAddress)
+        }
+        let target = bluetooth.map { "target over Bluetooth links to \($0) channel \(channel)" } ?? "target over SSDP \(ssdpGroup):\(ssdpPort) from \(address)"
+        try await report.grade(target: target, threads: 1) { [configuration] run, group in
             await TargetConformance(configuration: configuration, group: group).run(run)
         }
     }

@@ -1,3 +1,4 @@
+import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
 import TCPMultiplexer
@@ -41,5 +42,50 @@ import Testing
         server.stop()
         await gateway.close()
         await app.stop()
+    }
+
+    /// The peripheral opens a stream toward the central the moment its session starts (as a node fetches
+    /// the beacons of a central that said `00`): the central, which accepts such streams, gets it, on
+    /// every link. Its multiplexer is in place before its relayed connection reads; bytes that reached the
+    /// connection before it were dropped, and with them, now and then, that first stream.
+    @Test func aStreamThePeripheralOpensAtOnceReachesTheCentral() async throws {
+        let air = InProcessBluetoothAir()
+        let peripheralApp = try await EchoApp(group: group)
+        let centralApp = try await EchoApp(group: group)
+        let echoed = NIOLockedValueBox(0)
+        let group = self.group
+        let gateway = try await MultiplexedAppGateway.start(
+            group: group, streamInitializer: MultiplexerBridge.connectingInitializer(host: "127.0.0.1", port: peripheralApp.port),
+            onSession: { session in
+                Task {
+                    guard let tcp = try? await connectTCP(port: session.localPort, group: group) else { return }
+                    try? await tcp.executeThenClose { inbound, outbound in
+                        try await outbound.write(ByteBuffer(string: "ping"))
+                        let (bytes, _) = try await read(inbound.makeAsyncIterator(), count: 4)
+                        if bytes == Array("ping".utf8) { echoed.withLockedValue { $0 += 1 } }
+                    }
+                }
+            })
+        // A race, so many links; the server lets them all in (64 in 10 s by default).
+        var limits = BluetoothBindingLimits()
+        limits.maxIncomingConnectionsPerWindow = 1000
+        let server = BluetoothRelayServer(transport: air.transport(for: serverAddress), group: group, appPort: gateway.port, limits: limits)
+        try await server.start(channel: channelNumber)
+        for link in 1...100 {
+            // A central of its own each time: the server admits 8 links per address in 10 s.
+            let central = try #require(BluetoothAddress(octets: [0x00, 0x1A, 0x7D, 0xDA, 0x72, UInt8(link)]))
+            let client = MultiplexedBluetoothClient(transport: air.transport(for: central), group: group)
+            let connection = try await client.connect(
+                to: serverAddress, channel: channelNumber, hasNotifications: true,
+                inboundStreamInitializer: MultiplexerBridge.connectingInitializer(host: "127.0.0.1", port: centralApp.port))
+            let reached = await eventually { echoed.withLockedValue { $0 } == link }
+            await connection.close()
+            #expect(reached, "link \(link): the peripheral's first stream was lost")
+            if !reached { break }
+        }
+        server.stop()
+        await gateway.close()
+        await peripheralApp.stop()
+        await centralApp.stop()
     }
 }

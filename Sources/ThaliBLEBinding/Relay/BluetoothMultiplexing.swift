@@ -1,3 +1,4 @@
+import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
 import TCPMultiplexer
@@ -36,9 +37,22 @@ public struct MultiplexedBluetoothClient: Sendable {
     {
         let relay = try await relayClient.connect(to: address, channel: channel, hasNotifications: hasNotifications)
         do {
-            let carrier = try await ClientBootstrap(group: group).connect(host: "127.0.0.1", port: relay.localPort).get()
-            let session = try await MultiplexerSession.configure(on: carrier, role: .client, configuration: configuration,
-                                                                 inboundStreamInitializer: inboundStreamInitializer).get()
+            // The session is set up in the carrier's initializer, before it reads: the peripheral may send at
+            // once (its fetch after our `00` hello), and bytes reaching a pipeline without the multiplexer
+            // are dropped, which lost the first stream it opened (its request then waited for a timeout).
+            let configured = NIOLockedValueBox<MultiplexerSession?>(nil)
+            let configuration = self.configuration
+            let carrier = try await ClientBootstrap(group: group)
+                .channelInitializer { carrier in
+                    MultiplexerSession.configure(on: carrier, role: .client, configuration: configuration,
+                                                 inboundStreamInitializer: inboundStreamInitializer)
+                        .map { session in configured.withLockedValue { $0 = session } }
+                }
+                .connect(host: "127.0.0.1", port: relay.localPort).get()
+            guard let session = configured.withLockedValue({ $0 }) else {
+                carrier.close(promise: nil)
+                throw BluetoothRelayError.noSession
+            }
             let listener = try await MultiplexerBridge.listen(host: "127.0.0.1", port: 0, forwardingTo: session).get()
             // The Bluetooth stream ending ends the listener as well.
             relay.closeFuture.whenComplete { _ in listener.close(promise: nil) }

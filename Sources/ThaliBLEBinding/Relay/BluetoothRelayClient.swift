@@ -118,11 +118,15 @@ public enum BluetoothRelayError: Error, Hashable, Sendable, CustomStringConverti
     case secondLocalConnection
     /// The localhost listener has no port (should not happen with IPv4 loopback).
     case noLocalPort
+    /// The multiplexer session over the relayed connection was not set up (should not happen: it is set
+    /// up before the connection completes).
+    case noSession
 
     public var description: String {
         switch self {
         case .secondLocalConnection: return "the Bluetooth relay's localhost listener accepts exactly one connection"
         case .noLocalPort: return "the Bluetooth relay's localhost listener has no port"
+        case .noSession: return "no multiplexer session over the Bluetooth relay"
         }
     }
 }
