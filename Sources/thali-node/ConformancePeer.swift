@@ -78,12 +78,33 @@ struct ConformancePeerCommand: AsyncParsableCommand {
     @Flag(help: "Do not play the sender (deliver nothing to the implementation).")
     var noSenderRole = false
 
+    @Option(help: "Longest wait for its close_notify and close after ours (PSK-6.4), in milliseconds.")
+    var closeNotifyTimeoutMs: Int64 = 2000
+
+    @Option(help: "Longest wait for its answer to a renegotiation (PSK-1.5), in milliseconds.")
+    var renegotiationTimeoutMs: Int64 = 2000
+
+    @Option(help: "Longest wait for a second announcement after an item is queued (BCN-1.3), in milliseconds.")
+    var announcementWaitMs: Int64 = 3000
+
+    @Option(help: "Searches sent at once to grade its answer delays (SSDP-4.3).")
+    var searchesAtOnce = 8
+
+    @Option(help: "How late a search answer may come past min(MX, 5) s (SSDP-4.3), in milliseconds.")
+    var searchDelayToleranceMs: Int64 = 500
+
     @OptionGroup var report: ReportOptions
 
     func validate() throws {
         if let location, BeaconLocation(parsing: location) == nil { throw ValidationError("\(location) is not http://IPv4:PORT") }
         if BeaconProfile(rawValue: profile) == nil { throw ValidationError("profile must be spec or cordova") }
         if discoveryTimeoutS < 1 || stepTimeoutS < 1 { throw ValidationError("timeouts must be at least 1 s") }
+        for (name, value) in [("--close-notify-timeout-ms", closeNotifyTimeoutMs), ("--renegotiation-timeout-ms", renegotiationTimeoutMs),
+                              ("--announcement-wait-ms", announcementWaitMs), ("--search-delay-tolerance-ms", searchDelayToleranceMs)]
+        where !(0...600_000).contains(value) {
+            throw ValidationError("\(name) must be from 0 to 600000")
+        }
+        if !(1...64).contains(searchesAtOnce) { throw ValidationError("--searches-at-once must be from 1 to 64") }
         if let adapter, adapter.split(separator: " ").isEmpty { throw ValidationError("empty --adapter") }
         try validateBluetooth(bluetooth, localAddress: localAddress)
         if bluetooth != nil, location != nil { throw ValidationError("--bluetooth and --location exclude each other") }
@@ -103,6 +124,11 @@ struct ConformancePeerCommand: AsyncParsableCommand {
         configuration.discoveryTimeout = .seconds(discoveryTimeoutS)
         configuration.stepTimeout = .seconds(stepTimeoutS)
         configuration.senderRole = !noSenderRole
+        configuration.closeNotifyTimeout = .milliseconds(closeNotifyTimeoutMs)
+        configuration.renegotiationTimeout = .milliseconds(renegotiationTimeoutMs)
+        configuration.announcementWait = .milliseconds(announcementWaitMs)
+        configuration.searchesAtOnce = searchesAtOnce
+        configuration.searchDelayTolerance = .milliseconds(searchDelayToleranceMs)
         if let bluetooth {
             configuration.bluetooth = try suiteBluetoothTarget(bluetooth, channel: channel, localAddress: localAddress)
         }

@@ -197,4 +197,14 @@ struct CommandLineUsabilityTests {
         let equals = try await thaliNode(["--home=\(home)", "contacts", "list"])
         #expect(equals.output.contains("bob"), "\(equals.output)")
     }
+
+    @Test("conformance peer refuses its timing options out of range, in one line naming the option")
+    func conformancePeerTimingOptions() async throws {
+        let key = PrivateKey().publicKey.hexString(compressed: true)
+        for (option, value) in [("--searches-at-once", "0"), ("--close-notify-timeout-ms", "700000"), ("--announcement-wait-ms", "600001"),
+                                ("--renegotiation-timeout-ms", "999999"), ("--search-delay-tolerance-ms", "600001")] {
+            let run = try await thaliNode(["conformance", "peer", "--peer-key", key, "--identity", "/nonexistent", option, value])
+            #expect(run.status != 0 && run.lines.count == 1 && run.output.contains(option), "\(option): \(run.output)")
+        }
+    }
 }
