@@ -100,14 +100,7 @@ struct ConformanceBluetoothCommand: AsyncParsableCommand {
         let transport: any BluetoothTransport
         let listenTransport: any BluetoothTransport
         // The same test configuration as `run`'s: host tests of whole processes, where there is no radio.
-        if let scope = environment[Run.standInEnvironmentKey], !scope.isEmpty {
-            guard scope.utf8.count <= CrossProcessBluetoothTransport.maxScopeLength else {
-                throw ValidationError("\(Run.standInEnvironmentKey) is longer than \(CrossProcessBluetoothTransport.maxScopeLength) bytes")
-            }
-            guard let standIn = local ?? BluetoothAddress(Self.standInLocalAddress) else {
-                throw ValidationError("--local-address: not a Bluetooth address")
-            }
-            FileHandle.standardError.write(Data("thali-node: Bluetooth streams use the cross-process stand-in (scope \(scope)), not RFCOMM: a test configuration\n".utf8))
+        if let (scope, standIn) = try standInSuiteAddress(local, environment: environment) {
             transport = CrossProcessBluetoothTransport(scope: scope, localAddress: standIn)
             listenTransport = CrossProcessBluetoothTransport(scope: scope, localAddress: listening ?? standIn)
         } else {
@@ -163,6 +156,22 @@ func validateBluetooth(_ address: String?, localAddress: String?) throws {
     }
 }
 
+/// With `THALI_BLUETOOTH_STANDIN=<scope>` in `environment` (the test configuration `run` reads too: host
+/// tests of whole processes, where there is no radio), the scope and the suite's address on the stand-in
+/// (`local`, else 02:00:00:00:C0:DE), announced on standard error; nil on a radio.
+func standInSuiteAddress(_ local: BluetoothAddress?, environment: [String: String] = ProcessInfo.processInfo.environment) throws
+    -> (scope: String, address: BluetoothAddress)? {
+    guard let scope = environment[Run.standInEnvironmentKey], !scope.isEmpty else { return nil }
+    guard scope.utf8.count <= CrossProcessBluetoothTransport.maxScopeLength else {
+        throw ValidationError("\(Run.standInEnvironmentKey) is longer than \(CrossProcessBluetoothTransport.maxScopeLength) bytes")
+    }
+    guard let standIn = local ?? BluetoothAddress(ConformanceBluetoothCommand.standInLocalAddress) else {
+        throw ValidationError("--local-address: not a Bluetooth address")
+    }
+    FileHandle.standardError.write(Data("thali-node: Bluetooth streams use the cross-process stand-in (scope \(scope)), not RFCOMM: a test configuration\n".utf8))
+    return (scope, standIn)
+}
+
 /// The implementation at `address` over Bluetooth, reached as `conformance bluetooth` reaches it: RFCOMM
 /// from `localAddress` (nil: the kernel's choice), or with `THALI_BLUETOOTH_STANDIN=<scope>` the
 /// cross-process stand-in (from `localAddress`, 02:00:00:00:C0:DE by default). Throws when this machine
@@ -179,14 +188,7 @@ func suiteBluetoothLinks(_ address: String, channel: UInt8, localAddress: String
     let local = localAddress.flatMap { BluetoothAddress($0) }
     let transport: any BluetoothTransport
     var transportForPeer: (@Sendable (Int) -> any BluetoothTransport)?
-    if let scope = ProcessInfo.processInfo.environment[Run.standInEnvironmentKey], !scope.isEmpty {
-        guard scope.utf8.count <= CrossProcessBluetoothTransport.maxScopeLength else {
-            throw ValidationError("\(Run.standInEnvironmentKey) is longer than \(CrossProcessBluetoothTransport.maxScopeLength) bytes")
-        }
-        guard let standIn = local ?? BluetoothAddress(ConformanceBluetoothCommand.standInLocalAddress) else {
-            throw ValidationError("--local-address: not a Bluetooth address")
-        }
-        FileHandle.standardError.write(Data("thali-node: Bluetooth streams use the cross-process stand-in (scope \(scope)), not RFCOMM: a test configuration\n".utf8))
+    if let (scope, standIn) = try standInSuiteAddress(local) {
         transport = CrossProcessBluetoothTransport(scope: scope, localAddress: standIn)
         transportForPeer = { index in
             let address = BluetoothAddress(octets: withUnsafeBytes(of: (standIn.value &+ UInt64(index)).bigEndian) { Array($0.suffix(6)) })

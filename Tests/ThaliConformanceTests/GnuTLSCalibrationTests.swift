@@ -13,22 +13,6 @@ import ThaliTestSupport
 struct GnuTLSCalibrationTests {
     static let priority = "NORMAL:-VERS-ALL:+VERS-TLS1.2:-KX-ALL:+DHE-PSK:-CIPHER-ALL:+AES-256-GCM"
 
-    /// The IPv4 port `process` listens on, from the kernel's socket table (`gnutls-serv -p 0` does not print it).
-    static func listeningPort(of process: ChildProcess) async throws -> Int {
-        let deadline = ContinuousClock.now + .seconds(10)
-        while ContinuousClock.now < deadline {
-            let ss = try ChildProcess("ss", ["-ltnpH"])
-            _ = try await ss.waitForExit()
-            for line in ss.output.split(separator: "\n") where line.contains("pid=\(process.pid),") {
-                let fields = line.split(separator: " ", omittingEmptySubsequences: true)
-                if fields.count > 3, fields[3].hasPrefix("0.0.0.0:"), let port = Int(fields[3].dropFirst(8)) { return port }
-            }
-            try await Task.sleep(for: .milliseconds(50))
-        }
-        Issue.record("gnutls-serv did not listen: \(process.output)")
-        throw CancellationError()
-    }
-
     @Test("gnutls-serv in the profile: group, freshness, hint, compression and suites PASS; its tickets FAIL; its alerts for TLS 1.3 and an unknown identity WARN")
     func gnuTLSServer() async throws {
         let directory = try PeerModeTests.scratchDirectory("gnutls")
@@ -39,7 +23,7 @@ struct GnuTLSCalibrationTests {
             "--echo", "--priority", Self.priority, "--pskpasswd", directory + "/psk.txt", "--dhparams", directory + "/dh.pem", "-p", "0",
         ])
         defer { server.terminate(signal: SIGKILL) }  // gnutls-serv ignores SIGTERM
-        let report = try await PeerModeTests.gradeBroken(port: try await Self.listeningPort(of: server))
+        let report = try await PeerModeTests.gradeBroken(port: try await server.listeningIPv4Port())
         for id in ["peer/psk-tls/dh-group-size", "peer/psk-tls/dh-fresh", "peer/psk-tls/no-identity-hint", "peer/psk-tls/no-compression",
                    "peer/psk-tls/other-suites-refused"] {
             #expect(report.result(id)?.verdict == .pass, "\(id)\n\(report.table)")

@@ -13,25 +13,6 @@ extension PSKTLSTests {
     struct GnuTLSInteropTests {
         static let priority = "NORMAL:-VERS-ALL:+VERS-TLS1.2:-KX-ALL:+DHE-PSK:-CIPHER-ALL:+AES-256-GCM"
 
-        /// The IPv4 port a process listens on, read from the kernel's socket table (`ss`), because
-        /// `gnutls-serv -p 0` binds an ephemeral port without printing it.
-        static func listeningPort(of process: ChildProcess) async throws -> Int {
-            let deadline = ContinuousClock.now + .seconds(10)
-            while ContinuousClock.now < deadline {
-                let ss = try ChildProcess("ss", ["-ltnpH"])
-                _ = try await ss.waitForExit()
-                for line in ss.output.split(separator: "\n") where line.contains("pid=\(process.pid),") {
-                    let fields = line.split(separator: " ", omittingEmptySubsequences: true)
-                    if fields.count > 3, fields[3].hasPrefix("0.0.0.0:"), let port = Int(fields[3].dropFirst(8)) {
-                        return port
-                    }
-                }
-                try await Task.sleep(for: .milliseconds(50))
-            }
-            Issue.record("gnutls-serv did not listen: \(process.output)")
-            throw CancellationError()
-        }
-
         @Test(arguments: [DHGroup.ffdhe2048, .ffdhe3072])
         func ourClientAgainstGnuTLSServer(group: DHGroup) async throws {
             try await expectNoLeaks {
@@ -42,7 +23,7 @@ extension PSKTLSTests {
                     "--dhparams", try await Fixtures.dhParameterFile(group.rawValue), "-p", "0",
                 ])
                 defer { server.terminate(signal: SIGKILL) }  // gnutls-serv ignores SIGTERM
-                let port = try await Self.listeningPort(of: server)
+                let port = try await server.listeningIPv4Port()
                 let connection = try await PSKTLSClient.connect(
                     host: "127.0.0.1", port: port, identity: Fixtures.identity192, psk: Fixtures.psk)
                 #expect(connection.parameters.cipherSuite == "DHE-PSK-AES256-GCM-SHA384")
@@ -67,7 +48,7 @@ extension PSKTLSTests {
                     "--dhparams", try await Fixtures.dhParameterFile("ffdhe2048"), "-p", "0",
                 ])
                 defer { server.terminate(signal: SIGKILL) }  // gnutls-serv ignores SIGTERM
-                let port = try await Self.listeningPort(of: server)
+                let port = try await server.listeningIPv4Port()
                 let error = await #expect(throws: PSKTLSError.self) {
                     _ = try await PSKTLSClient.connect(host: "127.0.0.1", port: port, identity: Fixtures.identity192,
                                                        psk: Fixtures.psk)
