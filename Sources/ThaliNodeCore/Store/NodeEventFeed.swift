@@ -88,8 +88,14 @@ public final class NodeEventFeed: Sendable {
         _ = unlink(path)
     }
 
-    fileprivate func added(_ channel: Channel) -> Bool {
-        followers.withLockedValue { $0.updateValue(channel, forKey: ObjectIdentifier(channel)) == nil }
+    /// Adds `channel` unless `maximum` follow already: the check and the addition under one lock, so
+    /// that followers connecting at once cannot pass the bound together.
+    fileprivate func added(_ channel: Channel, maximum: Int) -> Bool {
+        followers.withLockedValue { followers in
+            guard followers.count < maximum else { return false }
+            followers[ObjectIdentifier(channel)] = channel
+            return true
+        }
     }
 
     fileprivate func removed(_ channel: Channel) {
@@ -106,12 +112,11 @@ public final class NodeEventFeed: Sendable {
         init(limits: Limits) { self.limits = limits }
 
         func admit(_ channel: Channel) -> EventLoopFuture<Void> {
-            guard let feed = feed.withLockedValue({ $0 }), feed.followerCount < limits.maxFollowers else {
+            guard let feed = feed.withLockedValue({ $0 }), feed.added(channel, maximum: limits.maxFollowers) else {
                 self.feed.withLockedValue { $0?.refused() }
                 return channel.close()
             }
             let high = max(1, limits.maxPendingBytesPerFollower)
-            _ = feed.added(channel)
             channel.closeFuture.whenComplete { [weak feed] _ in feed?.removed(channel) }
             return channel.setOption(.writeBufferWaterMark, value: .init(low: high / 2, high: high)).flatMap {
                 channel.pipeline.addHandler(InputDiscarder())
