@@ -533,6 +533,13 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
             counters.spoofedLocationsIgnored += 1
             return nil
         }
+        // Our own port under a USN that is no longer ours: an alive or answer of our previous USN, looped
+        // back after a beacon change (the USN check above knows only the current one). No peer shares it.
+        guard location.host != announcer.location.host || location.port != announcer.location.port || announcer.location.port == 0
+                || Mutant.ssdpHearsItself.isActive else {
+            counters.ownMessagesIgnored += 1
+            return nil
+        }
         return location
     }
 
