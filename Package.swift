@@ -259,6 +259,7 @@ let package = Package(
             name: "ThaliSSDPTests",
             dependencies: [
                 "ThaliSSDP", "ThaliBeacons", "ThaliTestSupport",
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
             ],

@@ -1,5 +1,6 @@
 import Foundation
 import NIOCore
+import NIOConcurrencyHelpers
 import NIOPosix
 import Testing
 
@@ -355,16 +356,28 @@ struct SSDPDiscoveryServiceTests {
         let open = BeaconHTTPServer(host: host, group: group)
         let openPort = try await open.start()
         open.setBeacons([7])
-        let closedPort = try closedTCPPort()
+        // The failing location accepts and never answers, so its fetch is in flight for the client's
+        // response timeout: the open location's alive is sent once that fetch has connected, and queues
+        // behind it. (A refused connect fails at once: the host could be ignored before that alive
+        // arrives, and an ignored source's datagrams are dropped unread.)
+        let accepted = NIOLockedValueBox(0)
+        let silent = try await ServerBootstrap(group: group)
+            .childChannelInitializer { _ in accepted.withLockedValue { $0 += 1 }; return group.any().makeSucceededVoidFuture() }
+            .bind(host: host, port: 0).get()
+        let failingPort = silent.localAddress?.port ?? 0
         let raw = try await RawSSDPSocket(host: host, groupPort: port)
         let (down, up) = (ThaliServiceName.makeUniqueServiceName(), ThaliServiceName.makeUniqueServiceName())
+        let downAlive = aliveText(port: port, usn: down, location: "http://\(host):\(failingPort)/NotificationBeacons")
+        let upAlive = aliveText(port: port, usn: up, location: "http://\(host):\(openPort)/NotificationBeacons")
         func announceBoth() async throws {
-            try await raw.send(aliveText(port: port, usn: down, location: "http://\(host):\(closedPort)/NotificationBeacons"))
-            try await raw.send(aliveText(port: port, usn: up, location: "http://\(host):\(openPort)/NotificationBeacons"))
+            try await raw.send(downAlive)
+            try await raw.send(upAlive)
         }
-        try await announceBoth()
-        // The closed port fails, which makes bob ignore the host, so the queued fetch of the open one is skipped.
-        try await bobEvents.wait(timeout: .seconds(3), "the closed port fails") {
+        try await raw.send(downAlive)
+        try await eventually("the failing location's fetch connects") { accepted.withLockedValue { $0 } > 0 }
+        try await raw.send(upAlive)
+        // That fetch fails, which makes bob ignore the host, so the queued fetch of the open one is skipped.
+        try await bobEvents.wait(timeout: .seconds(3), "the silent port fails") {
             if case .beaconFetchFailed(let peer, _) = $0 { return peer.uniqueServiceName == down } else { return false }
         }
         try await bobEvents.wait(timeout: .seconds(3), "the open port's fetch is skipped") {
@@ -372,9 +385,10 @@ struct SSDPDiscoveryServiceTests {
                 return peer.uniqueServiceName == up
             } else { return false }
         }
-        // The closed port opens; both keep announcing the same USNs.
+        // The failing port now serves beacons; both keep announcing the same USNs.
+        try await silent.close()
         let late = BeaconHTTPServer(host: host, group: group)
-        _ = try await late.start(port: closedPort)
+        _ = try await late.start(port: failingPort)
         late.setBeacons([8])
         let deadline = ContinuousClock.now + .seconds(5)
         while ContinuousClock.now < deadline, consumed.entries.count < 2 {
