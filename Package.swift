@@ -59,7 +59,7 @@ let package = Package(
         .target(
             name: "ThaliBeacons",
             dependencies: [
-                "CSecp256k1", "ThaliMutants",
+                "CSecp256k1", "COpenSSL", "ThaliMutants",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "_CryptoExtras", package: "swift-crypto"),
             ]),

@@ -6,6 +6,7 @@
 #include <openssl/evp.h>
 #include <openssl/dh.h>
 #include <openssl/core_names.h>
+#include <openssl/sha.h>
 
 // OpenSSL exposes some of its API as macros, which Swift cannot call; these wrappers give them names.
 
@@ -55,5 +56,18 @@ static inline void thali_BIO_clear_retry_flags(BIO *bio) {
 static inline uint64_t thali_SSL_OP_NO_TICKET(void) { return SSL_OP_NO_TICKET; }
 static inline uint64_t thali_SSL_OP_NO_RENEGOTIATION(void) { return SSL_OP_NO_RENEGOTIATION; }
 static inline uint64_t thali_SSL_OP_NO_COMPRESSION(void) { return SSL_OP_NO_COMPRESSION; }
+
+/// SHA-256 one block at a time on a caller-owned context (a plain struct, no allocation). OpenSSL 3
+/// deprecates these for EVP, whose per-digest context and provider dispatch cost more than the two
+/// compressions of a short HMAC; ThaliBeacons keys an HMAC once and copies its states (`HMACSHA256`).
+/// The wrappers keep the deprecation inside this system header.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+static inline void thali_SHA256_Init(SHA256_CTX *context) { SHA256_Init(context); }
+static inline void thali_SHA256_Update(SHA256_CTX *context, const void *bytes, size_t count) {
+    SHA256_Update(context, bytes, count);
+}
+static inline void thali_SHA256_Final(unsigned char *digest, SHA256_CTX *context) { SHA256_Final(digest, context); }
+#pragma GCC diagnostic pop
 
 #endif

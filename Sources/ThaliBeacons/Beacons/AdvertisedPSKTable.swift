@@ -2,10 +2,12 @@
 public struct AdvertisedPSK: Sendable, Hashable {
     /// The contact the beacon was addressed to; the peer that presents the identity is this contact.
     public let contact: PublicKey
-    /// The pre-shared key.
-    public let psk: [UInt8]
+    let key: PSKSource
     /// When the announcement that carries the beacon expires (milliseconds since the epoch).
     public let expiration: UInt64
+
+    /// The pre-shared key, derived when asked for (once per handshake that presents the identity).
+    public var psk: [UInt8] { key.psk }
 }
 
 /// The sender's map from PSK identity to (contact, PSK) for the beacons it currently advertises.
@@ -40,7 +42,7 @@ public final class AdvertisedPSKTable: Sendable {
             var fresh: [String: AdvertisedPSK] = [:]
             for beacon in announcement.beacons where fresh.count < capacity {
                 fresh[beacon.pskIdentity] = AdvertisedPSK(
-                    contact: beacon.receiver, psk: beacon.psk, expiration: announcement.expiration)
+                    contact: beacon.receiver, key: beacon.key, expiration: announcement.expiration)
             }
             for identity in fresh.keys { state.entries.removeValue(forKey: identity) }
             let excess = state.entries.count + fresh.count - capacity

@@ -27,14 +27,44 @@ public struct AdvertisedBeacon: Sendable, Hashable {
     public let receiver: PublicKey
     /// The TLS PSK identity the receiver will send.
     public let pskIdentity: String
-    /// The TLS pre-shared key for that identity.
-    public let psk: [UInt8]
+    let key: PSKSource
+
+    /// The TLS pre-shared key for that identity. A generator's beacons derive it here, when asked (an
+    /// HKDF), not for every beacon of every announcement: most receivers of a crowded announcement
+    /// never connect.
+    public var psk: [UInt8] { key.psk }
 
     /// Creates an entry.
     public init(receiver: PublicKey, pskIdentity: String, psk: [UInt8]) {
+        self.init(receiver: receiver, pskIdentity: pskIdentity, key: .given(psk))
+    }
+
+    init(receiver: PublicKey, pskIdentity: String, key: PSKSource) {
         self.receiver = receiver
         self.pskIdentity = pskIdentity
-        self.psk = psk
+        self.key = key
+    }
+
+    public static func == (lhs: AdvertisedBeacon, rhs: AdvertisedBeacon) -> Bool {
+        lhs.receiver == rhs.receiver && lhs.pskIdentity == rhs.pskIdentity && lhs.psk == rhs.psk
+    }
+
+    public func hash(into hasher: inout Hasher) {
+        hasher.combine(receiver)
+        hasher.combine(pskIdentity)
+    }
+}
+
+/// Where a sender's PSK comes from: given, or derived from Sxy and the identity when first needed.
+enum PSKSource: Sendable, Hashable {
+    case given([UInt8])
+    case derived(BeaconProfile, sxy: [UInt8], identity: String)
+
+    var psk: [UInt8] {
+        switch self {
+        case .given(let psk): psk
+        case .derived(let profile, let sxy, let identity): profile.psk(sxy: sxy, identity: identity)
+        }
     }
 }
 

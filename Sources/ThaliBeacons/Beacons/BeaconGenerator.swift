@@ -79,13 +79,15 @@ public final class BeaconGenerator: Sendable {
         let preambleLength = stream.count
         stream.reserveCapacity(profile.streamLength(beaconCount: receivers.count))
 
+        let derivation = ExpirationDerivation(profile: profile, expiration: expirationBytes)
+        let sealer = GCMFlagSealer()
         var secretsOfReceivers: [[UInt8]] = []
         secretsOfReceivers.reserveCapacity(receivers.count)
         for receiver in receivers {
             let sey = ephemeralKey.sharedSecret(with: receiver)
             let sxy = sharedSecret(with: receiver)
-            profile.sealFlag(ourKeyId, with: profile.flagKey(sey: sey, expiration: expirationBytes), into: &stream)
-            stream += profile.beaconHmac(sxy: sxy, expiration: expirationBytes)
+            profile.sealFlag(ourKeyId, sey: sey, derivation: derivation, using: sealer, into: &stream)
+            profile.appendBeaconHmac(sxy: sxy, derivation: derivation, to: &stream)
             secretsOfReceivers.append(sxy)
         }
 
@@ -96,7 +98,7 @@ public final class BeaconGenerator: Sendable {
             let start = preambleLength + index * BeaconWire.beaconLength
             let identity = profile.pskIdentity(preamble: preamble, beacon: stream[start..<(start + BeaconWire.beaconLength)])
             beacons.append(AdvertisedBeacon(
-                receiver: receiver, pskIdentity: identity, psk: profile.psk(sxy: secretsOfReceivers[index], identity: identity)))
+                receiver: receiver, pskIdentity: identity, key: .derived(profile, sxy: secretsOfReceivers[index], identity: identity)))
         }
         return BeaconAnnouncement(profile: profile, stream: stream, expiration: expiration, beacons: beacons)
     }

@@ -115,7 +115,8 @@ public final class BeaconReceiver: Sendable {
             throw BeaconRejection(.replayed, "ephemeral key seen before from this origin in an announcement that has not expired")
         }
 
-        let flagKey = profile.flagKey(sey: identity.sharedSecret(with: ephemeralKey), expiration: expirationBytes)
+        let derivation = ExpirationDerivation(profile: profile, expiration: expirationBytes)
+        let flagKey = profile.flagKey(sey: identity.sharedSecret(with: ephemeralKey), derivation: derivation)
         func authenticatedKeyId(_ index: Int) -> KeyId? {
             let start = preambleLength + index * BeaconWire.beaconLength
             return profile.openFlag(stream[start..<(start + BeaconWire.flagLength)], with: flagKey)
@@ -157,7 +158,7 @@ public final class BeaconReceiver: Sendable {
                 addressBook.cache(sharedSecret: sxy, for: keyId)
             }
             let end = start + BeaconWire.beaconLength
-            let expected = profile.beaconHmac(sxy: sxy, expiration: expirationBytes)
+            let expected = profile.beaconHmac(sxy: sxy, derivation: derivation)
             guard constantTimeEqual(expected, stream[flagEnd..<end]) else { continue }
             let identity = profile.pskIdentity(preamble: stream[0..<preambleLength], beacon: stream[start..<end])
             return BeaconMatch(

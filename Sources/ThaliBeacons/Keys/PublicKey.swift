@@ -86,5 +86,7 @@ public struct PublicKey: Hashable, Sendable, CustomStringConvertible {
 
     public static func == (lhs: PublicKey, rhs: PublicKey) -> Bool { lhs.uncompressed == rhs.uncompressed }
 
-    public func hash(into hasher: inout Hasher) { hasher.combine(uncompressed) }
+    // The 65 bytes at once: hashing the array feeds them to the hasher one at a time, which cost a
+    // generator's Sxy cache lookup as much as an HMAC.
+    public func hash(into hasher: inout Hasher) { uncompressed.withUnsafeBytes { hasher.combine(bytes: $0) } }
 }
