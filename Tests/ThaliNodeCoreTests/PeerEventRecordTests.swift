@@ -97,7 +97,8 @@ import Testing
                                                         binding: .bluetooth, relayPort: nil)],
                                 sessionsInFlight: 0, inboxCount: 0, outboxCount: 1,
                                 limitsTriggered: [.narrowed: 2, .announcementFlood: 1])
-        #expect(try line(PeerEventRecord(status)) == #"{"advertising_for":[],"event":"status","inbox":0,"#
+        #expect(try line(PeerEventRecord(status)) == #"{"advertising_for":[],"#
+            + #""discovery":{"beacon_fetch_failures":0,"beacon_fetches":0,"failures_by_kind":{}},"event":"status","inbox":0,"#
             + #""limits_triggered":{"announcementFlood":1,"narrowed":2},"location":"http://10.0.0.2:4000/NotificationBeacons","#
             + #""matched_contacts":[{"binding":"bluetooth","location":"bluetooth:00:AA:01:00:00:01","name":"bob","state":"gave-up"}],"#
             + #""outbox":1,"peers_seen":["bluetooth:00:AA:01:00:00:01"],"#
@@ -105,7 +106,7 @@ import Testing
             + #""refused_global_unauthenticated":0,"refused_overload":0,"refused_source_open":0,"refused_source_rate":0,"#
             + #""refused_source_unauthenticated":0,"sources_forgotten":0,"sources_refused":0},"beacon_requests":0,"timed_out":0,"#
             + #""tls_connections":0},"relay_connections":0,"sessions_in_flight":0}"#)
-        #expect(PeerEventRecord(status).summary.hasSuffix("limits fired: announcementFlood ×1, narrowed ×2"))
+        #expect(PeerEventRecord(status).summary.hasSuffix("limits fired: announcementFlood ×1, narrowed ×2; beacons read 0, fetches failed 0"))
         // Printing an event or a status gives words, not type names.
         #expect("\(PeerEvent.connected(contact: "bob", role: .connecting, binding: .wifi))"
             == "PSK-TLS session with bob up over wifi (we connected)")

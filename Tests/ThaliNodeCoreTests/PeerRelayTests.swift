@@ -184,6 +184,10 @@ struct PeerRelayTests {
                 #expect((record["relay_connections"] as? Int ?? 0) >= 1 && (record["sessions_in_flight"] as? Int ?? 0) >= 1)
                 let admission = (record["port_counts"] as? [String: Any])?["admission"] as? [String: Any]
                 #expect(admission?["admitted"] is Int && admission?["refused"] is Int, "\(record)")
+                // Over Wi-Fi the status carries the SSDP service's own counters; this peer read its contact's beacons.
+                let discovery = record["discovery"] as? [String: Any]
+                #expect((discovery?["beacon_fetches"] as? Int ?? 0) >= 1, "\(record)")
+                #expect((discovery?["ssdp"] as? [String: Int])?["worst_loop_lag_ms"] != nil, "\(record)")
             }
         }
 

@@ -53,4 +53,31 @@ struct RelayStatusRecordTests {
         #expect(admission["admitted"] as? Int == 7 && admission["refused"] as? Int == 3
                 && admission["refused_source_rate"] as? Int == 2 && admission["refused_overload"] as? Int == 1)
     }
+
+    /// Discovery's counts reach the status line: beacons read and failed, and over Wi-Fi how late SSDP
+    /// discovery's own loop has run (a starved peer in a crowd), which only the library's counters held.
+    @Test func statusCarriesDiscoveryAndSSDPHealth() throws {
+        var status = PeerStatus(location: nil, advertisingFor: [], peersSeen: [], matchedContacts: [],
+                                sessionsInFlight: 0, inboxCount: 0, outboxCount: 0)
+        status.discovery.beaconFetches = 40
+        status.discovery.beaconFetchFailures = 3
+        status.discovery.beaconFetchFailuresByKind = [.noConnection: 2, .responseTimedOut: 1]
+        var health = PeerSSDPHealth()
+        health.worstLoopLagMilliseconds = 420
+        health.starvedFailureStreaks = 2
+        health.sourcesIgnored = 1
+        status.discovery.ssdp = health
+        let record = PeerEventRecord(status)
+        #expect(record.summary.hasSuffix("; beacons read 40, fetches failed 3, discovery's loop at most 420 ms late"))
+        let object = try #require(try JSONSerialization.jsonObject(with: record.jsonLine()) as? [String: Any])
+        let discovery = try #require(object["discovery"] as? [String: Any])
+        #expect(discovery["beacon_fetches"] as? Int == 40 && discovery["beacon_fetch_failures"] as? Int == 3)
+        #expect(discovery["failures_by_kind"] as? [String: Int] == ["no_connection": 2, "response_timed_out": 1])
+        #expect(discovery["ssdp"] as? [String: Int] == ["worst_loop_lag_ms": 420, "announcement_pauses": 0, "starved_failure_streaks": 2,
+                                                        "narrowing_episodes": 0, "sources_ignored": 1])
+        status.discovery.ssdp = nil  // no Wi-Fi binding: no SSDP figures, in words or in JSON
+        #expect(!PeerEventRecord(status).summary.contains("loop"))
+        let bluetoothOnly = try #require(try JSONSerialization.jsonObject(with: PeerEventRecord(status).jsonLine()) as? [String: Any])
+        #expect((bluetoothOnly["discovery"] as? [String: Any])?["ssdp"] == nil)
+    }
 }

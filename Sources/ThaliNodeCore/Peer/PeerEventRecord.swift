@@ -47,6 +47,26 @@ public struct PeerEventRecord: Encodable, Sendable, Hashable {
         }
     }
 
+    /// Discovery's counts in a `status` record (``PeerDiscoveryCounters``), in snake_case.
+    public struct DiscoveryRecord: Encodable, Sendable, Hashable {
+        /// Beacon streams read.
+        public var beaconFetches: Int
+        /// Beacon fetches that failed, or were not made because their source was ignored.
+        public var beaconFetchFailures: Int
+        /// The failures by kind (`BeaconFetchFailure.Kind`'s names).
+        public var failuresByKind: [String: Int]
+        /// Over Wi-Fi (``PeerSSDPHealth``): `worst_loop_lag_ms`, `announcement_pauses`,
+        /// `starved_failure_streaks`, `narrowing_episodes`, `sources_ignored`.
+        public var ssdp: [String: Int]?
+
+        enum CodingKeys: String, CodingKey {
+            case beaconFetches = "beacon_fetches"
+            case beaconFetchFailures = "beacon_fetch_failures"
+            case failuresByKind = "failures_by_kind"
+            case ssdp
+        }
+    }
+
     /// The event's name (`started`, `matched`, `progress`, `status`, ...).
     public var event: String
     /// Seconds since the start, to the millisecond.
@@ -119,6 +139,8 @@ public struct PeerEventRecord: Encodable, Sendable, Hashable {
     public var outbox: Int?
     /// `status`: how often each DoS limit fired, by kind.
     public var limitsTriggered: [String: Int]?
+    /// `status`: beacons read and fetches failed, and over Wi-Fi how SSDP discovery fares.
+    public var discovery: DiscoveryRecord?
 
     /// The readable line (not encoded).
     public var summary: String = ""
@@ -140,6 +162,7 @@ public struct PeerEventRecord: Encodable, Sendable, Hashable {
         case portCounts = "port_counts"
         case inbox, outbox
         case limitsTriggered = "limits_triggered"
+        case discovery
     }
 
     /// An empty record of `event`.
@@ -292,7 +315,9 @@ public struct PeerEventRecord: Encodable, Sendable, Hashable {
             + "; port: \(admission.admitted) admitted, \(admission.authenticated) authenticated, \(admission.refused) refused"
             + (refusals.isEmpty ? "" : " (\(refusals.joined(separator: ", ")))")
             + (status.limitsTriggered.isEmpty ? "" : "; limits fired: "
-                + status.limitsTriggered.sorted { $0.key < $1.key }.map { "\($0.key) ×\($0.value)" }.joined(separator: ", ")))
+                + status.limitsTriggered.sorted { $0.key < $1.key }.map { "\($0.key) ×\($0.value)" }.joined(separator: ", "))
+            + "; beacons read \(status.discovery.beaconFetches), fetches failed \(status.discovery.beaconFetchFailures)"
+            + (status.discovery.ssdp.map { ", discovery's loop at most \($0.worstLoopLagMilliseconds) ms late" } ?? ""))
         location = status.location?.description ?? ""
         advertisingFor = status.advertisingFor
         peersSeen = status.peersSeen.map(\.description)
@@ -315,6 +340,14 @@ public struct PeerEventRecord: Encodable, Sendable, Hashable {
         inbox = status.inboxCount
         outbox = status.outboxCount
         limitsTriggered = Dictionary(uniqueKeysWithValues: status.limitsTriggered.map { ($0.key.rawValue, $0.value) })
+        discovery = DiscoveryRecord(
+            beaconFetches: status.discovery.beaconFetches, beaconFetchFailures: status.discovery.beaconFetchFailures,
+            failuresByKind: Dictionary(uniqueKeysWithValues: status.discovery.beaconFetchFailuresByKind.map { ($0.key.rawValue, $0.value) }),
+            ssdp: status.discovery.ssdp.map {
+                ["worst_loop_lag_ms": $0.worstLoopLagMilliseconds, "announcement_pauses": $0.announcementPauses,
+                 "starved_failure_streaks": $0.starvedFailureStreaks, "narrowing_episodes": $0.narrowingEpisodes,
+                 "sources_ignored": $0.sourcesIgnored]
+            })
     }
 
     /// The JSON line (no newline): keys sorted, slashes unescaped, and the characters that drive a

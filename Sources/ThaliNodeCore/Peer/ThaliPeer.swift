@@ -319,22 +319,26 @@ public final class ThaliPeer: Sendable {
     /// A snapshot for the status view.
     public func status() async -> PeerStatus {
         let location = await bindings.first?.location()
+        var ssdp: PeerSSDPHealth?
+        for binding in bindings where ssdp == nil { ssdp = await binding.ssdpHealth() }
         var port = portCounters.withLockedValue { $0 }
         port.admission = admission.counters
         let inbox = (try? store.inbox().count) ?? 0
         let outbox = (try? store.outbox().count) ?? 0
         return state.withLockedValue { state in
-            PeerStatus(location: location, advertisingFor: state.advertisingFor,
-                       peersSeen: state.peersSeen.sorted { $0.description < $1.description },
-                       matchedContacts: state.links.values.map {
-                           let route = $0.machine.currentRoute
-                           return PeerStatus.ContactState(name: $0.contact.name, state: $0.machine.state.phase,
-                                                          location: route?.origin ?? $0.machine.lastOrigin,
-                                                          binding: route?.binding, relayPort: $0.relayPort)
-                       }.sorted { $0.name < $1.name },
-                       sessionsInFlight: state.sessionsInFlight, relayConnections: state.relayConnections,
-                       inboxCount: inbox, outboxCount: outbox, limitsTriggered: state.limitsTriggered, port: port,
-                       discovery: state.discovery)
+            var discovery = state.discovery
+            discovery.ssdp = ssdp
+            return PeerStatus(location: location, advertisingFor: state.advertisingFor,
+                              peersSeen: state.peersSeen.sorted { $0.description < $1.description },
+                              matchedContacts: state.links.values.map {
+                                  let route = $0.machine.currentRoute
+                                  return PeerStatus.ContactState(name: $0.contact.name, state: $0.machine.state.phase,
+                                                                 location: route?.origin ?? $0.machine.lastOrigin,
+                                                                 binding: route?.binding, relayPort: $0.relayPort)
+                              }.sorted { $0.name < $1.name },
+                              sessionsInFlight: state.sessionsInFlight, relayConnections: state.relayConnections,
+                              inboxCount: inbox, outboxCount: outbox, limitsTriggered: state.limitsTriggered, port: port,
+                              discovery: discovery)
         }
     }
 

@@ -53,9 +53,15 @@ public protocol PeerBindingService: AnyObject, Sendable {
 
     /// Stops: announcements withdrawn, connections closed.
     func stop() async
+
+    /// SSDP discovery's health, for ``PeerStatus`` (the Wi-Fi binding's; nil for others).
+    func ssdpHealth() async -> PeerSSDPHealth?
 }
 
 extension PeerBindingService {
     /// Nothing to keep: a binding that does not narrow ignores it.
     public func contactMatched(at location: BeaconLocation) {}
+
+    /// No SSDP: nil.
+    public func ssdpHealth() async -> PeerSSDPHealth? { nil }
 }

@@ -78,6 +78,11 @@ final class PeerWiFiBinding: PeerBindingService {
 
     func hasEnded(_ location: BeaconLocation) -> Bool { false }
 
+    func ssdpHealth() async -> PeerSSDPHealth? {
+        guard let service = service.withLockedValue({ $0 }) else { return nil }
+        return PeerSSDPHealth(await service.counters())
+    }
+
     func contactMatched(at location: BeaconLocation) {
         service.withLockedValue { $0 }?.markContact(at: location)
     }
