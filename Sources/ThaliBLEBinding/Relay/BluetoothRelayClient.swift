@@ -72,6 +72,13 @@ public struct BluetoothRelayClient: Sendable {
             bluetooth.close(promise: nil)
             throw error
         }
+        // Read before anything can close the listener: a closed channel has no local address, and the
+        // Bluetooth stream may have ended already (a server whose app port is dead closes it at once).
+        guard let port = listener.localAddress?.port else {
+            listener.close(promise: nil)
+            bluetooth.close(promise: nil)
+            throw BluetoothRelayError.noLocalPort
+        }
         // The Bluetooth stream ending (or the app never coming) ends the listener too.
         bluetooth.closeFuture.whenComplete { _ in listener.close(promise: nil) }
         let timeout = loop.scheduleTask(in: limits.relayAcceptTimeout) {
@@ -81,10 +88,6 @@ public struct BluetoothRelayClient: Sendable {
             }
         }
         listener.closeFuture.whenComplete { _ in timeout.cancel() }
-        guard let port = listener.localAddress?.port else {
-            bluetooth.close(promise: nil)
-            throw BluetoothRelayError.noLocalPort
-        }
         return BluetoothClientRelay(remoteAddress: address, localPort: port, bluetooth: bluetooth)
     }
 }
