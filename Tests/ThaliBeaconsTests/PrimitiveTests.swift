@@ -12,7 +12,7 @@ import ThaliTestSupport
             for messageLength in [0, 1, 8, 55, 56, 64, 65, 200] {
                 let key = (0..<keyLength).map { _ in UInt8.random(in: 0...255, using: &random) }
                 let message = (0..<messageLength).map { _ in UInt8.random(in: 0...255, using: &random) }
-                let ours = Array(HMACSHA256.authenticationCode(key: key, message: message))
+                let ours = HMACSHA256.Key(key).authenticationCode(message)
                 let theirs = Array(HMAC<SHA256>.authenticationCode(for: message, using: SymmetricKey(data: key)))
                 #expect(ours == theirs, "key \(keyLength) message \(messageLength)")
             }

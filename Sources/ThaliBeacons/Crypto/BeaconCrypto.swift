@@ -6,38 +6,24 @@ import _CryptoExtras
 /// Sey and the expiration, so a receiver derives it once per stream, not once per beacon.
 struct FlagKey {
     enum Cipher {
-        /// `spec`: AES-128-GCM with key KM[16..<32] and nonce KM[0..<12] of the 32-byte KM.
-        case gcm(material: [UInt8])
+        /// `spec`: AES-128-GCM with HKey = KM[16..<32] and nonce KM[0..<12].
+        case gcm(SymmetricKey, AES.GCM.Nonce)
         /// `cordova`: AES-128-CBC with OpenSSL's EVP_BytesToKey(MD5) key and IV from a 16-byte HKey.
         case cbc(SymmetricKey, AES._CBC.IV)
     }
 
     let cipher: Cipher
 
-    /// `spec`: swift-crypto's key and nonce for opening a flag.
-    private static func gcmKeyAndNonce(_ material: [UInt8]) -> (SymmetricKey, AES.GCM.Nonce) {
-        (SymmetricKey(data: material[16..<32]), try! AES.GCM.Nonce(data: material[0..<12]))  // 12 bytes is always a valid nonce
-    }
-
     /// `spec` only: the keystream block GCM XORs onto the 16-byte KeyId (the encryption of counter
     /// block 2), found by sealing 16 zero bytes. A flag's first 16 bytes XOR this give the KeyId the
     /// flag carries if its tag verifies, so a receiver can look the KeyId up before paying for the
     /// tag check. `nil` for `cordova`, whose CBC flags have no such shortcut.
     func gcmKeystream() -> (high: UInt64, low: UInt64)? {
-        guard case .gcm(let material) = cipher else { return nil }
-        let (key, nonce) = Self.gcmKeyAndNonce(material)
-        guard let box = try? AES.GCM.seal([UInt8](repeating: 0, count: 16), using: key, nonce: nonce) else { return nil }
+        guard case .gcm(let key, let nonce) = cipher,
+              let box = try? AES.GCM.seal([UInt8](repeating: 0, count: 16), using: key, nonce: nonce)
+        else { return nil }
         let block = Array(box.ciphertext)
         return (block[0..<8].reduce(0) { $0 << 8 | UInt64($1) }, block[8..<16].reduce(0) { $0 << 8 | UInt64($1) })
-    }
-
-    /// Decrypts a 32-byte flag (`spec`): `nil` unless the tag verifies.
-    fileprivate func openGCM(_ flag: ArraySlice<UInt8>, material: [UInt8]) -> [UInt8]? {
-        let (key, nonce) = Self.gcmKeyAndNonce(material)
-        guard let box = try? AES.GCM.SealedBox(nonce: nonce, ciphertext: flag.prefix(16), tag: flag.dropFirst(16)),
-              let plaintext = try? AES.GCM.open(box, using: key)
-        else { return nil }
-        return Array(plaintext)
     }
 }
 
@@ -59,12 +45,11 @@ struct ExpirationDerivation {
 
     /// HKDF(secret, expiration) in this profile's order, `count` ≤ 32 bytes.
     func derive(secret: [UInt8], count: Int) -> [UInt8] {
-        if let expirationSalt { return expirationSalt.deriveKey(inputKeyMaterial: secret, count: count) }
-        return profile.derive(secret: secret, other: expiration, count: count)
+        withDerivedKey(secret: secret) { Array($0.prefix(count)) }
     }
 
-    /// Hands the 32 bytes of HKDF(secret, expiration) to `body` from the stack (a generator derives
-    /// two per beacon and keeps neither).
+    /// Hands the 32 bytes of HKDF(secret, expiration) to `body` from the stack, zeroed afterwards (a
+    /// generator derives two per beacon and keeps neither).
     func withDerivedKey<Result>(secret: [UInt8], _ body: (UnsafeRawBufferPointer) -> Result) -> Result {
         withUnsafeTemporaryAllocation(of: UInt8.self, capacity: HMACSHA256.digestSize) { key in
             defer { key.initialize(repeating: 0) }
@@ -112,18 +97,28 @@ extension BeaconProfile {
         switch self {
         case .spec:
             // The spec slices a 16-byte IV; GCM's nonce is 12 bytes, so we take KM[0..<12].
-            return FlagKey(cipher: .gcm(material: derivation.derive(secret: sey, count: 32)))
+            return derivation.withDerivedKey(secret: sey) { material in
+                let nonce = try! AES.GCM.Nonce(data: UnsafeRawBufferPointer(rebasing: material[0..<12]))  // 12 bytes is always a valid nonce
+                return FlagKey(cipher: .gcm(SymmetricKey(data: UnsafeRawBufferPointer(rebasing: material[16..<32])), nonce))
+            }
         case .cordova:
-            // crypto.createCipher('aes128', hkey): EVP_BytesToKey(MD5, no salt, 1 round).
-            let hkey = derivation.derive(secret: sey, count: 16)
-            let key = Array(Insecure.MD5.hash(data: hkey))
-            let iv = Array(Insecure.MD5.hash(data: key + hkey))
-            return FlagKey(cipher: .cbc(SymmetricKey(data: key), try! AES._CBC.IV(ivBytes: iv)))  // 16 bytes
+            let (key, iv) = cbcKeyAndIV(sey: sey, derivation: derivation)
+            return FlagKey(cipher: .cbc(key, iv))
         }
     }
 
-    /// Appends the 32-byte flag that encrypts `keyId` (16 bytes) for the receiver of `sey` to `stream`;
-    /// `sealer` seals GCM flags. The same key as `flagKey(sey:derivation:)` gives, never allocated.
+    /// `cordova`'s flag key: crypto.createCipher('aes128', hkey), OpenSSL's EVP_BytesToKey(MD5, no salt,
+    /// 1 round) of a 16-byte HKey.
+    private func cbcKeyAndIV(sey: [UInt8], derivation: ExpirationDerivation) -> (SymmetricKey, AES._CBC.IV) {
+        let hkey = derivation.derive(secret: sey, count: 16)
+        let key = Array(Insecure.MD5.hash(data: hkey))
+        let iv = Array(Insecure.MD5.hash(data: key + hkey))
+        return (SymmetricKey(data: key), try! AES._CBC.IV(ivBytes: iv))  // 16 bytes
+    }
+
+    /// Appends the 32-byte flag that encrypts `keyId` (16 bytes) for the receiver of `sey` to `stream`:
+    /// the key `flagKey(sey:derivation:)` gives, without making one (`spec` seals with `sealer`, its
+    /// key material on the stack).
     func sealFlag(_ keyId: [UInt8], sey: [UInt8], derivation: ExpirationDerivation, using sealer: GCMFlagSealer,
                   into stream: inout [UInt8]) {
         switch self {
@@ -133,7 +128,7 @@ extension BeaconProfile {
                             nonce: UnsafeRawBufferPointer(rebasing: material[0..<12]), into: &stream)
             }
         case .cordova:
-            guard case .cbc(let key, let iv) = flagKey(sey: sey, derivation: derivation).cipher else { return }
+            let (key, iv) = cbcKeyAndIV(sey: sey, derivation: derivation)
             stream.append(contentsOf: try! AES._CBC.encrypt(keyId, using: key, iv: iv))  // 16 bytes + a pad block
         }
     }
@@ -142,8 +137,11 @@ extension BeaconProfile {
     /// CBC: the second block decrypts to a full PKCS#7 padding block).
     func openFlag(_ flag: ArraySlice<UInt8>, with flagKey: FlagKey) -> KeyId? {
         switch flagKey.cipher {
-        case .gcm(let material):
-            return flagKey.openGCM(flag, material: material).flatMap { KeyId(bytes: $0) }
+        case .gcm(let key, let nonce):
+            guard let box = try? AES.GCM.SealedBox(nonce: nonce, ciphertext: flag.prefix(16), tag: flag.dropFirst(16)),
+                  let plaintext = try? AES.GCM.open(box, using: key)
+            else { return nil }
+            return KeyId(bytes: plaintext)
         case .cbc(let key, let iv):
             // Upstream passes any well-padded plaintext to its address book, whose lookup can only
             // succeed for 16 bytes; asking for exactly one data block plus a full pad block is the

@@ -81,11 +81,6 @@ enum HMACSHA256 {
         }
     }
 
-    /// HMAC-SHA-256 of `message` under `key`.
-    static func authenticationCode(key: some ContiguousBytes, message: some ContiguousBytes) -> [UInt8] {
-        Key(key).authenticationCode(message)
-    }
-
     /// HKDF-SHA-256 with empty info and `count` ≤ 32 output bytes (a single expand block).
     static func deriveKey(inputKeyMaterial: some ContiguousBytes, salt: some ContiguousBytes, count: Int) -> [UInt8] {
         Key(salt).deriveKey(inputKeyMaterial: inputKeyMaterial, count: count)
