@@ -362,7 +362,7 @@ struct SSDPDiscoveryServiceTests {
         // arrives, and an ignored source's datagrams are dropped unread.)
         let accepted = NIOLockedValueBox(0)
         let silent = try await ServerBootstrap(group: group)
-            .childChannelInitializer { _ in accepted.withLockedValue { $0 += 1 }; return group.any().makeSucceededVoidFuture() }
+            .childChannelInitializer { child in accepted.withLockedValue { $0 += 1 }; return child.eventLoop.makeSucceededVoidFuture() }
             .bind(host: host, port: 0).get()
         let failingPort = silent.localAddress?.port ?? 0
         let raw = try await RawSSDPSocket(host: host, groupPort: port)
