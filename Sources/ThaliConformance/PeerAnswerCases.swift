@@ -159,7 +159,7 @@ extension PeerConformance {
     func answerStream(over session: MultiplexerSession, limits: DeliveryLimits, plan: [UUID: PlannedAnswer],
                       texts: [UUID: [UInt8]]) async -> AnswersSeen? {
         for _ in 0..<Self.fallbackStreamAttempts {
-            guard let frames = try? await DeliveryChannel.openStream(on: session, limits: limits) else { return nil }
+            guard let frames = try? await DeliveryChannel.openStream(on: session, limits: limits, dataDelivery: .wholeFrames) else { return nil }
             var seen = AnswersSeen()
             var served = false
             do {

@@ -627,7 +627,7 @@ public struct PeerConformance: Sendable {
         let started = NIODeadline.now()
         let frames: DeliveryChannel.AsyncFrames
         do {
-            frames = try await DeliveryChannel.openStream(on: session, limits: limits)
+            frames = try await DeliveryChannel.openStream(on: session, limits: limits, dataDelivery: .wholeFrames)
         } catch {
             run.record(Cases.openStream, .fail, expected: Cases.openStream.title, actual: "opening failed: \(error)", started: started)
             run.recordRemaining(Cases.receiverRole, .inconclusive, because: "no stream")
@@ -669,7 +669,7 @@ public struct PeerConformance: Sendable {
         // The first stream's sender session may not have released its claim yet (one sending session per
         // contact): it then closes the new stream before its hello, and a later stream is served.
         for _ in 0..<Self.fallbackStreamAttempts {
-            guard let frames = try? await DeliveryChannel.openStream(on: session, limits: limits) else { break }
+            guard let frames = try? await DeliveryChannel.openStream(on: session, limits: limits, dataDelivery: .wholeFrames) else { break }
             await converse(frames, &script, scratch)
             if !scratch.report.results.isEmpty { break }
         }

@@ -184,7 +184,7 @@ extension PeerConformance {
         let timeout = configuration.stepTimeout
         let frames: DeliveryChannel.AsyncFrames
         do {
-            frames = try await DeliveryChannel.openStream(on: session, limits: configuration.deliveryLimits) { stream in
+            frames = try await DeliveryChannel.openStream(on: session, limits: configuration.deliveryLimits, dataDelivery: .wholeFrames) { stream in
                 try stream.pipeline.syncOperations.addHandler(MarkedStreamOpener(header: Self.header(StreamKind.delivery.name), timeout: timeout,
                                                                                  answer: answer, ended: ended))
             }

@@ -130,7 +130,7 @@ final class PeerSuiteServer: Sendable {
                         }, inboundStream: { (stream: Channel, _: PublicKey, parameters: PSKTLSNegotiatedParameters) in
                             stream.eventLoop.makeCompletedFuture {
                                 guard parameters.applicationProtocol == StreamHeader.alpnProtocol else {
-                                    sink.yield(.stream(try DeliveryChannel.configureSynchronously(stream, limits: limits)))
+                                    sink.yield(.stream(try DeliveryChannel.configureSynchronously(stream, limits: limits, dataDelivery: .wholeFrames)))
                                     return
                                 }
                                 try acceptMarked(stream, policy: policy, limits: limits, sink: sink)
@@ -171,7 +171,7 @@ final class PeerSuiteServer: Sendable {
                 .refused(StreamRefusal(.badHeader, reason: error.description))
             }
         }, accepted: { stream in
-            sink.yield(.stream(try DeliveryChannel.configureSynchronously(stream, limits: limits)))
+            sink.yield(.stream(try DeliveryChannel.configureSynchronously(stream, limits: limits, dataDelivery: .wholeFrames)))
         }, seen: { header, status in
             sink.yield(.markedStream(header, status))
             if case .refused = status { stream.closeFuture.whenComplete { _ in sink.yield(.refusedStreamEnded) } }

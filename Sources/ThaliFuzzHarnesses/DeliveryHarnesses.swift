@@ -3,12 +3,14 @@ import Foundation
 import NIOCore
 import ThaliNodeCore
 
-/// Delivery frames as a receiver and a sender read them: the codec (whole and split at random points),
-/// then both state machines.
+/// Delivery frames as a receiver and a sender read them: the codec (whole, and split at random points
+/// through the node's decoder, which passes data payloads on in pieces), then both state machines fed
+/// what that decoder passed on.
 ///
-/// Invariants: decoding does not depend on where the stream was split; a decoded frame re-encodes to
-/// exactly the bytes it came from and never exceeds the payload limit; once a state machine has failed
-/// or finished it accepts no further frame.
+/// Invariants: decoding does not depend on where the stream was split (the pieces of each data frame
+/// join into the frame decoded whole; none is empty); a decoded frame re-encodes to exactly the bytes it
+/// came from and never exceeds the payload limit; once a state machine has failed or finished it accepts
+/// no further frame.
 enum DeliveryFramesHarness {
     static let name = "delivery-frames"
     static let limits: DeliveryLimits = {
@@ -23,7 +25,7 @@ enum DeliveryFramesHarness {
         let cuts = takeCuts(&input)
         let bytes = input.rest()
         let whole = decodeAll([bytes[...]])
-        let split = decodeAll(splitPieces(bytes, cuts: cuts))
+        let split = try decodeStreaming(splitPieces(bytes, cuts: cuts))
         try check(whole.frames == split.frames && whole.failed == split.failed, name,
                   "decoding depends on the split: \(whole.frames.count) frames vs \(split.frames.count)")
         for (frame, encoded) in zip(whole.frames, whole.encodings) {
@@ -37,7 +39,7 @@ enum DeliveryFramesHarness {
         var sender = DeliverySenderStateMachine()
         _ = try? sender.start()
         var receiverClosed = false, senderClosed = false
-        for frame in whole.frames {
+        for frame in split.passedOn {
             // The receiver, answering every request for local I/O as a store with nothing in it would.
             if receiverClosed {
                 // Ended (failed or finished): every further frame is refused.
@@ -90,6 +92,43 @@ enum DeliveryFramesHarness {
         var frames: [DeliveryFrame] = []
         var encodings: [[UInt8]] = []
         var failed = false
+        /// What a node's decoder passed on (data frames in pieces); `frames` has each data frame whole.
+        var passedOn: [DeliveryFrame] = []
+    }
+
+    /// Decodes the pieces as the node's channel does (``DeliveryFrameDecoder`` passing data payloads on as
+    /// they arrive), joining each data frame's pieces back into the frame for comparison.
+    static func decodeStreaming(_ pieces: [ArraySlice<UInt8>]) throws(FuzzInvariantViolation) -> Decoded {
+        var decoded = Decoded()
+        var decoder = DeliveryFrameDecoder(limits: limits)
+        var buffer = ByteBuffer()
+        var dataFrame: ByteBuffer?
+        for piece in pieces {
+            buffer.writeBytes(piece)
+            while true {
+                let pendingBefore = decoder.pendingDataBytes
+                let frame: DeliveryFrame?
+                do { frame = try decoder.next(from: &buffer) } catch {
+                    decoded.failed = true
+                    return decoded
+                }
+                guard let frame else { break }
+                decoded.passedOn.append(frame)
+                guard case .data(var content) = frame else {
+                    try check(pendingBefore == 0, name, "\(frame.name) passed on inside a data frame")
+                    decoded.frames.append(frame)
+                    continue
+                }
+                try check(content.readableBytes > 0, name, "an empty data piece")
+                if dataFrame == nil { dataFrame = ByteBuffer() }
+                dataFrame?.writeBuffer(&content)
+                if decoder.pendingDataBytes == 0, let whole = dataFrame {
+                    decoded.frames.append(.data(whole))
+                    dataFrame = nil
+                }
+            }
+        }
+        return decoded
     }
 
     /// Decodes the pieces as a stream arrives: appended to one buffer, frames taken whenever complete.
@@ -231,6 +270,8 @@ enum DeliveryPairHarness {
         var receiver = DeliveryReceiverStateMachine(limits: limits, now: { now })
         var toReceiver = ByteBuffer(), toSender = ByteBuffer()  // written, not yet moved
         var inboundToReceiver = ByteBuffer(), inboundToSender = ByteBuffer()  // moved, not yet decoded
+        // As the node's channels decode: data payloads passed on in pieces as they arrive.
+        var receiverDecoder = DeliveryFrameDecoder(limits: limits), senderDecoder = DeliveryFrameDecoder(limits: limits)
         var moved = 0
         var pending = outbox
         var batch: [DeliveryReceiverStateMachine.BatchEntry] = []  // received items of a batch, not yet committed
@@ -313,7 +354,7 @@ enum DeliveryPairHarness {
                 case .append(let bytes):
                     if case .receiving(let offer, _) = receiver.state {
                         store.partial[offer.id, default: []] += bytes.readableBytesView
-                        // As the node does after each block it wrote (here: each frame).
+                        // As the node does after each block it wrote (here: each piece).
                         if let progress = receiver.progress(written: UInt64(store.partial[offer.id]?.count ?? 0)) { send(progress, to: &toSender) }
                     }
                     return true
@@ -372,10 +413,10 @@ enum DeliveryPairHarness {
                 }
                 transfer(&toReceiver, to: &inboundToReceiver)
                 transfer(&toSender, to: &inboundToSender)
-                while open, let frame = try DeliveryFrame.decode(from: &inboundToReceiver, limits: limits) {
+                while open, let frame = try receiverDecoder.next(from: &inboundToReceiver) {
                     open = try receiverHandles(frame)
                 }
-                while let frame = try DeliveryFrame.decode(from: &inboundToSender, limits: limits) {
+                while let frame = try senderDecoder.next(from: &inboundToSender) {
                     try senderHandles(frame)
                 }
             }

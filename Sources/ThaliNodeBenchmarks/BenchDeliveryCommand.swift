@@ -26,8 +26,8 @@ struct BenchDelivery: AsyncParsableCommand {
     var writebackMib = DeliveryLimits.default.writebackBytes >> 20
     @Flag(help: """
         Print one JSON object instead of lines (keys texts, texts_s, texts_per_s, ms_per_text, file_mib, \
-        file_queue_s, file_queue_mb_s, file_s, file_mb_s, chunk_bytes, tls_bulk_mb_s, file_tls_ratio, disk_mb_s, \
-        file_disk_ratio; rates in items/s and MiB/s; the text, file or TLS keys absent when --texts, --file-mib \
+        file_queue_s, file_queue_mb_s, file_s, file_mb_s, file_cpu_s, chunk_bytes, tls_bulk_mb_s, file_tls_ratio, \
+        disk_mb_s, file_disk_ratio; rates in items/s and MiB/s; the text, file or TLS keys absent when --texts, --file-mib \
         or --tls-mib is 0).
         """)
     var json = false
@@ -43,6 +43,8 @@ struct BenchDelivery: AsyncParsableCommand {
         var fileQueueMiBPerSecond: Double?
         var fileSeconds: Double?
         var fileMiBPerSecond: Double?
+        /// CPU seconds the process (both stores, every thread) spent while the file was delivered.
+        var fileCPUSeconds: Double?
         var chunkBytes: Int?
         var tlsBulkMiBPerSecond: Double?
         var fileToTLSRatio: Double?
@@ -59,6 +61,7 @@ struct BenchDelivery: AsyncParsableCommand {
             case fileQueueMiBPerSecond = "file_queue_mb_s"
             case fileSeconds = "file_s"
             case fileMiBPerSecond = "file_mb_s"
+            case fileCPUSeconds = "file_cpu_s"
             case chunkBytes = "chunk_bytes"
             case tlsBulkMiBPerSecond = "tls_bulk_mb_s"
             case fileToTLSRatio = "file_tls_ratio"
@@ -111,15 +114,18 @@ struct BenchDelivery: AsyncParsableCommand {
         // blocks of the same size, plain writes, one fsync. Kept until the end: deleting it now would have
         // the file system discard its blocks during the delivery.
         let diskSeconds = try writeAndSync(block, bytes: fileMib << 20, to: root + "/disk-reference.bin")
+        let cpuBefore = BenchSSDP.cpuSeconds()
         let fileSeconds = try await deliver(alice, bobAtAlice, bob, aliceAtBob, limits)
+        figures.fileCPUSeconds = BenchSSDP.cpuSeconds() - cpuBefore
         let mib = Double(fileMib)
         (figures.diskMiBPerSecond, figures.fileToDiskRatio) = (mib / diskSeconds, diskSeconds / fileSeconds)
         (figures.fileMiB, figures.fileQueueSeconds, figures.fileQueueMiBPerSecond) = (fileMib, queueSeconds, mib / queueSeconds)
         (figures.fileSeconds, figures.fileMiBPerSecond, figures.chunkBytes) = (fileSeconds, mib / fileSeconds, limits.chunkBytes)
         figures.fileToTLSRatio = figures.tlsBulkMiBPerSecond.map { (mib / fileSeconds) / $0 }
         if !json {
-            print(String(format: "file: %d MiB queued (copy + SHA-256) in %.3f s (%.0f MiB/s); delivered in %.3f s: %.0f MiB/s, chunks of %d bytes",
-                         fileMib, queueSeconds, mib / queueSeconds, fileSeconds, mib / fileSeconds, limits.chunkBytes))
+            print(String(format: "file: %d MiB queued (copy + SHA-256) in %.3f s (%.0f MiB/s); delivered in %.3f s: %.0f MiB/s, chunks of %d bytes, %.3f CPU seconds",
+                         fileMib, queueSeconds, mib / queueSeconds, fileSeconds, mib / fileSeconds, limits.chunkBytes,
+                         figures.fileCPUSeconds ?? 0))
             if let ratio = figures.fileToTLSRatio { print(String(format: "file delivery / PSK-TLS bulk: %.2f", ratio)) }
             print(String(format: "disk, same run: %d MiB written in blocks of %d bytes and synced once in %.3f s: %.0f MiB/s; file delivery / disk: %.2f",
                          fileMib, limits.blockBytes, diskSeconds, mib / diskSeconds, diskSeconds / fileSeconds))

@@ -11,7 +11,7 @@ struct BenchDeliveryTests {
     func jsonFigures() async throws {
         let object = try await thaliNodeJSONObject(["bench", "delivery", "--json", "--texts", "5", "--file-mib", "1", "--tls-mib", "4"])
         #expect(Set(object.keys) == ["texts", "texts_s", "texts_per_s", "ms_per_text", "file_mib", "file_queue_s",
-                                     "file_queue_mb_s", "file_s", "file_mb_s", "chunk_bytes", "tls_bulk_mb_s", "file_tls_ratio",
+                                     "file_queue_mb_s", "file_s", "file_mb_s", "file_cpu_s", "chunk_bytes", "tls_bulk_mb_s", "file_tls_ratio",
                                      "disk_mb_s", "file_disk_ratio"])
         #expect((object["tls_bulk_mb_s"] as? Double ?? 0) > 0 && (object["file_tls_ratio"] as? Double ?? 0) > 0)
         #expect(object["texts"] as? Int == 5 && object["file_mib"] as? Int == 1)

@@ -98,43 +98,115 @@ struct DeliveryFrameCodecTests {
         }
     }
 
-    @Test("a stream split at every byte position decodes to the same frames through the channel handler")
-    func splitAtEveryPosition() throws {
+    /// `frames` with each run of adjacent `.data` pieces joined into one frame (``everyFrame`` has no two
+    /// data frames side by side); records an issue for an empty piece, which the decoder never passes on.
+    static func joiningDataPieces(_ frames: [DeliveryFrame]) -> [DeliveryFrame] {
+        var joined: [DeliveryFrame] = []
+        for frame in frames {
+            guard case .data(var piece) = frame else { joined.append(frame); continue }
+            if piece.readableBytes == 0 { Issue.record("an empty data piece") }
+            if case .data(var previous)? = joined.last {
+                previous.writeBuffer(&piece)
+                joined[joined.count - 1] = .data(previous)
+            } else {
+                joined.append(frame)
+            }
+        }
+        return joined
+    }
+
+    static func decoderChannel(_ dataDelivery: DeliveryFrameDecoder.DataDelivery) -> EmbeddedChannel {
+        EmbeddedChannel(handler: ByteToMessageHandler(DeliveryFrameDecoder(limits: limits, dataDelivery: dataDelivery)))
+    }
+
+    @Test("a stream split at every byte position decodes to the same frames through the channel handler",
+          arguments: [DeliveryFrameDecoder.DataDelivery.piecesAsTheyArrive, .wholeFrames])
+    func splitAtEveryPosition(_ dataDelivery: DeliveryFrameDecoder.DataDelivery) throws {
         let whole = Array(Self.encoded(Self.everyFrame).readableBytesView)
         for split in 0...whole.count {
-            let channel = EmbeddedChannel(handler: ByteToMessageHandler(DeliveryFrameDecoder(limits: Self.limits)))
+            let channel = Self.decoderChannel(dataDelivery)
             try channel.writeInbound(ByteBuffer(bytes: whole[..<split]))
             try channel.writeInbound(ByteBuffer(bytes: whole[split...]))
             var frames: [DeliveryFrame] = []
             while let frame = try channel.readInbound(as: DeliveryFrame.self) { frames.append(frame) }
-            #expect(frames == Self.everyFrame, "split at \(split)")
+            #expect(Self.joiningDataPieces(frames) == Self.everyFrame, "split at \(split)")
+            if dataDelivery == .wholeFrames { #expect(frames == Self.everyFrame, "split at \(split)") }
             #expect(try channel.finish().isClean)
         }
     }
 
-    @Test("byte-at-a-time input decodes the same frames")
-    func byteAtATime() throws {
+    @Test("byte-at-a-time input decodes the same frames",
+          arguments: [DeliveryFrameDecoder.DataDelivery.piecesAsTheyArrive, .wholeFrames])
+    func byteAtATime(_ dataDelivery: DeliveryFrameDecoder.DataDelivery) throws {
         let whole = Array(Self.encoded(Self.everyFrame).readableBytesView)
-        let channel = EmbeddedChannel(handler: ByteToMessageHandler(DeliveryFrameDecoder(limits: Self.limits)))
+        let channel = Self.decoderChannel(dataDelivery)
         for byte in whole { try channel.writeInbound(ByteBuffer(bytes: [byte])) }
         var frames: [DeliveryFrame] = []
         while let frame = try channel.readInbound(as: DeliveryFrame.self) { frames.append(frame) }
-        #expect(frames == Self.everyFrame)
+        #expect(Self.joiningDataPieces(frames) == Self.everyFrame)
+        if dataDelivery == .wholeFrames { #expect(frames == Self.everyFrame) }
         _ = try channel.finish()
+    }
+
+    @Test("a data frame spanning reads is passed on as the pieces each read brought, in the reads' own memory")
+    func dataFramePiecesShareTheReads() throws {
+        let payload = (0..<10_000).map { UInt8(truncatingIfNeeded: $0 &* 7) }
+        let bytes = Array(Self.encoded([.data(ByteBuffer(bytes: payload)), .end(id: Self.id)]).readableBytesView)
+        let reads = [ByteBuffer(bytes: bytes[..<3000]), ByteBuffer(bytes: bytes[3000..<7000]), ByteBuffer(bytes: bytes[7000...])]
+        let channel = Self.decoderChannel(.piecesAsTheyArrive)
+        var pieces: [ByteBuffer] = []
+        for read in reads {
+            try channel.writeInbound(read)
+            while let frame = try channel.readInbound(as: DeliveryFrame.self) {
+                guard case .data(let piece) = frame else { #expect(frame == .end(id: Self.id)); continue }
+                pieces.append(piece)
+            }
+        }
+        #expect(pieces.map(\.readableBytes) == [3000 - DeliveryFrame.headerBytes, 4000, 10_000 + DeliveryFrame.headerBytes - 7000])
+        #expect(pieces.flatMap { Array($0.readableBytesView) } == payload)
+        // Not copied: the second piece is the second read's bytes where the read put them.
+        let address = { (buffer: ByteBuffer) in buffer.withUnsafeReadableBytes { UInt(bitPattern: $0.baseAddress) } }
+        #expect(address(pieces[1]) == address(reads[1]))
+        #expect(try channel.finish().isClean)
+    }
+
+    @Test("a data frame cut off by the end of the stream passes on what arrived and nothing more")
+    func truncatedDataFrame() throws {
+        let bytes = Self.encoded([.data(ByteBuffer(repeating: 9, count: 100))])
+        let channel = Self.decoderChannel(.piecesAsTheyArrive)
+        try channel.writeInbound(bytes.getSlice(at: 0, length: 60)!)
+        #expect(try channel.readInbound(as: DeliveryFrame.self) == .data(ByteBuffer(repeating: 9, count: 55)))
+        _ = try channel.finish()
+        #expect(try channel.readInbound(as: DeliveryFrame.self) == nil)
     }
 
     @Test("the encoder handler writes the documented bytes")
     func encoderHandler() throws {
-        let channel = EmbeddedChannel(handler: MessageToByteHandler(DeliveryFrameEncoder()))
+        let channel = EmbeddedChannel(handler: DeliveryFrameEncoder())
         try channel.writeOutbound(DeliveryFrame.ack(id: Self.id))
         let written = try #require(try channel.readOutbound(as: ByteBuffer.self))
         #expect(written == Self.encoded([.ack(id: Self.id)]))
         _ = try channel.finish()
     }
 
+    @Test("a data frame goes out as its header and then its payload, not copied behind it")
+    func encoderWritesPayloadAsIs() throws {
+        let payload = ByteBuffer(bytes: (0..<5000).map { UInt8(truncatingIfNeeded: $0) })
+        let channel = EmbeddedChannel(handler: DeliveryFrameEncoder())
+        try channel.writeOutbound(DeliveryFrame.data(payload))
+        let header = try #require(try channel.readOutbound(as: ByteBuffer.self))
+        let body = try #require(try channel.readOutbound(as: ByteBuffer.self))
+        var joined = header
+        joined.writeImmutableBuffer(body)
+        #expect(joined == Self.encoded([.data(payload)]))
+        let address = { (buffer: ByteBuffer) in buffer.withUnsafeReadableBytes { UInt(bitPattern: $0.baseAddress) } }
+        #expect(address(body) == address(payload))
+        _ = try channel.finish()
+    }
+
     @Test("an oversized length is rejected from the header alone, before any payload is buffered")
     func frameTooLargeFromHeader() throws {
-        let channel = EmbeddedChannel(handler: ByteToMessageHandler(DeliveryFrameDecoder(limits: Self.limits)))
+        let channel = Self.decoderChannel(.piecesAsTheyArrive)
         var header = ByteBuffer()
         header.writeInteger(UInt8(5))
         header.writeInteger(UInt32(Self.limits.maxFramePayloadBytes + 1))

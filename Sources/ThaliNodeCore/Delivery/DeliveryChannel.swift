@@ -9,22 +9,25 @@ public enum DeliveryChannel {
     public typealias AsyncFrames = NIOAsyncChannel<DeliveryFrame, DeliveryFrame>
 
     /// Adds the delivery handlers to `channel` and wraps it. Call it on the channel's event loop (e.g. in a
-    /// bootstrap's channel initializer).
-    public static func configureSynchronously(_ channel: any Channel, limits: DeliveryLimits) throws -> AsyncFrames {
+    /// bootstrap's channel initializer). A data frame's payload comes in pieces as it arrives unless
+    /// `dataDelivery` asks for whole frames (``DeliveryFrameDecoder``).
+    public static func configureSynchronously(_ channel: any Channel, limits: DeliveryLimits,
+                                              dataDelivery: DeliveryFrameDecoder.DataDelivery = .piecesAsTheyArrive) throws -> AsyncFrames {
         channel.eventLoop.preconditionInEventLoop()
         try channel.pipeline.syncOperations.addHandlers([
             IdleStateHandler(allTimeout: TimeAmount(limits.idleTimeout)),
             IdleTimeoutHandler(timeout: TimeAmount(limits.idleTimeout)),
-            ByteToMessageHandler(DeliveryFrameDecoder(limits: limits)),
-            MessageToByteHandler(DeliveryFrameEncoder()),
+            ByteToMessageHandler(DeliveryFrameDecoder(limits: limits, dataDelivery: dataDelivery)),
+            DeliveryFrameEncoder(),
         ])
         return try AsyncFrames(wrappingChannelSynchronously: channel)
     }
 
     /// Adds the delivery handlers to `channel` (from any thread) and wraps it. Only for a channel whose
     /// peer cannot send yet; for a multiplexer stream use ``openStream(on:limits:prepare:)``.
-    public static func configure(_ channel: any Channel, limits: DeliveryLimits) -> EventLoopFuture<AsyncFrames> {
-        channel.eventLoop.submit { try configureSynchronously(channel, limits: limits) }
+    public static func configure(_ channel: any Channel, limits: DeliveryLimits,
+                                 dataDelivery: DeliveryFrameDecoder.DataDelivery = .piecesAsTheyArrive) -> EventLoopFuture<AsyncFrames> {
+        channel.eventLoop.submit { try configureSynchronously(channel, limits: limits, dataDelivery: dataDelivery) }
     }
 
     /// Opens a stream on `session` and returns it configured for delivery (the connecting side, which
@@ -35,12 +38,13 @@ public enum DeliveryChannel {
     /// `prepare` runs first on the stream's event loop, before the delivery handlers are added (to put
     /// a stream header's handler in front of them, say).
     public static func openStream(on session: MultiplexerSession, limits: DeliveryLimits,
+                                  dataDelivery: DeliveryFrameDecoder.DataDelivery = .piecesAsTheyArrive,
                                   prepare: (@Sendable (Channel) throws -> Void)? = nil) async throws -> AsyncFrames {
         let configured = NIOLockedValueBox<AsyncFrames?>(nil)
         _ = try await session.openStream(initializer: { stream in
             stream.eventLoop.makeCompletedFuture {
                 try prepare?(stream)
-                let frames = try configureSynchronously(stream, limits: limits)
+                let frames = try configureSynchronously(stream, limits: limits, dataDelivery: dataDelivery)
                 configured.withLockedValue { $0 = frames }
             }
         }).get()

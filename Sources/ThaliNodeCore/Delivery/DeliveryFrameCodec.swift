@@ -63,6 +63,21 @@ extension DeliveryFrame {
     /// complete yet; throws ``DeliveryProtocolError`` for a frame that can never be valid. A payload length
     /// above the limit is rejected from the header alone, so at most one bounded frame is ever buffered.
     public static func decode(from buffer: inout ByteBuffer, limits: DeliveryLimits) throws -> DeliveryFrame? {
+        guard let header = try peekHeader(in: buffer, limits: limits),
+              buffer.readableBytes >= headerBytes + header.length
+        else { return nil }
+        buffer.moveReaderIndex(forwardBy: headerBytes)
+        guard var payload = buffer.readSlice(length: header.length) else { return nil }
+        let frame = try parsePayload(type: header.type, &payload, limits: limits)
+        guard payload.readableBytes == 0 || Mutant.deliveryIgnoresTrailingBytes.isActive else {
+            throw DeliveryProtocolError.malformedFrame(type: frame.name, reason: "\(payload.readableBytes) trailing bytes")
+        }
+        return frame
+    }
+
+    /// The type and payload length of the frame at the front of `buffer` (consuming nothing), `nil` while
+    /// its header is incomplete; throws for an unknown type or a length over the limit.
+    static func peekHeader(in buffer: ByteBuffer, limits: DeliveryLimits) throws -> (type: FrameType, length: Int)? {
         guard let typeByte = buffer.getInteger(at: buffer.readerIndex, as: UInt8.self),
               let length32 = buffer.getInteger(at: buffer.readerIndex + 1, as: UInt32.self)
         else { return nil }
@@ -71,14 +86,7 @@ extension DeliveryFrame {
         guard length <= limits.maxFramePayloadBytes || Mutant.deliveryUnboundedFrames.isActive else {
             throw DeliveryProtocolError.frameTooLarge(length: length, limit: limits.maxFramePayloadBytes)
         }
-        guard buffer.readableBytes >= headerBytes + length else { return nil }
-        buffer.moveReaderIndex(forwardBy: headerBytes)
-        guard var payload = buffer.readSlice(length: length) else { return nil }
-        let frame = try parsePayload(type: type, &payload, limits: limits)
-        guard payload.readableBytes == 0 || Mutant.deliveryIgnoresTrailingBytes.isActive else {
-            throw DeliveryProtocolError.malformedFrame(type: frame.name, reason: "\(payload.readableBytes) trailing bytes")
-        }
-        return frame
+        return (type, length)
     }
 
     private static func parsePayload(type: FrameType, _ payload: inout ByteBuffer, limits: DeliveryLimits) throws -> DeliveryFrame {
@@ -238,37 +246,98 @@ extension ByteBuffer {
 
 /// Splits a byte stream into ``DeliveryFrame``s, enforcing ``DeliveryLimits``. Only moves bytes: the
 /// protocol logic is in ``DeliverySenderStateMachine`` and ``DeliveryReceiverStateMachine``.
+///
+/// A data frame's payload is passed on as it arrives by default, as `.data` pieces that together make
+/// up the frame's payload: a receiver then hashes and writes the bytes where the read put them, where
+/// gathering a frame whole would copy it (a 32 KiB frame spans several reads, and inside PSK-TLS
+/// several 16 KiB records). Every other frame, and every data frame in ``DataDelivery/wholeFrames``
+/// mode (for tools that grade frame sizes), is passed on whole once all of it is there.
 public struct DeliveryFrameDecoder: ByteToMessageDecoder {
     public typealias InboundOut = DeliveryFrame
 
+    /// How the payload of a data frame is passed on.
+    public enum DataDelivery: Sendable, Hashable {
+        /// As it arrives: one `.data` per piece of the frame a read brought, none of them empty.
+        case piecesAsTheyArrive
+        /// One `.data` per frame, once its whole payload is there.
+        case wholeFrames
+    }
+
     /// The limits applied to every frame.
     public let limits: DeliveryLimits
+    /// How data payloads are passed on.
+    public let dataDelivery: DataDelivery
+    /// Bytes of the current data frame's payload not yet passed on (pieces mode; 0 between frames).
+    public private(set) var pendingDataBytes = 0
 
-    /// Creates a decoder with `limits`.
-    public init(limits: DeliveryLimits) { self.limits = limits }
+    /// Creates a decoder with `limits` that passes data payloads on as `dataDelivery` says.
+    public init(limits: DeliveryLimits, dataDelivery: DataDelivery = .piecesAsTheyArrive) {
+        self.limits = limits
+        self.dataDelivery = dataDelivery
+    }
+
+    /// The next frame, or the next piece of a data frame's payload, from the front of `buffer`; `nil`
+    /// (having consumed at most a data frame's header) when more bytes are needed. Throws
+    /// ``DeliveryProtocolError`` for a frame that can never be valid.
+    public mutating func next(from buffer: inout ByteBuffer) throws -> DeliveryFrame? {
+        if pendingDataBytes > 0 {
+            let count = min(pendingDataBytes, buffer.readableBytes)
+            guard count > 0, let piece = buffer.readSlice(length: count) else { return nil }
+            pendingDataBytes -= count
+            return .data(piece)
+        }
+        guard dataDelivery == .piecesAsTheyArrive, let header = try DeliveryFrame.peekHeader(in: buffer, limits: limits),
+              header.type == .data, header.length > 0
+        else {
+            // Whole frames, and an empty data frame (which the decoder rejects, or the mutant passes on).
+            return try DeliveryFrame.decode(from: &buffer, limits: limits)
+        }
+        buffer.moveReaderIndex(forwardBy: DeliveryFrame.headerBytes)
+        pendingDataBytes = header.length
+        return try next(from: &buffer)
+    }
 
     public mutating func decode(context: ChannelHandlerContext, buffer: inout ByteBuffer) throws -> DecodingState {
-        guard let frame = try DeliveryFrame.decode(from: &buffer, limits: limits) else { return .needMoreData }
+        guard let frame = try next(from: &buffer) else { return .needMoreData }
         context.fireChannelRead(wrapInboundOut(frame))
         return .continue
     }
 
     public mutating func decodeLast(context: ChannelHandlerContext, buffer: inout ByteBuffer, seenEOF: Bool) throws -> DecodingState {
-        // A truncated last frame is dropped: the session notices the missing frames and fails cleanly.
+        // A truncated last frame is dropped (of a data frame, what arrived was passed on): the session
+        // notices the missing frames and fails cleanly.
         while try decode(context: context, buffer: &buffer) == .continue {}
         return .needMoreData
     }
 }
 
-/// Serialises ``DeliveryFrame``s onto the byte stream.
-public struct DeliveryFrameEncoder: MessageToByteEncoder {
+/// Serialises ``DeliveryFrame``s onto the byte stream. A data frame goes out as two writes, its header
+/// and then its payload as it is (gathered into one vector write by the socket, or framed as they come by
+/// a multiplexer stream): encoding it into one buffer would copy every content byte sent.
+public final class DeliveryFrameEncoder: ChannelOutboundHandler, RemovableChannelHandler, Sendable {
     /// The frames to encode.
     public typealias OutboundIn = DeliveryFrame
+    /// Their bytes.
+    public typealias OutboundOut = ByteBuffer
+
+    /// Bytes reserved for a frame other than data (most are far smaller; a larger one grows the buffer).
+    private static let initialFrameCapacity = 128
 
     /// Creates an encoder.
     public init() {}
 
-    public func encode(data: DeliveryFrame, out: inout ByteBuffer) throws {
-        data.encode(into: &out)
+    public func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
+        let frame = unwrapOutboundIn(data)
+        if case .data(let payload) = frame, payload.readableBytes > 0 {
+            var header = context.channel.allocator.buffer(capacity: DeliveryFrame.headerBytes)
+            header.writeInteger(DeliveryFrame.FrameType.data.rawValue)
+            header.writeInteger(UInt32(truncatingIfNeeded: payload.readableBytes))
+            context.write(wrapOutboundOut(header), promise: nil)
+            context.write(wrapOutboundOut(payload), promise: promise)
+            return
+        }
+        var buffer = context.channel.allocator.buffer(capacity: Self.initialFrameCapacity)
+        frame.encode(into: &buffer)
+        context.write(wrapOutboundOut(buffer), promise: promise)
     }
 }
