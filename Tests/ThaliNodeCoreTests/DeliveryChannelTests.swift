@@ -1,4 +1,5 @@
 import Foundation
+import NIOConcurrencyHelpers
 import NIOCore
 import NIOEmbedded
 import NIOPosix
@@ -60,6 +61,71 @@ struct DeliveryChannelTests {
         }
         try? await client.close()
         #expect(try pair.bob.inbox().isEmpty)
+    }
+}
+
+extension DeliveryChannelTests {
+    /// Counts the bytes the connection brought, in front of the delivery handlers.
+    final class ReadCounter: ChannelInboundHandler, Sendable {
+        typealias InboundIn = ByteBuffer
+        let bytes = NIOLockedValueBox(0)
+
+        func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+            let count = unwrapInboundIn(data).readableBytes
+            bytes.withLockedValue { $0 += count }
+            context.fireChannelRead(data)
+        }
+    }
+
+    @Test("a delivery stream reads ahead of a session that takes nothing up to inboundFrames frames, then waits; nothing is lost",
+          arguments: [4, 64])
+    func inboundFramesBoundTheReadAhead(inboundFrames: Int) async throws {
+        let limits = DeliveryLimits(inboundFrames: inboundFrames)
+        let (frameBytes, frames) = (16 * 1024, 128)  // 2 MiB, more than loopback's socket buffers hold at once
+        let counter = ReadCounter()
+        let group = MultiThreadedEventLoopGroup.singleton
+        // Reads of 16 KiB: each brings at most two pieces of the 16 KiB data frames.
+        let server = try await ServerBootstrap(group: group)
+            .childChannelOption(.recvAllocator, value: FixedSizeRecvByteBufferAllocator(capacity: frameBytes))
+            .bind(host: "127.0.0.1", port: 0) { child in
+                child.eventLoop.makeCompletedFuture {
+                    try child.pipeline.syncOperations.addHandler(counter)
+                    return try DeliveryChannel.configureSynchronously(child, limits: limits)
+                }
+            }
+        let port = try #require(server.channel.localAddress?.port)
+        let client = try await ClientBootstrap(group: group).connect(host: "127.0.0.1", port: port).get()
+        var stream = ByteBuffer()
+        for index in 0..<frames { DeliveryFrame.data(ByteBuffer(repeating: UInt8(index), count: frameBytes)).encode(into: &stream) }
+        client.writeAndFlush(stream, promise: nil)
+
+        try await server.executeThenClose { connections in
+            for try await connection in connections {
+                // The session takes nothing until the reads stop (no new byte for 150 ms).
+                var readAhead = -1, rounds = 0
+                while readAhead != counter.bytes.withLockedValue({ $0 }), rounds < 100 {
+                    readAhead = counter.bytes.withLockedValue { $0 }
+                    rounds += 1
+                    try await Task.sleep(for: .milliseconds(150))
+                }
+                if inboundFrames == 4 {
+                    #expect(readAhead <= 8 * frameBytes, "read \(readAhead) bytes ahead of the session")
+                } else {
+                    #expect(readAhead >= 32 * frameBytes, "read only \(readAhead) bytes ahead of the session")
+                }
+                var received = 0
+                try await connection.executeThenClose { inbound, _ in
+                    for try await frame in inbound {
+                        guard case .data(let piece) = frame else { Issue.record("\(frame.name)"); return }
+                        received += piece.readableBytes
+                        if received == frames * frameBytes { return }
+                    }
+                }
+                #expect(received == frames * frameBytes)
+                return
+            }
+        }
+        try? await client.close()
     }
 }
 

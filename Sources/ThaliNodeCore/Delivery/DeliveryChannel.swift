@@ -20,7 +20,9 @@ public enum DeliveryChannel {
             ByteToMessageHandler(DeliveryFrameDecoder(limits: limits, dataDelivery: dataDelivery)),
             DeliveryFrameEncoder(),
         ])
-        return try AsyncFrames(wrappingChannelSynchronously: channel)
+        let backPressure = NIOAsyncSequenceProducerBackPressureStrategies.HighLowWatermark(
+            lowWatermark: max(1, limits.inboundFrames / 4), highWatermark: limits.inboundFrames)
+        return try AsyncFrames(wrappingChannelSynchronously: channel, configuration: .init(backPressureStrategy: backPressure))
     }
 
     /// Adds the delivery handlers to `channel` (from any thread) and wraps it. Only for a channel whose
