@@ -26,7 +26,7 @@ public enum DeliveryChannel {
     }
 
     /// Adds the delivery handlers to `channel` (from any thread) and wraps it. Only for a channel whose
-    /// peer cannot send yet; for a multiplexer stream use ``openStream(on:limits:prepare:)``.
+    /// peer cannot send yet; for a multiplexer stream use ``openStream(on:limits:dataDelivery:prepare:)``.
     public static func configure(_ channel: any Channel, limits: DeliveryLimits,
                                  dataDelivery: DeliveryFrameDecoder.DataDelivery = .piecesAsTheyArrive) -> EventLoopFuture<AsyncFrames> {
         channel.eventLoop.submit { try configureSynchronously(channel, limits: limits, dataDelivery: dataDelivery) }
