@@ -47,7 +47,8 @@ public final class AdapterEventFollower: Sendable {
     private let state = NIOLockedValueBox(State())
 
     private struct State {
-        var events: [AdapterEvent] = []
+        // A ring: once full, each new event drops the oldest in constant time.
+        var events = CircularBuffer<AdapterEvent>(initialCapacity: 64)
         var forgotten = 0
         var ended: String?
     }
