@@ -78,7 +78,7 @@ extension DeliveryChannelTests {
     }
 
     @Test("a delivery stream reads ahead of a session that takes nothing up to inboundFrames frames, then waits; nothing is lost",
-          arguments: [4, 64])
+          .timeLimit(.minutes(1)), arguments: [4, 64])
     func inboundFramesBoundTheReadAhead(inboundFrames: Int) async throws {
         let limits = DeliveryLimits(inboundFrames: inboundFrames)
         let (frameBytes, frames) = (16 * 1024, 128)  // 2 MiB, more than loopback's socket buffers hold at once
