@@ -115,6 +115,11 @@ struct DeliveryFrameCodecTests {
         return joined
     }
 
+    /// Where `buffer`'s readable bytes are in memory: equal for two buffers only if neither was copied.
+    static func address(_ buffer: ByteBuffer) -> UInt {
+        buffer.withUnsafeReadableBytes { UInt(bitPattern: $0.baseAddress) }
+    }
+
     static func decoderChannel(_ dataDelivery: DeliveryFrameDecoder.DataDelivery) -> EmbeddedChannel {
         EmbeddedChannel(handler: ByteToMessageHandler(DeliveryFrameDecoder(limits: limits, dataDelivery: dataDelivery)))
     }
@@ -165,8 +170,7 @@ struct DeliveryFrameCodecTests {
         #expect(pieces.map(\.readableBytes) == [3000 - DeliveryFrame.headerBytes, 4000, 10_000 + DeliveryFrame.headerBytes - 7000])
         #expect(pieces.flatMap { Array($0.readableBytesView) } == payload)
         // Not copied: the second piece is the second read's bytes where the read put them.
-        let address = { (buffer: ByteBuffer) in buffer.withUnsafeReadableBytes { UInt(bitPattern: $0.baseAddress) } }
-        #expect(address(pieces[1]) == address(reads[1]))
+        #expect(Self.address(pieces[1]) == Self.address(reads[1]))
         #expect(try channel.finish().isClean)
     }
 
@@ -199,8 +203,7 @@ struct DeliveryFrameCodecTests {
         var joined = header
         joined.writeImmutableBuffer(body)
         #expect(joined == Self.encoded([.data(payload)]))
-        let address = { (buffer: ByteBuffer) in buffer.withUnsafeReadableBytes { UInt(bitPattern: $0.baseAddress) } }
-        #expect(address(body) == address(payload))
+        #expect(Self.address(body) == Self.address(payload))
         _ = try channel.finish()
     }
 

@@ -63,9 +63,14 @@ extension DeliveryFrame {
     /// complete yet; throws ``DeliveryProtocolError`` for a frame that can never be valid. A payload length
     /// above the limit is rejected from the header alone, so at most one bounded frame is ever buffered.
     public static func decode(from buffer: inout ByteBuffer, limits: DeliveryLimits) throws -> DeliveryFrame? {
-        guard let header = try peekHeader(in: buffer, limits: limits),
-              buffer.readableBytes >= headerBytes + header.length
-        else { return nil }
+        guard let header = try peekHeader(in: buffer, limits: limits) else { return nil }
+        return try decode(from: &buffer, header: header, limits: limits)
+    }
+
+    /// ``decode(from:limits:)`` once `header` (the front frame's, from ``peekHeader(in:limits:)``) is known.
+    static func decode(from buffer: inout ByteBuffer, header: (type: FrameType, length: Int),
+                       limits: DeliveryLimits) throws -> DeliveryFrame? {
+        guard buffer.readableBytes >= headerBytes + header.length else { return nil }
         buffer.moveReaderIndex(forwardBy: headerBytes)
         guard var payload = buffer.readSlice(length: header.length) else { return nil }
         let frame = try parsePayload(type: header.type, &payload, limits: limits)
@@ -286,11 +291,10 @@ public struct DeliveryFrameDecoder: ByteToMessageDecoder {
             pendingDataBytes -= count
             return .data(piece)
         }
-        guard dataDelivery == .piecesAsTheyArrive, let header = try DeliveryFrame.peekHeader(in: buffer, limits: limits),
-              header.type == .data, header.length > 0
-        else {
+        guard let header = try DeliveryFrame.peekHeader(in: buffer, limits: limits) else { return nil }
+        guard dataDelivery == .piecesAsTheyArrive, header.type == .data, header.length > 0 else {
             // Whole frames, and an empty data frame (which the decoder rejects, or the mutant passes on).
-            return try DeliveryFrame.decode(from: &buffer, limits: limits)
+            return try DeliveryFrame.decode(from: &buffer, header: header, limits: limits)
         }
         buffer.moveReaderIndex(forwardBy: DeliveryFrame.headerBytes)
         pendingDataBytes = header.length

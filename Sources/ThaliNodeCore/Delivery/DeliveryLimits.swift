@@ -53,9 +53,9 @@ public struct DeliveryLimits: Sendable, Hashable {
     /// between the connection and its session: at this many it stops reading the connection, and it
     /// reads again once the session took three quarters of them. With NIO's default (10, reading again
     /// at 2) a receiver streaming a file stopped and restarted its reads every few hundred KiB, each time
-    /// a wake-up of both sides' threads: 32 cut a 64 MiB delivery's context switches by about a quarter.
-    /// What it holds is bounded by this times the largest read (64 KiB on a socket; a multiplexer stream's
-    /// window bounds it too). Clamped to 2...4096. Default 32.
+    /// a wake-up of both sides' threads (spec/node.md has the measurements). Since it stops reading at
+    /// this many, it holds what about this many reads brought (64 KiB each on a socket; a multiplexer
+    /// stream's window bounds it too). Clamped to 2...4096. Default 32.
     public var inboundFrames: Int
 
     /// The progress window a receiver announces in its version 3 `welcome`: the most content a sender
