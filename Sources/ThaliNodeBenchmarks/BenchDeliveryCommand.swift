@@ -10,7 +10,8 @@ import ThaliNodeCore
 /// TLS, no multiplexer: the cost of the store-and-forward core alone), and in the same run the PSK-TLS
 /// bulk throughput of one connection (`bench tls`'s figure), the layer a node's delivery runs on, and
 /// what the disk under the data directory takes to write and sync as many bytes (the bound of a durable
-/// receiver).
+/// receiver). With `--node-mib`, also a file delivered as users run it: between two `thali-node run`
+/// processes, over PSK-TLS and the multiplexer (``NodeFileDelivery``).
 struct BenchDelivery: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "delivery",
@@ -24,11 +25,15 @@ struct BenchDelivery: AsyncParsableCommand {
     var blockKib = DeliveryLimits.default.blockBytes >> 10
     @Option(help: "MiB the receiver writes between two requests to start the disk's writeback.")
     var writebackMib = DeliveryLimits.default.writebackBytes >> 20
+    @Option(help: "Size of the file delivered between two thali-node run processes (PSK-TLS, multiplexer), in MiB (0: skip it).")
+    var nodeMib = 64
+    @Option(help: "Give up on the delivery between two nodes after this many seconds.") var nodeTimeout = 120.0
     @Flag(help: """
         Print one JSON object instead of lines (keys texts, texts_s, texts_per_s, ms_per_text, file_mib, \
         file_queue_s, file_queue_mb_s, file_s, file_mb_s, file_cpu_s, chunk_bytes, tls_bulk_mb_s, file_tls_ratio, \
-        disk_mb_s, file_disk_ratio; rates in items/s and MiB/s; the text, file or TLS keys absent when --texts, --file-mib \
-        or --tls-mib is 0).
+        disk_mb_s, file_disk_ratio, node_file_mib, node_file_s, node_file_mb_s, node_file_cpu_s, node_file_tls_ratio; \
+        rates in items/s and MiB/s; the text, file, TLS or node keys absent when --texts, --file-mib, --tls-mib or \
+        --node-mib is 0).
         """)
     var json = false
 
@@ -50,6 +55,12 @@ struct BenchDelivery: AsyncParsableCommand {
         var fileToTLSRatio: Double?
         var diskMiBPerSecond: Double?
         var fileToDiskRatio: Double?
+        var nodeFileMiB: Int?
+        var nodeFileSeconds: Double?
+        var nodeFileMiBPerSecond: Double?
+        /// CPU seconds both `run` processes spent while the file went from one to the other.
+        var nodeFileCPUSeconds: Double?
+        var nodeFileToTLSRatio: Double?
 
         enum CodingKeys: String, CodingKey {
             case texts
@@ -67,6 +78,11 @@ struct BenchDelivery: AsyncParsableCommand {
             case fileToTLSRatio = "file_tls_ratio"
             case diskMiBPerSecond = "disk_mb_s"
             case fileToDiskRatio = "file_disk_ratio"
+            case nodeFileMiB = "node_file_mib"
+            case nodeFileSeconds = "node_file_s"
+            case nodeFileMiBPerSecond = "node_file_mb_s"
+            case nodeFileCPUSeconds = "node_file_cpu_s"
+            case nodeFileToTLSRatio = "node_file_tls_ratio"
         }
     }
 
@@ -101,19 +117,42 @@ struct BenchDelivery: AsyncParsableCommand {
                 print(String(format: "PSK-TLS bulk, one connection, same run: %.0f MiB/s (%d MiB)", bulk, tlsMib))
             }
         }
-        guard fileMib > 0 else { return try printJSONIfAsked(figures) }
+        let block = Data((0..<limits.blockBytes).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ 7) })
+        if fileMib > 0 {
+            try await measureFile(alice, bobAtAlice, bob, aliceAtBob, limits, block, in: root, into: &figures)
+        }
+        if nodeMib > 0 {
+            let node = try await NodeFileDelivery.measure(mib: nodeMib, block: block, timeout: nodeTimeout)
+            let rate = Double(nodeMib) / node.seconds
+            (figures.nodeFileMiB, figures.nodeFileSeconds, figures.nodeFileMiBPerSecond) = (nodeMib, node.seconds, rate)
+            figures.nodeFileCPUSeconds = node.cpuSeconds
+            figures.nodeFileToTLSRatio = figures.tlsBulkMiBPerSecond.map { rate / $0 }
+            if !json {
+                print(String(format: "file between two nodes (PSK-TLS, multiplexer): %d MiB delivered in %.3f s: %.0f MiB/s, %.3f CPU seconds (both nodes)",
+                             nodeMib, node.seconds, rate, node.cpuSeconds))
+                if let ratio = figures.nodeFileToTLSRatio { print(String(format: "file between two nodes / PSK-TLS bulk: %.2f", ratio)) }
+            }
+        }
+        try printJSONIfAsked(figures)
+    }
+
+    /// The file figures: a file of `fileMib` MiB queued at `sender` and delivered to `receiver` over
+    /// loopback TCP, and the disk's reference in the same directory `root` as the stores.
+    private func measureFile(_ alice: NodeStore, _ bobAtAlice: Contact, _ bob: NodeStore, _ aliceAtBob: Contact,
+                             _ limits: DeliveryLimits, _ block: Data, in root: String,
+                             into figures: inout Figures) async throws {
+        let expiry = Date().addingTimeInterval(3600)
         // The file a user queues is on the disk already: synced before anything is timed, so the kernel
         // does not write it back while the queue copy or the delivery runs.
         let source = root + "/payload.bin"
-        let block = Data((0..<limits.blockBytes).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ 7) })
-        _ = try writeAndSync(block, bytes: fileMib << 20, to: source)
+        _ = try Self.writeAndSync(block, bytes: fileMib << 20, to: source)
         let queueStart = ContinuousClock.now
         try alice.enqueueFile(at: source, to: "bob", expiresAt: expiry)
         let queueSeconds = (ContinuousClock.now - queueStart).seconds
         // The disk's own bound for a durable receiver, in the same run and data directory: as many bytes in
         // blocks of the same size, plain writes, one fsync. Kept until the end: deleting it now would have
         // the file system discard its blocks during the delivery.
-        let diskSeconds = try writeAndSync(block, bytes: fileMib << 20, to: root + "/disk-reference.bin")
+        let diskSeconds = try Self.writeAndSync(block, bytes: fileMib << 20, to: root + "/disk-reference.bin")
         let cpuBefore = BenchSSDP.cpuSeconds()
         let fileSeconds = try await deliver(alice, bobAtAlice, bob, aliceAtBob, limits)
         figures.fileCPUSeconds = BenchSSDP.cpuSeconds() - cpuBefore
@@ -130,12 +169,11 @@ struct BenchDelivery: AsyncParsableCommand {
             print(String(format: "disk, same run: %d MiB written in blocks of %d bytes and synced once in %.3f s: %.0f MiB/s; file delivery / disk: %.2f",
                          fileMib, limits.blockBytes, diskSeconds, mib / diskSeconds, diskSeconds / fileSeconds))
         }
-        try printJSONIfAsked(figures)
     }
 
     /// Writes `bytes` bytes to a new file at `path` in `block`-sized write calls, syncs it once, and
     /// returns the seconds that took.
-    private func writeAndSync(_ block: Data, bytes: Int, to path: String) throws -> Double {
+    static func writeAndSync(_ block: Data, bytes: Int, to path: String) throws -> Double {
         guard FileManager.default.createFile(atPath: path, contents: nil) else { throw CocoaError(.fileWriteUnknown) }
         let handle = try FileHandle(forWritingTo: URL(fileURLWithPath: path))
         defer { try? handle.close() }

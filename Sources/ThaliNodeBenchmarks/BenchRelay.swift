@@ -99,66 +99,33 @@ struct BenchRelay: AsyncParsableCommand {
     }
 }
 
-/// The two relaying nodes of ``BenchRelay``: `thali-node run --app-port` child processes on 127.0.0.1
-/// that know each other as contacts `a` and `b`; `relayPort` is node b's relay port to a's app.
+/// The two relaying nodes of ``BenchRelay``: a ``BenchNodePair`` run with `--app-port`; `relayPort` is
+/// node b's relay port to a's app.
 final class RelayBenchNodes: Sendable {
     let relayPort: Int
-    private let peers: [SpawnedPeer]
-    private let root: String
+    private let pair: BenchNodePair
 
     init(appPort: Int, timeout: Double) async throws {
-        let executable = try SpawnedPeer.ownExecutable()
-        let root = FileManager.default.temporaryDirectory.appendingPathComponent("thali-bench-relay-\(getpid())-\(UInt32.random(in: 0...UInt32.max))").path
-        self.root = root
-        let homes = ["a", "b"].map { NodeHome(path: "\(root)/\($0)") }
-        var keys: [PrivateKey] = []
-        for home in homes {
-            try home.create()
-            keys.append(try NodeIdentity.create(in: home))
-        }
-        for (index, home) in homes.enumerated() {
-            let other = 1 - index
-            try NodeStore(home: home).addContact(name: ["a", "b"][other], publicKey: keys[other].publicKey.hexString(compressed: true))
-        }
-        let ssdpPort = Int.random(in: 20000...60000)
+        let pair = try BenchNodePair(label: "relay")
         let found = NIOLockedValueBox<Int?>(nil)
-        var peers: [SpawnedPeer] = []
-        for (index, home) in homes.enumerated() {
-            let name = ["a", "b"][index]
-            let arguments = ["run", "--home", home.path, "--json", "--address", "127.0.0.1", "--ssdp-port", String(ssdpPort),
-                             "--app-port", String(appPort), "--per-source-limit", "1000"]
-            peers.append(try SpawnedPeer(name: name, executable: executable, arguments: arguments,
-                                         stderrPath: home.path + "/run.log") { line in
-                // Node b's relay port to contact a: the path the measurements take.
-                guard name == "b", let record = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any],
-                      record["event"] as? String == "relay_listening", record["contact"] as? String == "a",
-                      let port = record["port"] as? Int else { return }
-                found.withLockedValue { $0 = port }
-            })
+        try pair.start(arguments: ["--app-port", String(appPort)]) { name, record in
+            // Node b's relay port to contact a: the path the measurements take.
+            guard name == "b", record["event"] as? String == "relay_listening", record["contact"] as? String == "a",
+                  let port = record["port"] as? Int else { return }
+            found.withLockedValue { $0 = port }
         }
-        self.peers = peers
-        let clock = ContinuousClock()
-        let deadline = clock.now + .milliseconds(Int64(timeout * 1000))
-        var port: Int?
-        while port == nil, clock.now < deadline, !peers.contains(where: \.hasExited) {
-            try? await Task.sleep(for: .milliseconds(20))
-            port = found.withLockedValue { $0 }
-        }
-        guard let port else {
-            for peer in peers { peer.terminate(grace: 2) }
-            try? FileManager.default.removeItem(atPath: root)
-            let exited = peers.filter(\.hasExited).map(\.name)
-            throw ValidationError(exited.isEmpty ? "the nodes set no relay up within \(timeout) s (logs: \(root))"
+        guard let port = await pair.wait(seconds: timeout, for: { found.withLockedValue { $0 } }) else {
+            let exited = pair.exited
+            pair.stop()
+            throw ValidationError(exited.isEmpty ? "the nodes set no relay up within \(timeout) s"
                                                  : "node \(exited.joined(separator: ", ")) exited before the relay was up")
         }
+        self.pair = pair
         relayPort = port
     }
 
     /// Stops both nodes and removes their data directories.
-    func stop() {
-        for peer in peers { peer.terminate(grace: 2) }
-        try? FileManager.default.removeItem(atPath: root)
-    }
+    func stop() { pair.stop() }
 }
 
 /// The app of ``BenchRelay``: a TCP server on 127.0.0.1 (blocking sockets, a thread per connection) that

@@ -9,19 +9,25 @@ import ThaliProcess
 struct BenchDeliveryTests {
     @Test("--json prints one object with every figure the lines print, and nothing else")
     func jsonFigures() async throws {
-        let object = try await thaliNodeJSONObject(["bench", "delivery", "--json", "--texts", "5", "--file-mib", "1", "--tls-mib", "4"])
+        let object = try await thaliNodeJSONObject(["bench", "delivery", "--json", "--texts", "5", "--file-mib", "1", "--tls-mib", "4",
+                                                    "--node-mib", "1"])
         #expect(Set(object.keys) == ["texts", "texts_s", "texts_per_s", "ms_per_text", "file_mib", "file_queue_s",
                                      "file_queue_mb_s", "file_s", "file_mb_s", "file_cpu_s", "chunk_bytes", "tls_bulk_mb_s", "file_tls_ratio",
-                                     "disk_mb_s", "file_disk_ratio"])
+                                     "disk_mb_s", "file_disk_ratio", "node_file_mib", "node_file_s", "node_file_mb_s",
+                                     "node_file_cpu_s", "node_file_tls_ratio"])
+        // The file between two nodes went through two real `run` processes, which found each other.
+        #expect(object["node_file_mib"] as? Int == 1 && (object["node_file_mb_s"] as? Double ?? 0) > 0)
+        #expect((object["node_file_tls_ratio"] as? Double ?? 0) > 0 && (object["node_file_cpu_s"] as? Double ?? -1) >= 0)
         #expect((object["tls_bulk_mb_s"] as? Double ?? 0) > 0 && (object["file_tls_ratio"] as? Double ?? 0) > 0)
         #expect(object["texts"] as? Int == 5 && object["file_mib"] as? Int == 1)
         #expect((object["texts_per_s"] as? Double ?? 0) > 0 && (object["file_mb_s"] as? Double ?? 0) > 0)
         #expect((object["disk_mb_s"] as? Double ?? 0) > 0 && (object["file_disk_ratio"] as? Double ?? 0) > 0)
 
-        // Without texts, the text keys are absent, not zero.
-        let fileObject = try await thaliNodeJSONObject(["bench", "delivery", "--json", "--texts", "0", "--file-mib", "1", "--tls-mib", "0"])
+        // Without texts, TLS or nodes, their keys are absent, not zero.
+        let fileObject = try await thaliNodeJSONObject(["bench", "delivery", "--json", "--texts", "0", "--file-mib", "1", "--tls-mib", "0",
+                                                        "--node-mib", "0"])
         #expect(fileObject["texts_per_s"] == nil && fileObject["file_mb_s"] is Double)
-        #expect(fileObject["tls_bulk_mb_s"] == nil && fileObject["file_tls_ratio"] == nil)
+        #expect(fileObject["tls_bulk_mb_s"] == nil && fileObject["file_tls_ratio"] == nil && fileObject["node_file_mb_s"] == nil)
     }
 
     /// The receiver's durable write, seen in its system calls (`strace`): a 32 MiB file goes to its
@@ -37,7 +43,7 @@ struct BenchDeliveryTests {
         defer { try? FileManager.default.removeItem(atPath: trace) }
         let mib = 32, writeback = DeliveryLimits.default.writebackBytes
         let arguments = ["-f", "-y", "-o", trace, "-e", "trace=fsync,fdatasync,sync_file_range", CommandLineTests.executable,
-                         "bench", "delivery", "--json", "--texts", "0", "--file-mib", "\(mib)", "--tls-mib", "0"]
+                         "bench", "delivery", "--json", "--texts", "0", "--file-mib", "\(mib)", "--tls-mib", "0", "--node-mib", "0"]
         let result = try await Task.detached { try ChildProcess.run(strace, arguments, timeout: .seconds(60)) }.value
         #expect(result.status == 0, "\(result.output)")
         // Every call in the order made, with its file (`-y` names each descriptor's file) and its arguments.

@@ -22,7 +22,7 @@ struct DurableNamesTests {
         let trace = FileManager.default.temporaryDirectory.appendingPathComponent("thali-strace-\(UUID().uuidString)").path
         defer { try? FileManager.default.removeItem(atPath: trace) }
         let arguments = ["-f", "-y", "-o", trace, "-e", "trace=fsync,fdatasync,rename,renameat,renameat2", CommandLineTests.executable,
-                         "bench", "delivery", "--json", "--texts", "0", "--file-mib", "1", "--tls-mib", "0"]
+                         "bench", "delivery", "--json", "--texts", "0", "--file-mib", "1", "--tls-mib", "0", "--node-mib", "0"]
         let result = try await Task.detached { try ChildProcess.run(strace, arguments, timeout: .seconds(60)) }.value
         #expect(result.status == 0, "\(result.output)")
         let calls = try String(contentsOfFile: trace, encoding: .utf8).split(separator: "\n").compactMap { line -> Call? in
