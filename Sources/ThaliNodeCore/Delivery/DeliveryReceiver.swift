@@ -325,10 +325,16 @@ private struct BlockWriter {
     /// Bytes of the item in the file once the block in flight is written.
     private var written: UInt64
     private let blockBytes: Int
+    /// What a block may hold: it is written once it holds `blockBytes`, and the piece that filled it
+    /// (at most a frame's payload) may go beyond.
+    private let blockCapacity: Int
     private let interval: TimeAmount
     private let pool: NIOThreadPool
     private let eventLoop: any EventLoop
     private var block = ByteBuffer()
+    /// A block the pool wrote, for the next block to fill again: reusing its memory spares allocating
+    /// (and faulting in) a fresh megabyte for each block.
+    private let recycledBlock = BufferHandoff()
     private var inFlight: PoolJob<UInt64>?
     private var nextWrite = NIODeadline.now()
     /// Where the writeback not yet asked for begins: the file before it was either there already (a
@@ -344,6 +350,7 @@ private struct BlockWriter {
         self.written = written
         self.writebackFrom = written
         self.blockBytes = limits.blockBytes
+        self.blockCapacity = limits.blockBytes + limits.maxFramePayloadBytes
         self.writebackBytes = UInt64(limits.writebackBytes)
         self.interval = TimeAmount(limits.writeInterval)
         self.pool = pool
@@ -354,7 +361,10 @@ private struct BlockWriter {
     /// block is waiting behind it). Returns the item's bytes in the file after each write that completed.
     mutating func append(_ bytes: ByteBuffer) async throws -> [UInt64] {
         bytes.withUnsafeReadableBytes { hasher.update(bufferPointer: $0) }
-        if block.capacity == 0 { block.reserveCapacity(blockBytes + bytes.readableBytes) }
+        if block.capacity == 0 {
+            block = recycledBlock.take() ?? ByteBuffer()
+            block.clear(minimumCapacity: max(blockCapacity, bytes.readableBytes))
+        }
         var bytes = bytes
         block.writeBuffer(&bytes)
         var done: [UInt64] = []
@@ -405,14 +415,16 @@ private struct BlockWriter {
     }
 
     private mutating func start() {
-        let (file, data) = (self.file, block)
-        written += UInt64(data.readableBytes)
+        let (file, filled, recycled) = (self.file, BufferHandoff(block), recycledBlock)
+        written += UInt64(block.readableBytes)
         let after = written
+        block = ByteBuffer()
         inFlight = PoolJob(pool, eventLoop) {
+            guard let data = filled.take() else { return after }
             try file.append(data)
+            recycled.put(data)
             return after
         }
-        block = ByteBuffer()
         nextWrite = .now() + interval
     }
 }

@@ -292,10 +292,19 @@ public struct DeliverySender: Sendable {
         let ahead = max(limits.readAheadBlocks, 1)
         var reads = CircularBuffer<EventLoopFuture<ByteBuffer>>(initialCapacity: ahead + 1)
         var readEnd = offset
+        // Blocks already sent, read into again: once the transport let go of a block's frames, a read
+        // reuses its memory instead of allocating (and faulting in) a fresh block; one still held is
+        // left alone (the read allocates).
+        var spares: [ByteBuffer] = []
         func readAhead(blocks: Int) {
             while reads.count < blocks && readEnd < offer.size {
                 let (start, count) = (readEnd, Int(min(blockBytes, offer.size - readEnd)))
-                reads.append(blockingPool.runIfActive(eventLoop: eventLoop) { try reader.read(count, at: start) })
+                let spare = BufferHandoff(spares.popLast())
+                reads.append(blockingPool.runIfActive(eventLoop: eventLoop) {
+                    var block = spare.take() ?? ByteBuffer()
+                    try reader.read(count, at: start, into: &block)
+                    return block
+                })
                 readEnd += UInt64(count)
             }
         }
@@ -321,6 +330,8 @@ public struct DeliverySender: Sendable {
                 chunks.append(.data(chunk))
             }
             try await outbound.write(contentsOf: chunks)
+            chunks = []
+            if spares.count <= ahead { spares.append(block) }
             summary.bytesSent += after - position
             position = after
         } } catch {
@@ -402,16 +413,18 @@ private final class ContentReader: @unchecked Sendable {
         self.bytes = []
     }
 
-    /// The `count` bytes at `offset`; throws if the content ends first.
-    func read(_ count: Int, at offset: UInt64) throws -> ByteBuffer {
+    /// Replaces `buffer`'s content with the `count` bytes at `offset` (reusing its memory where
+    /// nothing else holds it); throws if the content ends first.
+    func read(_ count: Int, at offset: UInt64, into buffer: inout ByteBuffer) throws {
         if let handle {
-            guard let block = try FileContent.read(count, at: offset, from: handle.fileDescriptor) else {
+            guard try FileContent.read(count, at: offset, from: handle.fileDescriptor, into: &buffer) else {
                 throw NodeError.unreadableFile(path: path, reason: "shorter than its recorded size")
             }
-            return block
+            return
         }
         let start = Int(min(offset, UInt64(bytes.count)))
-        return ByteBuffer(bytes: bytes[start..<min(start + count, bytes.count)])
+        buffer.clear()
+        buffer.writeBytes(bytes[start..<min(start + count, bytes.count)])
     }
 
     func close() { try? handle?.close() }

@@ -131,10 +131,11 @@ enum FileContent {
     }
 
     /// Reads exactly `count` bytes at `offset` of `descriptor` (`pread`: the descriptor's position is
-    /// neither used nor moved, so reads may run at once) into a new buffer (no copy through `Data`); nil
-    /// if the file ends first.
-    static func read(_ count: Int, at offset: UInt64, from descriptor: Int32) throws -> ByteBuffer? {
-        var buffer = ByteBufferAllocator().buffer(capacity: count)
+    /// neither used nor moved, so reads may run at once) into `buffer`, cleared first (no copy through
+    /// `Data`): a buffer held by nothing else keeps its memory (``BufferHandoff``), so a stream of blocks
+    /// does not allocate, and fault in, fresh pages for each. False if the file ends first.
+    static func read(_ count: Int, at offset: UInt64, from descriptor: Int32, into buffer: inout ByteBuffer) throws -> Bool {
+        buffer.clear(minimumCapacity: count)
         while buffer.readableBytes < count {
             let wanted = count - buffer.readableBytes
             let position = off_t(offset) + off_t(buffer.readableBytes)
@@ -146,9 +147,9 @@ enum FileContent {
                     return result
                 }
             }
-            if got == 0 { return nil }
+            if got == 0 { return false }
         }
-        return buffer
+        return true
     }
 
     /// Asks the kernel to start writing `length` bytes at `offset` of `descriptor` to the disk now,
