@@ -25,6 +25,8 @@ struct BenchDelivery: AsyncParsableCommand {
     var blockKib = DeliveryLimits.default.blockBytes >> 10
     @Option(help: "MiB the receiver writes between two requests to start the disk's writeback.")
     var writebackMib = DeliveryLimits.default.writebackBytes >> 20
+    @Flag(help: "The receiver writes the file through the page cache, not with direct I/O (DeliveryLimits.directWrites).")
+    var bufferedWrites = false
     @Option(help: "Size of the file delivered between two thali-node run processes (PSK-TLS, multiplexer), in MiB (0: skip it).")
     var nodeMib = 64
     @Option(help: "Give up on the delivery between two nodes after this many seconds.") var nodeTimeout = 120.0
@@ -90,7 +92,8 @@ struct BenchDelivery: AsyncParsableCommand {
         let root = FileManager.default.temporaryDirectory.appendingPathComponent("thali-bench-\(getpid())").path
         defer { try? FileManager.default.removeItem(atPath: root) }
         let limits = DeliveryLimits(chunkBytes: chunkBytes, maxItemBytes: UInt64(max(fileMib, 1)) << 20,
-                                    blockBytes: blockKib << 10, writebackBytes: writebackMib << 20)
+                                    blockBytes: blockKib << 10, writebackBytes: writebackMib << 20,
+                                    directWrites: !bufferedWrites)
         let alice = try NodeStore(home: NodeHome(path: root + "/alice"), limits: limits)
         let bob = try NodeStore(home: NodeHome(path: root + "/bob"), limits: limits)
         let key = { PrivateKey().publicKey.hexString(compressed: true) }

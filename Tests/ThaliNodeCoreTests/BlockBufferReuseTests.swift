@@ -6,8 +6,8 @@ import Testing
 
 /// Delivery moves a file in blocks (1 MiB by default) and reuses a block's memory once nothing holds it
 /// any more: allocating a fresh block for each had the allocator hand memory back to the kernel and fault
-/// it in again, which on this machine doubled the CPU of a 256 MiB delivery (spec/node.md). Reuse must
-/// never touch a block whose frames are still in flight.
+/// it in again (half the page faults of a 256 MiB delivery, spec/node.md). Reuse must never touch a
+/// block whose frames are still in flight.
 @Suite("Block buffers reused, never while held")
 struct BlockBufferReuseTests {
     /// Where `buffer`'s readable bytes are in memory.

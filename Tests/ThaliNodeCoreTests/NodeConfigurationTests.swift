@@ -35,7 +35,7 @@ struct NodeConfigurationTests {
              "ssdpPort": 1901, "beaconProfile": "cordova", "beaconValiditySeconds": 60, "defaultItemExpirySeconds": 120,
              "logLevel": "debug", "maxFramePayloadBytes": 8192, "chunkBytes": 4096, "maxNameBytes": 100,
              "maxItemBytes": 1000000, "maxTextBytes": 500, "blockBytes": 65536, "writebackBytes": 2097152, "readAheadBlocks": 3,
-             "inboundFrames": 12, "progressWindowBytes": 1048576, "writeIntervalMs": 25,
+             "inboundFrames": 12, "directWrites": false, "progressWindowBytes": 1048576, "writeIntervalMs": 25,
              "maxBatchItems": 8, "idleTimeoutSeconds": 5,
              "partialRetentionSeconds": 3600, "wifi": false, "bluetooth": true, "bluetoothAdapter": "hci1",
              "bluetoothMakeConnectable": false}
@@ -54,7 +54,7 @@ struct NodeConfigurationTests {
         #expect(!configuration.bluetoothMakeConnectable)
         #expect(configuration.limits == DeliveryLimits(maxFramePayloadBytes: 8192, chunkBytes: 4096, maxNameBytes: 100,
                                                        maxItemBytes: 1_000_000, maxTextBytes: 500, blockBytes: 65536,
-                                                       writebackBytes: 2 << 20, readAheadBlocks: 3, inboundFrames: 12, progressWindowBytes: 1 << 20, writeInterval: .milliseconds(25), maxBatchItems: 8, idleTimeout: .seconds(5),
+                                                       writebackBytes: 2 << 20, readAheadBlocks: 3, inboundFrames: 12, directWrites: false, progressWindowBytes: 1 << 20, writeInterval: .milliseconds(25), maxBatchItems: 8, idleTimeout: .seconds(5),
                                                        partialRetention: .seconds(3600)))
         // What `jsonObject` writes reads back to the same configuration.
         let data = try JSONSerialization.data(withJSONObject: configuration.jsonObject)
@@ -76,6 +76,7 @@ struct NodeConfigurationTests {
         (#"{"writebackBytes": 4096}"#, "writebackBytes", "invalidValue"),
         (#"{"readAheadBlocks": 0}"#, "readAheadBlocks", "invalidValue"),
         (#"{"inboundFrames": 1}"#, "inboundFrames", "invalidValue"),
+        (#"{"directWrites": 1}"#, "directWrites", "wrongType"),
         (#"{"progressWindowBytes": 65536}"#, "progressWindowBytes", "invalidValue"),
         (#"{"maxBatchItems": 0}"#, "maxBatchItems", "invalidValue"),
         (#"{"beaconProfile": "other"}"#, "beaconProfile", "invalidValue"),

@@ -41,7 +41,7 @@ public struct NodeConfiguration: Sendable, Hashable {
     /// 6 ms per handshake at 2048 bits, 17 ms at 3072), and the PSK, not the group, authenticates.
     public var dhGroup: DHGroup
     /// `maxFramePayloadBytes`, `chunkBytes`, `maxNameBytes`, `maxItemBytes`, `maxTextBytes`, `blockBytes`,
-    /// `writebackBytes`, `readAheadBlocks`, `inboundFrames`, `progressWindowBytes`, `writeIntervalMs`, `maxBatchItems`, `idleTimeoutSeconds`, `partialRetentionSeconds`: the delivery limits (see ``DeliveryLimits`` for their defaults and meaning).
+    /// `writebackBytes`, `readAheadBlocks`, `inboundFrames`, `directWrites`, `progressWindowBytes`, `writeIntervalMs`, `maxBatchItems`, `idleTimeoutSeconds`, `partialRetentionSeconds`: the delivery limits (see ``DeliveryLimits`` for their defaults and meaning).
     public var limits: DeliveryLimits
     /// `wifi`: whether `run` uses the Wi-Fi binding (SSDP on `interface`). Default `true`; `false` needs
     /// `bluetooth` (`run --no-wifi`).
@@ -80,7 +80,7 @@ public struct NodeConfiguration: Sendable, Hashable {
     public static let keys: [String] = [
         "interface", "deliveryPort", "beaconPort", "ssdpMulticastAddress", "ssdpPort", "beaconProfile",
         "beaconValiditySeconds", "defaultItemExpirySeconds", "logLevel", "dhGroup", "maxFramePayloadBytes", "chunkBytes",
-        "maxNameBytes", "maxItemBytes", "maxTextBytes", "blockBytes", "writebackBytes", "readAheadBlocks", "inboundFrames", "progressWindowBytes",
+        "maxNameBytes", "maxItemBytes", "maxTextBytes", "blockBytes", "writebackBytes", "readAheadBlocks", "inboundFrames", "directWrites", "progressWindowBytes",
         "writeIntervalMs", "maxBatchItems",
         "idleTimeoutSeconds", "partialRetentionSeconds",
         "wifi", "bluetooth", "bluetoothAdapter", "bluetoothMakeConnectable",
@@ -148,6 +148,7 @@ public struct NodeConfiguration: Sendable, Hashable {
         let writeback = try fields.integer("writebackBytes", default: defaults.writebackBytes, range: (64 << 10)...(1 << 30))
         let readAhead = try fields.integer("readAheadBlocks", default: defaults.readAheadBlocks, range: 1...64)
         let inbound = try fields.integer("inboundFrames", default: defaults.inboundFrames, range: 2...4096)
+        let direct = try fields.bool("directWrites", default: defaults.directWrites)
         // Never below what the receiver holds unreported (two blocks and a frame, twice), never past the wire's field.
         let windowFloor = DeliveryLimits(maxFramePayloadBytes: frame, maxNameBytes: name, blockBytes: block).minimumProgressWindowBytes
         let window = try fields.integer("progressWindowBytes", default: max(defaults.progressWindowBytes, windowFloor),
@@ -160,6 +161,7 @@ public struct NodeConfiguration: Sendable, Hashable {
         configuration.limits = DeliveryLimits(maxFramePayloadBytes: frame, chunkBytes: chunk, maxNameBytes: name,
                                               maxItemBytes: UInt64(item), maxTextBytes: UInt64(text),
                                               blockBytes: block, writebackBytes: writeback, readAheadBlocks: readAhead, inboundFrames: inbound,
+                                              directWrites: direct,
                                               progressWindowBytes: window,
                                               writeInterval: .milliseconds(Int64(writeInterval)),
                                               maxBatchItems: batch, idleTimeout: .seconds(Int64(idle)),
@@ -216,7 +218,8 @@ public struct NodeConfiguration: Sendable, Hashable {
             "maxFramePayloadBytes": limits.maxFramePayloadBytes, "chunkBytes": limits.chunkBytes,
             "maxNameBytes": limits.maxNameBytes, "maxItemBytes": limits.maxItemBytes,
             "maxTextBytes": limits.maxTextBytes, "blockBytes": limits.blockBytes,
-            "writebackBytes": limits.writebackBytes, "readAheadBlocks": limits.readAheadBlocks, "inboundFrames": limits.inboundFrames, "progressWindowBytes": limits.progressWindowBytes,
+            "writebackBytes": limits.writebackBytes, "readAheadBlocks": limits.readAheadBlocks, "inboundFrames": limits.inboundFrames,
+            "directWrites": limits.directWrites, "progressWindowBytes": limits.progressWindowBytes,
             "writeIntervalMs": limits.writeInterval.wholeMilliseconds, "maxBatchItems": limits.maxBatchItems,
             "idleTimeoutSeconds": limits.idleTimeout.components.seconds,
             "partialRetentionSeconds": limits.partialRetention.components.seconds,

@@ -43,6 +43,11 @@ public struct DeliveryLimits: Sendable, Hashable {
     /// Default 8 MiB.
     public var writebackBytes: Int
 
+    /// Whether a receiver writes file content to the disk with direct I/O (`O_DIRECT`, from memory it
+    /// reuses) where the file system allows it, instead of through the page cache: see ``PartialFile``.
+    /// Durability is the same either way (the file is synced before its `ack`). Default true.
+    public var directWrites: Bool
+
     /// How many blocks a sender reads ahead of the one it is sending (at least 1): file reads on the
     /// blocking pool overlap the sending, and a read that waits behind other work on the pool (the
     /// receiver's writes, in a node that both sends and receives) does not stall the stream. A sender
@@ -103,6 +108,7 @@ public struct DeliveryLimits: Sendable, Hashable {
         writebackBytes: Int = 8 << 20,
         readAheadBlocks: Int = 2,
         inboundFrames: Int = 32,
+        directWrites: Bool = true,
         progressWindowBytes: Int = 16 << 20,
         writeInterval: Duration = .milliseconds(100),
         maxBatchItems: Int = 64,
@@ -119,6 +125,7 @@ public struct DeliveryLimits: Sendable, Hashable {
         self.blockBytes = min(max(blockBytes, 1), 1 << 28)
         self.readAheadBlocks = min(max(readAheadBlocks, 1), 64)
         self.inboundFrames = min(max(inboundFrames, 2), 4096)
+        self.directWrites = directWrites
         self.writebackBytes = min(max(writebackBytes, 64 << 10), 1 << 30)
         self.requestedProgressWindowBytes = progressWindowBytes
         self.writeInterval = writeInterval

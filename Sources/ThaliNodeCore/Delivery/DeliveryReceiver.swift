@@ -149,7 +149,8 @@ public struct DeliveryReceiver: Sendable {
                     let resumed = found.flatMap { $0.length == offset && offset > 0 ? HashState(value: $0.hasher) : nil }
                     let path = store.partialPath(for: offer.id, from: peer)
                     let (file, hashed) = try await blocking { () -> (PartialFile, HashState) in
-                        let file = try PartialFile(path: path, keeping: offset)
+                        let file = try PartialFile(path: path, keeping: offset,
+                                                   directWriteBytes: limits.directWrites ? limits.blockBytes + limits.maxFramePayloadBytes : 0)
                         return (file, try resumed ?? HashState(value: FileContent.hashPrefix(of: path, length: offset).0))
                     }
                     writer = BlockWriter(file: file, hasher: hashed.value, written: offset, limits: limits,
@@ -444,60 +445,4 @@ private struct PoolJob<Value: Sendable> {
     }
 
     var isFinished: Bool { finished.withLockedValue { $0 } }
-}
-
-/// A file being received: truncated to the agreed offset, then appended to in blocks. Used by one
-/// session at a time (each write awaited before the next; a writeback request, which only reads the
-/// descriptor, may run beside a write), hence unchecked.
-private final class PartialFile: @unchecked Sendable {
-    private let handle: FileHandle
-    private let path: String
-    private var closed = false
-
-    /// Opens (creating) `path` and keeps its first `offset` bytes.
-    init(path: String, keeping offset: UInt64) throws {
-        if !FileManager.default.fileExists(atPath: path) {
-            guard FileManager.default.createFile(atPath: path, contents: nil) else {
-                throw NodeError.dataDirectoryUnusable(path: path, reason: "cannot create the partial file")
-            }
-        }
-        guard let handle = FileHandle(forUpdatingAtPath: path) else {
-            throw NodeError.dataDirectoryUnusable(path: path, reason: "cannot open the partial file")
-        }
-        self.handle = handle
-        self.path = path
-        try handle.truncate(atOffset: offset)
-        try handle.seekToEnd()
-    }
-
-    /// Writes `bytes` at the end (straight from the buffer, no copy).
-    func append(_ bytes: ByteBuffer) throws {
-        try bytes.withUnsafeReadableBytes { raw in
-            try inWords { try FileContent.writeAll(raw, to: handle.fileDescriptor) }
-        }
-    }
-
-    /// Asks the kernel to start writing `length` bytes at `offset` to the disk (not waiting for it).
-    func startWriteback(offset: UInt64, length: UInt64) {
-        FileContent.startWriteback(of: handle.fileDescriptor, offset: offset, length: Int(clamping: length))
-    }
-
-    /// Makes the content durable and closes the file.
-    func finish() throws {
-        try inWords { try handle.synchronize() }
-        close()
-    }
-
-    /// Runs a write; its failure (a full disk) becomes a ``NodeError`` in words, as events print it.
-    private func inWords(_ body: () throws -> Void) throws {
-        do { try body() } catch {
-            throw NodeError.dataDirectoryUnusable(path: path, reason: SystemErrorText.describe(error))
-        }
-    }
-
-    func close() {
-        guard !closed else { return }
-        closed = true
-        try? handle.close()
-    }
 }
