@@ -117,11 +117,12 @@ enum FileContent {
         return (hasher, hashed)
     }
 
-    /// Writes all of `bytes` to `descriptor` at its position (retrying short writes and interruptions).
-    static func writeAll(_ bytes: UnsafeRawBufferPointer, to descriptor: Int32) throws {
+    /// Writes all of `bytes` to `descriptor` at `offset` (`pwrite`: the descriptor's position is neither
+    /// used nor moved), retrying short writes and interruptions.
+    static func writeAll(_ bytes: UnsafeRawBufferPointer, to descriptor: Int32, at offset: UInt64) throws {
         var done = 0
         while done < bytes.count {
-            let count = Glibc.write(descriptor, bytes.baseAddress.map { $0 + done }, bytes.count - done)
+            let count = Glibc.pwrite(descriptor, bytes.baseAddress.map { $0 + done }, bytes.count - done, off_t(offset) + off_t(done))
             if count < 0 {
                 if errno == EINTR { continue }
                 throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO)

@@ -125,15 +125,7 @@ final class PartialFile: @unchecked Sendable {
 
     /// Writes `bytes` at `end` through the page cache.
     private func writeBuffered(_ bytes: UnsafeRawBufferPointer) throws {
-        var done = 0
-        while done < bytes.count {
-            let count = pwrite(handle.fileDescriptor, bytes.baseAddress.map { $0 + done }, bytes.count - done, off_t(end) + off_t(done))
-            if count < 0 {
-                if errno == EINTR { continue }
-                throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO)
-            }
-            done += count
-        }
+        try FileContent.writeAll(bytes, to: handle.fileDescriptor, at: end)
         end += UInt64(bytes.count)
     }
 
@@ -196,21 +188,11 @@ private final class DirectWrites {
         UnsafeRawBufferPointer(start: memory, count: count)
     }
 
-    /// Writes the first `count` staged bytes (a multiple of the alignment) at `offset` (aligned).
+    /// Writes the first `count` staged bytes (a multiple of the alignment) at `offset` (aligned). A
+    /// short write would leave the rest unaligned, which the next direct write refuses (`EINVAL`): the
+    /// caller then writes what is staged through the page cache.
     func write(_ count: Int, at offset: UInt64) throws {
-        var done = 0
-        while done < count {
-            let written = pwrite(descriptor, memory + done, count - done, off_t(offset) + off_t(done))
-            if written < 0 {
-                if errno == EINTR { continue }
-                throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO)
-            }
-            // A short direct write leaves the rest unaligned: the caller's fallback handles it.
-            guard written % PartialFile.directAlignment == 0 || done + written == count else {
-                throw POSIXError(.EINVAL)
-            }
-            done += written
-        }
+        try FileContent.writeAll(UnsafeRawBufferPointer(start: memory, count: count), to: descriptor, at: offset)
     }
 
     /// Moves the `count` bytes staged after `offset` to the start.
