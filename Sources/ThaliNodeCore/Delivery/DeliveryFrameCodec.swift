@@ -6,8 +6,7 @@ extension DeliveryFrame {
     /// Appends this frame's wire form (header and payload) to `buffer`.
     public func encode(into buffer: inout ByteBuffer) {
         let headerIndex = buffer.writerIndex
-        buffer.writeInteger(frameType.rawValue)
-        buffer.writeInteger(UInt32(0))  // patched below, once the payload length is known
+        Self.writeHeader(type: frameType, length: 0, into: &buffer)  // length patched below, once known
         let payloadStart = buffer.writerIndex
         switch self {
         case .hello(let version):
@@ -57,6 +56,12 @@ extension DeliveryFrame {
             buffer.writeString(reason)
         }
         buffer.setInteger(UInt32(buffer.writerIndex - payloadStart), at: headerIndex + 1)
+    }
+
+    /// Appends a frame header: the type byte and the payload's length (big-endian `UInt32`).
+    static func writeHeader(type: FrameType, length: Int, into buffer: inout ByteBuffer) {
+        buffer.writeInteger(type.rawValue)
+        buffer.writeInteger(UInt32(truncatingIfNeeded: length))
     }
 
     /// Reads one frame from the front of `buffer`. Returns `nil` (consuming nothing) when the frame is not
@@ -334,8 +339,7 @@ public final class DeliveryFrameEncoder: ChannelOutboundHandler, RemovableChanne
         let frame = unwrapOutboundIn(data)
         if case .data(let payload) = frame, payload.readableBytes > 0 {
             var header = context.channel.allocator.buffer(capacity: DeliveryFrame.headerBytes)
-            header.writeInteger(DeliveryFrame.FrameType.data.rawValue)
-            header.writeInteger(UInt32(truncatingIfNeeded: payload.readableBytes))
+            DeliveryFrame.writeHeader(type: .data, length: payload.readableBytes, into: &header)
             context.write(wrapOutboundOut(header), promise: nil)
             context.write(wrapOutboundOut(payload), promise: promise)
             return

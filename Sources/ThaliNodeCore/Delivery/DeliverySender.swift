@@ -330,7 +330,6 @@ public struct DeliverySender: Sendable {
                 chunks.append(.data(chunk))
             }
             try await outbound.write(contentsOf: chunks)
-            chunks = []
             if spares.count <= ahead { spares.append(block) }
             summary.bytesSent += after - position
             position = after
