@@ -30,24 +30,32 @@ struct BenchDeliveryTests {
         #expect(fileObject["tls_bulk_mb_s"] == nil && fileObject["file_tls_ratio"] == nil && fileObject["node_file_mb_s"] == nil)
     }
 
-    /// The receiver's durable write, seen in its system calls (`strace`): a 32 MiB file goes to its
-    /// partial file with its writeback started every `writebackBytes` (8 MiB; so the disk works while the
-    /// rest arrives, in a few requests, not one per 1 MiB block, each of which could hold the next block
-    /// back while the device's queue was full), and the file is synced once, after all of them. Before any
-    /// of it the bench synced its own payload and its disk reference: nothing of its setup is left for
-    /// the kernel to write back while the delivery is timed.
-    @Test("the receiver starts writeback every writebackBytes and syncs once; the bench syncs its setup first")
-    func receiverStartsWritebackAndSyncsOnce() async throws {
+    /// The receiver's durable write, seen in its system calls (`strace`). Through the page cache
+    /// (`--buffered-writes`), a 32 MiB file goes to its partial file with its writeback started every
+    /// `writebackBytes` (8 MiB; so the disk works while the rest arrives, in a few requests, not one per
+    /// 1 MiB block, each of which could hold the next block back while the device's queue was full). With
+    /// direct I/O (the default) the partial file is opened `O_DIRECT` and no writeback is asked for: its
+    /// content is on the disk already. Either way the file is synced once, after everything. Before any of
+    /// it the bench synced its own payload and its disk reference: nothing of its setup is left for the
+    /// kernel to write back while the delivery is timed.
+    @Test("the receiver syncs once; through the page cache it starts writeback every writebackBytes, with direct I/O never; the bench syncs its setup first",
+          arguments: [false, true])
+    func receiverStartsWritebackAndSyncsOnce(direct: Bool) async throws {
         let strace = try #require(ChildProcess.which("strace"), "strace is needed to see the receiver's system calls")
         let trace = FileManager.default.temporaryDirectory.appendingPathComponent("thali-strace-\(UUID().uuidString)").path
         defer { try? FileManager.default.removeItem(atPath: trace) }
         let mib = 32, writeback = DeliveryLimits.default.writebackBytes
-        let arguments = ["-f", "-y", "-o", trace, "-e", "trace=fsync,fdatasync,sync_file_range", CommandLineTests.executable,
+        let arguments = ["-f", "-y", "-o", trace, "-e", "trace=openat,fsync,fdatasync,sync_file_range", CommandLineTests.executable,
                          "bench", "delivery", "--json", "--texts", "0", "--file-mib", "\(mib)", "--tls-mib", "0", "--node-mib", "0"]
+            + (direct ? [] : ["--buffered-writes"])
         let result = try await Task.detached { try ChildProcess.run(strace, arguments, timeout: .seconds(60)) }.value
         #expect(result.status == 0, "\(result.output)")
+        let lines = try String(contentsOfFile: trace, encoding: .utf8).split(separator: "\n")
+        // The partial file opened for direct writes, or not at all.
+        let directOpens = lines.filter { $0.contains("openat(") && $0.contains(".part\"") && $0.contains("O_DIRECT") }
+        #expect(directOpens.count == (direct ? 1 : 0), "\(lines.filter { $0.contains(".part\"") })")
         // Every call in the order made, with its file (`-y` names each descriptor's file) and its arguments.
-        let calls = try String(contentsOfFile: trace, encoding: .utf8).split(separator: "\n").compactMap { line -> (String, String, [Substring])? in
+        let calls = lines.compactMap { line -> (String, String, [Substring])? in
             guard let match = line.firstMatch(of: /(sync_file_range|fsync|fdatasync)\(\d+<([^>]*)>,? ?(.*)/) else { return nil }
             return (String(match.1), String(match.2), match.3.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces)[...] })
         }
@@ -64,7 +72,11 @@ struct BenchDeliveryTests {
             covered += length
             #expect(index < (syncs.first?.offset ?? 0), "writeback started after the sync: \(partial)")
         }
-        #expect(covered <= mib << 20 && (1...(mib << 20) / writeback).contains(writebacks.count), "\(partial)")
+        if direct {
+            #expect(writebacks.isEmpty, "\(partial)")
+        } else {
+            #expect(covered <= mib << 20 && (1...(mib << 20) / writeback).contains(writebacks.count), "\(partial)")
+        }
         // The bench's payload and disk reference, each synced before the receiver's first call.
         let firstPartial = partial.first?.offset ?? 0
         for name in ["payload.bin", "disk-reference.bin"] {

@@ -39,7 +39,8 @@ public struct DeliveryLimits: Sendable, Hashable {
     /// blocking pool beside the block writes, never before the next one, at most one at a time (one due
     /// while another runs covers both ranges), because it can block while the device's queue is full:
     /// started for every block inside the block's write, it held the next write back at each MiB. A
-    /// small value asks often; a large one leaves more for the final fsync. Clamped to 64 KiB...1 GiB.
+    /// small value asks often; a large one leaves more for the final fsync. Only for writes through the
+    /// page cache: a file written with ``directWrites`` is on the disk already. Clamped to 64 KiB...1 GiB.
     /// Default 8 MiB.
     public var writebackBytes: Int
 

@@ -403,11 +403,12 @@ private struct BlockWriter {
     }
 
     /// Waits for the block write `job`, then asks for the writeback of what is written when
-    /// ``DeliveryLimits/writebackBytes`` gathered and no request runs.
+    /// ``DeliveryLimits/writebackBytes`` gathered and no request runs; not while the file is written
+    /// with direct I/O (its content is on the disk already; read here, with no write running).
     private mutating func completed(_ job: PoolJob<UInt64>) async throws -> UInt64 {
         let after = try await job.future.get()
         inFlight = nil
-        if after - writebackFrom >= writebackBytes, writeback?.isFinished ?? true {
+        if !file.writesDirectly, after - writebackFrom >= writebackBytes, writeback?.isFinished ?? true {
             let (file, offset, length) = (self.file, writebackFrom, after - writebackFrom)
             writeback = PoolJob(pool, eventLoop) { file.startWriteback(offset: offset, length: length) }
             writebackFrom = after
