@@ -46,6 +46,13 @@ public enum NodeError: Error, Hashable, CustomStringConvertible {
     case homeInUse(path: String, pid: Int32?)
     /// Removing the contact would delete items still queued for it; it needs `--force`.
     case contactHasQueuedItems(String, count: Int, bytes: Int64)
+    /// No item with that id (or id prefix) in the outbox or inbox (`box`: "outbox" or "inbox").
+    case unknownItem(String, box: String)
+    /// More than one item's id starts with that prefix.
+    case ambiguousItem(String, box: String, candidates: [String])
+    /// The file changed while it was copied into the outbox (`what`: its size, time or content): the copy
+    /// could hold content that never existed, so it was not queued.
+    case fileChangedWhileRead(path: String, what: String)
 
     public var description: String {
         switch self {
@@ -68,8 +75,12 @@ public enum NodeError: Error, Hashable, CustomStringConvertible {
         case .dataDirectoryUnusable(let path, let reason): "cannot use data directory \(path): \(reason)"
         case .storeUnavailable(let path, let reason): "cannot open the database \(path): \(reason)"
         case .unreadableFile(let path, let reason): "cannot read \(path): \(reason)"
-        case .itemTooLarge(let size, let limit): "item of \(size) bytes exceeds the limit of \(limit) bytes"
-        case .invalidFileName(let name): "file name \"\(name)\" cannot be delivered"
+        case .itemTooLarge(let size, let limit):
+            "it is \(ByteCount.format(Int64(clamping: size))) (\(size) bytes), over this node's limit of \(ByteCount.format(Int64(clamping: limit))) "
+                + "(\(limit) bytes; maxItemBytes, or maxTextBytes for a text, in config.json)"
+        case .invalidFileName(let name):
+            "file name \"\(name)\" cannot be delivered (it must be one path component, no longer than maxNameBytes, without control or "
+                + "direction-changing characters); give another with --name"
         case .invalidExpiry(let value): "invalid expiry \(value): it must be in the future"
         case .sessionInProgress(let contact, let role): "a \(role) session with \(contact) is already running"
         case .homeInUse(let path, let pid):
@@ -77,6 +88,12 @@ public enum NodeError: Error, Hashable, CustomStringConvertible {
         case .contactHasQueuedItems(let name, let count, let bytes):
             "contact \"\(name)\" has \(count) queued item\(count == 1 ? "" : "s") (\(ByteCount.format(bytes))) that removing it would delete; "
                 + "use --force to delete them, or wait until they are delivered"
+        case .unknownItem(let id, let box):
+            "no item \"\(id)\" in the \(box)\(id.count < NodeStore.minimumIDPrefixLength ? " (give at least \(NodeStore.minimumIDPrefixLength) digits of its id)" : ""); see `thali-node \(box)`"
+        case .ambiguousItem(let id, let box, let candidates):
+            "\"\(id)\" names \(candidates.count) items in the \(box) (\(candidates.prefix(4).joined(separator: ", "))\(candidates.count > 4 ? ", …" : "")); give more of the id"
+        case .fileChangedWhileRead(let path, let what):
+            "\(path) changed while it was read (\(what)); nothing was queued: send it again once it is no longer being written"
         }
     }
 

@@ -6,7 +6,7 @@ import ThaliNodeCore
 struct Config: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Show or create the configuration file (config.json in the data directory).",
-        subcommands: [Show.self, Init.self]
+        subcommands: [Show.self, Init.self], defaultSubcommand: Show.self
     )
 
     struct Show: ParsableCommand {
@@ -30,7 +30,7 @@ struct Config: ParsableCommand {
             let home = try options.checkedHome(writing: true)
             try home.create()
             if FileManager.default.fileExists(atPath: home.configurationPath) && !force {
-                throw ValidationError("\(home.configurationPath) exists; use --force to replace it")
+                throw CommandFailure(exitCode: .exists, message: "\(home.configurationPath) exists; use --force to replace it")
             }
             let data = try JSONSerialization.data(withJSONObject: NodeConfiguration().jsonObject,
                                                   options: [.prettyPrinted, .sortedKeys])

@@ -6,7 +6,7 @@ import ThaliNodeCore
 struct Contacts: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Manage contacts: the peers this node delivers to and accepts deliveries from.",
-        subcommands: [Add.self, List.self, Remove.self]
+        subcommands: [Add.self, List.self, Remove.self], defaultSubcommand: List.self
     )
 
     struct Add: ParsableCommand {
@@ -15,6 +15,13 @@ struct Contacts: ParsableCommand {
         @Argument(help: "A unique name for the contact.") var name: String
         @Argument(help: "The contact's secp256k1 public key (SEC1, hex or base64).") var publicKey: String
         @Flag(help: "Print JSON for scripts.") var json = false
+
+        func validate() throws {
+            // `contacts add KEY NAME`: the key in the name's place said "longer than 64 bytes".
+            if (try? ContactKey.parse(name)) != nil && (try? ContactKey.parse(publicKey)) == nil {
+                throw ValidationError("'\(name.prefix(16))…' is a public key and '\(publicKey)' is not: the name comes first, as `contacts add NAME KEY`")
+            }
+        }
 
         func run() throws {
             let (store, _) = try options.openStore()

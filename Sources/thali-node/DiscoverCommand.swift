@@ -177,15 +177,11 @@ struct Discover: AsyncParsableCommand {
     }
 }
 
-/// Prints one JSON object per line, flushed, from any thread.
+/// Prints one JSON object per line, whole, from any thread (``StandardStream`` keeps lines apart).
 final class DiscoverJSONLines: Sendable {
-    private let lock = NSLock()
-
     func print(_ object: [String: Any]) {
         guard let data = try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys, .withoutEscapingSlashes])
         else { return }
-        lock.withLock {
-            FileHandle.standardOutput.write(data + Data("\n".utf8))
-        }
+        StandardStream.output.write(data + Data("\n".utf8))
     }
 }

@@ -22,7 +22,7 @@ struct Events: ParsableCommand {
     func run() throws {
         let home = try options.checkedHome(writing: false)
         guard RunLock.holder(of: home) != nil else {
-            throw ValidationError("no node is running on \(home.path): start `thali-node run` there first")
+            throw CommandFailure(exitCode: .unavailable, message: "no node is running on \(home.path): start `thali-node run` there first")
         }
         let descriptor = try Self.connect(to: home.eventsSocketPath)
         defer { close(descriptor) }
@@ -35,7 +35,8 @@ struct Events: ParsableCommand {
             pending.append(contentsOf: buffer.prefix(count))
             var start = 0
             while let newline = pending[start...].firstIndex(of: UInt8(ascii: "\n")) {
-                FileHandle.standardOutput.write(Data(pending[start...newline]))
+                // Ends when its reader does (`events | head -1`), as `run` does.
+                guard StandardStream.output.write(Data(pending[start...newline])) else { return }
                 start = newline + 1
             }
             pending.removeFirst(start)

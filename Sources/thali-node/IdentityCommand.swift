@@ -8,7 +8,7 @@ import ThaliNodeCore
 struct Identity: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Create or show this node's identity (its secp256k1 key pair).",
-        subcommands: [Create.self, Show.self]
+        subcommands: [Create.self, Show.self], defaultSubcommand: Show.self
     )
 
     struct Description: Encodable {

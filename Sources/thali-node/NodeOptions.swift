@@ -31,7 +31,17 @@ struct NodeOptions: ParsableArguments {
     func openStore() throws -> (NodeStore, NodeConfiguration) {
         let home = try checkedHome(writing: true)
         let configuration = try NodeConfiguration.load(home: home)
-        return (try NodeStore(home: home, limits: configuration.limits), configuration)
+        return (Self.reportingInterruptedCopies(try NodeStore(home: home, limits: configuration.limits)), configuration)
+    }
+
+    /// `store`, once the copies an interrupted `send --file` left in the outbox are gone, each named in
+    /// a notice (they are never queued, and they can be large).
+    private static func reportingInterruptedCopies(_ store: NodeStore) -> NodeStore {
+        for copy in store.removeInterruptedCopies() {
+            printNotice("removed outbox/\(copy.name) (\(ByteCount.format(Int64(clamping: copy.bytes)))): the partial copy of a file "
+                        + "whose `send --file` was interrupted; nothing of it was queued")
+        }
+        return store
     }
 
     /// Like ``openStore()``, but creates nothing: the store is nil when the data directory has no
@@ -43,20 +53,20 @@ struct NodeOptions: ParsableArguments {
         guard FileManager.default.fileExists(atPath: home.databasePath) else { return (nil, configuration) }
         // SQLite writes beside the database even to read it (WAL): say so in words, not "SQLite error 14".
         try home.checkUsable(writing: true)
-        return (try NodeStore(home: home, limits: configuration.limits), configuration)
+        return (Self.reportingInterruptedCopies(try NodeStore(home: home, limits: configuration.limits)), configuration)
     }
 }
 
 /// A line on standard error that is no error: `notice: ...`.
 func printNotice(_ text: String) {
-    FileHandle.standardError.write(Data(("notice: " + CommandLineArguments.oneLine(text) + "\n").utf8))
+    StandardStream.error.write("notice: " + CommandLineArguments.oneLine(text) + "\n")
 }
 
 /// Asks `question` on the terminal and returns whether the answer is yes; false at once (asking nothing)
 /// when standard input or error is not a terminal, as in scripts.
 func confirm(_ question: String) -> Bool {
     guard isatty(0) == 1, isatty(2) == 1 else { return false }
-    FileHandle.standardError.write(Data((question + " [y/N] ").utf8))
+    StandardStream.error.write(question + " [y/N] ")
     guard let answer = readLine() else { return false }
     return ["y", "yes"].contains(answer.trimmingCharacters(in: .whitespaces).lowercased())
 }

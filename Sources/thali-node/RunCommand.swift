@@ -56,9 +56,10 @@ struct Run: AsyncParsableCommand {
     @Flag(help: "Bluetooth only: no SSDP; the single port listens on 127.0.0.1, reached through the relay.")
     var noWifi = false
     @Flag(help: "Print one JSON object per line instead of readable lines.") var json = false
-    @Option(help: ArgumentHelp("Print a compact status every this many seconds (0: never).", valueName: "seconds"))
+    // `.unconditional`: a negative number is a value to refuse in words, not a missing one.
+    @Option(parsing: .unconditional, help: ArgumentHelp("Print a compact status every this many seconds (0: never).", valueName: "seconds"))
     var statusInterval: Double = 0
-    @Option(help: ArgumentHelp("Stop after this many seconds.", valueName: "seconds")) var duration: Double?
+    @Option(parsing: .unconditional, help: ArgumentHelp("Stop after this many seconds.", valueName: "seconds")) var duration: Double?
     @Option(help: ArgumentHelp("Connections accepted per source address per 10 s (all peers on one host share 127.0.0.1).", valueName: "n"))
     var perSourceLimit: Int?
     @Option(help: ArgumentHelp("Testing aid: cap each delivery stream this peer sends on to this many bytes per second.", valueName: "bytes"))
@@ -71,6 +72,12 @@ struct Run: AsyncParsableCommand {
             if let value, !range.contains(value) { throw ValidationError("\(name) must be in \(range)") }
         }
         if maxAge < 1 { throw ValidationError("--max-age must be at least 1") }
+        if let address, !IPv4Address.isValid(address) {
+            throw ValidationError("--address '\(address)' is not an IPv4 address (such as 127.0.0.1 or 192.168.1.20)")
+        }
+        if let ssdpGroup, !IPv4Address.isMulticast(ssdpGroup) {
+            throw ValidationError("--ssdp-group '\(ssdpGroup)' is not an IPv4 multicast address (224.0.0.0 to 239.255.255.255; SSDP's is 239.255.255.250)")
+        }
         _ = try Self.parseRelayPorts(relayPorts)
         if let perSourceLimit, perSourceLimit < 1 { throw ValidationError("--per-source-limit must be at least 1") }
         if let throttle, throttle < 1 { throw ValidationError("--throttle must be at least 1") }
@@ -106,6 +113,25 @@ struct Run: AsyncParsableCommand {
             }
         }
         return ports
+    }
+
+    /// Refuses at start what can be known at start of the pinned relay ports: one port for two contacts,
+    /// a pin equal to the node's own port, a port another process holds now (a run that accepted it
+    /// used to close every session with that contact later, texts too).
+    static func checkRelayPortsFree(_ ports: [String: Int], nodePort: Int) throws {
+        let byPort = Dictionary(grouping: ports.keys.sorted()) { ports[$0] ?? 0 }
+        for (port, names) in byPort.sorted(by: { $0.key < $1.key }) {
+            if names.count > 1 {
+                throw ValidationError("--relay-port: port \(port) is pinned for \(names.joined(separator: " and ")); give each contact its own port")
+            }
+            if port == nodePort {
+                throw ValidationError("--relay-port \(names[0])=\(port): \(port) is this node's own port (--port); give another")
+            }
+            if let reason = TCPPortProbe.unavailableReason(host: "127.0.0.1", port: port) {
+                throw CommandFailure(exitCode: .unavailable,
+                                     message: "--relay-port \(names[0])=\(port): port \(port) on 127.0.0.1 cannot be used: \(reason); free it or pin another port")
+            }
+        }
     }
 
     /// When `value` follows an option `run` does not have, the complaint about that option, with the
@@ -147,11 +173,12 @@ struct Run: AsyncParsableCommand {
         configuration.relayPorts = try Self.parseRelayPorts(relayPorts)
         if !configuration.relayPorts.isEmpty {
             guard configuration.appPort != nil else {
-                throw ValidationError("--relay-port applies in relay mode: give --app-port (or appPort in the configuration)")
+                throw ValidationError("--relay-port applies in relay mode: give --app-port too (the port of this machine's app that the contact's streams reach)")
             }
             for name in configuration.relayPorts.keys.sorted() where (try? store.contact(named: name)) == nil {
-                throw ValidationError("--relay-port: no contact named \(name)")
+                throw NodeError.unknownContact(name)
             }
+            try Self.checkRelayPortsFree(configuration.relayPorts, nodePort: configuration.port)
         }
         if var bluetoothConfiguration = configuration.bluetooth {
             let environment = ProcessInfo.processInfo.environment
@@ -161,7 +188,7 @@ struct Run: AsyncParsableCommand {
                 guard scope.utf8.count <= CrossProcessBluetoothTransport.maxScopeLength else {
                     throw ValidationError("\(Self.standInEnvironmentKey) is longer than \(CrossProcessBluetoothTransport.maxScopeLength) bytes")
                 }
-                FileHandle.standardError.write(Data("thali-node: Bluetooth streams use the cross-process stand-in (scope \(scope)), not RFCOMM: a test configuration\n".utf8))
+                StandardStream.error.write("thali-node: Bluetooth streams use the cross-process stand-in (scope \(scope)), not RFCOMM: a test configuration\n")
                 bluetoothConfiguration.transport = { CrossProcessBluetoothTransport(scope: scope, localAddress: $0) }
             }
             configuration.bluetooth = bluetoothConfiguration
@@ -176,7 +203,7 @@ struct Run: AsyncParsableCommand {
             feed = try await NodeEventFeed.start(at: home.eventsSocketPath, group: MultiThreadedEventLoopGroup.singleton)
         } catch {
             feed = nil
-            FileHandle.standardError.write(Data("thali-node: events cannot be followed (`thali-node events`): \(error)\n".utf8))
+            StandardStream.error.write("thali-node: events cannot be followed (`thali-node events`): \(error)\n")
         }
         let output = RunOutput(json: json, feed: feed)
         store.observeExpiry { items in
@@ -202,7 +229,15 @@ struct Run: AsyncParsableCommand {
         }
         var group = ServiceGroupConfiguration(services: services, logger: Logger(label: "thali.node.lifecycle"))
         group.gracefulShutdownSignals = [.sigterm, .sigint]
-        try await ServiceGroup(configuration: group).run()
+        let serviceGroup = ServiceGroup(configuration: group)
+        // Output that goes away (`run | head -1`, a `tee` stopped by Ctrl-C, `> /dev/full`) stops the peer as
+        // SIGTERM does: byebye, connections closed, the lock and events.sock released.
+        StandardStream.output.onFailure { failure in
+            reason.set(failure == .closed ? "output closed" : "output failed")
+            Task { await serviceGroup.triggerGracefulShutdown() }
+        }
+        StandardStream.output.watchForClosedReader()
+        try await serviceGroup.run()
         output.status(await peer.status())
         let stopReason = reason.value ?? "end"
         var stopped = PeerEventRecord(event: "stopped", summary: "stopped (\(stopReason))")
@@ -210,6 +245,10 @@ struct Run: AsyncParsableCommand {
         output.print(stopped)
         await feed?.close()
         withExtendedLifetime(lock) {}
+        // A reader that went away is how `| head` ends: exit 0. Any other failure lost lines: say so.
+        if case .failed(let number, let why) = StandardStream.output.failure {
+            throw CommandFailure(exitCode: .ioError, message: "standard output failed (\(why), errno \(number)); the node stopped cleanly")
+        }
     }
 }
 
@@ -290,11 +329,11 @@ final class RunOutput: Sendable {
         if let line { feed?.publish(line) }
         if json {
             guard let line else { return }
-            FileHandle.standardOutput.write(line)
+            StandardStream.output.write(line)
         } else {
             // Summaries carry texts, names and reasons from other peers: escaped for the terminal.
             let line = TerminalText.escaped(Self.roundingDurations(record.summary))
-            FileHandle.standardOutput.write(Data((String(format: "%8.3fs  ", elapsed) + line + "\n").utf8))
+            StandardStream.output.write(String(format: "%8.3fs  ", elapsed) + line + "\n")
         }
     }
 

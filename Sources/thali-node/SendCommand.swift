@@ -31,6 +31,7 @@ struct Send: ParsableCommand {
         let id: String
         let contact: String
         let kind: String
+        let fileName: String?
         let size: Int64
         let sha256: String
         let expires: String
@@ -50,52 +51,91 @@ struct Send: ParsableCommand {
         } else {
             item = try store.enqueueText(text ?? "", to: contact, expiresAt: expiry, now: now)
         }
-        let queued = Queued(id: item.id.uuidString, contact: contact, kind: item.kind.rawValue, size: item.size,
+        let queued = Queued(id: item.id.uuidString, contact: contact, kind: item.kind.rawValue, fileName: item.fileName, size: item.size,
                             sha256: hex(item.sha256), expires: formatDate(item.expiresAt))
         if json { return try printJSON(queued) }
         print("queued \(queued.kind) \(queued.id) for \(contact) (\(queued.size) bytes, expires \(queued.expires))")
     }
 }
 
-/// `thali-node outbox`: what is waiting for delivery.
+/// `thali-node outbox [list|remove]`: what is waiting for delivery.
 struct Outbox: ParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "List queued items not yet delivered.",
-        discussion: "State: pending (offered when the contact is reachable), refused (by the receiver; kept to be seen), or expired (never offered again; `run` deletes it).")
-    @OptionGroup var options: NodeOptions
-    @Flag(help: "Print JSON for scripts.") var json = false
+        abstract: "List queued items not yet delivered, or cancel one.",
+        subcommands: [List.self, Remove.self], defaultSubcommand: List.self)
 
-    struct Entry: Encodable {
-        let id: String
-        let contact: String
-        let kind: String
-        let text: String?
-        let fileName: String?
-        let size: Int64
-        let acknowledgedBytes: Int64
-        let state: String
-        let created: String
-        let expires: String
-        let problem: String?
-    }
+    /// `thali-node outbox remove ID...`: cancels queued items.
+    struct Remove: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Cancel queued items: they are never offered again, and a file's copy is deleted.",
+            discussion: "ID: the item's id or its first digits (at least 4; `run` and `outbox` show 8). --refused removes every item its receiver refused.",
+            aliases: ["rm", "cancel"])
+        @OptionGroup var options: NodeOptions
+        @Argument(help: ArgumentHelp("The items' ids, or their first digits.", valueName: "id")) var ids: [String] = []
+        @Flag(help: "Remove every item its receiver refused.") var refused = false
+        @Flag(help: "Print the removed items as JSON.") var json = false
 
-    func run() throws {
-        let (store, _) = try options.openExistingStore()
-        let names = Dictionary(uniqueKeysWithValues: try (store?.contacts() ?? []).compactMap { c in c.id.map { ($0, c.name) } })
-        let now = Date()
-        let entries = try (store?.outbox() ?? []).map {
-            // An expired item is no longer offered; `run` drops it at its next sweep.
-            let state = $0.expiresAt <= now ? "expired" : $0.state.rawValue
-            return Entry(id: $0.id.uuidString, contact: names[$0.contactID] ?? "?", kind: $0.kind.rawValue, text: $0.text,
-                         fileName: $0.fileName, size: $0.size, acknowledgedBytes: $0.acknowledgedBytes, state: state,
-                         created: formatDate($0.createdAt), expires: formatDate($0.expiresAt), problem: $0.lastError)
+        func validate() throws {
+            if ids.isEmpty && !refused { throw ValidationError("give the id of an item to remove (see `thali-node outbox`), or --refused") }
         }
-        if json { return try printJSON(entries) }
-        if entries.isEmpty { print("outbox is empty") }
-        for entry in entries {
-            let what = entry.text.map { "\"\($0)\"" } ?? "\(entry.fileName ?? "?") (\(entry.size) bytes)"
-            print(TerminalText.escaped("\(entry.created)  to \(entry.contact)  \(entry.state)  \(what)  expires \(entry.expires)"
-                                       + (entry.problem.map { "  [\($0)]" } ?? "")))
+
+        func run() throws {
+            let (existing, _) = try options.openExistingStore()
+            guard let store = existing else { throw NodeError.unknownItem(ids.first ?? "", box: "outbox") }
+            var wanted = ids
+            if refused { wanted += try store.outbox().filter { $0.state == .refused }.map(\.id.uuidString) }
+            let removed = try store.removeOutboxItems(matching: wanted)
+            if json { return try printJSON(removed.map { RemovedItem(id: $0.id.uuidString, kind: $0.kind.rawValue, fileName: $0.fileName, size: $0.size) }) }
+            if removed.isEmpty { print("nothing to remove") }
+            for item in removed {
+                print(TerminalText.escaped("removed \(item.id.uuidString.prefix(8)) (\(item.kind == .text ? "a text" : "file \(item.fileName ?? "?")"), \(item.size) bytes)"))
+            }
+        }
+    }
+}
+
+extension Outbox {
+    /// `thali-node outbox [list]`.
+    struct List: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "List queued items not yet delivered.",
+            discussion: "State: pending (offered when the contact is reachable), refused (by the receiver; kept to be seen; `outbox remove --refused` clears them), or expired (never offered again; `run` deletes it).")
+        @OptionGroup var options: NodeOptions
+        @Flag(help: "Print JSON for scripts.") var json = false
+
+        struct Entry: Encodable {
+            let id: String
+            let contact: String
+            let kind: String
+            let text: String?
+            let fileName: String?
+            let size: Int64
+            let sha256: String
+            let acknowledgedBytes: Int64
+            let state: String
+            let created: String
+            let expires: String
+            let problem: String?
+        }
+
+        func run() throws {
+            let (store, _) = try options.openExistingStore()
+            let names = Dictionary(uniqueKeysWithValues: try (store?.contacts() ?? []).compactMap { c in c.id.map { ($0, c.name) } })
+            let now = Date()
+            let entries = try (store?.outbox() ?? []).map {
+                // An expired item is no longer offered; `run` drops it at its next sweep.
+                let state = $0.expiresAt <= now ? "expired" : $0.state.rawValue
+                return Entry(id: $0.id.uuidString, contact: names[$0.contactID] ?? "?", kind: $0.kind.rawValue, text: $0.text,
+                             fileName: $0.fileName, size: $0.size, sha256: hex($0.sha256), acknowledgedBytes: $0.acknowledgedBytes, state: state,
+                             created: formatDate($0.createdAt), expires: formatDate($0.expiresAt), problem: $0.lastError)
+            }
+            if json { return try printJSON(entries) }
+            if entries.isEmpty { print("outbox is empty") }
+            for entry in entries {
+                let what = entry.text.map { "\"\($0)\"" } ?? "\(entry.fileName ?? "?") (\(entry.size) bytes)"
+                print(TerminalText.escaped("\(entry.id.prefix(8))  \(entry.created)  to \(entry.contact)  \(entry.state)  \(what)  expires \(entry.expires)"
+                                           + (entry.problem.map { "  [\($0)]" } ?? "")))
+            }
         }
     }
 }

@@ -20,6 +20,9 @@ struct ThaliNode: AsyncParsableCommand {
     static func main() async {
         // Everything this process creates in a data directory is private, whatever the user's umask.
         umask(0o077)
+        // A closed pipe is a write error to handle (``StandardStream``), never a signal that kills the
+        // process mid-write: `run | head -1` stops the node cleanly.
+        signal(SIGPIPE, SIG_IGN)
         let arguments: [String]
         do {
             arguments = CommandLineArguments.normalized(try CommandLineArguments.validatedUTF8())
@@ -27,8 +30,8 @@ struct ThaliNode: AsyncParsableCommand {
             report(error)
         }
         if let unknown = CommandLineArguments.unknownSubcommand(in: arguments, of: ThaliNode.self) {
-            FileHandle.standardError.write(Data(("error: " + CommandLineArguments.oneLine(unknown) + "\n").utf8))
-            Foundation.exit(ExitCode.validationFailure.rawValue)
+            StandardStream.error.write("error: " + CommandLineArguments.oneLine(unknown) + "\n")
+            Foundation.exit(ExitStatus.usage.rawValue)
         }
         do {
             var command = try parseAsRoot(arguments)
@@ -50,7 +53,15 @@ struct ThaliNode: AsyncParsableCommand {
         if case SSDPDiscoveryService.StartError.noInterface(let address) = error {
             return "no local interface has the address \(address); give one of this machine's IPv4 addresses (see `ip -4 addr`)"
         }
+        if case SSDPDiscoveryService.StartError.invalidAddress(let address) = error {
+            return "\"\(address)\" cannot be used: the interface address must be one of this machine's IPv4 addresses, "
+                + "and the SSDP group (ssdpMulticastAddress in config.json) an IPv4 multicast address (224.0.0.0 to 239.255.255.255)"
+        }
+        if case SocketAddressError.failedToParseIPString(let text) = error {
+            return "\"\(text)\" is not an IPv4 address (check --address, --ssdp-group and config.json's ssdpMulticastAddress)"
+        }
         let nsError = error as NSError
+        if let failure = error as? CommandFailure { return failure.message }
         if error is NodeError || error is CancellationError || error is IOError || String(reflecting: type(of: error)).hasPrefix("GRDB.")
             || nsError.domain == NSCocoaErrorDomain || nsError.domain == NSPOSIXErrorDomain {
             return SystemErrorText.describe(error)
@@ -66,15 +77,17 @@ struct ThaliNode: AsyncParsableCommand {
     /// (exit 0 if they parse): the tests check every command line of the README and the spec with it.
     static let parseOnlyEnvironmentKey = "THALI_NODE_PARSE_ONLY"
 
-    /// Prints `error` as one line and exits with its code (help and clean exits as ArgumentParser does).
+    /// Prints `error` as one line and exits with its code (``ExitStatus``; help and clean exits as
+    /// ArgumentParser does).
     static func report(_ error: any Error) -> Never {
-        let code = exitCode(for: error)
-        if code == .success || error is CleanExit { exit(withError: error) }
-        let message = userMessage(for: error)
+        let parserCode = exitCode(for: error)
+        if error is CleanExit || (parserCode == .success && !(error is CommandFailure)) { exit(withError: error) }
         // `ExitCode(n)` carries no message: the command has said what it had to.
-        if error is ExitCode || message.isEmpty { Foundation.exit(code.rawValue) }
-        FileHandle.standardError.write(Data(("error: " + CommandLineArguments.oneLine(message) + "\n").utf8))
-        Foundation.exit(code.rawValue)
+        if let code = error as? ExitCode { Foundation.exit(code.rawValue) }
+        let status = ExitStatus.of(error)?.rawValue ?? (parserCode == .validationFailure ? ExitStatus.usage.rawValue : parserCode.rawValue)
+        let message = userMessage(for: error)
+        if !message.isEmpty { StandardStream.error.write("error: " + CommandLineArguments.oneLine(message) + "\n") }
+        Foundation.exit(status)
     }
 }
 
@@ -136,8 +149,9 @@ enum CommandLineArguments {
         var path = [root._commandName]
         for argument in arguments {
             let subcommands = command.configuration.subcommands
-            guard !subcommands.isEmpty, command.configuration.defaultSubcommand == nil,
-                  !argument.hasPrefix("-"), argument != "help" else { return nil }
+            // A group's default subcommand (`contacts` lists) takes no word of its own: a word after the
+            // group still names a subcommand, or is a typo of one.
+            guard !subcommands.isEmpty, !argument.hasPrefix("-"), argument != "help" else { return nil }
             if let next = subcommands.first(where: { $0._commandName == argument || $0.configuration.aliases.contains(argument) }) {
                 command = next
                 path.append(argument)
@@ -197,8 +211,7 @@ enum TerminalText {
     }
 
     private static func isEscaped(_ scalar: Unicode.Scalar) -> Bool {
-        scalar.properties.generalCategory == .control || (0x202A...0x202E).contains(scalar.value)
-            || (0x2066...0x2069).contains(scalar.value)
+        scalar.properties.generalCategory == .control || FileNames.hasBidirectionalControl(String(scalar))
     }
 }
 

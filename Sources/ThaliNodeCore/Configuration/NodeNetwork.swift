@@ -1,4 +1,5 @@
 import NIOCore
+import ThaliSSDP
 
 /// The network interface the node announces on and listens on.
 public struct NodeInterface: Sendable, Hashable {
@@ -48,7 +49,8 @@ extension NodeInterface {
             guard case .v4 = device.address else { return nil }
             return device.address?.ipAddress
         }) ?? []
-        guard local.contains(address) else {
+        // The kernel's test, not the list: all of 127.0.0.0/8 is this host's (Linux routes it to `lo`).
+        guard local.contains(address) || LocalAddress.isLocal(address) else {
             throw NodeError.addressNotLocal(address, reason: "no local interface has it (local IPv4 addresses: \(Set(local).sorted().joined(separator: ", ")))")
         }
     }

@@ -265,4 +265,30 @@ public enum FileNames {
         guard !name.isEmpty, name != ".", name != ".." else { return false }
         return !name.unicodeScalars.contains { $0 == "/" || $0 == "\\" || $0.value < 0x20 || $0.value == 0x7F }
     }
+
+    /// Whether `text` holds a character that reorders how text is shown: the bidirectional embeddings,
+    /// overrides and isolates (U+202A-202E, U+2066-2069) and marks (U+200E, U+200F, U+061C). With U+202E,
+    /// `photo\u{202E}gpj.exe` shows as `photoexe.jpg`.
+    public static func hasBidirectionalControl(_ text: String) -> Bool {
+        text.unicodeScalars.contains { isBidirectionalControl($0) }
+    }
+
+    /// The name a received file is stored under: `name` (already ``isSafe(_:)``) with every character that
+    /// could mislead or drive whoever looks at it (bidirectional controls, other invisible format
+    /// characters, C1 controls) replaced by `_`. The sender's name is kept as data in the inbox, shown
+    /// escaped; the path on disk is one a person can read and paste.
+    public static func storedName(for name: String) -> String {
+        var result = String.UnicodeScalarView()
+        for scalar in name.unicodeScalars {
+            let misleading = isBidirectionalControl(scalar) || scalar.properties.generalCategory == .format
+                || scalar.properties.generalCategory == .control
+            result.append(misleading ? "_" : scalar)
+        }
+        return String(result)
+    }
+
+    private static func isBidirectionalControl(_ scalar: Unicode.Scalar) -> Bool {
+        (0x202A...0x202E).contains(scalar.value) || (0x2066...0x2069).contains(scalar.value)
+            || scalar.value == 0x200E || scalar.value == 0x200F || scalar.value == 0x061C
+    }
 }

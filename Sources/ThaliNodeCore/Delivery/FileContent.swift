@@ -38,16 +38,25 @@ enum FileContent {
             }
             throw NodeError.unreadableFile(path: source, reason: "\(kind), not a regular file; save the content to a file first")
         }
+        // A regular file's size is known before a byte is read: a file over the limit is refused at once,
+        // with its true size (reading up to the limit first took seconds and named a wrong size).
+        if type == S_IFREG && UInt64(status.st_size) > limit {
+            throw NodeError.itemTooLarge(size: UInt64(status.st_size), limit: limit)
+        }
         guard let input = FileHandle(forReadingAtPath: source) else {
             throw NodeError.unreadableFile(path: source, reason: "permission denied")
         }
         defer { try? input.close() }
-        let temporary = destination + ".copying"
+        // What the file was when opened: a copy is kept only if it is still that file, unchanged, at the end.
+        let before = FileIdentity(descriptor: input.fileDescriptor)
+        let temporary = destination + copyingSuffix
         guard FileManager.default.createFile(atPath: temporary, contents: nil,
                                              attributes: [.posixPermissions: NodeHome.fileMode]),
               let output = FileHandle(forWritingAtPath: temporary) else {
             throw NodeError.dataDirectoryUnusable(path: temporary, reason: "cannot create file")
         }
+        // Held while the copy runs: ``removeInterruptedCopies(in:)`` removes only copies nobody holds.
+        _ = flock(output.fileDescriptor, LOCK_EX)
         var hasher = SHA256()
         var size: UInt64 = 0
         do {
@@ -64,6 +73,11 @@ enum FileContent {
                 hasher.update(data: block)
                 try writing { try output.write(contentsOf: block) }
             }
+            // A file rewritten, truncated or appended to while it was read would be queued as content that
+            // never existed (old data, zeros, new data): refused, as tar's "file changed as we read it".
+            if let before, let change = before.change(to: FileIdentity(descriptor: input.fileDescriptor), bytesRead: size) {
+                throw NodeError.fileChangedWhileRead(path: source, what: change)
+            }
             try writing { try output.synchronize() }
         } catch {
             try? FileManager.default.removeItem(atPath: temporary)
@@ -74,6 +88,26 @@ enum FileContent {
         try FileManager.default.moveItem(atPath: temporary, toPath: destination)
         try syncDirectory(containing: destination)
         return (size, Array(hasher.finalize()))
+    }
+
+    /// The suffix of a copy into the outbox while it is being made.
+    static let copyingSuffix = ".copying"
+
+    /// Removes the copies into `directory` that an interrupted `send --file` left (`<id>.copying`, which
+    /// nothing holds: a copy running now holds its lock and is left alone); returns their names and sizes.
+    static func removeInterruptedCopies(in directory: String) -> [(name: String, bytes: UInt64)] {
+        guard let names = try? FileManager.default.contentsOfDirectory(atPath: directory) else { return [] }
+        var removed: [(name: String, bytes: UInt64)] = []
+        for name in names.sorted() where name.hasSuffix(copyingSuffix) {
+            let path = directory + "/" + name
+            let descriptor = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
+            guard descriptor >= 0 else { continue }
+            defer { close(descriptor) }
+            guard flock(descriptor, LOCK_EX | LOCK_NB) == 0 else { continue }
+            let bytes = size(of: path) ?? 0
+            if unlink(path) == 0 { removed.append((name, bytes)) }
+        }
+        return removed
     }
 
     /// Makes the entries of the directory holding `path` durable (`fsync` on the directory). A file's
@@ -177,5 +211,32 @@ enum FileContent {
         guard let attributes = try? FileManager.default.attributesOfItem(atPath: path),
               let size = attributes[.size] as? NSNumber else { return nil }
         return size.uint64Value
+    }
+}
+
+/// What says whether an open file's content changed without reading it again: `fstat`'s size, and its
+/// modification and change times (nanoseconds; any write or truncation moves the change time). Taken on
+/// the open descriptor, so a file renamed over the path meanwhile does not count: the copy read the old one.
+struct FileIdentity {
+    let size: Int64
+    let modified: timespec
+    let changed: timespec
+
+    /// The identity of the open file `descriptor`; nil if `fstat` fails, or for a pipe (its size and times
+    /// say nothing of its content).
+    init?(descriptor: Int32) {
+        var status = stat()
+        guard fstat(descriptor, &status) == 0, status.st_mode & S_IFMT == S_IFREG else { return nil }
+        (size, modified, changed) = (Int64(status.st_size), status.st_mtim, status.st_ctim)
+    }
+
+    /// How the file changed from `self` to `later`, after `bytesRead` bytes were read from it; nil if not.
+    func change(to later: FileIdentity?, bytesRead: UInt64) -> String? {
+        guard let later else { return "it can no longer be examined" }
+        if later.size != size { return "its size went from \(size) to \(later.size) bytes" }
+        if bytesRead != UInt64(size) { return "\(bytesRead) bytes could be read of \(size)" }
+        func same(_ a: timespec, _ b: timespec) -> Bool { a.tv_sec == b.tv_sec && a.tv_nsec == b.tv_nsec }
+        if !same(later.modified, modified) || !same(later.changed, changed) { return "it was written to" }
+        return nil
     }
 }

@@ -212,8 +212,8 @@ extension ThaliPeer {
     /// Binds the contact's relay listener on its pinned or kept port (a free one the first time) and
     /// reports it: ``PeerEvent/relayListening(contact:port:)`` the first time,
     /// ``PeerEvent/relayReopened(contact:port:)`` on the same port after a reconnect. A kept port taken
-    /// meanwhile gives way to a free one; a pinned one closes the session (the link retries); both are
-    /// reported as ``PeerEvent/relayPortUnavailable(contact:port:reason:instead:)``.
+    /// meanwhile, pinned or kept, gives way to a free one (delivery on the session goes on), reported as
+    /// ``PeerEvent/relayPortUnavailable(contact:port:reason:instead:)``; the next reconnect tries it again.
     private func openRelayListener(for contact: Contact, over session: MultiplexerSession, address: String,
                                    marked: Bool) async throws -> Channel {
         let pinned = configuration.relayPorts[contact.name]
@@ -228,12 +228,9 @@ extension ThaliPeer {
             do {
                 listener = try await listen(wanted)
             } catch {
+                // A port taken meanwhile, pinned or kept, never stops delivery: the session stays up and the
+                // relay listens on a free port until the next reconnect finds its own port free again.
                 let reason = "\(NodeError.mapBindError(error, host: "127.0.0.1", port: wanted))"
-                guard pinned == nil else {
-                    emit(.relayPortUnavailable(contact: contact.name, port: wanted, reason: reason, instead: nil))
-                    try? await session.close().get()
-                    throw PeerConnectionError(.relayClosed, address: address)
-                }
                 listener = try await listen(0)
                 emit(.relayPortUnavailable(contact: contact.name, port: wanted, reason: reason,
                                            instead: listener.localAddress?.port ?? 0))

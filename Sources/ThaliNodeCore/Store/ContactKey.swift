@@ -76,6 +76,9 @@ public enum ContactNames {
         if name.unicodeScalars.contains(where: { $0.properties.generalCategory == .control }) {
             throw NodeError.invalidContactName(name, reason: "contains control characters")
         }
+        if FileNames.hasBidirectionalControl(name) {
+            throw NodeError.invalidContactName(name, reason: "contains a right-to-left or other direction control (U+202A-202E, U+2066-2069, U+200E, U+200F, U+061C), which can make it show as another name")
+        }
         if name != name.trimmingCharacters(in: .whitespaces) {
             throw NodeError.invalidContactName(name, reason: "leading or trailing spaces")
         }

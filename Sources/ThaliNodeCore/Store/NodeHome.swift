@@ -93,10 +93,13 @@ public struct NodeHome: Sendable, Hashable {
             throw NodeError.dataDirectoryUnusable(path: path, reason: "it is not a directory; give a directory (or a new path) with --home")
         }
         guard access(path, writing ? (R_OK | W_OK | X_OK) : (R_OK | X_OK)) == 0 else {
+            // Read first: looking the owner's name up (getpwuid) may change errno, and a read-only file
+            // system was reported as a mode that chmod would fix.
+            let failure = errno
             let mode = String(info.st_mode & 0o777, radix: 8)
             let owner = Self.userName(info.st_uid)
-            let problem = if errno == EROFS {
-                "it is on a read-only file system"
+            let problem = if failure == EROFS {
+                "it is on a read-only file system; remount it read-write, or give a --home on a writable one"
             } else if info.st_uid == geteuid() {
                 // The node writes beside its database even to read it (SQLite's WAL).
                 "permission denied (mode 0\(mode)): it must be readable and writable by you; `chmod 700 \(path)` fixes that"

@@ -22,7 +22,7 @@ public final class NodeStore: Sendable {
     public let home: NodeHome
     /// The limits queued items are checked against.
     public let limits: DeliveryLimits
-    private let pool: DatabasePool
+    let pool: DatabasePool
     private let sessions = NIOLockedValueBox<Set<SessionKey>>([])
     private let expiryObservers = NIOLockedValueBox<[@Sendable ([OutboxItem]) -> Void]>([])
     /// Durable transactions committed since the store was opened (``durableWrite(_:)``): the inbox
@@ -329,7 +329,9 @@ public final class NodeStore: Sendable {
                             id: UUID = UUID(), now: Date = Date()) throws -> OutboxItem {
         let named = name != nil
         let name = name ?? URL(fileURLWithPath: path).lastPathComponent
-        guard FileNames.isSafe(name), name.utf8.count <= limits.maxNameBytes else { throw NodeError.invalidFileName(name) }
+        guard FileNames.isSafe(name), !FileNames.hasBidirectionalControl(name), name.utf8.count <= limits.maxNameBytes else {
+            throw NodeError.invalidFileName(name)
+        }
         guard expiresAt > now else { throw NodeError.invalidExpiry("\(expiresAt)") }
         let contact = try contact(named: contactName)
         if let existing = try outboxItem(id: id) { return existing }
@@ -549,7 +551,8 @@ public final class NodeStore: Sendable {
             text = decoded
         }
         let directory = "\(home.inboxDirectory)/\(offer.id.uuidString)"
-        let destination = "\(directory)/\(offer.name)"
+        // Under a name that cannot pass for another (the sender's own is kept in the row).
+        let destination = "\(directory)/\(FileNames.storedName(for: offer.name))"
         let result = try durableWrite { db -> CommitResult in
             if try InboxRow.filter(Column("fromPublicKey") == contact.publicKey && Column("itemID") == offer.id).fetchCount(db) > 0 {
                 return .alreadyStored

@@ -148,7 +148,7 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
         }
         let groupAddress = try SocketAddress(ipAddress: configuration.groupAddress, port: configuration.port)
         guard groupAddress.isMulticast else { throw StartError.invalidAddress(configuration.groupAddress) }
-        guard try System.enumerateDevices().contains(where: { $0.address?.ipAddress == configuration.interfaceAddress }) else {
+        guard LocalAddress.isLocal(configuration.interfaceAddress) else {
             throw StartError.noInterface(address: configuration.interfaceAddress)
         }
         let device = try SocketAddress(ipAddress: configuration.interfaceAddress, port: 0)
