@@ -49,7 +49,12 @@ struct Send: ParsableCommand {
         if let file {
             item = try store.enqueueFile(at: file, to: contact, name: name, expiresAt: expiry, now: now)
         } else {
-            item = try store.enqueueText(text ?? "", to: contact, expiresAt: expiry, now: now)
+            do {
+                item = try store.enqueueText(text ?? "", to: contact, expiresAt: expiry, now: now)
+            } catch NodeError.itemTooLarge(let size, let limit) {
+                throw CommandFailure(exitCode: .dataError, message: "the text is \(size) bytes, over this node's limit for texts of \(limit) "
+                                     + "(maxTextBytes in config.json): save it to a file and send that with --file")
+            }
         }
         let queued = Queued(id: item.id.uuidString, contact: contact, kind: item.kind.rawValue, fileName: item.fileName, size: item.size,
                             sha256: hex(item.sha256), expires: formatDate(item.expiresAt))
