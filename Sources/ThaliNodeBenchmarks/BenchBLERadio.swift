@@ -101,7 +101,9 @@ struct RadioBenchError: Error, CustomStringConvertible {
 
 /// Progress goes to standard error so that standard output stays one JSON document.
 private func progress(_ line: String) {
-    FileHandle.standardError.write(Data("bench: \(line)\n".utf8))
+    // write(2), never FileHandle.write(_:), which traps when standard error is a closed pipe.
+    let text = Array("bench: \(line)\n".utf8)
+    _ = text.withUnsafeBytes { write(STDERR_FILENO, $0.baseAddress, $0.count) }
 }
 
 private func rounded(_ value: Double) -> Double { (value * 1000).rounded() / 1000 }

@@ -139,7 +139,7 @@ struct ConformanceBluetoothCommand: AsyncParsableCommand {
             run.recordRemaining(BluetoothConformance.Cases.client, .inconclusive, because: "cannot listen or advertise: \(error)")
             return
         }
-        FileHandle.standardError.write(Data("thali-node: waiting for the implementation to connect on channel \(channel)\n".utf8))
+        StandardStream.error.write("thali-node: waiting for the implementation to connect on channel \(channel)\n")
         await suite.runClientCases(run, on: listener, waitingUpTo: wait)
         try? await advertiser?.client.stopAdvertising()
     }
@@ -168,7 +168,7 @@ func standInSuiteAddress(_ local: BluetoothAddress?, environment: [String: Strin
     guard let standIn = local ?? BluetoothAddress(ConformanceBluetoothCommand.standInLocalAddress) else {
         throw ValidationError("--local-address: not a Bluetooth address")
     }
-    FileHandle.standardError.write(Data("thali-node: Bluetooth streams use the cross-process stand-in (scope \(scope)), not RFCOMM: a test configuration\n".utf8))
+    StandardStream.error.write("thali-node: Bluetooth streams use the cross-process stand-in (scope \(scope)), not RFCOMM: a test configuration\n")
     return (scope, standIn)
 }
 

@@ -195,7 +195,7 @@ struct ReportOptions: ParsableArguments {
         let json = self.json
         let run = ConformanceRun(target: target, catalog: try loadCatalog(), baseline: try loadBaseline()) { result in
             let line = TerminalText.escaped(ConformanceReport.progressLine(result))
-            if json { FileHandle.standardError.write(Data((line + "\n").utf8)) } else { printNow(line) }
+            if json { StandardStream.error.write(line + "\n") } else { printNow(line) }
         }
         let outputs = self.outputs
         // SIGINT: print what the run has and leave; the cases still running are abandoned.
@@ -203,7 +203,7 @@ struct ReportOptions: ParsableArguments {
         let interrupt = DispatchSource.makeSignalSource(signal: SIGINT, queue: DispatchQueue(label: "conformance.sigint"))
         interrupt.setEventHandler {
             run.markInterrupted()
-            outputs.write(run.report)
+            do { try outputs.write(run.report) } catch { ThaliNode.report(error) }
             Foundation.exit(130)
         }
         interrupt.resume()
@@ -212,7 +212,7 @@ struct ReportOptions: ParsableArguments {
         interrupt.cancel()
         try? await group.shutdownGracefully()
         let report = run.report
-        outputs.write(report)
+        try outputs.write(report)
         if !report.succeeded { throw ExitCode.failure }
     }
 }
@@ -223,12 +223,20 @@ struct ConformanceOutputs: Sendable {
     var jsonOut: String?
     var junitOut: String?
 
-    func write(_ report: ConformanceReport) {
+    /// Prints the report and writes the files asked for; a file that cannot be written is an error in
+    /// words (`EX_IOERR`), never a report silently missing.
+    func write(_ report: ConformanceReport) throws {
         // The table quotes what the implementation under test said (error reasons, answers): escaped line
         // by line, as every peer's text on a terminal is.
         print(json ? report.json() : report.table.split(separator: "\n", omittingEmptySubsequences: false)
             .map { TerminalText.escaped(String($0)) }.joined(separator: "\n"))
-        if let jsonOut { try? Data(report.json().utf8).write(to: URL(fileURLWithPath: jsonOut)) }
-        if let junitOut { try? Data(report.junitXML().utf8).write(to: URL(fileURLWithPath: junitOut)) }
+        for (path, text) in [(jsonOut, report.json()), (junitOut, report.junitXML())] {
+            guard let path else { continue }
+            do {
+                try Data(text.utf8).write(to: URL(fileURLWithPath: path))
+            } catch {
+                throw CommandFailure(exitCode: .ioError, message: "cannot write the report to \(path): \(SystemErrorText.describe(error))")
+            }
+        }
     }
 }

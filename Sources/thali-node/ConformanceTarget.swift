@@ -87,7 +87,7 @@ struct ConformanceTargetCommand: AsyncParsableCommand {
             let line = TerminalText.escaped("listening on \(ssdpGroup):\(ssdpPort) for the implementation's M-SEARCH for up to \(searchWaitS) s: start it now")
             let json = report.json
             configuration.listening = {
-                if json { FileHandle.standardError.write(Data((line + "\n").utf8)) } else { printNow(line) }
+                if json { StandardStream.error.write(line + "\n") } else { printNow(line) }
             }
         }
         if let peerKey, let identity {

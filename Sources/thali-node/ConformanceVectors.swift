@@ -84,11 +84,11 @@ struct ConformanceVectors: ParsableCommand {
             let run = ConformanceRun(target: "vectors \(set.layer.rawValue): \(graded.implementation)",
                                      catalog: try report.loadCatalog(), baseline: try report.loadBaseline()) { result in
                 let line = TerminalText.escaped(ConformanceReport.progressLine(result))
-                if json { FileHandle.standardError.write(Data((line + "\n").utf8)) } else { print(line) }
+                if json { StandardStream.error.write(line + "\n") } else { print(line) }
             }
             FrameVectorGrading.grade(graded, against: set, in: run)
             let result = run.report
-            report.outputs.write(result)
+            try report.outputs.write(result)
             if !result.succeeded { throw ExitCode.failure }
         }
     }

@@ -306,22 +306,46 @@ struct DurationLimit: Service {
 }
 
 /// Prints the peer's events: readable lines, or one JSON object per line; flushed, from any thread.
-/// Progress is printed at most every 250 ms per item (and always at its end).
+/// Progress: with `--json` at most every 250 ms per item (and always at its end); on a terminal one line
+/// per transfer redrawn in place (rate, time left), which the next event's line replaces; elsewhere (a
+/// file, a pipe) a plain line at most every ``plainProgressInterval``.
 final class RunOutput: Sendable {
     private let json: Bool
     private let feed: NodeEventFeed?
     private let start = Date()
-    private let lastProgress = Mutex<[UUID: Date]>([:])
+    /// Whether readable lines go to a terminal (progress redraws in place).
+    private let terminal: Bool
+    private struct Transfer {
+        var first: (time: Date, bytes: UInt64)
+        var lastShown: Date
+    }
+    private struct Screen {
+        var transfers: [UUID: Transfer] = [:]
+        /// A progress line is on the terminal without its newline: the next line replaces it.
+        var progressShown = false
+    }
+    private let screen = Mutex(Screen())
+
+    /// How often a transfer's progress is printed as a plain line when standard output is no terminal.
+    static let plainProgressInterval: TimeInterval = 2
+    /// How often it is redrawn on a terminal, and printed with `--json`.
+    static let progressInterval: TimeInterval = 0.25
 
     /// Prints readable lines, or JSON lines with `json`; every record also goes to `feed`'s followers as
     /// a JSON line.
     init(json: Bool, feed: NodeEventFeed? = nil) {
         self.json = json
         self.feed = feed
+        terminal = !json && isatty(STDOUT_FILENO) == 1
     }
 
     /// Prints `record`, stamped with the time since the start.
     func print(_ record: PeerEventRecord) {
+        print(record, readable: record.summary, inPlace: false)
+    }
+
+    /// Prints `record` (as `readable` in readable mode); `inPlace`: a progress line to redraw on a terminal.
+    private func print(_ record: PeerEventRecord, readable: String, inPlace: Bool) {
         let elapsed = Date().timeIntervalSince(start)
         var stamped = record
         stamped.t = (elapsed * 1000).rounded() / 1000
@@ -330,10 +354,14 @@ final class RunOutput: Sendable {
         if json {
             guard let line else { return }
             StandardStream.output.write(line)
-        } else {
-            // Summaries carry texts, names and reasons from other peers: escaped for the terminal.
-            let line = TerminalText.escaped(Self.roundingDurations(record.summary))
-            StandardStream.output.write(String(format: "%8.3fs  ", elapsed) + line + "\n")
+            return
+        }
+        // Summaries carry texts, names and reasons from other peers: escaped for the terminal.
+        let text = String(format: "%8.3fs  ", elapsed) + TerminalText.escaped(Self.roundingDurations(readable))
+        screen.withLock { screen in
+            let clear = screen.progressShown ? "\r\u{1B}[K" : ""
+            screen.progressShown = inPlace
+            StandardStream.output.write(clear + text + (inPlace ? "" : "\n"))
         }
     }
 
@@ -359,16 +387,45 @@ final class RunOutput: Sendable {
     }
 
     func report(_ event: PeerEvent) {
-        // Progress at most every 250 ms per item, and always at its end.
-        if case .delivery(_, .progress(let id, let bytes, let total)) = event {
-            let now = Date()
-            let due = lastProgress.withLock { last -> Bool in
-                if bytes < total, let previous = last[id], now.timeIntervalSince(previous) < 0.25 { return false }
-                last[id] = now
-                return true
-            }
-            guard due else { return }
+        guard case .delivery(let contact, .progress(let id, let bytes, let total)) = event else {
+            if let record = PeerEventRecord(event) { print(record) }
+            return
         }
-        if let record = PeerEventRecord(event) { print(record) }
+        let now = Date()
+        let ended = bytes >= total
+        let interval = terminal || json ? Self.progressInterval : Self.plainProgressInterval
+        let transfer = screen.withLock { screen -> Transfer? in
+            guard var transfer = screen.transfers[id] else {
+                let first = Transfer(first: (now, bytes), lastShown: now)
+                screen.transfers[id] = ended ? nil : first
+                return first
+            }
+            if !ended && now.timeIntervalSince(transfer.lastShown) < interval { return nil }
+            transfer.lastShown = now
+            screen.transfers[id] = ended ? nil : transfer
+            return transfer
+        }
+        guard let transfer, let record = PeerEventRecord(event) else { return }
+        print(record, readable: Self.progressLine(id: id, contact: "\(contact)", bytes: bytes, total: total, since: transfer.first, now: now),
+              inPlace: terminal && !ended)
+    }
+
+    /// `  7A1B2C3D with bob: 45 %, 230.1 MB of 512.0 MB, 120.3 MB/s, 2 s left`: the rate since the
+    /// transfer's first report in this run.
+    static func progressLine(id: UUID, contact: String, bytes: UInt64, total: UInt64, since first: (time: Date, bytes: UInt64),
+                             now: Date) -> String {
+        let percent = total == 0 ? 100 : bytes * 100 / total
+        var line = "  \(id.uuidString.prefix(8)) with \(contact): \(percent) %, \(ByteCount.format(Int64(clamping: bytes))) of "
+            + ByteCount.format(Int64(clamping: total))
+        let seconds = now.timeIntervalSince(first.time)
+        if seconds > 0.1, bytes > first.bytes {
+            let rate = Double(bytes - first.bytes) / seconds
+            line += ", \(ByteCount.format(Int64(rate)))/s"
+            if bytes < total {
+                let left = Double(total - bytes) / rate
+                line += left < 60 ? String(format: ", %.0f s left", left.rounded(.up)) : String(format: ", %.0f min left", (left / 60).rounded(.up))
+            }
+        }
+        return line
     }
 }

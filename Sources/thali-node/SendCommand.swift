@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import Synchronization
 import ThaliNodeCore
 
 /// `thali-node send CONTACT TEXT | --file PATH`: queue an item for store-and-forward delivery.
@@ -47,7 +48,9 @@ struct Send: ParsableCommand {
         let expiry = now.addingTimeInterval(Double(expiresIn?.seconds ?? configuration.defaultItemExpirySeconds))
         let item: OutboxItem
         if let file {
-            item = try store.enqueueFile(at: file, to: contact, name: name, expiresAt: expiry, now: now)
+            let progress = CopyProgress()
+            defer { progress.finish() }
+            item = try store.enqueueFile(at: file, to: contact, name: name, expiresAt: expiry, now: now, progress: progress.update)
         } else {
             do {
                 item = try store.enqueueText(text ?? "", to: contact, expiresAt: expiry, now: now)
@@ -142,5 +145,37 @@ extension Outbox {
                                            + (entry.problem.map { "  [\($0)]" } ?? "")))
             }
         }
+    }
+}
+
+/// `send --file`'s progress while it copies a large file into the outbox, redrawn in place on standard
+/// error when that is a terminal (a script sees nothing of it).
+final class CopyProgress: Sendable {
+    /// How often the line is redrawn.
+    static let interval: TimeInterval = 0.2
+    private let start = Date()
+    private let state = Mutex<(lastShown: Date?, shown: Bool)>((nil, false))
+    private let enabled = isatty(STDERR_FILENO) == 1
+
+    /// Shows `copied` of `total` bytes, at most every ``interval`` and only after the first second.
+    func update(_ copied: UInt64, _ total: UInt64?) {
+        guard enabled else { return }
+        let now = Date()
+        let seconds = now.timeIntervalSince(start)
+        let due = state.withLock { state -> Bool in
+            guard seconds >= 1, now.timeIntervalSince(state.lastShown ?? .distantPast) >= Self.interval else { return false }
+            state = (now, true)
+            return true
+        }
+        guard due else { return }
+        var line = "copying into the outbox: \(ByteCount.format(Int64(clamping: copied)))"
+        if let total, total > 0 { line += " of \(ByteCount.format(Int64(clamping: total))) (\(copied * 100 / total) %)" }
+        line += ", \(ByteCount.format(Int64(Double(copied) / seconds)))/s"
+        StandardStream.error.write("\r\u{1B}[K" + line)
+    }
+
+    /// Clears the line, if one was shown.
+    func finish() {
+        if state.withLock({ $0.shown }) { StandardStream.error.write("\r\u{1B}[K") }
     }
 }

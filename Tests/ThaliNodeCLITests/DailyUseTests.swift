@@ -229,6 +229,39 @@ struct DailyUseTests {
         #expect(send.output.contains("direction-changing"), "\(send.output)")
     }
 
+    // MARK: Progress (item 7)
+
+    @Test("progress: redrawn in place with rate and time left on a terminal, plain lines with the rate elsewhere")
+    func progressForPeople() async throws {
+        let people = try TestPeople(["alice", "bob"], label: "progress")
+        let (alice, bob) = (try people["alice"], try people["bob"])
+        let path = alice.home.path + "-p.bin"
+        defer { unlink(path) }
+        try Data(randomBytes(4_000_000)).write(to: URL(fileURLWithPath: path))
+        let queued = try await thaliNode(["send", "bob", "--file", path, "--home", alice.home.path])
+        #expect(queued.status == 0, "\(queued.output)")
+        let id = try #require(try alice.store.outbox().first?.id)
+        let port = String(randomSSDPPort())
+        // 1 MB/s: a transfer of about 4 s, so that several reports come.
+        let sender = try ChildProcess(CommandLineTests.executable, ["run", "--home", alice.home.path, "--address", "127.0.0.1",
+                                                                  "--ssdp-port", port, "--throttle", "1000000"])
+        defer { _ = sender.terminate() }
+        let receiver = try ChildProcess("script", ["-qec", "'\(CommandLineTests.executable)' run --home \(bob.home.path) --address 127.0.0.1 --ssdp-port \(port)", "/dev/null"])
+        defer { _ = receiver.terminate() }
+        try await sender.waitForOutput(containing: "delivered \(id.uuidString.prefix(8))", timeout: .seconds(30))
+        try await receiver.waitForOutput(containing: "100 %", timeout: .seconds(10))
+        let short = String(id.uuidString.prefix(8))
+        // Not a terminal: plain lines, each with the rate; no cursor control.
+        let plain = sender.output.split(separator: "\n").filter { $0.contains("\(short) with bob:") }
+        #expect(plain.count >= 2 && plain.count <= 5, "\(sender.output)")
+        #expect(plain.contains { $0.contains("MB/s") && $0.contains("s left") }, "\(sender.output)")
+        #expect(!sender.output.contains("\u{1B}["), "\(sender.output)")
+        // A terminal: one line redrawn (carriage return, erase line), with rate and time left.
+        #expect(receiver.output.contains("\r\u{1B}[K"), "\(receiver.output)")
+        #expect(receiver.output.contains("MB/s"), "\(receiver.output)")
+        #expect(receiver.output.split(separator: "\n").filter { $0.contains("\(short) with alice:") }.count == 1, "\(receiver.output)")
+    }
+
     // MARK: Relay pins (item 4)
 
     @Test("relay pins refused at start: two contacts on one port, the node's own port, a port held now, an unknown contact")

@@ -13,9 +13,10 @@ enum FileContent {
     /// Copies `source` to `destination` (through a temporary name, so a half copy is never taken for a
     /// whole one) and returns the size and SHA-256; refuses files above `limit` bytes, counted as they are
     /// read. `source` is a regular file, or — when `acceptingPipe` (the caller named the delivered file) —
-    /// a pipe this process inherited (``isInheritedDescriptor(_:)``).
-    static func copy(from source: String, to destination: String, limit: UInt64,
-                     acceptingPipe: Bool = false) throws -> (UInt64, [UInt8]) {
+    /// a pipe this process inherited (``isInheritedDescriptor(_:)``). `progress` hears the bytes copied
+    /// after each block, with the size when it is known (a regular file).
+    static func copy(from source: String, to destination: String, limit: UInt64, acceptingPipe: Bool = false,
+                     progress: ((_ copied: UInt64, _ total: UInt64?) -> Void)? = nil) throws -> (UInt64, [UInt8]) {
         // Checked before opening, on the target of links: opening a FIFO without a writer blocks forever.
         // An inherited pipe (`<(cmd)`, `/dev/stdin`) has its writer already, or is at its end; it is read
         // like a file, and the limit is enforced as it is read.
@@ -72,6 +73,7 @@ enum FileContent {
                 guard size <= limit else { throw NodeError.itemTooLarge(size: size, limit: limit) }
                 hasher.update(data: block)
                 try writing { try output.write(contentsOf: block) }
+                progress?(size, type == S_IFREG ? UInt64(status.st_size) : nil)
             }
             // A file rewritten, truncated or appended to while it was read would be queued as content that
             // never existed (old data, zeros, new data): refused, as tar's "file changed as we read it".

@@ -323,10 +323,14 @@ public final class NodeStore: Sendable {
     /// the node copies it under `outbox/` (hashing it on the way), so the delivered content is what was
     /// queued. With an explicit `name`, `path` may also be a pipe this process inherited (`/dev/stdin`,
     /// `/dev/fd/N` as `<(cmd)` gives), read to its end within `maxItemBytes`. Named pipes (FIFOs), devices,
-    /// sockets and directories are refused (``NodeError/unreadableFile(path:reason:)``). Idempotent on `id`.
+    /// sockets and directories are refused (``NodeError/unreadableFile(path:reason:)``), a file over the
+    /// limit at once, and a file written while it is copied after the copy
+    /// (``NodeError/fileChangedWhileRead(path:what:)``). `progress` hears the bytes copied so far and the
+    /// file's size. Idempotent on `id`.
     @discardableResult
     public func enqueueFile(at path: String, to contactName: String, name: String? = nil, expiresAt: Date,
-                            id: UUID = UUID(), now: Date = Date()) throws -> OutboxItem {
+                            id: UUID = UUID(), now: Date = Date(),
+                            progress: ((_ copied: UInt64, _ total: UInt64?) -> Void)? = nil) throws -> OutboxItem {
         let named = name != nil
         let name = name ?? URL(fileURLWithPath: path).lastPathComponent
         guard FileNames.isSafe(name), !FileNames.hasBidirectionalControl(name), name.utf8.count <= limits.maxNameBytes else {
@@ -336,7 +340,8 @@ public final class NodeStore: Sendable {
         let contact = try contact(named: contactName)
         if let existing = try outboxItem(id: id) { return existing }
         let copy = home.outboxDirectory + "/" + id.uuidString
-        let (size, digest) = try FileContent.copy(from: path, to: copy, limit: limits.maxItemBytes, acceptingPipe: named)
+        let (size, digest) = try FileContent.copy(from: path, to: copy, limit: limits.maxItemBytes, acceptingPipe: named,
+                                                  progress: progress)
         let item = OutboxItem(id: id, contactID: contact.id ?? 0, kind: .file, text: nil, filePath: home.relative(copy), fileName: name,
                               size: Int64(size), sha256: Data(digest), createdAtMs: now.milliseconds,
                               expiresAtMs: expiresAt.milliseconds, state: .pending, acknowledgedBytes: 0, lastError: nil)
