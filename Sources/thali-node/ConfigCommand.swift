@@ -12,6 +12,7 @@ struct Config: ParsableCommand {
     struct Show: ParsableCommand {
         static let configuration = CommandConfiguration(abstract: "Print the effective configuration as JSON.")
         @OptionGroup var options: NodeOptions
+        @Flag(help: "Accepted for symmetry with the other commands: the output is always JSON.") var json = false
 
         func run() throws {
             let configuration = try NodeConfiguration.load(home: try options.checkedHome(writing: false))

@@ -4,6 +4,7 @@ import Logging
 import NIOCore
 import NIOPosix
 import ThaliBeacons
+import ThaliNodeCore
 import ThaliSSDP
 
 /// `thali-node discover`: runs SSDP discovery on one interface and prints what it sees as JSON lines.
@@ -22,17 +23,23 @@ struct Discover: AsyncParsableCommand {
             cleanly (byebye).
             """)
 
-    @Option(help: "IPv4 address of the interface to pin discovery to (127.0.0.1 for lo).")
-    var interfaceAddress: String = "127.0.0.1"
+    // The same names as `run`'s for the same things (`--interface-address`, `--group` and `--http-port`
+    // still work); `--port` is the TCP port here too, as in `run`.
+    @OptionGroup var options: NodeOptions
 
-    @Option(help: "Multicast group.")
-    var group: String = "239.255.255.250"
+    @Option(name: [.customLong("address"), .customLong("interface-address")],
+            help: ArgumentHelp("IPv4 address of the interface to pin discovery to (127.0.0.1 for lo).", valueName: "ip"))
+    var address: String = "127.0.0.1"
 
-    @Option(help: "Multicast port.")
-    var port: Int = 1900
+    @Option(name: [.customLong("ssdp-group"), .customLong("group")],
+            help: "SSDP multicast group (default: the configuration's ssdpMulticastAddress).")
+    var ssdpGroup: String?
 
-    @Option(help: "TCP port of the beacon server (0: any free port).")
-    var httpPort: Int = 0
+    @Option(help: "SSDP multicast port, UDP (default: the configuration's ssdpPort).")
+    var ssdpPort: Int?
+
+    @Option(name: [.customLong("port"), .customLong("http-port")], help: "TCP port of the beacon server (0: any free port).")
+    var port: Int = 0
 
     @Option(help: "Beacon stream to advertise, as hex (the app's bytes; opaque here).")
     var beaconsHex: String?
@@ -67,21 +74,31 @@ struct Discover: AsyncParsableCommand {
     @Option(help: "Stop after this many seconds (default: run until stopped).")
     var duration: Double?
 
+    @Flag(help: "Accepted for symmetry with the other commands: the output is always JSON lines.")
+    var json = false
+
     func validate() throws {
         if beaconsHex != nil && beaconsFile != nil {
             throw ValidationError("give --beacons-hex or --beacons-file, not both")
         }
-        guard (1...65535).contains(port), (0...65535).contains(httpPort) else { throw ValidationError("bad port") }
+        if let ssdpPort, !(1...65535).contains(ssdpPort) { throw ValidationError("--ssdp-port must be in 1...65535") }
+        guard (0...65535).contains(port) else { throw ValidationError("--port must be in 0...65535") }
+        guard IPv4Address.isValid(address) else { throw ValidationError("--address '\(address)' is not an IPv4 address") }
+        if let ssdpGroup, !IPv4Address.isMulticast(ssdpGroup) {
+            throw ValidationError("--ssdp-group '\(ssdpGroup)' is not an IPv4 multicast address (224.0.0.0 to 239.255.255.255)")
+        }
         guard maxAge >= 1, aliveIntervalMs >= 10, backgroundIntervalS >= 1, searchIntervalS >= 1, maxPeers >= 1,
             maxDatagramsPerSecond >= 1, cooldownS >= 1
         else { throw ValidationError("intervals, ages and limits must be positive (alive interval at least 10 ms)") }
     }
 
     func run() async throws {
-        var configuration = SSDPDiscoveryConfiguration(interfaceAddress: interfaceAddress)
-        configuration.groupAddress = group
-        configuration.port = port
-        configuration.httpPort = httpPort
+        // Defaults from the data directory's config.json, as `run` takes them.
+        let node = try NodeConfiguration.load(home: try options.checkedHome(writing: false))
+        var configuration = SSDPDiscoveryConfiguration(interfaceAddress: address)
+        configuration.groupAddress = ssdpGroup ?? node.ssdpMulticastAddress
+        configuration.port = ssdpPort ?? node.ssdpPort
+        configuration.httpPort = port
         configuration.maxAge = maxAge
         configuration.foregroundAliveInterval = .milliseconds(Int64(aliveIntervalMs))
         configuration.backgroundAliveInterval = .seconds(Int64(backgroundIntervalS))
@@ -125,19 +142,21 @@ struct Discover: AsyncParsableCommand {
         }
         let stdinReader = Thread {
             while let line = readLine() {
-                let words = line.split(separator: " ").map(String.init)
-                switch words.first {
-                case "stop": stopSignal.continuation.yield("stdin")
-                case "beacons" where words.count == 2:
-                    let bytes = words[1] == "none" ? nil : Hex.decode(words[1])
+                switch DiscoverInput(line) {
+                case .none: continue
+                case .stop: stopSignal.continuation.yield("stdin")
+                case .beacons(let bytes):
                     Task {
                         await service.advertise(bytes)
                         output.print(["event": "advertising", "usn": await service.uniqueServiceName() ?? ""])
                     }
-                case "background" where words.count == 2:
-                    Task { await service.setBackground(words[1] == "on") }
-                default:
-                    output.print(["event": "error", "message": "unknown command"])
+                case .background(let on):
+                    Task {
+                        await service.setBackground(on)
+                        output.print(["event": "background", "on": on])
+                    }
+                case .invalid(let message):
+                    output.print(["event": "error", "message": message, "line": line])
                 }
             }
         }
@@ -153,7 +172,10 @@ struct Discover: AsyncParsableCommand {
         let counters = await service.counters()
         var counts: [String: Int] = [:]
         for child in Mirror(reflecting: counters).children {
-            if let label = child.label, let value = child.value as? Int { counts[snakeCased(label)] = value }
+            // The names `run`'s status uses (`worst_loop_lag_ms`, not `..._milliseconds`).
+            if let label = child.label, let value = child.value as? Int {
+                counts[snakeCased(label).replacingOccurrences(of: "_milliseconds", with: "_ms")] = value
+            }
         }
         for (kind, count) in counters.beaconFetchFailuresByKind { counts["beacon_fetch_failures_\(kind.rawValue)"] = count }
         output.print(["event": "stopped", "reason": reason, "counters": counts])
@@ -183,5 +205,37 @@ final class DiscoverJSONLines: Sendable {
         guard let data = try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys, .withoutEscapingSlashes])
         else { return }
         StandardStream.output.write(data + Data("\n".utf8))
+    }
+}
+
+/// A line of `discover`'s standard input: `stop`, `beacons HEX`, `beacons none`, `background on|off`;
+/// anything else is invalid with the reason (and changes nothing: a bad `beacons` line used to stop the
+/// advertising).
+enum DiscoverInput: Equatable {
+    case stop
+    /// Advertise these bytes (nil: nothing).
+    case beacons([UInt8]?)
+    case background(Bool)
+    case invalid(String)
+
+    /// Nil for a blank line.
+    init?(_ line: String) {
+        let words = line.split(whereSeparator: \.isWhitespace).map(String.init)
+        guard let command = words.first else { return nil }
+        let usage = "commands: stop, beacons HEX, beacons none, background on, background off"
+        switch (command, words.count) {
+        case ("stop", 1): self = .stop
+        case ("beacons", 2) where words[1] == "none": self = .beacons(nil)
+        case ("beacons", 2):
+            guard words[1].count % 2 == 0, let bytes = Hex.decode(words[1]), !bytes.isEmpty else {
+                self = .invalid("beacons: '\(words[1].prefix(64))' is not hex bytes (an even number of hex digits), nor none")
+                return
+            }
+            self = .beacons(bytes)
+        case ("background", 2) where ["on", "off"].contains(words[1]): self = .background(words[1] == "on")
+        case ("background", _): self = .invalid("background takes on or off")
+        case ("beacons", _): self = .invalid("beacons takes one argument: HEX or none")
+        default: self = .invalid("unknown command '\(command.prefix(64))'; \(usage)")
+        }
     }
 }

@@ -15,6 +15,8 @@ struct Events: ParsableCommand {
             """)
 
     @OptionGroup var options: NodeOptions
+    @Flag(help: "Accepted for symmetry with the other commands: the output is always JSON lines.")
+    var json = false
 
     /// The longest line accepted from the feed (the node's largest record is a `status` with its lists).
     static let maxLineBytes = 1 << 20

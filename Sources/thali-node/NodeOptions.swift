@@ -98,8 +98,8 @@ func printJSON(_ value: some Encodable) throws {
     encoder.keyEncodingStrategy = .convertToSnakeCase
     encoder.outputFormatting = [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]
     let text = String(decoding: try encoder.encode(value), as: UTF8.self)
-    // Foundation pretty-prints an empty array as "[", a blank line and "]".
-    print(text.filter { !$0.isWhitespace } == "[]" ? "[]" : text)
+    // Foundation pretty-prints an empty array as "[", a blank line and "]", at any depth.
+    print(text.replacing(/\[\s*\n\s*\n\s*\]/, with: "[]"))
 }
 
 /// `text` (a Swift name such as `datagramsReceived`) in the JSON output's snake_case (`datagrams_received`).

@@ -262,6 +262,45 @@ struct DailyUseTests {
         #expect(receiver.output.split(separator: "\n").filter { $0.contains("\(short) with alice:") }.count == 1, "\(receiver.output)")
     }
 
+    // MARK: discover and --json (items 13, 14)
+
+    @Test("discover: bad input lines are refused with the line and change nothing; run's option names work; --json everywhere")
+    func discoverInputAndNames() async throws {
+        let people = try TestPeople(["alice", "bob"], label: "discover")
+        let home = try people["alice"].home.path
+        let discover = try ChildProcess(CommandLineTests.executable, [
+            "discover", "--home", home, "--address", "127.0.0.1", "--ssdp-port", String(randomSSDPPort()),
+            "--ssdp-group", "239.255.255.250", "--port", "0", "--beacons-hex", "0102", "--json",
+        ])
+        defer { _ = discover.terminate() }
+        try await discover.waitForOutput(containing: #""event":"started""#)
+        for line in ["beacons zz", "beacons 010", "background maybe", "", "   ", "frobnicate now"] { discover.write(line + "\n") }
+        discover.write("background on\nstop\n")
+        #expect(try await discover.waitForExit(timeout: .seconds(10)) == 0)
+        let lines = discover.output.split(separator: "\n").map(String.init)
+        let errors = lines.filter { $0.contains(#""event":"error""#) }
+        #expect(errors.count == 4, "\(discover.output)")
+        #expect(errors.contains { $0.contains("is not hex bytes") && $0.contains(#""line":"beacons zz""#) }, "\(discover.output)")
+        #expect(errors.contains { $0.contains(#""line":"beacons 010""#) }, "\(discover.output)")
+        #expect(errors.contains { $0.contains("background takes on or off") }, "\(discover.output)")
+        #expect(errors.contains { $0.contains("unknown command 'frobnicate'") && $0.contains(#""line":"frobnicate now""#) }, "\(discover.output)")
+        // Advertising never stopped: no `advertising` event with an empty USN.
+        #expect(!lines.contains { $0.contains(#""event":"advertising""#) }, "\(discover.output)")
+        #expect(lines.contains { $0.contains(#""event":"background""#) && $0.contains(#""on":true"#) }, "\(discover.output)")
+        #expect(lines.contains { $0.contains(#""worst_loop_lag_ms""#) }, "\(discover.output)")
+
+        #expect(try await thaliNode(["config", "show", "--json", "--home", home]).status == 0)
+        let queued = try await thaliNode(["send", "bob", "--file", "/etc/hostname", "--json", "--home", home])
+        #expect(queued.output.contains(#""file_name" : "hostname""#), "\(queued.output)")
+        let outbox = try await thaliNode(["outbox", "--json", "--home", home])
+        #expect(outbox.output.contains(#""sha256" : ""#), "\(outbox.output)")
+        // A contact with nothing queued: its `deleted_items` is `[]`, not "[", a blank line and "]".
+        #expect(try await thaliNode(["contacts", "add", "carol", PrivateKey().publicKey.hexString(compressed: true), "--home", home]).status == 0)
+        let removed = try await thaliNode(["contacts", "remove", "carol", "--json", "--home", home])
+        #expect(removed.status == 0, "\(removed.output)")
+        #expect(removed.output.contains(#""deleted_items" : []"#), "\(removed.output)")
+    }
+
     // MARK: Relay pins (item 4)
 
     @Test("relay pins refused at start: two contacts on one port, the node's own port, a port held now, an unknown contact")
