@@ -76,8 +76,7 @@ public enum NodeError: Error, Hashable, CustomStringConvertible {
         case .storeUnavailable(let path, let reason): "cannot open the database \(path): \(reason)"
         case .unreadableFile(let path, let reason): "cannot read \(path): \(reason)"
         case .itemTooLarge(let size, let limit):
-            "it is \(ByteCount.format(Int64(clamping: size))) (\(size) bytes), over this node's limit of \(ByteCount.format(Int64(clamping: limit))) "
-                + "(\(limit) bytes; maxItemBytes, or maxTextBytes for a text, in config.json)"
+            "the item is \(ByteCount.exact(size)), over this node's limit of \(ByteCount.exact(limit)) (maxItemBytes, or maxTextBytes for a text, in config.json)"
         case .invalidFileName(let name):
             "file name \"\(name)\" cannot be delivered (it must be one path component, no longer than maxNameBytes, without control or "
                 + "direction-changing characters); give another with --name"
@@ -126,6 +125,11 @@ enum ShellQuoting {
 
 /// Byte counts for people.
 public enum ByteCount {
+    /// `bytes` exactly, with the short form beside it from 1 kB on: `11 bytes`, `3.2 GB (3221225472 bytes)`.
+    public static func exact(_ bytes: UInt64) -> String {
+        bytes < 1000 ? "\(bytes) bytes" : "\(format(Int64(clamping: bytes))) (\(bytes) bytes)"
+    }
+
     /// `bytes` in B, kB, MB or GB (powers of 1000, one decimal above 1 kB).
     public static func format(_ bytes: Int64) -> String {
         if bytes < 1000 { return "\(bytes) B" }

@@ -43,7 +43,7 @@ struct Run: AsyncParsableCommand {
     @Option(help: ArgumentHelp("Relay mode: forward authenticated streams to this local TCP port.", valueName: "port"))
     var appPort: Int?
     @Option(name: .customLong("relay-port"), parsing: .singleValue,
-            help: ArgumentHelp("Relay mode: the local port of a contact's relay listener, as NAME=PORT (repeatable; default: a free port, kept across reconnects).",
+            help: ArgumentHelp("Relay mode: the local port of a contact's relay listener, as NAME=PORT (repeatable; default: a free port, kept across reconnects). Needs no --app-port: a node whose apps only connect out gives just this.",
                                valueName: "contact=port"))
     var relayPorts: [String] = []
     @Flag(help: "Also use Bluetooth: BLE discovery through BlueZ (bluetoothd), RFCOMM to the peers found.")
@@ -172,9 +172,6 @@ struct Run: AsyncParsableCommand {
         }
         configuration.relayPorts = try Self.parseRelayPorts(relayPorts)
         if !configuration.relayPorts.isEmpty {
-            guard configuration.appPort != nil else {
-                throw ValidationError("--relay-port applies in relay mode: give --app-port too (the port of this machine's app that the contact's streams reach)")
-            }
             for name in configuration.relayPorts.keys.sorted() where (try? store.contact(named: name)) == nil {
                 throw NodeError.unknownContact(name)
             }
@@ -344,8 +341,9 @@ final class RunOutput: Sendable {
         print(record, readable: record.summary, inPlace: false)
     }
 
-    /// Prints `record` (as `readable` in readable mode); `inPlace`: a progress line to redraw on a terminal.
-    private func print(_ record: PeerEventRecord, readable: String, inPlace: Bool) {
+    /// Prints `record` (as `readable` in readable mode, where nil prints nothing: the feed and `--json`
+    /// still get it); `inPlace`: a progress line to redraw on a terminal.
+    private func print(_ record: PeerEventRecord, readable: String?, inPlace: Bool) {
         let elapsed = Date().timeIntervalSince(start)
         var stamped = record
         stamped.t = (elapsed * 1000).rounded() / 1000
@@ -356,6 +354,7 @@ final class RunOutput: Sendable {
             StandardStream.output.write(line)
             return
         }
+        guard let readable else { return }
         // Summaries carry texts, names and reasons from other peers: escaped for the terminal.
         let text = String(format: "%8.3fs  ", elapsed) + TerminalText.escaped(Self.roundingDurations(readable))
         screen.withLock { screen in
@@ -388,7 +387,14 @@ final class RunOutput: Sendable {
 
     func report(_ event: PeerEvent) {
         guard case .delivery(let contact, .progress(let id, let bytes, let total)) = event else {
-            if let record = PeerEventRecord(event) { print(record) }
+            guard let record = PeerEventRecord(event) else { return }
+            // One line per event that matters: a delivery session that ended cleanly follows the
+            // `delivered` and `received` lines that said what it did (JSON and followers still get it).
+            if case .sessionEnded(_, _, nil) = event {
+                print(record, readable: nil, inPlace: false)
+            } else {
+                print(record)
+            }
             return
         }
         let now = Date()

@@ -89,7 +89,7 @@ struct CommandLineUsabilityTests {
         let limited = #"{"maxItemBytes": 4}"#
         try Data(limited.utf8).write(to: URL(fileURLWithPath: temporary.home.configurationPath))
         try await expectRefusal({ try await shell("printf 'piped bytes' | \"$THALI_NODE\" send bob --file /dev/stdin --name big.txt --home '\(home)'") },
-                                containing: "exceeds the limit of 4 bytes", home: home)
+                                containing: "over this node's limit of 4 bytes", home: home)
         try FileManager.default.removeItem(atPath: temporary.home.configurationPath)
 
         let piped = try await shell("printf 'piped bytes' | \"$THALI_NODE\" send bob --file /dev/stdin --name piped.txt --home '\(home)'")

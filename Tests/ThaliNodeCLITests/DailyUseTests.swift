@@ -113,7 +113,7 @@ struct DailyUseTests {
         close(descriptor)
         let result = try await thaliNode(["send", "bob", "--file", path, "--home", home])
         #expect(result.status == 65, "\(result.output)")
-        #expect(result.output.contains("(3221225472 bytes), over this node's limit"), "\(result.output)")
+        #expect(result.output.contains("the item is 3.2 GB (3221225472 bytes), over this node's limit"), "\(result.output)")
         let text = String(repeating: "x", count: 100_000)
         let long = try await thaliNode(["send", "bob", text, "--home", home])
         #expect(long.status == 65, "\(long.output)")
@@ -314,23 +314,53 @@ struct DailyUseTests {
         let own = try await thaliNode(base + ["--port", "16001", "--relay-port", "bob=16001"])
         #expect(own.status == 64, "\(own.output)")
         #expect(own.output.contains("is this node's own port"), "\(own.output)")
-        let holder = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        let held = try #require(freeLoopbackPort())
+        let holder = try #require(listeningSocket(port: held))
         defer { close(holder) }
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        _ = withUnsafePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(holder, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) } }
-        #expect(listen(holder, 1) == 0)
-        var bound = sockaddr_in()
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        _ = withUnsafeMutablePointer(to: &bound) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(holder, $0, &length) } }
-        let held = Int(UInt16(bigEndian: bound.sin_port))
         let taken = try await thaliNode(base + ["--relay-port", "bob=\(held)"])
         #expect(taken.status == 69, "\(taken.output)")
         #expect(taken.output.contains("port \(held) on 127.0.0.1 cannot be used: in use by another process"), "\(taken.output)")
         let unknown = try await thaliNode(base + ["--relay-port", "dave=16002"])
         #expect(unknown.status == 65, "\(unknown.output)")
         #expect(unknown.output.contains("unknown contact \"dave\""), "\(unknown.output)")
+    }
+
+    @Test("a node whose apps only connect out needs no --app-port; its pinned port taken after start gives way to a free one, and delivery goes on")
+    func relayClientWithoutAppPort() async throws {
+        let people = try TestPeople(["alice", "bob"], label: "relay-client")
+        let (alice, bob) = (try people["alice"], try people["bob"])
+        let text = try alice.store.enqueueText("beside the relay", to: "bob", expiresAt: Date().addingTimeInterval(600))
+        // Alice's app: an echo server, a process of its own.
+        let echo = try ChildProcess("python3", ["-c", """
+            import socket, threading
+            s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(); print(s.getsockname()[1], flush=True)
+            def serve(c):
+                while (d := c.recv(65536)): c.sendall(d)
+                c.close()
+            while True:
+                c, _ = s.accept(); threading.Thread(target=serve, args=(c,), daemon=True).start()
+            """])
+        defer { _ = echo.terminate() }
+        try await echo.waitForOutput(containing: "\n")
+        let appPort = try #require(Int(echo.output.trimmingCharacters(in: .whitespacesAndNewlines)))
+        let pinned = try #require(freeLoopbackPort())
+        let port = String(randomSSDPPort())
+        let bobPeer = try RunningPeer("bob", CommandLineTests.executable, ["run", "--home", bob.home.path, "--address", "127.0.0.1",
+                                                                          "--ssdp-port", port, "--json", "--relay-port", "alice=\(pinned)"])
+        defer { _ = bobPeer.kill() }
+        try await bobPeer.waitFor("started") { isEvent($0, "started") }
+        // Another process takes the pinned port after bob checked it at start.
+        let holder = try #require(listeningSocket(port: pinned))
+        defer { close(holder) }
+        let alicePeer = try RunningPeer("alice", CommandLineTests.executable, ["run", "--home", alice.home.path, "--address", "127.0.0.1",
+                                                                              "--ssdp-port", port, "--json", "--app-port", String(appPort)])
+        defer { _ = alicePeer.kill() }
+        let moved = try await bobPeer.waitFor("the relay on another port") { isEvent($0, "relay_port_unavailable", ["contact": "alice"]) }
+        let instead = try #require(moved["instead"] as? Int)
+        #expect(instead != pinned)
+        try await bobPeer.waitFor("alice's text") { isEvent($0, "received", ["id": text.id.uuidString]) }
+        let reply = try await Task.detached { try echoThrough(port: instead, "ping through the relay\n") }.value
+        #expect(reply == "ping through the relay\n")
     }
 
     // MARK: Words and codes (items 8, 11, 12, 16)
@@ -403,4 +433,53 @@ struct DailyUseTests {
             #expect(!result.output.contains("chmod"), "\(arguments): \(result.output)")
         }
     }
+}
+
+/// A TCP port on 127.0.0.1 that was free a moment ago.
+func freeLoopbackPort() -> Int? {
+    guard let descriptor = listeningSocket(port: 0) else { return nil }
+    defer { close(descriptor) }
+    var bound = sockaddr_in()
+    var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+    _ = withUnsafeMutablePointer(to: &bound) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(descriptor, $0, &length) } }
+    return Int(UInt16(bigEndian: bound.sin_port))
+}
+
+/// A socket listening on 127.0.0.1:`port` (0: any), or nil.
+func listeningSocket(port: Int) -> Int32? {
+    let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    var address = sockaddr_in()
+    address.sin_family = sa_family_t(AF_INET)
+    address.sin_port = in_port_t(UInt16(port).bigEndian)
+    address.sin_addr.s_addr = inet_addr("127.0.0.1")
+    let bound = withUnsafePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(descriptor, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) } }
+    guard descriptor >= 0, bound == 0, listen(descriptor, 4) == 0 else {
+        close(descriptor)
+        return nil
+    }
+    return descriptor
+}
+
+/// Sends `line` to 127.0.0.1:`port` and reads back as many bytes (an echo through the relay).
+func echoThrough(port: Int, _ line: String) throws -> String {
+    let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    defer { close(descriptor) }
+    var address = sockaddr_in()
+    address.sin_family = sa_family_t(AF_INET)
+    address.sin_port = in_port_t(UInt16(port).bigEndian)
+    address.sin_addr.s_addr = inet_addr("127.0.0.1")
+    var timeout = timeval(tv_sec: 10, tv_usec: 0)
+    setsockopt(descriptor, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+    let connected = withUnsafePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(descriptor, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) } }
+    guard connected == 0 else { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO) }
+    let bytes = Array(line.utf8)
+    _ = bytes.withUnsafeBytes { send(descriptor, $0.baseAddress, $0.count, 0) }
+    var received: [UInt8] = []
+    var buffer = [UInt8](repeating: 0, count: 4096)
+    while received.count < bytes.count {
+        let count = buffer.withUnsafeMutableBytes { recv(descriptor, $0.baseAddress, $0.count, 0) }
+        guard count > 0 else { break }
+        received += buffer.prefix(count)
+    }
+    return String(decoding: received, as: UTF8.self)
 }

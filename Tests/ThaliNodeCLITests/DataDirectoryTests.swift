@@ -142,7 +142,7 @@ struct DataDirectoryTests {
         #expect(try await thaliNode(["send", "bob", "a text", "--home", home]).status == 0)
         let answering = { answer in try await self.onTerminal(["contacts", "remove", "bob", "--home", home], answering: answer) }
         let declined = try await answering("n")
-        #expect(declined.status == 1, "\(declined.output)")
+        #expect(declined.status == 73, "\(declined.output)")  // EX_CANTCREAT: it holds data, --force removes it
         #expect(declined.output.contains("Remove bob and delete 1 queued item (6 B)? [y/N]"), "\(declined.output)")
         #expect(try NodeStore(home: temporary.home).outbox().count == 1)
         let accepted = try await answering("y")
@@ -167,7 +167,7 @@ struct DataDirectoryTests {
         // On a terminal, without --force, it asks (as ssh-keygen does); no changes nothing.
         let current = FileManager.default.contents(atPath: temporary.home.identityPath)
         let declined = try await onTerminal(["identity", "create", "--home", temporary.home.path], answering: "n")
-        #expect(declined.status == 1 && declined.output.contains("exists. Replace it"), "\(declined.output)")
+        #expect(declined.status == 73 && declined.output.contains("exists. Replace it"), "\(declined.output)")
         #expect(FileManager.default.contents(atPath: temporary.home.identityPath) == current)
         let accepted = try await onTerminal(["identity", "create", "--home", temporary.home.path], answering: "y")
         #expect(accepted.status == 0 && accepted.output.contains("old key kept at"), "\(accepted.output)")

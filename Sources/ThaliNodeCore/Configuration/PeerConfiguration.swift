@@ -73,6 +73,10 @@ public struct PeerConfiguration: Sendable {
     /// Relay mode: the local port of each contact's relay listener, by contact name (`--relay-port
     /// NAME=PORT`). A contact not named here keeps the port first bound for it across reconnects.
     public var relayPorts: [String: Int] = [:]
+    /// Whether this node opens a relay listener for each contact it connects to: relay mode (``appPort``),
+    /// or pinned ``relayPorts`` alone (a node whose apps only connect out to a contact's app needs no app
+    /// port of its own).
+    public var opensRelayListeners: Bool { appPort != nil || !relayPorts.isEmpty }
     /// How often the peer looks for outbox changes (`send` runs in another process). Looking is two
     /// `stat`s of the store's files; the store is read only when a commit moved them, an item expired
     /// or the announcement is due for renewal.

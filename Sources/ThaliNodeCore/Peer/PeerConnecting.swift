@@ -108,7 +108,7 @@ extension ThaliPeer {
         emit(.connected(contact: contact.name, role: .connecting, binding: route.binding))
         updateLink(contact) { $0.connected() }
         if marked { registerMarkedSession(session, contact: contact, role: .connecting) }
-        if configuration.appPort != nil {
+        if configuration.opensRelayListeners {
             // Marked: delivery beside the relay; its failure leaves the relay's session up.
             if marked {
                 let wanted = keepSessionOpen(contact)

@@ -92,7 +92,8 @@ public enum PeerDepartureReason: String, Sendable, Hashable, CustomStringConvert
     /// `narrowed`).
     public var description: String {
         switch self {
-        case .byebye: "it said byebye"
+        // A node says byebye when it has nothing left to announce as well as when it stops.
+        case .byebye: "it stopped announcing (byebye: it has nothing for its contacts now, or it stopped)"
         case .expired: "its announcement expired"
         case .stopped: "discovery stopped"
         case .narrowed: "its beacons were read and the table made room for another"
