@@ -60,10 +60,11 @@ struct DailyUseTests {
         let log = home + "-tee.log"
         defer { unlink(log) }
         let run = runArguments(home, ["--duration", "30", "--status-interval", "0.2"]).map { "'\($0)'" }.joined(separator: " ")
-        // tee is killed first (as Ctrl-C reaches it first), then the node gets SIGINT with lines still to print.
+        // tee ends first (as Ctrl-C ends it first; SIGTERM here: a script's background job ignores SIGINT),
+        // then the node gets SIGINT with lines still to print.
         let script = """
             { "$T" \(run); echo "status=$?" >&2; } | tee '\(log)' > /dev/null &
-            sleep 1; pkill -INT -x tee; sleep 0.5; pkill -INT -f -- '--home \(home) '; wait
+            sleep 1; pkill -TERM -x tee; sleep 0.5; pkill -INT -f -- '--home \(home) '; wait
             """
         let result = try await shell(script, timeout: .seconds(20))
         #expect(result.output.contains("status=0"), "\(result.output)")
