@@ -230,7 +230,7 @@ struct Run: AsyncParsableCommand {
         // Output that goes away (`run | head -1`, a `tee` stopped by Ctrl-C, `> /dev/full`) stops the peer as
         // SIGTERM does: byebye, connections closed, the lock and events.sock released.
         StandardStream.output.onFailure { failure in
-            reason.set(failure == .closed ? "output closed" : "output failed")
+            reason.set(failure == .closed ? "output_closed" : "output_failed")
             Task { await serviceGroup.triggerGracefulShutdown() }
         }
         StandardStream.output.watchForClosedReader()
