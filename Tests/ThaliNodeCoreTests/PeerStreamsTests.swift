@@ -247,6 +247,39 @@ struct PeerStreamsTests {
         for server in servers { await server.value }
     }
 
+    @Test("an app stream half-closes as TCP does: the accepting app answers after the opener's FIN, and the opener reads the answer")
+    func acceptingSideAnswersAfterOpenersFIN() async throws {
+        let pair = try Pair(label: "streams-halfclose")
+        // Bob's app reads everything the opener sends, to its end, and only then answers.
+        let streams = try pair.make("bob").handleStreams(protocol: "count")
+        let server = Task {
+            for await stream in streams {
+                try? await stream.channel.executeThenClose { inbound, outbound in
+                    var count = 0
+                    for try await bytes in inbound { count += bytes.readableBytes }
+                    try await outbound.write(ByteBuffer(string: "got \(count) bytes"))
+                }
+            }
+        }
+        try pair.make("alice")
+        try await pair.startAll()
+        let alice = try #require(pair.peers["alice"])
+        let stream = try await alice.openStream(to: "bob", protocol: "count")
+        let answer = try await Self.within {
+            try await stream.channel.executeThenClose { inbound, outbound in
+                try await outbound.write(ByteBuffer(string: "hello"))
+                outbound.finish()  // half-close: the end of our input to bob, not of the stream
+                var answer = ""
+                for try await bytes in inbound { answer += String(buffer: bytes) }
+                return answer
+            }
+        }
+        #expect(answer == "got 5 bytes")
+        await pair.stopAll()
+        server.cancel()
+        await server.value
+    }
+
     @Test("a session going away is passed over: openStream uses another session with the contact")
     func openStreamPassesOverASessionGoingAway() async throws {
         let pair = try Pair(label: "streams-goaway")

@@ -268,9 +268,14 @@ final class StreamHeaderReader: ChannelDuplexHandler, RemovableChannelHandler {
     }
 
     private func accept(context: ChannelHandlerContext) {
-        guard case .dispatching = state else { return }
+        guard case .dispatching(let kind) = state else { return }
         state = .accepted
-        if let before = halfClosureBefore { try? context.channel.syncOptions?.setOption(.allowRemoteHalfClosure, value: before) }
+        // An app stream's setup asked for half-closure (the opener's FIN ends only its input, so the app
+        // can still answer, as over TCP): it keeps it. Putting the setting from before back closed the
+        // stream at the opener's FIN, and the reply was lost. Other kinds get their own setting back.
+        if let before = halfClosureBefore, kind.appProtocol == nil {
+            try? context.channel.syncOptions?.setOption(.allowRemoteHalfClosure, value: before)
+        }
         writeStatus(.accepted, context: context)
         let held = heldWrites
         heldWrites = []
