@@ -66,7 +66,7 @@ public enum NodeError: Error, Hashable, CustomStringConvertible {
             "this public key is already contact \"\(holder)\"'s; see `thali-node contacts list` (one key, one contact)"
         case .invalidContactName(let name, let reason): "invalid contact name \"\(name)\": \(reason)"
         case .invalidPublicKey(let key, let reason): "invalid public key \"\(key)\": \(reason)"
-        case .portInUse(let host, let port): "port \(port) on \(host) is in use by another process"
+        case .portInUse(let host, let port): "port \(port) on \(host) is in use (by another program, or by another listener of this one)"
         case .bluetoothUnavailable(let reason): "Bluetooth cannot run: \(reason)"
         case .addressNotLocal(let address, let reason): "address \"\(address)\" cannot be used: \(reason)"
         case .noUsableInterface(let name):
@@ -200,4 +200,10 @@ public enum SystemErrorText {
         default: error.message ?? "\(error)"
         }
     }
+}
+
+extension NodeError: LocalizedError {
+    /// The same words as ``description``, so that `localizedDescription` shows them in an app (it was
+    /// "The operation could not be completed. (ThaliNodeCore.NodeError error 0.)").
+    public var errorDescription: String? { description }
 }

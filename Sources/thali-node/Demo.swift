@@ -197,6 +197,7 @@ struct Demo: AsyncParsableCommand {
         var firstSeen: [String: Duration] = [:]
         var firstMatch: Duration?
         var received: [UUID: Duration] = [:]
+        var delivered = Set<UUID>()
         var failure: String?
         let byID = Dictionary(uniqueKeysWithValues: expected.map { ($0.id, $0) })
         for await event in events {
@@ -229,6 +230,9 @@ struct Demo: AsyncParsableCommand {
                 if item.to != event.person { failure = "\(event.person) received an item meant for \(item.to)" }
                 received[id] = received[id] ?? elapsed
                 say("\(stamp)  \(who) received from \(contact): \(item.what)")
+            case "delivered":
+                // The sender's side of the same item: its outbox is empty only once the ack came.
+                if let id = UUID(uuidString: event.fields["id"] ?? "") { delivered.insert(id) }
             case "connection_failed":
                 say("\(stamp)  \(who) connection with \(contact) failed (\(event.fields["reason"] ?? "?")), retrying")
             case "timeout":
@@ -238,7 +242,9 @@ struct Demo: AsyncParsableCommand {
             default:
                 break
             }
-            if failure != nil || received.count == expected.count { break }
+            // Every item in its inbox and out of its sender's outbox: stopping earlier leaves an item whose
+            // ack was still on its way in the sender's outbox (delivered again, as `complete`, next time).
+            if failure != nil || (received.count == expected.count && delivered.count == expected.count) { break }
         }
         sink.finish()
 

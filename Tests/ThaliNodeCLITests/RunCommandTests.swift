@@ -160,7 +160,7 @@ struct RunCommandTests {
         let port = try #require(holder.localAddress?.port)
         try await expectOneLineError(["run", "--home", try people["dave"].home.path, "--address", "127.0.0.1",
                                       "--ssdp-port", String(randomSSDPPort()), "--port", String(port)],
-                                     containing: "port \(port) on 127.0.0.1 is in use by another process")
+                                     containing: "port \(port) on 127.0.0.1 is in use")
         try await holder.close()
     }
 

@@ -1,4 +1,7 @@
 @_exported import ThaliBluetoothAddress
+// `NodeIdentity` returns and `ThaliPeer.init` takes a `PrivateKey`: an app names it without adding ThaliBeacons.
+@_exported import struct ThaliBeacons.PrivateKey
+@_exported import struct ThaliBeacons.PublicKey
 import ThaliSSDP
 
 /// Where a peer is found, by binding: the SSDP `LOCATION` it announces over Wi-Fi, its Bluetooth
