@@ -26,7 +26,7 @@ struct HeadOfLineTests {
         let people = try TestPeople(["alice", "bob"], label: "hol")
         let (alice, bob) = (try people["alice"], try people["bob"])
         // A short first wait, so that the file is offered again while the test watches.
-        try Data(#"{"noSpaceRetrySeconds": 1}"#.utf8).write(to: URL(fileURLWithPath: alice.home.configurationPath))
+        try Data(#"{"noSpaceRetrySeconds": 2}"#.utf8).write(to: URL(fileURLWithPath: alice.home.configurationPath))
         let expiry = Date().addingTimeInterval(600)
         let path = alice.home.path + "/big.iso"
         #expect(FileManager.default.createFile(atPath: path, contents: nil))
@@ -66,7 +66,7 @@ struct HeadOfLineTests {
         #expect((deferred["retry_in_ms"] as? Int).map { $0 > 0 } == true)
         // The file is offered again later (the outbox poll wakes the advertisement at its retry time), and
         // refused again; the words of a refusal never name a Swift case.
-        try await receiver.waitFor("a second offer of the file", timeout: .seconds(60)) { _ in
+        try await receiver.waitFor("a second offer of the file", timeout: .seconds(90)) { _ in
             receiver.events.filter { isEvent($0, "refused_offer", ["id": file.id.uuidString]) }.count >= 2
         }
         for line in sender.events + receiver.events where ["deferred", "refused_offer"].contains(line["event"] as? String) {
