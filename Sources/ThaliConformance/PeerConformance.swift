@@ -164,10 +164,10 @@ public struct PeerConformance: Sendable {
         public static let senderBeaconRequest = ConformanceCase("peer/sender/beacon-request",
                                                                 "its beacon fetch is GET /NotificationBeacons HTTP/1.1, Host host:port, Connection: close, Accept: application/octet-stream",
                                                                 ["SSDP-6.6", "SSDP-6.8"])
-        /// `peer/sender/welcome`: it answers our hello(3) with welcome: version 3, its frame maximum (at
-        /// least 1024) and its progress window (at least 2048); an older version is a warning.
+        /// `peer/sender/welcome`: it answers our hello (version 4) with welcome: version 3 or 4, its frame
+        /// maximum (at least 1024) and its progress window (at least 2048); an older version is a warning.
         public static let senderWelcome = ConformanceCase("peer/sender/welcome",
-                                                          "it answers our hello(3) with welcome: version 3, its frame maximum, at least 1024, and its progress window, at least 2048",
+                                                          "it answers our hello(4) with welcome: version 3 or 4, its frame maximum, at least 1024, and its progress window, at least 2048",
                                                           ["NODE-1.22", "NODE-1.26"])
         /// `peer/sender/opens-stream`: it opens a delivery stream and answers our offer.
         public static let senderStream = ConformanceCase("peer/sender/opens-stream", "it opens a delivery stream and answers our offer",
@@ -898,7 +898,8 @@ public struct PeerConformance: Sendable {
         await checkInbox(run, delivered: delivered, unwanted: unwanted)
     }
 
-    /// Grades its welcome to our hello(3) and returns whether it speaks version 3. A version 2 welcome is
+    /// Grades its welcome to our hello(4) and returns whether it speaks version 3 (or 4, whose welcome has
+    /// the same fields; a version 3 receiver rightly answers with 3). A version 2 welcome is
     /// what an older receiver rightly answers: a warning, and its version 3 cases do not apply.
     private static func gradeWelcome(_ run: ConformanceRun, version: UInt8, maximum: UInt32, window: UInt32?, started: NIODeadline) -> Bool {
         let speaksProgress = version >= DeliveryFrame.progressVersion
@@ -908,7 +909,7 @@ public struct PeerConformance: Sendable {
             && (speaksProgress ? window.map { $0 >= minimumWindow } ?? false : window == nil)
         let verdict: ConformanceVerdict = !wellFormed ? .fail : speaksProgress ? .pass : .warn
         run.record(Cases.senderWelcome, verdict,
-                   expected: "welcome(\(DeliveryFrame.protocolVersion), ≥ \(DeliveryLimits.minimumFramePayloadBytes), ≥ \(minimumWindow))",
+                   expected: "welcome(\(DeliveryFrame.progressVersion) or \(DeliveryFrame.protocolVersion), ≥ \(DeliveryLimits.minimumFramePayloadBytes), ≥ \(minimumWindow))",
                    actual: "welcome(\(version), \(maximum)\(window.map { ", \($0)" } ?? ""))" + (speaksProgress ? "" : ": an older receiver"),
                    started: started)
         if !speaksProgress {

@@ -19,7 +19,8 @@ struct ReceiverScript {
     let queuedIDs: [UUID]
     let maxItemBytes: UInt64
     let skew: UInt64
-    /// The version our welcome offers a sender of version 3 or later: 3, or 2 to see it fall back.
+    /// The version our welcome offers a sender of version 3 or later: its own (at most
+    /// ``DeliveryFrame/protocolVersion``), or 2 to see it fall back.
     let welcomeVersion: UInt8
     private var sawHello = false
     /// The version both speak after our welcome (nil before it, 1 for a version 1 sender).
@@ -130,7 +131,7 @@ struct ReceiverScript {
         guard case .hello(let version) = frame else {
             return fail(Cases.hello, expected: "hello", actual: frame.name, run)
         }
-        let expected = "hello(\(DeliveryFrame.protocolVersion))"
+        let expected = "hello(\(DeliveryFrame.progressVersion) or later)"
         switch version {
         case DeliveryFrame.progressVersion...:
             run.record(Cases.hello, .pass, expected: expected, actual: "hello(\(version))")

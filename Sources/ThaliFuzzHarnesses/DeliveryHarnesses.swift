@@ -326,7 +326,8 @@ enum DeliveryPairHarness {
                     try stream(offer, from: offset)
                 case .delivered(let offer, _), .refused(let offer, _):
                     outbox.removeAll { $0 == offer.id }
-                case .rejected, .welcomed:
+                case .rejected, .welcomed, .deferred:
+                    // Rejected and deferred items stay pending, for a later session.
                     break
                 case .progressed(let offer, let bytes):
                     // What the sender reports never runs ahead of what it sent.

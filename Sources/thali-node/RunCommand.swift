@@ -19,7 +19,7 @@ struct Run: AsyncParsableCommand {
         discussion: """
             Human-readable lines by default; --json prints one JSON object per line (event: started, \
             advertising, peer_appeared, peer_left, matched, connecting, connected, connection_failed, \
-            offered, transfer_started, progress, delivered, refused, rejected, discarded, received, duplicate, \
+            offered, transfer_started, progress, delivered, refused, deferred, refused_offer, rejected, discarded, received, duplicate, \
             session_ended, disconnected, relay_listening, relay_reopened, relay_closed, relay_port_unavailable, \
             relay_app_unreachable, limit_triggered, binding_unavailable, expired, status, stopped). \
             One run at a time per data directory: it holds run.lock there until it exits. Logs go to standard error at the \

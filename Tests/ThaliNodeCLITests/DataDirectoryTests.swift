@@ -100,7 +100,7 @@ struct DataDirectoryTests {
         #expect(migrated.first?["file_path"] as? String == path)
         let store = try NodeStore(home: moved.home)
         #expect(try store.outbox().first?.filePath == queued)
-        #expect(try store.appliedMigrations() == ["v1", "v2-relative-paths"])
+        #expect(try store.appliedMigrations() == ["v1", "v2-relative-paths", "v3-offer-deferral"])
     }
 
     // MARK: 2. Destructive commands ask

@@ -21,6 +21,7 @@ struct DeliveryFrameCodecTests {
         .answer(id: id, .partial(offset: 12345, prefixSHA256: Array(100..<132))),
         .answer(id: id, .complete),
         .answer(id: id, .refused(.tooLarge)),
+        .answer(id: id, .refused(.noSpace)),
         .start(id: id, offset: 77),
         .data(ByteBuffer(bytes: [1, 2, 3, 4, 5, 0, 255])),
         .end(id: id),
@@ -29,6 +30,7 @@ struct DeliveryFrameCodecTests {
         .done,
         .welcome(version: 2, maxFramePayloadBytes: 1024),
         .welcome(version: 3, maxFramePayloadBytes: 1024, progressWindowBytes: 1 << 22),
+        .welcome(version: 4, maxFramePayloadBytes: 1024, progressWindowBytes: 1 << 22),
         .progress(id: id, bytes: 1 << 33),
         .item(ItemOffer(id: id, kind: .text, size: 5, sha256: Array(0..<32), createdMilliseconds: 1,
                         expiresMilliseconds: 2, name: ""), content: ByteBuffer(string: "héé"), endsBatch: false),
@@ -51,6 +53,14 @@ struct DeliveryFrameCodecTests {
         while let frame = try DeliveryFrame.decode(from: &buffer, limits: Self.limits) { decoded.append(frame) }
         #expect(decoded == Self.everyFrame)
         #expect(buffer.readableBytes == 0)
+    }
+
+    @Test("version 4's temporary refusal is answer code 3 with reason 4")
+    func noSpaceLayout() throws {
+        var buffer = ByteBuffer()
+        DeliveryFrame.answer(id: Self.id, .refused(.noSpace)).encode(into: &buffer)
+        #expect(Array(buffer.readableBytesView) == [3, 0, 0, 0, 18] + Self.idBytes + [3, 4])
+        #expect(try DeliveryFrame.decode(from: &buffer, limits: Self.limits) == .answer(id: Self.id, .refused(.noSpace)))
     }
 
     @Test("the wire layout is type, big-endian length, payload")
@@ -257,6 +267,7 @@ struct DeliveryFrameCodecTests {
         ("partial answer without digest", frame(type: 3, payload: idBytes + [1] + Array(repeating: 0, count: 8)),
          .malformedFrame(type: "answer", reason: "truncated")),
         ("unknown refusal", frame(type: 3, payload: idBytes + [3, 0]), .malformedFrame(type: "answer", reason: "unknown refusal 0")),
+        ("refusal 5, after version 4's", frame(type: 3, payload: idBytes + [3, 5]), .malformedFrame(type: "answer", reason: "unknown refusal 5")),
         ("unknown failure", frame(type: 8, payload: idBytes + [77]), .malformedFrame(type: "reject", reason: "unknown failure 77")),
         ("empty data", frame(type: 5, payload: []), .malformedFrame(type: "data", reason: "empty data")),
         ("done with payload", frame(type: 9, payload: [0]), .malformedFrame(type: "done", reason: "1 trailing bytes")),

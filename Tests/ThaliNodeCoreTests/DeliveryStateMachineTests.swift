@@ -64,7 +64,7 @@ struct DeliveryStateMachineTests {
 
         var later = DeliveryReceiverStateMachine(limits: limits, now: { Self.now })
         let window = UInt32(limits.progressWindowBytes)
-        #expect(try later.receive(.hello(version: 7)) == .send(.welcome(version: 3, maxFramePayloadBytes: 1024, progressWindowBytes: window)))
+        #expect(try later.receive(.hello(version: 7)) == .send(.welcome(version: 4, maxFramePayloadBytes: 1024, progressWindowBytes: window)))
         #expect(later.senderHearsProgress)
 
         var progress = DeliveryReceiverStateMachine(limits: limits, now: { Self.now })
@@ -89,8 +89,8 @@ struct DeliveryStateMachineTests {
         #expect(throws: DeliveryProtocolError.self) { try tiny.receive(.welcome(version: 2, maxFramePayloadBytes: 100)) }
         var wrongVersion = DeliverySenderStateMachine()
         _ = try wrongVersion.start()
-        #expect(throws: DeliveryProtocolError.unsupportedVersion(4)) {
-            try wrongVersion.receive(.welcome(version: 4, maxFramePayloadBytes: 4096, progressWindowBytes: 1 << 20))
+        #expect(throws: DeliveryProtocolError.unsupportedVersion(5)) {
+            try wrongVersion.receive(.welcome(version: 5, maxFramePayloadBytes: 4096, progressWindowBytes: 1 << 20))
         }
         var smallWindow = DeliverySenderStateMachine()
         _ = try smallWindow.start()
@@ -435,5 +435,90 @@ struct DeliveryStateMachineTests {
         #expect(throws: DeliveryProtocolError.unexpectedFrame(frame: "progress", state: "streaming")) {
             try older.receive(.progress(id: offer.id, bytes: 1))
         }
+    }
+
+    // MARK: Version 4: a temporary refusal
+
+    /// A receiver past `hello(version)` (welcomed) and an offered file of `size` bytes being looked up.
+    static func lookingUp(version: UInt8, size: UInt64 = 50 << 20) throws -> (DeliveryReceiverStateMachine, ItemOffer) {
+        var machine = DeliveryReceiverStateMachine(limits: DeliveryLimits(), now: { now })
+        _ = try machine.receive(.hello(version: version))
+        let offer = offer(size: size, name: "big.iso")
+        #expect(try machine.receive(.offer(offer)) == .lookUp(offer))
+        return (machine, offer)
+    }
+
+    @Test("version 4: hello(4) gets welcome(4) with version 3's fields; hello(3) still gets welcome(3)")
+    func version4Welcome() throws {
+        var limits = DeliveryLimits()
+        limits.maxFramePayloadBytes = 1024
+        let window = UInt32(limits.progressWindowBytes)
+        var current = DeliveryReceiverStateMachine(limits: limits, now: { Self.now })
+        #expect(try current.receive(.hello(version: 4)) == .send(.welcome(version: 4, maxFramePayloadBytes: 1024, progressWindowBytes: window)))
+        #expect(current.senderHearsTemporaryRefusals && current.senderHearsProgress)
+        var older = DeliveryReceiverStateMachine(limits: limits, now: { Self.now })
+        #expect(try older.receive(.hello(version: 3)) == .send(.welcome(version: 3, maxFramePayloadBytes: 1024, progressWindowBytes: window)))
+        #expect(!older.senderHearsTemporaryRefusals)
+        // A sender speaks what it is welcomed with.
+        var sender = DeliverySenderStateMachine()
+        #expect(try sender.start() == .hello(version: 4))
+        #expect(try sender.receive(.welcome(version: 4, maxFramePayloadBytes: 1024, progressWindowBytes: 8192)) == .welcomed(maxFramePayloadBytes: 1024))
+        #expect(sender.version == 4 && sender.receiverSpeaksProgress)
+    }
+
+    @Test("version 4 receiver: a file it cannot hold now is refused for now (noSpace) and the session goes on")
+    func noSpaceRefusalToVersion4() throws {
+        var (machine, offer) = try Self.lookingUp(version: 4)
+        #expect(try machine.lookUpCompleted(.noSpace(needed: 82 << 20, free: 24 << 20)) == .send(.answer(id: offer.id, .refused(.noSpace))))
+        #expect(machine.state == .idle)
+        // The next item of the session is taken as usual.
+        let text = Self.offer(kind: .text, size: 19, name: "")
+        #expect(try machine.receive(.offer(text)) == .lookUp(text))
+        #expect(try machine.lookUpCompleted(.nothing) == .send(.answer(id: text.id, .nothing)))
+    }
+
+    @Test("an older sender never hears noSpace: version 3 and 2 get an error frame in words, version 1 only the end of the session")
+    func noSpaceToOlderSenders() throws {
+        for version: UInt8 in [3, 2, 1] {
+            var (machine, offer) = try Self.lookingUp(version: version)
+            let expected = DeliveryProtocolError.noSpace(name: "big.iso", size: offer.size, needed: 82 << 20, free: 24 << 20)
+            #expect(throws: expected) { try machine.lookUpCompleted(.noSpace(needed: 82 << 20, free: 24 << 20)) }
+            #expect(machine.state == .failed)
+            #expect(machine.senderHearsErrors == (version >= 2))
+        }
+        let frame = try #require(DeliveryFrame.error(reporting: .noSpace(name: "big.iso", size: 50 << 20, needed: 82 << 20, free: 24 << 20)))
+        #expect(frame == .error(code: .limitExceeded,
+                                reason: "not enough space for \"big.iso\" (50.0 MiB): 24.0 MiB free, 82.0 MiB needed; offer it again later"))
+    }
+
+    @Test("version 4 sender: noSpace defers the item (pending, offered later) and the session moves on; permanent refusals stay refusals")
+    func senderDefersOnNoSpace() throws {
+        var sender = DeliverySenderStateMachine()
+        _ = try sender.start()
+        _ = try sender.receive(.welcome(version: 4, maxFramePayloadBytes: 1024, progressWindowBytes: 8192))
+        let file = Self.offer(size: 50 << 20, name: "big.iso")
+        _ = try sender.offer(file)
+        #expect(try sender.receive(.answer(id: file.id, .refused(.noSpace))) == .deferred(file, .noSpace))
+        #expect(sender.state == .ready)
+        // The next item goes on in the same session.
+        let next = Self.offer(size: 10, name: "b.bin")
+        #expect(try sender.offer(next) == .offer(next))
+        #expect(try sender.receive(.answer(id: next.id, .refused(.tooLarge))) == .refused(next, .tooLarge))
+        // In a batch of texts too.
+        let text = Self.offer(kind: .text, size: 2, name: "")
+        _ = try sender.offerBatch([(text, ByteBuffer(string: "hi"))])
+        #expect(try sender.receive(.answer(id: text.id, .refused(.noSpace))) == .deferred(text, .noSpace))
+        #expect(ItemRefusal.noSpace.isTemporary && !ItemRefusal.tooLarge.isTemporary)
+    }
+
+    @Test("a version 3 receiver cannot refuse for now: noSpace from it is a protocol violation")
+    func noSpaceFromVersion3IsAViolation() throws {
+        var sender = try Self.progressSender()
+        let file = Self.offer(size: 50 << 20, name: "big.iso")
+        _ = try sender.offer(file)
+        #expect(throws: DeliveryProtocolError.malformedFrame(type: "answer", reason: "refusal 4 from a version 3 receiver")) {
+            try sender.receive(.answer(id: file.id, .refused(.noSpace)))
+        }
+        #expect(sender.state == .failed)
     }
 }

@@ -37,7 +37,8 @@ struct NodeConfigurationTests {
              "maxItemBytes": 1000000, "maxTextBytes": 500, "blockBytes": 65536, "writebackBytes": 2097152, "readAheadBlocks": 3,
              "inboundFrames": 12, "directWrites": false, "progressWindowBytes": 1048576, "writeIntervalMs": 25,
              "maxBatchItems": 8, "idleTimeoutSeconds": 5,
-             "partialRetentionSeconds": 3600, "wifi": false, "bluetooth": true, "bluetoothAdapter": "hci1",
+             "partialRetentionSeconds": 3600, "minimumFreeBytes": 4096, "noSpaceRetrySeconds": 2, "noSpaceRetryMaxSeconds": 10,
+             "wifi": false, "bluetooth": true, "bluetoothAdapter": "hci1",
              "bluetoothMakeConnectable": false}
             """, in: temporary)
         let configuration = try NodeConfiguration.load(home: temporary.home)
@@ -55,7 +56,8 @@ struct NodeConfigurationTests {
         #expect(configuration.limits == DeliveryLimits(maxFramePayloadBytes: 8192, chunkBytes: 4096, maxNameBytes: 100,
                                                        maxItemBytes: 1_000_000, maxTextBytes: 500, blockBytes: 65536,
                                                        writebackBytes: 2 << 20, readAheadBlocks: 3, inboundFrames: 12, directWrites: false, progressWindowBytes: 1 << 20, writeInterval: .milliseconds(25), maxBatchItems: 8, idleTimeout: .seconds(5),
-                                                       partialRetention: .seconds(3600)))
+                                                       partialRetention: .seconds(3600), minimumFreeBytes: 4096,
+                                                       noSpaceRetryBase: .seconds(2), noSpaceRetryCap: .seconds(10)))
         // What `jsonObject` writes reads back to the same configuration.
         let data = try JSONSerialization.data(withJSONObject: configuration.jsonObject)
         #expect(try NodeConfiguration.parse(data, path: "x") == configuration)
@@ -77,6 +79,9 @@ struct NodeConfigurationTests {
         (#"{"readAheadBlocks": 0}"#, "readAheadBlocks", "invalidValue"),
         (#"{"inboundFrames": 1}"#, "inboundFrames", "invalidValue"),
         (#"{"directWrites": 1}"#, "directWrites", "wrongType"),
+        (#"{"minimumFreeBytes": -1}"#, "minimumFreeBytes", "invalidValue"),
+        (#"{"noSpaceRetrySeconds": 0}"#, "noSpaceRetrySeconds", "invalidValue"),
+        (#"{"noSpaceRetrySeconds": 60, "noSpaceRetryMaxSeconds": 30}"#, "noSpaceRetryMaxSeconds", "invalidValue"),
         (#"{"progressWindowBytes": 65536}"#, "progressWindowBytes", "invalidValue"),
         (#"{"maxBatchItems": 0}"#, "maxBatchItems", "invalidValue"),
         (#"{"beaconProfile": "other"}"#, "beaconProfile", "invalidValue"),

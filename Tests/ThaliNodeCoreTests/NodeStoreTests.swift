@@ -11,13 +11,13 @@ struct NodeStoreTests {
         let temporary = TemporaryHome()
         do {
             let store = try NodeStore(home: temporary.home)
-            #expect(try store.appliedMigrations() == ["v1", "v2-relative-paths"])
+            #expect(try store.appliedMigrations() == ["v1", "v2-relative-paths", "v3-offer-deferral"])
             #expect(try store.journalMode() == "wal")
             try store.addContact(name: "carol", publicKey: randomPublicKey())
         }
         #expect(FileManager.default.fileExists(atPath: temporary.home.databasePath))
         let reopened = try NodeStore(home: temporary.home)
-        #expect(try reopened.appliedMigrations() == ["v1", "v2-relative-paths"])
+        #expect(try reopened.appliedMigrations() == ["v1", "v2-relative-paths", "v3-offer-deferral"])
         #expect(try reopened.contacts().map(\.name) == ["carol"])
     }
 

@@ -41,7 +41,7 @@ public struct NodeConfiguration: Sendable, Hashable {
     /// 6 ms per handshake at 2048 bits, 17 ms at 3072), and the PSK, not the group, authenticates.
     public var dhGroup: DHGroup
     /// `maxFramePayloadBytes`, `chunkBytes`, `maxNameBytes`, `maxItemBytes`, `maxTextBytes`, `blockBytes`,
-    /// `writebackBytes`, `readAheadBlocks`, `inboundFrames`, `directWrites`, `progressWindowBytes`, `writeIntervalMs`, `maxBatchItems`, `idleTimeoutSeconds`, `partialRetentionSeconds`: the delivery limits (see ``DeliveryLimits`` for their defaults and meaning).
+    /// `writebackBytes`, `readAheadBlocks`, `inboundFrames`, `directWrites`, `progressWindowBytes`, `writeIntervalMs`, `maxBatchItems`, `idleTimeoutSeconds`, `partialRetentionSeconds`, `minimumFreeBytes`, `noSpaceRetrySeconds`, `noSpaceRetryMaxSeconds`: the delivery limits (see ``DeliveryLimits`` for their defaults and meaning).
     public var limits: DeliveryLimits
     /// `wifi`: whether `run` uses the Wi-Fi binding (SSDP on `interface`). Default `true`; `false` needs
     /// `bluetooth` (`run --no-wifi`).
@@ -82,7 +82,7 @@ public struct NodeConfiguration: Sendable, Hashable {
         "beaconValiditySeconds", "defaultItemExpirySeconds", "logLevel", "dhGroup", "maxFramePayloadBytes", "chunkBytes",
         "maxNameBytes", "maxItemBytes", "maxTextBytes", "blockBytes", "writebackBytes", "readAheadBlocks", "inboundFrames", "directWrites", "progressWindowBytes",
         "writeIntervalMs", "maxBatchItems",
-        "idleTimeoutSeconds", "partialRetentionSeconds",
+        "idleTimeoutSeconds", "partialRetentionSeconds", "minimumFreeBytes", "noSpaceRetrySeconds", "noSpaceRetryMaxSeconds",
         "wifi", "bluetooth", "bluetoothAdapter", "bluetoothMakeConnectable",
     ]
 
@@ -158,6 +158,11 @@ public struct NodeConfiguration: Sendable, Hashable {
         let batch = try fields.integer("maxBatchItems", default: defaults.maxBatchItems, range: 1...4096)
         let idle = try fields.integer("idleTimeoutSeconds", default: 60, range: 1...86400)
         let retention = try fields.integer("partialRetentionSeconds", default: 7 * 24 * 3600, range: 60...Int(Int32.max))
+        let reserve = try fields.integer("minimumFreeBytes", default: Int(defaults.minimumFreeBytes), range: 0...Int.max)
+        let retryBase = try fields.integer("noSpaceRetrySeconds", default: Int(defaults.noSpaceRetryBase.components.seconds),
+                                           range: 1...86400)
+        let retryCap = try fields.integer("noSpaceRetryMaxSeconds", default: max(Int(defaults.noSpaceRetryCap.components.seconds), retryBase),
+                                          range: retryBase...(7 * 86400))
         configuration.limits = DeliveryLimits(maxFramePayloadBytes: frame, chunkBytes: chunk, maxNameBytes: name,
                                               maxItemBytes: UInt64(item), maxTextBytes: UInt64(text),
                                               blockBytes: block, writebackBytes: writeback, readAheadBlocks: readAhead, inboundFrames: inbound,
@@ -165,7 +170,9 @@ public struct NodeConfiguration: Sendable, Hashable {
                                               progressWindowBytes: window,
                                               writeInterval: .milliseconds(Int64(writeInterval)),
                                               maxBatchItems: batch, idleTimeout: .seconds(Int64(idle)),
-                                              partialRetention: .seconds(Int64(retention)))
+                                              partialRetention: .seconds(Int64(retention)),
+                                              minimumFreeBytes: UInt64(reserve),
+                                              noSpaceRetryBase: .seconds(Int64(retryBase)), noSpaceRetryCap: .seconds(Int64(retryCap)))
         configuration.wifi = try fields.bool("wifi", default: true)
         configuration.bluetooth = try fields.bool("bluetooth", default: false)
         configuration.bluetoothAdapter = try fields.optionalString("bluetoothAdapter")
@@ -223,6 +230,8 @@ public struct NodeConfiguration: Sendable, Hashable {
             "writeIntervalMs": limits.writeInterval.wholeMilliseconds, "maxBatchItems": limits.maxBatchItems,
             "idleTimeoutSeconds": limits.idleTimeout.components.seconds,
             "partialRetentionSeconds": limits.partialRetention.components.seconds,
+            "minimumFreeBytes": limits.minimumFreeBytes, "noSpaceRetrySeconds": limits.noSpaceRetryBase.components.seconds,
+            "noSpaceRetryMaxSeconds": limits.noSpaceRetryCap.components.seconds,
             "wifi": wifi, "bluetooth": bluetooth, "bluetoothAdapter": bluetoothAdapter.map { $0 as Any } ?? NSNull(),
             "bluetoothMakeConnectable": bluetoothMakeConnectable,
         ]

@@ -11,8 +11,14 @@ public enum DeliveryEvent: Sendable, Hashable {
     /// Sender: item `id` is delivered and removed from the outbox (`alreadyStored`: it was in the
     /// receiver's inbox from an earlier session).
     case delivered(id: UUID, alreadyStored: Bool)
-    /// Sender: the receiver refused item `id`.
-    case refused(id: UUID, ItemRefusal)
+    /// Sender: the receiver refused the item for good (it is kept, marked refused, never offered again).
+    case refused(ItemOffer, ItemRefusal)
+    /// Sender, version 4: the receiver cannot hold the item now (``ItemRefusal/noSpace``); it stays
+    /// pending and is offered again after `retryIn`.
+    case deferred(ItemOffer, ItemRefusal, retryIn: Duration)
+    /// Receiver: this node refused the offered item, `reason` saying why in words with the limit and the
+    /// size ("larger than this node's limit of 1.0 MiB (maxItemBytes)", "not enough space: ...").
+    case refusedOffer(ItemOffer, ItemRefusal, reason: String)
     /// Sender: the receiver rejected the content of item `id` as damaged in transit; the sender keeps
     /// the item and sends it again in a later session.
     case rejected(id: UUID, TransferFailure)

@@ -56,8 +56,9 @@ public struct ItemOffer: Sendable, Hashable {
     public static let fixedBytes = 16 + 1 + 8 + 32 + 8 + 8 + 2
 }
 
-/// Why a receiver declines an item without transferring it. The sender marks the item refused and does
-/// not offer it again.
+/// Why a receiver declines an item without transferring it. Reasons 1-3 are permanent: the sender marks
+/// the item refused and does not offer it again. ``noSpace`` (version 4) is temporary: the sender keeps
+/// the item pending and offers it again later.
 public enum ItemRefusal: UInt8, Sendable, Hashable, CaseIterable {
     /// Larger than the receiver's ``DeliveryLimits/maxItemBytes`` (or `maxTextBytes` for text).
     case tooLarge = 1
@@ -66,6 +67,36 @@ public enum ItemRefusal: UInt8, Sendable, Hashable, CaseIterable {
     case invalidName = 2
     /// Already expired by the receiver's clock.
     case expired = 3
+    /// Version 4: the receiver cannot hold the item now (its disk lacks the space); offer it again later.
+    /// A temporary refusal: the item stays pending. Sent only to a sender that said `hello(4)` or later.
+    case noSpace = 4
+
+    /// Whether the refusal is temporary (the item stays pending and is offered again later).
+    public var isTemporary: Bool { self == .noSpace }
+
+    /// The first protocol version that has this refusal (a receiver never sends it to an older sender).
+    public var sinceVersion: UInt8 { self == .noSpace ? DeliveryFrame.temporaryRefusalVersion : 1 }
+
+    /// The refusal as `run --json` names it: `too_large`, `invalid_name`, `expired`, `no_space`.
+    public var code: String {
+        switch self {
+        case .tooLarge: "too_large"
+        case .invalidName: "invalid_name"
+        case .expired: "expired"
+        case .noSpace: "no_space"
+        }
+    }
+
+    /// Why `receiver` declined the item, in words for the sender's user ("larger than what carol
+    /// accepts"); never a case name.
+    public func explanation(receiver: String) -> String {
+        switch self {
+        case .tooLarge: "larger than what \(receiver) accepts"
+        case .invalidName: "its name is not one \(receiver) accepts as a file name"
+        case .expired: "it had expired by \(receiver)'s clock"
+        case .noSpace: "not enough space"
+        }
+    }
 }
 
 /// Why a receiver discarded a completely transferred item. The sender keeps the item and tries again in a
@@ -121,8 +152,8 @@ public struct DeliveryErrorCode: RawRepresentable, Sendable, Hashable, CustomStr
     }
 }
 
-/// One frame of the delivery protocol (version 3; a receiver also accepts version 1 and 2 senders, and a
-/// sender speaks version 2 with a receiver that welcomes it so).
+/// One frame of the delivery protocol (version 4; a receiver also accepts version 1, 2 and 3 senders, and
+/// a sender speaks version 2 or 3 with a receiver that welcomes it so).
 ///
 /// Every frame is `type (1 byte) ‖ payload length (4 bytes, big endian) ‖ payload`. The payload length
 /// is bounded by ``DeliveryLimits/maxFramePayloadBytes``. Ids are the 16 raw bytes of a UUID, integers
@@ -164,9 +195,12 @@ public enum DeliveryFrame: Sendable, Hashable {
     case item(ItemOffer, content: ByteBuffer, endsBatch: Bool)
 
     /// The protocol version this implementation speaks (and sends in `hello`).
-    public static let protocolVersion: UInt8 = 3
+    public static let protocolVersion: UInt8 = 4
     /// The first version with `progress` frames, the progress window and `item` batches.
     public static let progressVersion: UInt8 = 3
+    /// The first version with a temporary refusal (``ItemRefusal/noSpace``). Its `welcome` has version
+    /// 3's layout; a version 3 reader treats an unknown refusal code as an error, hence a new version.
+    public static let temporaryRefusalVersion: UInt8 = 4
     /// The oldest sender version a receiver still accepts: version 1 has no `welcome` and no `error`,
     /// which is safe for the receiver (it sends neither to a version 1 sender).
     public static let oldestAcceptedVersion: UInt8 = 1
@@ -183,17 +217,32 @@ public enum DeliveryFrame: Sendable, Hashable {
         case .connectionClosed, .peerReported: return nil
         case .frameTooLarge: code = .frameTooLarge
         case .unsupportedVersion: code = .unsupportedVersion
-        case .nameTooLong: code = .limitExceeded
+        case .nameTooLong, .noSpace: code = .limitExceeded
         case .unknownFrameType, .malformedFrame, .unexpectedFrame, .itemMismatch, .sizeMismatch, .invalidOffset: code = .protocolViolation
         }
+        return .error(code: code, reason: errorReason(failure.description))
+    }
+
+    /// The `error` frame (`internalError`) that tells the other side this side failed on its own, such
+    /// as a write to a full disk: the reason in words, without this side's paths.
+    public static func error(reporting failure: NodeError) -> DeliveryFrame? {
+        let reason: String = switch failure {
+        case .dataDirectoryUnusable(_, let reason): "the receiver could not store it: \(reason); it is kept for a resume"
+        default: failure.description
+        }
+        return .error(code: .internalError, reason: errorReason(reason))
+    }
+
+    /// `text` cut to ``maximumErrorReasonBytes`` on a character boundary.
+    private static func errorReason(_ text: String) -> String {
         var reason = ""
         var bytes = 0
-        for character in failure.description {
+        for character in text {
             bytes += character.utf8.count
             guard bytes <= maximumErrorReasonBytes else { break }
             reason.append(character)
         }
-        return .error(code: code, reason: reason)
+        return reason
     }
 
     /// The size of a frame header: type and payload length.
@@ -248,6 +297,10 @@ public enum DeliveryProtocolError: Error, Hashable, CustomStringConvertible {
     case sizeMismatch(expected: UInt64, received: UInt64)
     /// A resume offset that the receiver did not propose.
     case invalidOffset(UInt64)
+    /// The receiver cannot hold an offered file now and the sender is older than version 4, which has
+    /// no temporary refusal: the session ends with this reason (`error(limitExceeded)` to a version 2
+    /// or 3 sender). `needed` is what the file still needs plus the reserve the receiver keeps free.
+    case noSpace(name: String, size: UInt64, needed: UInt64, free: UInt64)
     /// The byte stream ended before the session was finished.
     case connectionClosed(state: String)
     /// The other side ended the session with an `error` frame. `peer` names it (the session's contact;
@@ -272,6 +325,8 @@ public enum DeliveryProtocolError: Error, Hashable, CustomStringConvertible {
         case .itemMismatch(let expected, let received): "frame for item \(received) while transferring \(expected)"
         case .sizeMismatch(let expected, let received): "item of \(expected) bytes but \(received) bytes sent"
         case .invalidOffset(let offset): "resume offset \(offset) was not proposed"
+        case .noSpace(let name, let size, let needed, let free):
+            "not enough space for \"\(name)\" (\(ByteWords.size(size))): \(ByteWords.size(free)) free, \(ByteWords.size(needed)) needed; offer it again later"
         case .connectionClosed(let state): "connection closed while \(state)"
         case .peerReported(_, let reason, let peer, let subject):
             subject.map { "\(peer ?? "the peer") refused \($0): \(reason)" } ?? "\(peer ?? "the peer") ended the delivery session: \(reason)"

@@ -1,4 +1,5 @@
 import NIOCore
+import ThaliAdmission
 
 /// The bounds the delivery protocol enforces on its peer. Every buffer the protocol keeps is bounded by one
 /// of these values; a peer that exceeds one gets a typed error (or a refusal of the item), never a crash
@@ -101,6 +102,30 @@ public struct DeliveryLimits: Sendable, Hashable {
     /// item expired or was removed) do not hold disk space forever. Default 7 days.
     public var partialRetention: Duration
 
+    /// The space a receiver keeps free on the file system of its partial files, in bytes: it takes an
+    /// offered file only if the bytes still to come (its size less a usable partial prefix) plus this
+    /// many are free now (`statvfs`: blocks available to this user × fragment size), so a file never fills
+    /// the disk that also holds the store. Otherwise it refuses the file with ``ItemRefusal/noSpace`` (a
+    /// temporary refusal; a sender older than version 4 instead gets `error(limitExceeded)`). Default
+    /// 32 MiB.
+    public var minimumFreeBytes: UInt64
+
+    /// How long a sender waits after a receiver's first ``ItemRefusal/noSpace`` before it offers that
+    /// item again; each further refusal of the same item doubles the wait, up to ``noSpaceRetryCap``,
+    /// spread by ±25 % (ThaliAdmission's `Backoff`). The item stays pending; until then it is not offered
+    /// and does not keep its contact advertised. Default 30 s.
+    public var noSpaceRetryBase: Duration
+
+    /// The longest wait between two offers of an item its receiver cannot hold (before jitter). At least
+    /// ``noSpaceRetryBase``. Default 30 min.
+    public var noSpaceRetryCap: Duration
+
+    /// The waits between offers of an item the receiver refused for space: from ``noSpaceRetryBase``,
+    /// doubling, up to ``noSpaceRetryCap``, ±25 %.
+    public var noSpaceBackoff: Backoff {
+        Backoff(base: noSpaceRetryBase, factor: 2, cap: max(noSpaceRetryCap, noSpaceRetryBase), jitter: 0.25)
+    }
+
     /// Creates limits; every argument defaults to the documented value.
     public init(
         maxFramePayloadBytes: Int = 64 * 1024,
@@ -117,7 +142,10 @@ public struct DeliveryLimits: Sendable, Hashable {
         writeInterval: Duration = .milliseconds(100),
         maxBatchItems: Int = 64,
         idleTimeout: Duration = .seconds(60),
-        partialRetention: Duration = .seconds(7 * 24 * 3600)
+        partialRetention: Duration = .seconds(7 * 24 * 3600),
+        minimumFreeBytes: UInt64 = 32 << 20,
+        noSpaceRetryBase: Duration = .seconds(30),
+        noSpaceRetryCap: Duration = .seconds(30 * 60)
     ) {
         let maxNameBytes = min(max(maxNameBytes, 1), Int(UInt16.max))
         let frame = max(maxFramePayloadBytes, DeliveryLimits.minimumFramePayloadBytes, ItemOffer.fixedBytes + maxNameBytes)
@@ -136,6 +164,9 @@ public struct DeliveryLimits: Sendable, Hashable {
         self.maxBatchItems = max(maxBatchItems, 1)
         self.idleTimeout = idleTimeout
         self.partialRetention = partialRetention
+        self.minimumFreeBytes = minimumFreeBytes
+        self.noSpaceRetryBase = max(noSpaceRetryBase, .milliseconds(1))
+        self.noSpaceRetryCap = max(noSpaceRetryCap, self.noSpaceRetryBase)
     }
 
     /// The smallest progress window a receiver announces: twice the most it can hold unreported while no

@@ -4,6 +4,9 @@ import Logging
 import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// Receives items from one contact over one delivery stream: the session driver of
 /// ``DeliveryReceiverStateMachine``, doing the store and file I/O it asks for.
@@ -89,6 +92,13 @@ public struct DeliveryReceiver: Sendable {
                     await DeliveryChannel.sendLast(report, on: channel.channel)
                 }
                 throw error.naming(peer: peer.name)
+            } catch let error as NodeError {
+                // Our own failure (a write to a full disk): the sender hears it in words and keeps the
+                // item pending; the partial file stays for a resume.
+                if machine.senderHearsErrors, let report = DeliveryFrame.error(reporting: error) {
+                    await DeliveryChannel.sendLast(report, on: channel.channel)
+                }
+                throw error
             }
         }
     }
@@ -127,22 +137,30 @@ public struct DeliveryReceiver: Sendable {
                 events?(.progress(id: offer.id, bytes: bytes, total: offer.size))
             }
         }
+        var offered: ItemOffer?
+        var space: FreeSpace?
         for try await frame in inbound {
+            if case .offer(let offer) = frame { (offered, space) = (offer, nil) }
             var action = try machine.receive(frame)
             while true {
                 switch action {
                 case .none:
                     break
                 case .send(let reply):
-                    if case .answer(let id, .refused) = reply { summary.refused.append(id) }
+                    if case .answer(let id, .refused(let reason)) = reply {
+                        summary.refused.append(id)
+                        if let offer = offered, offer.id == id { refused(offer, reason, space: space) }
+                    }
                     try await outbound.write(reply)
                 case .lookUp(let offer):
-                    let (result, state) = try await blocking { try lookUp(offer) }
-                    found = state
+                    let (result, state, free) = try await blocking { try lookUp(offer) }
+                    (found, space) = (state, free)
                     if result == .complete {
                         summary.duplicates.append(offer.id)
                         events?(.duplicate(id: offer.id))
                     }
+                    // An older sender has no temporary refusal: its session ends, and this node says why.
+                    if case .noSpace = result, !machine.senderHearsTemporaryRefusals { refused(offer, .noSpace, space: free) }
                     action = try machine.lookUpCompleted(result)
                     continue
                 case .preparePartial(let offer, let offset):
@@ -253,6 +271,7 @@ public struct DeliveryReceiver: Sendable {
                 replies.append(.answer(id: offer.id, .complete))
             case .refused(let offer, let reason):
                 summary.refused.append(offer.id)
+                refused(offer, reason, space: nil)
                 replies.append(.answer(id: offer.id, .refused(reason)))
             case .discarded(let offer, let failure):
                 summary.discarded.append(offer.id)
@@ -272,9 +291,25 @@ public struct DeliveryReceiver: Sendable {
         try await blockingPool.runIfActive(body)
     }
 
-    /// What is stored of `offer`: in the inbox, a usable partial file (with its hash state), or nothing.
-    private func lookUp(_ offer: ItemOffer) throws -> (DeliveryReceiverStateMachine.LookUpResult, FoundPartial?) {
-        if try store.inboxContains(offer.id, from: peer) { return (.complete, nil) }
+    /// What is stored of `offer`: in the inbox, a usable partial file (with its hash state), or nothing;
+    /// for a file not yet in the inbox, whether the partial files' file system can hold what is still to
+    /// come plus ``DeliveryLimits/minimumFreeBytes`` (else `noSpace`, with the figures).
+    private func lookUp(_ offer: ItemOffer) throws -> (DeliveryReceiverStateMachine.LookUpResult, FoundPartial?, FreeSpace?) {
+        if try store.inboxContains(offer.id, from: peer) { return (.complete, nil, nil) }
+        let (result, partial) = try lookUpPartial(offer)
+        guard offer.kind == .file else { return (result, partial, nil) }
+        let directory = store.home.partialDirectory
+        guard let free = FreeSpace.available(at: directory) else { return (result, partial, nil) }
+        let held: UInt64 = if case .partial(let length, _) = result { length } else { 0 }
+        let toCome = offer.size - min(held, offer.size)
+        let (needed, overflow) = toCome.addingReportingOverflow(limits.minimumFreeBytes)
+        let space = FreeSpace(directory: directory, free: free, toCome: toCome, reserve: limits.minimumFreeBytes)
+        guard overflow || free < needed else { return (result, partial, nil) }
+        return (.noSpace(needed: overflow ? .max : needed, free: free), nil, space)
+    }
+
+    /// A usable partial file of `offer` (with its hash state), or nothing.
+    private func lookUpPartial(_ offer: ItemOffer) throws -> (DeliveryReceiverStateMachine.LookUpResult, FoundPartial?) {
         let path = store.partialPath(for: offer.id, from: peer)
         guard let length = FileContent.size(of: path), length > 0 else { return (.nothing, nil) }
         guard length <= offer.size else {
@@ -284,6 +319,54 @@ public struct DeliveryReceiver: Sendable {
         let (hasher, hashed) = try FileContent.hashPrefix(of: path, length: length)
         guard hashed == length else { return (.nothing, nil) }
         return (.partial(length: length, prefixSHA256: Array(hasher.finalize())), FoundPartial(hasher: hasher, length: length))
+    }
+
+    /// Reports a refusal of `offer` by this node, in words with the limit and the size (and logs it).
+    private func refused(_ offer: ItemOffer, _ reason: ItemRefusal, space: FreeSpace?) {
+        let words = Self.explanation(of: reason, for: offer, limits: limits, space: space, now: now())
+        logger.notice("refused an offer", metadata: ["item": "\(offer.id)", "reason": "\(words)"])
+        events?(.refusedOffer(offer, reason, reason: words))
+    }
+
+    /// Why this node refuses `offer` for `reason`, in words: the limit and the size, or the free space.
+    static func explanation(of reason: ItemRefusal, for offer: ItemOffer, limits: DeliveryLimits, space: FreeSpace?, now: Date) -> String {
+        switch reason {
+        case .tooLarge:
+            let (limit, key) = offer.kind == .text ? (limits.maxTextBytes, "maxTextBytes") : (limits.maxItemBytes, "maxItemBytes")
+            return "larger than this node's limit of \(ByteWords.size(limit)) (\(key))"
+        case .invalidName:
+            return offer.kind == .text ? "a text carries no name, and this one has one"
+                : "its name is not a single safe file name (empty, \".\", \"..\", a slash or backslash, or control characters)"
+        case .expired:
+            let expires = Date(milliseconds: Int64(clamping: offer.expiresMilliseconds))
+            return "it expired at \(ISO8601DateFormatter().string(from: expires)) by this node's clock (now \(ISO8601DateFormatter().string(from: now)))"
+        case .noSpace:
+            guard let space else { return "not enough space on this node's disk; offer it again later" }
+            return "not enough space: \(ByteWords.size(space.free)) free in \(space.directory), "
+                + "\(ByteWords.size(space.toCome &+ space.reserve)) needed (\(ByteWords.size(space.toCome)) to come and "
+                + "\(ByteWords.size(space.reserve)) kept free, minimumFreeBytes); it waits until there is room"
+        }
+    }
+}
+
+/// The free space of the partial files' file system against what an offered file needs, as a refusal
+/// reports it.
+struct FreeSpace: Sendable, Hashable {
+    /// The directory whose file system was measured (`partial/`).
+    var directory: String
+    /// Bytes available to this user there (`statvfs`: `f_bavail × f_frsize`).
+    var free: UInt64
+    /// The file's bytes still to come (its size less a usable partial prefix).
+    var toCome: UInt64
+    /// ``DeliveryLimits/minimumFreeBytes``.
+    var reserve: UInt64
+
+    /// The bytes available to this user on the file system holding `path`; nil when it cannot be read.
+    static func available(at path: String) -> UInt64? {
+        var info = statvfs()
+        guard statvfs(path, &info) == 0 else { return nil }
+        let (bytes, overflow) = UInt64(info.f_bavail).multipliedReportingOverflow(by: UInt64(info.f_frsize))
+        return overflow ? .max : bytes
     }
 }
 

@@ -5,8 +5,8 @@ import ThaliMutants
 /// The receiving side of a delivery session as a pure state machine: it consumes frames and the results
 /// of the I/O it asked for, and returns the next action. It performs no I/O itself.
 ///
-/// hello → welcome (version 2 and later senders), then per item: offer → (look up inbox and partial file)
-/// → answer → start → data… → end → (verify digest) → (commit to the inbox) → ack. From version 3 a text
+/// hello → welcome (version 2 and later senders), then per item: offer → (look up inbox, partial file and,
+/// for a file, the free space) → answer → start → data… → end → (verify digest) → (commit to the inbox) → ack. From version 3 a text
 /// may instead come whole in an `item` frame; the items of a batch are committed together, then answered
 /// in order. Each step is only accepted in the state that expects it; an `error` frame from the sender
 /// ends the session.
@@ -75,6 +75,12 @@ public struct DeliveryReceiverStateMachine: Sendable {
         case partial(length: UInt64, prefixSHA256: [UInt8])
         /// Already in the inbox.
         case complete
+        /// A file whose remaining bytes plus the reserve (``DeliveryLimits/minimumFreeBytes``), `needed`
+        /// in all, exceed the `free` bytes of the partial files' file system now. A version 4 sender is
+        /// refused with ``ItemRefusal/noSpace`` (temporary); an older one has no temporary refusal, so the
+        /// session ends with ``DeliveryProtocolError/noSpace(name:size:needed:free:)`` (an `error` frame
+        /// to a version 2 or 3 sender).
+        case noSpace(needed: UInt64, free: UInt64)
     }
 
     /// The current state.
@@ -87,6 +93,8 @@ public struct DeliveryReceiverStateMachine: Sendable {
     public var senderHearsErrors: Bool { (version ?? 0) >= 2 }
     /// Whether the sender reads `progress` frames (it speaks version 3).
     public var senderHearsProgress: Bool { (version ?? 0) >= DeliveryFrame.progressVersion }
+    /// Whether the sender understands a temporary refusal (``ItemRefusal/noSpace``: it speaks version 4).
+    public var senderHearsTemporaryRefusals: Bool { (version ?? 0) >= DeliveryFrame.temporaryRefusalVersion }
     /// Items of the current batch received but not yet committed.
     public private(set) var itemsInBatch = 0
     /// The limits offers are checked against.
@@ -166,6 +174,12 @@ public struct DeliveryReceiverStateMachine: Sendable {
         case .nothing, .partial:
             state = .awaitingStart(offer, available: 0)
             return .send(.answer(id: offer.id, .nothing))
+        case .noSpace(let needed, let free):
+            guard senderHearsTemporaryRefusals else {
+                return try fail(.noSpace(name: offer.name, size: offer.size, needed: needed, free: free))
+            }
+            state = .idle
+            return .send(.answer(id: offer.id, .refused(.noSpace)))
         }
     }
 

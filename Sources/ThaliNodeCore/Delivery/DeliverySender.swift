@@ -21,8 +21,11 @@ public struct DeliverySender: Sendable {
         public var delivered: [UUID] = []
         /// Items the receiver already had (acknowledged in an earlier session whose ack was lost).
         public var alreadyStored: [UUID] = []
-        /// Items the receiver refused.
+        /// Items the receiver refused for good.
         public var refused: [UUID] = []
+        /// Items the receiver could not hold now (version 4, ``ItemRefusal/noSpace``): still pending,
+        /// offered again after a wait.
+        public var deferred: [UUID] = []
         /// Items whose content the receiver rejected as damaged; still pending, sent again later.
         public var rejected: [UUID] = []
         /// Content bytes sent (resumed prefixes not counted).
@@ -196,6 +199,8 @@ public struct DeliverySender: Sendable {
                     events?(.delivered(id: offer.id, alreadyStored: alreadyStored))
                 case .refused(let offer, let reason):
                     try await settle(.refused(offer, reason), &summary)
+                case .deferred(let offer, let reason):
+                    try await settle(.deferred(offer, reason), &summary)
                 case .rejected(let offer, let failure):
                     try await settle(.rejected(offer, failure), &summary)
                 case .welcomed:
@@ -258,10 +263,24 @@ public struct DeliverySender: Sendable {
         let store = self.store
         switch action {
         case .refused(let offer, let reason):
-            if !Mutant.deliveryForgetsRefusal.isActive { try await blocking { try store.markRefused(offer.id, reason: "refused by the receiver: \(reason)") } }
+            let words = "\(peer.name) refused it: \(reason.explanation(receiver: peer.name))"
+            if !Mutant.deliveryForgetsRefusal.isActive { try await blocking { try store.markRefused(offer.id, reason: words) } }
             summary.refused.append(offer.id)
-            logger.warning("refused by the receiver", metadata: ["item": "\(offer.id)", "reason": "\(reason)"])
-            events?(.refused(id: offer.id, reason))
+            logger.warning("refused by the receiver", metadata: ["item": "\(offer.id)", "reason": "\(words)"])
+            events?(.refused(offer, reason))
+        case .deferred(let offer, let reason):
+            // Pending still, but not offered (nor advertised for) before its retry time; the next items
+            // of this session go on.
+            let (name, backoff, at) = (peer.name, limits.noSpaceBackoff, now())
+            let wait = try await blocking {
+                try store.deferItem(offer.id, backoff: backoff, now: at) { wait in
+                    "\(name) cannot hold it now: \(reason.explanation(receiver: name)); offered again in \(ByteWords.duration(wait))"
+                }
+            }
+            summary.deferred.append(offer.id)
+            logger.notice("the receiver cannot hold it now; offered again later",
+                          metadata: ["item": "\(offer.id)", "retryIn": "\(ByteWords.duration(wait))"])
+            events?(.deferred(offer, reason, retryIn: wait))
         case .rejected(let offer, let failure):
             try await blocking { try store.recordProblem(offer.id, "rejected by the receiver as damaged (\(failure)); will be sent again") }
             summary.rejected.append(offer.id)

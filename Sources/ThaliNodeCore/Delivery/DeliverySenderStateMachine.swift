@@ -8,7 +8,8 @@ import NIOCore
 /// complete / refused) → [verify the partial's prefix] → start, data…, end → ack (remove the item) or
 /// reject (keep it for a later session). From version 3 the receiver reports `progress` while content
 /// streams, and texts may go as a batch of `item` frames, answered in order. An `error` frame from the
-/// receiver ends the session in any state.
+/// receiver ends the session in any state. From version 4 a receiver may refuse an item for now
+/// (``ItemRefusal/noSpace``): the item stays pending, to be offered again later, and the session goes on.
 public struct DeliverySenderStateMachine: Sendable {
     /// The states of the sending side.
     public enum State: Sendable, Hashable {
@@ -50,6 +51,9 @@ public struct DeliverySenderStateMachine: Sendable {
         case delivered(ItemOffer, alreadyStored: Bool)
         /// The receiver refuses the item: mark it refused, never offer it again.
         case refused(ItemOffer, ItemRefusal)
+        /// Version 4: the receiver cannot hold the item now (``ItemRefusal/noSpace``): keep it pending,
+        /// offer it again after a wait, and go on with the next item.
+        case deferred(ItemOffer, ItemRefusal)
         /// The receiver discarded the transferred content: keep the item for a later session.
         case rejected(ItemOffer, TransferFailure)
     }
@@ -133,8 +137,9 @@ public struct DeliverySenderStateMachine: Sendable {
                 state = .ready
                 return .delivered(offer, alreadyStored: true)
             case .refused(let reason):
+                let action = try refusal(of: offer, reason)
                 state = .ready
-                return .refused(offer, reason)
+                return action
             case .nothing:
                 state = .streaming(offer, offset: 0)
                 reportedBytes = 0
@@ -163,7 +168,7 @@ public struct DeliverySenderStateMachine: Sendable {
             switch frame {
             case .ack(let id) where id == offer.id: action = .delivered(offer, alreadyStored: false)
             case .answer(let id, .complete) where id == offer.id: action = .delivered(offer, alreadyStored: true)
-            case .answer(let id, .refused(let reason)) where id == offer.id: action = .refused(offer, reason)
+            case .answer(let id, .refused(let reason)) where id == offer.id: action = try refusal(of: offer, reason)
             case .reject(let id, let failure) where id == offer.id: action = .rejected(offer, failure)
             case .ack(let id), .answer(let id, _), .reject(let id, _):
                 return try fail(id == offer.id ? .unexpectedFrame(frame: frame.name, state: stateName) : .itemMismatch(expected: offer.id, received: id))
@@ -183,6 +188,16 @@ public struct DeliverySenderStateMachine: Sendable {
         default:
             return try fail(.unexpectedFrame(frame: frame.name, state: stateName))
         }
+    }
+
+    /// What a refusal of `offer` asks: a permanent one marks it refused, a temporary one (version 4 only;
+    /// an older receiver cannot send it) defers it.
+    private mutating func refusal(of offer: ItemOffer, _ reason: ItemRefusal) throws -> Action {
+        guard reason.isTemporary else { return .refused(offer, reason) }
+        guard (version ?? 0) >= reason.sinceVersion else {
+            return try fail(.malformedFrame(type: "answer", reason: "refusal \(reason.rawValue) from a version \(version ?? 0) receiver"))
+        }
+        return .deferred(offer, reason)
     }
 
     /// Reports whether our first `offset` bytes have the receiver's digest: resume there, or restart.

@@ -119,8 +119,11 @@ public struct PeerEventRecord: Encodable, Sendable, Hashable {
     public var alreadyStored: Bool?
     /// `received`: a text item's text.
     public var text: String?
-    /// `received`: a file item's name.
+    /// `received`, `refused`, `deferred`, `refused_offer`: a file item's name.
     public var fileName: String?
+    /// `refused`, `deferred`, `refused_offer`: why the receiver refused the item, as a code: `too_large`,
+    /// `invalid_name`, `expired` (for good) or `no_space` (for now); `reason` says it in words.
+    public var refusal: String?
     /// `status`: the contacts advertised for.
     public var advertisingFor: [String]?
     /// `status`: the peers heard, by location.
@@ -152,7 +155,7 @@ public struct PeerEventRecord: Encodable, Sendable, Hashable {
         case periodSeconds = "period_s"
         case detail, port, instead, id, size, offset, total, bytes
         case alreadyStored = "already_stored"
-        case text
+        case text, refusal
         case fileName = "file_name"
         case advertisingFor = "advertising_for"
         case peersSeen = "peers_seen"
@@ -279,9 +282,19 @@ public struct PeerEventRecord: Encodable, Sendable, Hashable {
         case .delivered(let id, let alreadyStored):
             self.init(event: "delivered", summary: "delivered \(short(id)) to \(contact)" + (alreadyStored ? " (it had it already)" : ""))
             (self.id, self.alreadyStored) = (id.uuidString, alreadyStored)
-        case .refused(let id, let refusal):
-            self.init(event: "refused", summary: "\(contact) refused \(short(id)): \(refusal)")
-            (self.id, reason) = (id.uuidString, "\(refusal)")
+        case .refused(let offer, let refusal):
+            let words = refusal.explanation(receiver: contact)
+            self.init(event: "refused", summary: "\(contact) refused \(Self.item(offer)): \(words)")
+            fill(offer, refusal, reason: words)
+        case .deferred(let offer, let refusal, let retryIn):
+            let words = refusal.explanation(receiver: contact)
+            self.init(event: "deferred", summary: "\(contact) cannot hold \(Self.item(offer)) now: \(words); "
+                + "offered again in \(ByteWords.duration(retryIn))")
+            fill(offer, refusal, reason: words)
+            retryInMs = Int(clamping: Int64(retryIn.timeInterval * 1000))
+        case .refusedOffer(let offer, let refusal, let words):
+            self.init(event: "refused_offer", summary: "refused \(Self.item(offer)) from \(contact): \(words)")
+            fill(offer, refusal, reason: words)
         case .rejected(let id, let failure):
             self.init(event: "rejected",
                       summary: "\(contact) rejected \(short(id)) as damaged in transit (\(failure)); it will be sent again")
@@ -298,6 +311,19 @@ public struct PeerEventRecord: Encodable, Sendable, Hashable {
             self.id = id.uuidString
         }
         self.contact = contact
+    }
+
+    /// An offered item in words: `"big.iso" (50.0 MiB)` or `a text (19 bytes)`.
+    static func item(_ offer: ItemOffer) -> String {
+        offer.kind == .text ? "a text (\(ByteWords.size(offer.size)))" : "\"\(offer.name)\" (\(ByteWords.size(offer.size)))"
+    }
+
+    /// Fills in a refused or deferred offer's fields: id, kind, size, file name, the refusal's code and
+    /// its reason in words.
+    private mutating func fill(_ offer: ItemOffer, _ refusal: ItemRefusal, reason words: String) {
+        (id, kind, size) = (offer.id.uuidString, offer.kind.rawValue, Int64(clamping: offer.size))
+        fileName = offer.kind == .file ? offer.name : nil
+        (self.refusal, reason) = (refusal.code, words)
     }
 
     /// The record of a status snapshot.

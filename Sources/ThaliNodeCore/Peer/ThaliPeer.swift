@@ -93,6 +93,9 @@ public final class ThaliPeer: Sendable {
         var discovery = PeerDiscoveryCounters()
         /// When the first pending item expires (ms since 1970), as of the last read of the outbox.
         var nextItemExpiryMs: Int64?
+        /// When the first item a receiver could not hold is due again (ms since 1970), as of the last read
+        /// of the outbox: then it is offered again, under a new announcement.
+        var nextRetryMs: Int64?
         var stopped = false
         var tasks: [UUID: Task<Void, Never>] = [:]
         var channels: [ObjectIdentifier: Channel] = [:]
@@ -422,23 +425,29 @@ public final class ThaliPeer: Sendable {
 
     // MARK: Advertising
 
-    /// Whether time alone asks for ``refreshAdvertisement()``: a pending item expired, or a quarter of the
-    /// announcement's validity is left.
+    /// Whether time alone asks for ``refreshAdvertisement()``: a pending item expired, an item a receiver
+    /// could not hold is due again, or a quarter of the announcement's validity is left.
     func advertisementDueByTime() -> Bool {
         let nowMs = UInt64(Date().timeIntervalSince1970 * 1000)
         let validityMs = UInt64(configuration.beaconValidity.components.seconds * 1000)
         return state.withLockedValue { state in
             if let expiry = state.nextItemExpiryMs, expiry <= Int64(nowMs) { return true }
+            if let retry = state.nextRetryMs, retry <= Int64(nowMs) { return true }
             return state.advertised?.needsRenewal(nowMs: nowMs, validityMs: validityMs) ?? false
         }
     }
 
     /// Announces beacons for the contacts the outbox holds items for (in relay mode, or when the app
     /// uses streams: every contact) when that set changes, when a new item arrives, or when a quarter of
-    /// the announcement's validity is left.
+    /// the announcement's validity is left. An item deferred after a temporary refusal counts from its
+    /// retry time on, and then gets a new announcement (new beacons: the contact connects again).
     func refreshAdvertisement() async throws {
         _ = try store.sweepExpired()
-        let withItems = try store.contactsWithPendingItems()
+        let checked = Date()
+        let retryDue = state.withLockedValue { $0.nextRetryMs.map { $0 <= checked.millisecondsSinceEpoch } ?? false }
+        let nextRetry = try store.nextRetryTime(now: checked)
+        state.withLockedValue { $0.nextRetryMs = nextRetry?.millisecondsSinceEpoch }
+        let withItems = try store.contactsWithPendingItems(now: checked)
         let contacts = keepsSessionsOpen ? try store.contacts() : withItems
         var items = Set<UUID>()
         var nextExpiry: Int64?
@@ -453,7 +462,7 @@ public final class ThaliPeer: Sendable {
         let validityMs = UInt64(configuration.beaconValidity.components.seconds * 1000)
         let needed = state.withLockedValue { state -> Bool in
             guard let advertised = state.advertised else { return !keys.isEmpty }
-            if advertised.contacts != keys || !items.isSubset(of: advertised.items) { return true }
+            if advertised.contacts != keys || !items.isSubset(of: advertised.items) || retryDue { return true }
             return advertised.needsRenewal(nowMs: now, validityMs: validityMs)
         }
         let bindings = self.bindings

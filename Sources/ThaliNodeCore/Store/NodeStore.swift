@@ -117,6 +117,15 @@ public final class NodeStore: Sendable {
                 }
             }
         }
+        // An item its receiver cannot hold now (a temporary refusal) waits until `retryAtMs` before it is
+        // offered again; `deferrals` counts such refusals in a row, for the growing wait
+        // (NodeStore+Deferral.swift).
+        migrator.registerMigration("v3-offer-deferral") { db in
+            try db.alter(table: "outboxItem") { t in
+                t.add(column: "retryAtMs", .integer)
+                t.add(column: "deferrals", .integer).notNull().defaults(to: 0)
+            }
+        }
         return migrator
     }
 
@@ -384,22 +393,25 @@ public final class NodeStore: Sendable {
         try pool.read { db in try OutboxRow.order(Column("createdAtMs"), Column("id")).fetchAll(db).map { try $0.value() } }.map(resolved)
     }
 
-    /// The contacts that have pending, unexpired items at `now`: the ones to advertise beacons for.
+    /// The contacts that have pending, unexpired items due at `now` (not deferred to a later retry
+    /// time): the ones to advertise beacons for.
     public func contactsWithPendingItems(now: Date = Date()) throws -> [Contact] {
         try pool.read { db in
             try ContactRow.filter(sql: """
-                id IN (SELECT contactID FROM outboxItem WHERE state = ? AND expiresAtMs > ?)
-                """, arguments: [OutboxState.pending.rawValue, now.milliseconds])
+                id IN (SELECT contactID FROM outboxItem WHERE state = ? AND expiresAtMs > ? AND (retryAtMs IS NULL OR retryAtMs <= ?))
+                """, arguments: [OutboxState.pending.rawValue, now.milliseconds, now.milliseconds])
                 .order(Column("name")).fetchAll(db)
         }.map(\.value)
     }
 
-    /// The pending, unexpired items for `contact` at `now`, oldest first: what a session offers it.
+    /// The pending, unexpired items for `contact` due at `now` (an item its receiver could not hold
+    /// waits for its retry time), oldest first: what a session offers it.
     public func pendingItems(for contact: Contact, now: Date = Date()) throws -> [OutboxItem] {
         try pool.read { db in
             try OutboxRow
                 .filter(Column("contactID") == contact.id && Column("state") == OutboxState.pending.rawValue
-                        && Column("expiresAtMs") > now.milliseconds)
+                        && Column("expiresAtMs") > now.milliseconds
+                        && (Column("retryAtMs") == nil || Column("retryAtMs") <= now.milliseconds))
                 .order(Column("createdAtMs"), Column("id")).fetchAll(db).map { try $0.value() }
         }.map(resolved)
     }
