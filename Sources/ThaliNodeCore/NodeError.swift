@@ -125,22 +125,26 @@ enum ShellQuoting {
 
 /// Byte counts for people.
 public enum ByteCount {
-    /// `bytes` exactly, with the short form beside it from 1 kB on: `11 bytes`, `3.2 GB (3221225472 bytes)`.
+    /// `bytes` in the same words as the `Int64` form.
+    public static func format(_ bytes: UInt64) -> String { format(Int64(clamping: bytes)) }
+
+    /// `bytes` exactly, with the short form beside it from 1 KiB on: `11 bytes`, `3.0 GiB (3221225472 bytes)`.
     public static func exact(_ bytes: UInt64) -> String {
-        bytes < 1000 ? "\(bytes) bytes" : "\(format(Int64(clamping: bytes))) (\(bytes) bytes)"
+        bytes < 1024 ? format(Int64(clamping: bytes)) : "\(format(Int64(clamping: bytes))) (\(bytes) bytes)"
     }
 
-    /// `bytes` in B, kB, MB or GB (powers of 1000, one decimal above 1 kB).
+    /// `bytes` for people, in binary units as `ls -h` and `df -h` count: `19 bytes`, `1.0 KiB`,
+    /// `50.0 MiB`, `1.5 GiB` (one decimal from 1 KiB on). The one size formatter of the node's words.
     public static func format(_ bytes: Int64) -> String {
-        if bytes < 1000 { return "\(bytes) B" }
-        let units = ["kB", "MB", "GB", "TB"]
-        var value = Double(bytes) / 1000
-        var unit = 0
-        while value >= 1000 && unit < units.count - 1 {
-            value /= 1000
-            unit += 1
+        let bytes = UInt64(max(0, bytes))
+        if bytes == 1 { return "1 byte" }
+        if bytes < 1024 { return "\(bytes) bytes" }
+        var value = Double(bytes) / 1024
+        for unit in ["KiB", "MiB", "GiB", "TiB"] {
+            if value < 1024 || unit == "TiB" { return String(format: "%.1f %@", value, unit) }
+            value /= 1024
         }
-        return String(format: "%.1f", value) + " " + units[unit]
+        return "\(bytes) bytes"
     }
 }
 

@@ -114,7 +114,7 @@ struct DailyUseTests {
         close(descriptor)
         let result = try await thaliNode(["send", "bob", "--file", path, "--home", home])
         #expect(result.status == 65, "\(result.output)")
-        #expect(result.output.contains("the item is 3.2 GB (3221225472 bytes), over this node's limit"), "\(result.output)")
+        #expect(result.output.contains("the item is 3.0 GiB (3221225472 bytes), over this node's limit"), "\(result.output)")
         let text = String(repeating: "x", count: 100_000)
         let long = try await thaliNode(["send", "bob", text, "--home", home])
         #expect(long.status == 65, "\(long.output)")
@@ -135,7 +135,7 @@ struct DailyUseTests {
         #expect(flock(descriptor, LOCK_EX) == 0)
         let result = try await thaliNode(["outbox", "--home", home])
         #expect(result.status == 0, "\(result.output)")
-        #expect(result.output.contains("notice: removed outbox/\(URL(fileURLWithPath: left).lastPathComponent) (3.0 MB)"), "\(result.output)")
+        #expect(result.output.contains("notice: removed outbox/\(URL(fileURLWithPath: left).lastPathComponent) (2.9 MiB)"), "\(result.output)")
         #expect(!FileManager.default.fileExists(atPath: left))
         #expect(FileManager.default.fileExists(atPath: held))
     }
@@ -255,11 +255,11 @@ struct DailyUseTests {
         // Not a terminal: plain lines, each with the rate; no cursor control.
         let plain = sender.output.split(separator: "\n").filter { $0.contains("\(short) with bob:") }
         #expect(plain.count >= 2 && plain.count <= 5, "\(sender.output)")
-        #expect(plain.contains { $0.contains("MB/s") && $0.contains("s left") }, "\(sender.output)")
+        #expect(plain.contains { $0.contains("KiB/s") && $0.contains("s left") }, "\(sender.output)")
         #expect(!sender.output.contains("\u{1B}["), "\(sender.output)")
         // A terminal: one line redrawn (carriage return, erase line), with rate and time left.
         #expect(receiver.output.contains("\r\u{1B}[K"), "\(receiver.output)")
-        #expect(receiver.output.contains("MB/s"), "\(receiver.output)")
+        #expect(receiver.output.contains("KiB/s"), "\(receiver.output)")
         #expect(receiver.output.split(separator: "\n").filter { $0.contains("\(short) with alice:") }.count == 1, "\(receiver.output)")
     }
 

@@ -326,7 +326,7 @@ public enum DeliveryProtocolError: Error, Hashable, CustomStringConvertible {
         case .sizeMismatch(let expected, let received): "item of \(expected) bytes but \(received) bytes sent"
         case .invalidOffset(let offset): "resume offset \(offset) was not proposed"
         case .noSpace(let name, let size, let needed, let free):
-            "not enough space for \"\(name)\" (\(ByteWords.size(size))): \(ByteWords.size(free)) free, \(ByteWords.size(needed)) needed; offer it again later"
+            "not enough space for \"\(name)\" (\(ByteCount.format(size))): \(ByteCount.format(free)) free, \(ByteCount.format(needed)) needed; offer it again later"
         case .connectionClosed(let state): "connection closed while \(state)"
         case .peerReported(_, let reason, let peer, let subject):
             subject.map { "\(peer ?? "the peer") refused \($0): \(reason)" } ?? "\(peer ?? "the peer") ended the delivery session: \(reason)"

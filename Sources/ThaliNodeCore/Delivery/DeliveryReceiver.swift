@@ -333,7 +333,7 @@ public struct DeliveryReceiver: Sendable {
         switch reason {
         case .tooLarge:
             let (limit, key) = offer.kind == .text ? (limits.maxTextBytes, "maxTextBytes") : (limits.maxItemBytes, "maxItemBytes")
-            return "larger than this node's limit of \(ByteWords.size(limit)) (\(key))"
+            return "larger than this node's limit of \(ByteCount.format(limit)) (\(key))"
         case .invalidName:
             return offer.kind == .text ? "a text carries no name, and this one has one"
                 : "its name is not a single safe file name (empty, \".\", \"..\", a slash or backslash, or control characters)"
@@ -342,9 +342,9 @@ public struct DeliveryReceiver: Sendable {
             return "it expired at \(ISO8601DateFormatter().string(from: expires)) by this node's clock (now \(ISO8601DateFormatter().string(from: now)))"
         case .noSpace:
             guard let space else { return "not enough space on this node's disk; offer it again later" }
-            return "not enough space: \(ByteWords.size(space.free)) free in \(space.directory), "
-                + "\(ByteWords.size(space.toCome &+ space.reserve)) needed (\(ByteWords.size(space.toCome)) to come and "
-                + "\(ByteWords.size(space.reserve)) kept free, minimumFreeBytes); it waits until there is room"
+            return "not enough space: \(ByteCount.format(space.free)) free in \(space.directory), "
+                + "\(ByteCount.format(space.toCome &+ space.reserve)) needed (\(ByteCount.format(space.toCome)) to come and "
+                + "\(ByteCount.format(space.reserve)) kept free, minimumFreeBytes); it waits until there is room"
         }
     }
 }

@@ -315,7 +315,7 @@ public struct PeerEventRecord: Encodable, Sendable, Hashable {
 
     /// An offered item in words: `"big.iso" (50.0 MiB)` or `a text (19 bytes)`.
     static func item(_ offer: ItemOffer) -> String {
-        offer.kind == .text ? "a text (\(ByteWords.size(offer.size)))" : "\"\(offer.name)\" (\(ByteWords.size(offer.size)))"
+        offer.kind == .text ? "a text (\(ByteCount.format(offer.size)))" : "\"\(offer.name)\" (\(ByteCount.format(offer.size)))"
     }
 
     /// Fills in a refused or deferred offer's fields: id, kind, size, file name, the refusal's code and
