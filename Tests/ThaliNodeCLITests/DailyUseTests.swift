@@ -261,6 +261,8 @@ struct DailyUseTests {
         #expect(receiver.output.contains("\r\u{1B}[K"), "\(receiver.output)")
         #expect(receiver.output.contains("KiB/s"), "\(receiver.output)")
         #expect(receiver.output.split(separator: "\n").filter { $0.contains("\(short) with alice:") }.count == 1, "\(receiver.output)")
+        // One line per event: no log line beside the readable one (the logs' info level said it again).
+        #expect(!sender.output.contains("info thali.node") && !receiver.output.contains("info thali.node"), "\(sender.output)")
     }
 
     // MARK: discover and --json (items 13, 14)

@@ -191,7 +191,7 @@ public struct DeliveryReceiver: Sendable {
                     switch try await blocking({ try store.commitReceived(offer, from: peer, now: received) }) {
                     case .stored(let item):
                         summary.received.append(item)
-                        logger.info("received", metadata: ["item": "\(offer.id)", "kind": "\(offer.kind.rawValue)"])
+                        logger.debug("received", metadata: ["item": "\(offer.id)", "kind": "\(offer.kind.rawValue)"])
                         events?(.received(item))
                     case .alreadyStored:
                         summary.duplicates.append(offer.id)
@@ -282,7 +282,7 @@ public struct DeliveryReceiver: Sendable {
                 throw NodeError.storeUnavailable(path: store.home.databasePath, reason: "no commit result for item \(offer.id)")
             }
         }
-        logger.info("received a batch", metadata: ["items": "\(entries.count)"])
+        logger.debug("received a batch", metadata: ["items": "\(entries.count)"])
         try await outbound.write(contentsOf: replies)
     }
 

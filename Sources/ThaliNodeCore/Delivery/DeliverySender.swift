@@ -191,7 +191,7 @@ public struct DeliverySender: Sendable {
                         setAside.withLockedValue { $0 += copies }
                     }
                     if alreadyStored { summary.alreadyStored.append(offer.id) } else { summary.delivered.append(offer.id) }
-                    logger.info("delivered", metadata: ["item": "\(offer.id)", "alreadyStored": "\(alreadyStored)"])
+                    logger.debug("delivered", metadata: ["item": "\(offer.id)", "alreadyStored": "\(alreadyStored)"])
                     // A version 2 receiver reports nothing before its ack, which covers every byte.
                     if !alreadyStored && !machine.receiverSpeaksProgress && offer.size > 0 {
                         events?(.progress(id: offer.id, bytes: offer.size, total: offer.size))
@@ -254,7 +254,7 @@ public struct DeliverySender: Sendable {
             if alreadyStored { summary.alreadyStored.append(id) } else { summary.delivered.append(id) }
             events?(.delivered(id: id, alreadyStored: alreadyStored))
         }
-        logger.info("delivered a batch", metadata: ["items": "\(delivered.count)", "of": "\(texts.count)"])
+        logger.debug("delivered a batch", metadata: ["items": "\(delivered.count)", "of": "\(texts.count)"])
         for action in others { try await settle(action, &summary) }
     }
 
