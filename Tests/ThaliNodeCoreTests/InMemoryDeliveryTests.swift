@@ -101,6 +101,6 @@ struct InMemoryDeliveryTests {
         #expect(receiverLog.contains(.discarded(id: file.id, .digestMismatch)))
         let kept = try #require(try pair.alice.outboxItem(id: file.id))
         #expect(kept.state == .pending)
-        #expect(kept.lastError == "rejected by the receiver as damaged (digestMismatch); will be sent again")
+        #expect(kept.lastError == "rejected by the receiver as damaged (its SHA-256 did not match the offer's); will be sent again")
     }
 }

@@ -106,6 +106,14 @@ public enum TransferFailure: UInt8, Sendable, Hashable, CaseIterable {
     case digestMismatch = 1
     /// A text item is not valid UTF-8.
     case invalidText = 2
+
+    /// What was wrong, in words for people ("its SHA-256 did not match the offer's"); never a case name.
+    public var explanation: String {
+        switch self {
+        case .digestMismatch: "its SHA-256 did not match the offer's"
+        case .invalidText: "the text was not valid UTF-8"
+        }
+    }
 }
 
 /// The receiver's answer to an offer.

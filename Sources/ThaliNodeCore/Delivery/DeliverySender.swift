@@ -282,7 +282,7 @@ public struct DeliverySender: Sendable {
                           metadata: ["item": "\(offer.id)", "retryIn": "\(ByteWords.duration(wait))"])
             events?(.deferred(offer, reason, retryIn: wait))
         case .rejected(let offer, let failure):
-            try await blocking { try store.recordProblem(offer.id, "rejected by the receiver as damaged (\(failure)); will be sent again") }
+            try await blocking { try store.recordProblem(offer.id, "rejected by the receiver as damaged (\(failure.explanation)); will be sent again") }
             summary.rejected.append(offer.id)
             logger.warning("rejected by the receiver as damaged; will be sent again", metadata: ["item": "\(offer.id)", "reason": "\(failure)"])
             events?(.rejected(id: offer.id, failure))

@@ -297,11 +297,11 @@ public struct PeerEventRecord: Encodable, Sendable, Hashable {
             fill(offer, refusal, reason: words)
         case .rejected(let id, let failure):
             self.init(event: "rejected",
-                      summary: "\(contact) rejected \(short(id)) as damaged in transit (\(failure)); it will be sent again")
-            (self.id, reason) = (id.uuidString, "\(failure)")
+                      summary: "\(contact) rejected \(short(id)) as damaged in transit (\(failure.explanation)); it will be sent again")
+            (self.id, reason) = (id.uuidString, failure.explanation)
         case .discarded(let id, let failure):
-            self.init(event: "discarded", summary: "\(short(id)) with \(contact) arrived damaged (\(failure)); it will be sent again")
-            (self.id, reason) = (id.uuidString, "\(failure)")
+            self.init(event: "discarded", summary: "\(short(id)) with \(contact) arrived damaged (\(failure.explanation)); it will be sent again")
+            (self.id, reason) = (id.uuidString, failure.explanation)
         case .received(let item):
             self.init(event: "received", summary: "received from \(contact): "
                 + (item.text.map { "\"\($0)\"" } ?? "\(item.fileName ?? "file") (\(item.size) bytes)"))
