@@ -63,7 +63,7 @@ extension ThaliPeer {
     }
 
     /// Queues a copy of the file at `path` (a regular file, or with `name` an inherited pipe) for the contact named `contact`, delivered under
-    /// `name` (default: the file's own name; see ``NodeStore/enqueueFile(at:to:name:expiresAt:id:now:)``),
+    /// `name` (default: the file's own name; see ``NodeStore/enqueueFile(at:to:name:expiresAt:id:now:progress:)``),
     /// and announces it at once when the peer runs.
     @discardableResult
     public func send(fileAt path: String, to contact: String, name: String? = nil,

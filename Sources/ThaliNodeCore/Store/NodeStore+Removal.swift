@@ -54,8 +54,8 @@ extension NodeStore {
         return items
     }
 
-    /// The fewest hex digits of an id that ``removeOutboxItem(matching:)`` and
-    /// ``removeInboxItem(matching:)`` take (fewer would too easily name another item than meant).
+    /// The fewest hex digits of an id that ``removeOutboxItems(matching:)`` and
+    /// ``removeInboxItems(matching:)`` take (fewer would too easily name another item than meant).
     public static let minimumIDPrefixLength = 4
 
     private static func id(_ id: UUID, matches prefix: String) -> Bool {
