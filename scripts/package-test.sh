@@ -104,11 +104,11 @@ trap 'rm -rf "$work"' EXIT
 result() { echo "package-test: FAILED ($((SECONDS - started)) s): $*"; }
 trap 'status=$?; if (( status )); then result "exit $status; see the lines above"; fi; rm -rf "$work"' EXIT
 
-# The package of the debug build, linked statically (SwiftPM only relinks); then the dynamic binary the
-# other tests run is linked back.
-deb=$(scripts/package.sh --configuration debug --quick --output "$work" | tail -n 1)
+# The package of the debug build, relinked statically (package.sh links the dynamic one back after).
+scripts/package.sh --configuration debug --quick --output "$work" >"$work/package.log" 2>&1 \
+    || { tail -n 20 "$work/package.log"; exit 1; }
+deb=$(tail -n 1 "$work/package.log")
 echo "package-test: packaged ($((SECONDS - started)) s)"
-swift build --product thali-node >"$work/link.log" 2>&1 || { tail -n 20 "$work/link.log"; exit 1; }
 expected_version=$(.build/debug/thali-node --version)
 
 # The fresh root, made once from the mirror this machine's apt uses.

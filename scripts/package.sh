@@ -2,9 +2,10 @@
 # Builds the Debian package of thali-node: the binary with the Swift runtime linked in (depending only on
 # Debian's libraries), a manual page per command, bash/zsh/fish completions and a hardened systemd unit.
 #
-#   scripts/package.sh                  release build (swift build -c release --static-swift-stdlib), then
+#   scripts/package.sh                  release build (swift build -c release --static-swift-stdlib, in
+#                                       .build-static), then
 #                                       the package in .build-package/thali-node_VERSION_ARCH.deb
-#   --configuration debug               a debug build instead (the test's: SwiftPM only relinks it)
+#   --configuration debug               the debug build in .build instead, relinked (the test's)
 #   --binary PATH                       package an already built thali-node instead of building one
 #   --output DIR                        where the .deb goes (default .build-package)
 #   --quick                             gzip -1 instead of xz -6 (the test's large debug binary)
@@ -28,24 +29,39 @@ while (( $# )); do
     esac
 done
 
+if [[ "$configuration" != release && "$configuration" != debug ]]; then
+    echo "package: --configuration is release or debug, not '$configuration'" >&2
+    exit 64
+fi
+
 scripts/bootstrap.sh --package
+swift package resolve >/dev/null     # .build/checkouts: the manual tool's source, the licenses
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-if [[ -z "$binary" ]]; then
-    # SwiftPM's autolink list leaves out Foundation's own static libraries (CoreFoundation, _FoundationICU,
-    # ...) when it links the Swift runtime in, so they are named here, as a group (their order is free).
+# The Swift runtime linked in changes what each object file asks the linker for (the static Foundation's own
+# libraries), and SwiftPM does not recompile when only that changes: static and dynamic builds must not
+# share objects they compiled. The release build has its own scratch directory, .build-static.
+if [[ -z "$binary" && "$configuration" == release ]]; then
+    swift build -c release --static-swift-stdlib --scratch-path .build-static --product thali-node
+    binary=$(swift build -c release --scratch-path .build-static --show-bin-path)/thali-node
+elif [[ -z "$binary" ]]; then
+    # The debug build (the test's) shares .build with the ordinary build, whose objects are compiled for
+    # dynamic linking: they are brought up to date that way first, so that the static link only relinks them,
+    # naming the static Foundation's libraries they leave out (as a group: their order is free); then the
+    # dynamic binary is linked back, and .build is as an ordinary build leaves it.
+    swift build --product thali-node
     static_libraries=(-Xlinker --start-group)
     for library in Foundation CoreFoundation FoundationInternationalization FoundationEssentials _FoundationICU \
         _FoundationCShims _FoundationCollections swiftCore; do
         static_libraries+=(-Xlinker "-l$library")
     done
     static_libraries+=(-Xlinker --end-group)
-    swift build -c "$configuration" --static-swift-stdlib --product thali-node "${static_libraries[@]}"
-    # A copy: the next ordinary `swift build` links the dynamic one to the same path.
-    cp "$(swift build -c "$configuration" --show-bin-path)/thali-node" "$work/thali-node"
+    swift build --static-swift-stdlib --product thali-node "${static_libraries[@]}"
+    cp "$(swift build --show-bin-path)/thali-node" "$work/thali-node"
     binary=$work/thali-node
+    swift build --product thali-node
 fi
 binary=$(realpath "$binary")
 
