@@ -171,7 +171,7 @@ let package = Package(
             ],
             plugins: ["BuildCommit"]),
         /// Bakes the git commit into `thali-node --version` (`BuildCommit.hash`): SwiftPM has no build-time
-        /// defines, so a prebuild command writes a one-line Swift file before each build.
+        /// defines, so a build command, rerun whenever the checkout changes, writes a small Swift file.
         .plugin(name: "BuildCommit", capability: .buildTool()),
 
         // MARK: Examples (built and run by the tests so they cannot rot; each uses one module as an app would)

@@ -1,35 +1,69 @@
 import Foundation
 import PackagePlugin
 
-/// Bakes the commit a target is built from into it: before every build, a generated `BuildCommit.swift`
-/// declares `BuildCommit.hash`, the checkout's abbreviated commit (`git rev-parse --short HEAD`, with
-/// `-dirty` when tracked files differ from it), or `nil` outside a git checkout (a source archive) or
-/// without git. The file is rewritten only when its text changes, so a build at the same commit
-/// recompiles nothing. SwiftPM has no build-time defines from git; this is the whole mechanism.
+/// Bakes the commit a target is built from into it: a generated `BuildCommit.swift` declares
+/// `BuildCommit.hash`, the checkout's abbreviated commit (`git rev-parse --short HEAD`, with `-dirty` when
+/// tracked files differ from it), or `nil` outside a git checkout (a source archive) or without git.
+///
+/// SwiftPM has no build-time defines from git, and it runs build-tool plugins only when it plans a build
+/// (a manifest or the set of sources changed), not on every build: so this is a build command whose inputs
+/// are what the answer depends on — the repository's HEAD, HEAD's log (every commit, checkout and reset
+/// appends to it), the index and every tracked file — and it reruns whenever one of them changes. The file
+/// is rewritten only when its text changes, so a rerun with the same answer recompiles nothing.
 @main
 struct BuildCommitPlugin: BuildToolPlugin {
     func createBuildCommands(context: PluginContext, target: Target) throws -> [Command] {
-        let outputDirectory = context.pluginWorkDirectoryURL.appending(path: "Generated")
-        let output = outputDirectory.appending(path: "BuildCommit.swift")
+        let package = context.package.directoryURL
+        let output = context.pluginWorkDirectoryURL.appending(path: "BuildCommit.swift")
         return [
-            .prebuildCommand(
-                displayName: "Reading the commit of \(context.package.directoryURL.lastPathComponent)",
+            .buildCommand(
+                displayName: "Reading the commit of \(package.lastPathComponent)",
                 executable: URL(fileURLWithPath: "/bin/sh"),
-                arguments: ["-c", Self.script, "build-commit", context.package.directoryURL.path, output.path],
-                outputFilesDirectory: outputDirectory)
+                arguments: ["-c", Self.script, "build-commit", package.path, output.path],
+                inputFiles: Self.repositoryFiles(of: package),
+                outputFiles: [output])
         ]
+    }
+
+    /// The files the commit and its `-dirty` mark depend on; none outside a checkout.
+    static func repositoryFiles(of package: URL) -> [URL] {
+        guard let gitDirectory = git(["rev-parse", "--absolute-git-dir"], in: package)?
+            .trimmingCharacters(in: .whitespacesAndNewlines), !gitDirectory.isEmpty
+        else { return [] }
+        let state = ["HEAD", "logs/HEAD", "index"].map { URL(fileURLWithPath: gitDirectory).appending(path: $0) }
+        let tracked = (git(["ls-files", "-z"], in: package) ?? "").split(separator: "\0").map {
+            package.appending(path: String($0))
+        }
+        return (state + tracked).filter { FileManager.default.fileExists(atPath: $0.path) }
+    }
+
+    /// `git` in `directory`, its standard output, or nil if it cannot run or fails. `safe.directory`: a
+    /// checkout owned by another user (a CI clone) still names its commit; the build runs its code anyway.
+    static func git(_ arguments: [String], in directory: URL) -> String? {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+        process.arguments = ["git", "-c", "safe.directory=\(directory.path)", "-C", directory.path] + arguments
+        let pipe = Pipe()
+        process.standardOutput = pipe
+        process.standardError = FileHandle.nullDevice
+        do { try process.run() } catch { return nil }
+        let data = pipe.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        return process.terminationStatus == 0 ? String(decoding: data, as: UTF8.self) : nil
     }
 
     /// `$1`: the package directory, `$2`: the file to write.
     static let script = #"""
         set -eu
-        commit=$(git -C "$1" rev-parse --short HEAD 2>/dev/null) || commit=
-        if [ -n "$commit" ] && [ -n "$(git -C "$1" status --porcelain --untracked-files=no 2>/dev/null)" ]; then
+        repository=$1
+        in_repository() { git -c safe.directory="$repository" -C "$repository" "$@"; }
+        commit=$(in_repository rev-parse --short HEAD 2>/dev/null) || commit=
+        if [ -n "$commit" ] && [ -n "$(in_repository status --porcelain --untracked-files=no 2>/dev/null)" ]; then
             commit="$commit-dirty"
         fi
         if [ -n "$commit" ]; then value="\"$commit\""; else value=nil; fi
         mkdir -p "$(dirname "$2")"
-        text="// Generated before each build by Plugins/BuildCommit; not in the repository.
+        text="// Generated by Plugins/BuildCommit when the checkout changes; not in the repository.
         enum BuildCommit {
             /// The abbreviated commit this binary was built from (\`-dirty\`: with uncommitted changes), or nil.
             static let hash: String? = $value
