@@ -121,7 +121,7 @@ install -m 0755 packaging/debian/postinst packaging/debian/prerm packaging/debia
 install -m 0644 packaging/debian/conffiles "$stage/DEBIAN/"
 
 # Depends: the Debian packages of the shared libraries the binary loads (dpkg-shlibdeps reads the
-# symbol files of the installed -dev packages' libraries), and adduser for the postinst.
+# symbols files of the installed library packages), and adduser for the postinst.
 mkdir -p "$work/shlibs/debian"
 printf 'Source: thali-node\n\nPackage: thali-node\nArchitecture: any\n' >"$work/shlibs/debian/control"
 shlibs=$(cd "$work/shlibs" && dpkg-shlibdeps -O "$stage/usr/bin/thali-node" 2>/dev/null | sed -n 's/^shlibs:Depends=//p')
