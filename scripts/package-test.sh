@@ -2,8 +2,8 @@
 # The Debian package as a user meets it, in the test command after `swift build --build-tests`: packages the
 # debug build of thali-node, relinked with the Swift runtime inside (scripts/package.sh --configuration debug),
 # installs the .deb with dpkg -i into a fresh Debian 12 root (minbase, plus only what the package's Depends
-# names), runs `thali-node --version` and `identity create` there as the `thali` user, checks the systemd
-# unit with `systemd-analyze verify` against that root and every manual page with man's warnings, then
+# names), runs `thali-node --version`, `identity create` and a short `run` there as the `thali` user,
+# checks the systemd unit with the root's `systemd-analyze verify` and every manual page with man's warnings, then
 # removes the package (data kept) and purges it (nothing left). Ends with one line: passed or FAILED.
 #
 # The root: debootstrap --variant=minbase from the host's own Debian mirror, made once into
@@ -47,6 +47,10 @@ if [[ "${1:-}" == --in-namespace ]]; then
     [[ "$(in_root stat -c '%U %a' /var/lib/thali/identity.key)" == "thali 600" ]] || fail "identity.key not thali's, 0600"
     shown=$(as_thali thali-node identity show --json --home /var/lib/thali) || fail "identity show failed"
     [[ "$shown" == *'"public_key"'* ]] || fail "identity show: $shown"
+    # What the unit runs, briefly, on loopback (an SSDP port of its own: other tests may be on the default).
+    ran=$(as_thali thali-node run --home /var/lib/thali --address 127.0.0.1 --ssdp-port $((20000 + RANDOM % 20000)) \
+        --duration 2 2>&1) || fail "thali-node run failed: $ran"
+    [[ "$ran" == *"listening at http://127.0.0.1:"*"stopped (duration)"* ]] || fail "thali-node run: $ran"
     in_root bash -n /usr/share/bash-completion/completions/thali-node || fail "bash completion does not parse"
 
     # The unit, checked by the root's own systemd (installed now, after the package: the package does not
