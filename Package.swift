@@ -168,7 +168,11 @@ let package = Package(
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "UnixSignals", package: "swift-service-lifecycle"),
-            ]),
+            ],
+            plugins: ["BuildCommit"]),
+        /// Bakes the git commit into `thali-node --version` (`BuildCommit.hash`): SwiftPM has no build-time
+        /// defines, so a build command, rerun whenever the checkout changes, writes a small Swift file.
+        .plugin(name: "BuildCommit", capability: .buildTool()),
 
         // MARK: Examples (built and run by the tests so they cannot rot; each uses one module as an app would)
         .executableTarget(name: "beacon-round-trip", dependencies: ["ThaliBeacons"], path: "Examples/BeaconRoundTrip"),

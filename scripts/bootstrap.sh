@@ -6,11 +6,19 @@
 #              gssdp-discover (SSDP), Go + hashicorp/yamux (multiplexer interop), dbus (BlueZ mock bus),
 #              curl, iproute2 (network namespaces), strace (a delivery receiver's system calls), QEMU
 #              with Debian's kernel, BlueZ and btvirt (the real-Bluetooth guest of scripts/bt-vm/run.sh),
-#              and a Python venv (.venv-test) with python-dbusmock and async-upnp-client.
+#              and a Python venv (.venv-test) with python-dbusmock and async-upnp-client; and what --package
+#              needs plus the package test's: debootstrap (its fresh root), systemd (systemd-analyze), man-db.
+#   --package  also what scripts/package.sh needs: dpkg-dev (dpkg-shlibdeps, dpkg-deb), binutils, git.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(pkg-config libssl-dev libsecp256k1-dev libbluetooth-dev libdbus-1-dev libsqlite3-dev openssl)
+if [[ "${1:-}" == "--package" || "${1:-}" == "--test" ]]; then
+    packages+=(dpkg-dev binutils git)
+fi
+if [[ "${1:-}" == "--test" ]]; then
+    packages+=(debootstrap systemd man-db)
+fi
 if [[ "${1:-}" == "--test" ]]; then
     packages+=(gnutls-bin gupnp-tools golang-go golang-github-hashicorp-yamux-dev dbus curl iproute2 strace
                python3 python3-venv python3-dbus

@@ -9,6 +9,10 @@ export THALI_REQUIRE_PEERS=1
 swift build --build-tests
 # DocC for every library module: no warnings, every public symbol documented.
 scripts/docs.sh
+# The Debian package of this build, installed, run and removed in a fresh root; its failure fails the
+# command at the end, after the other tests have run.
+package_status=0
+scripts/package-test.sh || package_status=1
 # The failures are printed again at the end, where a log's tail shows them.
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
@@ -16,5 +20,10 @@ trap 'rm -f "$log"' EXIT
 if ! swift test --skip-build --no-parallel "$@" 2>&1 | tee "$log"; then
     echo "=== failed tests and their issues ==="
     grep -E "✘|error:|Fatal error|Crash|signal" "$log" | head -200
+    (( package_status == 0 )) || echo "=== and the package test failed (package-test: lines above) ==="
+    exit 1
+fi
+if (( package_status )); then
+    echo "=== the package test failed (package-test: lines above) ==="
     exit 1
 fi

@@ -11,7 +11,7 @@ struct ThaliNode: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "thali-node",
         abstract: "A Thali peer: private discovery of contacts and authenticated delivery over local networks.",
-        version: "thali-node, JSON output version \(jsonOutputVersion)",
+        version: Version.text,
         subcommands: [Demo.self, Conformance.self, Bench.self, Discover.self, Identity.self, Contacts.self, Send.self, Outbox.self, Inbox.self, Events.self, Config.self, Run.self]
     )
 
