@@ -212,6 +212,31 @@ struct DailyUseTests {
         #expect(!FileManager.default.fileExists(atPath: bob.home.inboxDirectory + "/" + file.id.uuidString))
     }
 
+    // MARK: Refusals in words (item 9)
+
+    @Test("a file over the receiver's maxItemBytes: the receiver says what it refused and its limit, the sender says it in words")
+    func refusalInWordsOnBothSides() async throws {
+        let people = try TestPeople(["alice", "bob"], label: "refusal-words")
+        let (alice, bob) = (try people["alice"], try people["bob"])
+        try Data(#"{"maxItemBytes": 1048576}"#.utf8).write(to: URL(fileURLWithPath: bob.home.configurationPath))
+        let path = alice.home.path + "/big.bin"
+        try Data(count: 3 << 20).write(to: URL(fileURLWithPath: path))
+        let file = try alice.store.enqueueFile(at: path, to: "bob", expiresAt: Date().addingTimeInterval(600))
+        let port = String(randomSSDPPort())
+        let arguments = { (home: String) in ["run", "--home", home, "--address", "127.0.0.1", "--ssdp-port", port, "--json"] }
+        let sender = try RunningPeer("alice", CommandLineTests.executable, arguments(alice.home.path))
+        let receiver = try RunningPeer("bob", CommandLineTests.executable, arguments(bob.home.path))
+        defer { _ = sender.kill(); _ = receiver.kill() }
+        let refused = try await receiver.waitFor("the receiver's refusal") {
+            isEvent($0, "refused_offer", ["id": file.id.uuidString, "refusal": "too_large", "file_name": "big.bin"])
+        }
+        #expect(refused["reason"] as? String == "larger than this node's limit of 1.0 MiB (maxItemBytes)", "\(refused)")
+        let told = try await sender.waitFor("the sender's refusal") { isEvent($0, "refused", ["id": file.id.uuidString]) }
+        #expect(told["reason"] as? String == "larger than what bob accepts", "\(told)")
+        #expect(!sender.output.contains("tooLarge") && !receiver.output.contains("tooLarge"), "\(sender.output)")
+        #expect(try alice.store.outboxItem(id: file.id)?.state == .refused)
+    }
+
     // MARK: Names (item 17)
 
     @Test("direction controls are refused in contact names and in the names of files to send")
