@@ -62,9 +62,12 @@ struct DailyUseTests {
         let run = runArguments(home, ["--duration", "30", "--status-interval", "0.2"]).map { "'\($0)'" }.joined(separator: " ")
         // tee ends first (as Ctrl-C ends it first; SIGTERM here: a script's background job ignores SIGINT),
         // then the node gets SIGINT with lines still to print.
+        // Only this pipeline's tee ($! is the last command of a background pipeline): `pkill tee` would end
+        // every tee on the machine, the test command's own among them.
         let script = """
             { "$T" \(run); echo "status=$?" >&2; } | tee '\(log)' > /dev/null &
-            sleep 1; pkill -TERM -x tee; sleep 0.5; pkill -INT -f -- '--home \(home) '; wait
+            tee_pid=$!
+            sleep 1; kill -TERM "$tee_pid"; sleep 0.5; pkill -INT -f -- '--home \(home) '; wait
             """
         let result = try await shell(script, timeout: .seconds(20))
         #expect(result.output.contains("status=0"), "\(result.output)")
