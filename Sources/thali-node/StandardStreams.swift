@@ -27,12 +27,10 @@ final class StandardStream: Sendable {
     }
 
     /// Standard output.
-    static let output = StandardStream(descriptor: STDOUT_FILENO, name: "standard output")
+    static let output = StandardStream(descriptor: STDOUT_FILENO)
     /// Standard error.
-    static let error = StandardStream(descriptor: STDERR_FILENO, name: "standard error")
+    static let error = StandardStream(descriptor: STDERR_FILENO)
 
-    /// The stream's name in messages.
-    let name: String
     private let descriptor: Int32
     private struct State {
         var failure: Failure?
@@ -40,9 +38,8 @@ final class StandardStream: Sendable {
     }
     private let state = Mutex(State())
 
-    private init(descriptor: Int32, name: String) {
+    private init(descriptor: Int32) {
         self.descriptor = descriptor
-        self.name = name
     }
 
     /// The failure that ended the stream, if any.
@@ -98,17 +95,19 @@ final class StandardStream: Sendable {
     /// Writes all of `data`, whole, in order with other writers; false once the stream failed.
     @discardableResult
     func write(_ data: Data) -> Bool {
+        enum Outcome { case written, droppedAfterFailure, failed(Failure) }
         // Under the lock: lines written from several threads never interleave.
-        let (failure, observers) = state.withLock { state -> (Failure?, [@Sendable (Failure) -> Void]) in
-            guard state.failure == nil else { return (nil, []) }
-            guard let failure = Self.writeAll(data, to: descriptor) else { return (nil, []) }
-            state.failure = failure
-            defer { state.observers = [] }
-            return (failure, state.observers)
+        let outcome = state.withLock { state -> Outcome in
+            guard state.failure == nil else { return .droppedAfterFailure }
+            return Self.writeAll(data, to: descriptor).map(Outcome.failed) ?? .written
         }
-        guard let failure else { return self.failure == nil }
-        for observer in observers { observer(failure) }
-        return false
+        switch outcome {
+        case .written: return true
+        case .droppedAfterFailure: return false
+        case .failed(let failure):
+            fail(failure)
+            return false
+        }
     }
 
     /// `write(2)` until all of `data` is written; nil, or the failure.
