@@ -98,7 +98,9 @@ extension BeaconProfile {
         case .spec:
             // The spec slices a 16-byte IV; GCM's nonce is 12 bytes, so we take KM[0..<12].
             return derivation.withDerivedKey(secret: sey) { material in
-                let nonce = try! AES.GCM.Nonce(data: UnsafeRawBufferPointer(rebasing: material[0..<12]))  // 12 bytes is always a valid nonce
+                // Cannot fire: `Nonce(data:)` throws only for an empty buffer, and this slice of the derived
+                // key material is always 12 bytes, whatever a peer sent.
+                let nonce = try! AES.GCM.Nonce(data: UnsafeRawBufferPointer(rebasing: material[0..<12]))
                 return FlagKey(cipher: .gcm(SymmetricKey(data: UnsafeRawBufferPointer(rebasing: material[16..<32])), nonce))
             }
         case .cordova:
@@ -113,7 +115,8 @@ extension BeaconProfile {
         let hkey = derivation.derive(secret: sey, count: 16)
         let key = Array(Insecure.MD5.hash(data: hkey))
         let iv = Array(Insecure.MD5.hash(data: key + hkey))
-        return (SymmetricKey(data: key), try! AES._CBC.IV(ivBytes: iv))  // 16 bytes
+        // Cannot fire: `IV(ivBytes:)` throws only when given other than 16 bytes, and an MD5 digest is 16.
+        return (SymmetricKey(data: key), try! AES._CBC.IV(ivBytes: iv))
     }
 
     /// Appends the 32-byte flag that encrypts `keyId` (16 bytes) for the receiver of `sey` to `stream`:
@@ -129,7 +132,9 @@ extension BeaconProfile {
             }
         case .cordova:
             let (key, iv) = cbcKeyAndIV(sey: sey, derivation: derivation)
-            stream.append(contentsOf: try! AES._CBC.encrypt(keyId, using: key, iv: iv))  // 16 bytes + a pad block
+            // Cannot fire: CBC encryption throws only for a key other than 16, 24 or 32 bytes (this one is an
+            // MD5 digest, 16) or a failing cipher context; `keyId` is our own 16 bytes, never a peer's.
+            stream.append(contentsOf: try! AES._CBC.encrypt(keyId, using: key, iv: iv))
         }
     }
 

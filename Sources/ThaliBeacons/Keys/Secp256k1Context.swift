@@ -12,7 +12,8 @@ final class Secp256k1Context: @unchecked Sendable {
 
     private init() {
         guard let context = secp256k1_context_create(UInt32(SECP256K1_CONTEXT_NONE)) else {
-            // Only an out-of-memory condition gets here; nothing in the suite can work without it.
+            // Cannot fire on any input: the flags are a constant, and libsecp256k1 fails this call only when
+            // its allocation fails; nothing in the suite can work without the context.
             fatalError("libsecp256k1: secp256k1_context_create failed")
         }
         // Blinding protects the scalar multiplications against side channels; a failure only loses
