@@ -106,9 +106,10 @@ public struct RequirementCatalog: Sendable, Hashable {
     /// `spec/requirements.json` of the source tree this module was built from: where `thali-node` finds
     /// the catalog when it runs from a checkout (`--catalog` gives another).
     public static var defaultPath: String {
-        var url = URL(fileURLWithPath: #filePath)
-        for _ in 0..<3 { url.deleteLastPathComponent() }  // Sources/ThaliConformance/<file>
-        return url.appendingPathComponent("spec/requirements.json").path
+        // The first folder up from this file that holds Sources/ (the file moves between folders).
+        var url = URL(fileURLWithPath: #filePath).deletingLastPathComponent()
+        while url.path != "/", url.lastPathComponent != "Sources" { url.deleteLastPathComponent() }
+        return url.deletingLastPathComponent().appendingPathComponent("spec/requirements.json").path
     }
 
     /// The strongest level among `ids` (MUST over SHOULD ...); INFO when none is known.

@@ -1,0 +1,150 @@
+import Crypto
+import Foundation
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOHTTP1
+import NIOPosix
+import TCPMultiplexer
+import ThaliBeacons
+import ThaliNodeCore
+import ThaliPSKTLS
+import ThaliSSDP
+
+extension PeerConformance {
+    // MARK: Raw multiplexer cases
+
+    /// Yamux written by hand inside sessions to `target` (keyed by its beacon for a Thali node, plain TCP
+    /// for a bare yamux server): four connections, the first kept alive
+    /// through a ping, a stream with data after FIN and a reset stream; the second told GoAway 0, then 2;
+    /// the other two each ended by a protocol error (a stream of the wrong parity, a window overrun).
+    func gradeRawMultiplexer(_ run: ConformanceRun, against target: RawYamuxTarget) async {
+        let timeout = configuration.stepTimeout
+        var started = NIODeadline.now()
+        do {
+            try await target.session(group: group) { session in
+                let (answer, answered) = try await Self.ping(&session, value: 0xC0FF_EE01, timeout: timeout)
+                run.grade(Cases.pingAnswered, holds: answered, expected: "Ping ACK stream 0 length \(0xC0FF_EE01)", actual: answer.summary,
+                          started: started)
+                started = NIODeadline.now()
+                try await session.send([(YamuxHeader(type: .windowUpdate, flags: .syn, streamID: 1, length: 0), 0),
+                                        (YamuxHeader(type: .windowUpdate, flags: .fin, streamID: 1, length: 0), 0),
+                                        (YamuxHeader(type: .data, streamID: 1, length: 4), 4)])
+                let (reset, _) = try await session.waitFor(within: timeout) { $0.streamID == 1 && $0.flags.contains(.rst) || $0.type == .goAway }
+                let (_, held) = try await Self.ping(&session, value: 0xC0FF_EE02, timeout: timeout)
+                var holds = false
+                if case .frame(let header) = reset, header.type != .goAway { holds = held }
+                run.grade(Cases.dataAfterFIN, holds: holds, expected: "RST on stream 1, then a Ping still answered",
+                          actual: "\(reset.summary)\(held ? ", then the Ping answered" : ", then no Ping answer")", started: started)
+                started = NIODeadline.now()
+                try await session.send([(YamuxHeader(type: .windowUpdate, flags: .syn, streamID: 3, length: 0), 0),
+                                        (YamuxHeader(type: .windowUpdate, flags: .rst, streamID: 3, length: 0), 0),
+                                        (YamuxHeader(type: .data, streamID: 3, length: 4), 4),
+                                        (YamuxHeader(type: .ping, flags: .syn, streamID: 0, length: 0xC0FF_EE03), 0)])
+                let (last, before) = try await session.waitFor(within: timeout) { $0.type == .goAway || $0.type == .ping && $0.flags.contains(.ack) }
+                var goesOn = false
+                if case .frame(let header) = last { goesOn = header.type == .ping && header.length == 0xC0FF_EE03 }
+                run.grade(Cases.resetStream, holds: goesOn, expected: "no GoAway; the Ping after them answered",
+                          actual: last.summary + (before.isEmpty ? "" : " after \(before.map(\.summary).joined(separator: ", "))"), started: started)
+            }
+        } catch {
+            run.recordRemaining([Cases.pingAnswered, Cases.dataAfterFIN, Cases.resetStream], .inconclusive, because: "no session: \(error)")
+        }
+        await gradeGoAway(run, against: target)
+        // The wrong parity is a header alone. The overrun's header goes first, alone too: an implementation
+        // that judges it from the header ends the session before any payload is sent (payload still
+        // unread when it closes would make its kernel reset the connection, and drop its GoAway on our
+        // side); one that waits for the bytes gets them after a quiet period, and a GoAway then is a
+        // WARN (it read past its window first).
+        let overrun = YamuxHeader.initialWindowSize + 1
+        let endings: [(ConformanceCase, [(YamuxHeader, payload: Int)], payload: Int)] = [
+            (Cases.wrongParity, [(YamuxHeader(type: .windowUpdate, flags: .syn, streamID: 2, length: 0), 0)], 0),
+            (Cases.windowOverrun, [(YamuxHeader(type: .data, flags: .syn, streamID: 1, length: UInt32(overrun)), 0)], overrun),
+        ]
+        for (testCase, frames, payload) in endings {
+            started = NIODeadline.now()
+            do {
+                try await target.session(group: group) { session in
+                    try await session.send(frames)
+                    var (ending, _) = try await session.waitFor(within: payload > 0 ? configuration.windowQuietPeriod : timeout) { $0.type == .goAway }
+                    var afterPayload = ""
+                    if payload > 0, ending == .timedOut {
+                        try await session.sendPayload(payload)
+                        (ending, _) = try await session.waitFor(within: timeout) { $0.type == .goAway }
+                        afterPayload = " (after the payload)"
+                    }
+                    let verdict: ConformanceVerdict
+                    switch ending {
+                    // Refused, but only once the bytes beyond the window came: the header alone said it.
+                    case .frame(let header) where !afterPayload.isEmpty: verdict = header.isGoAway(.protocolError) ? .warn : .fail
+                    case .frame(let header): verdict = header.isGoAway(.protocolError) ? .pass : .fail
+                    case .ended where !afterPayload.isEmpty: verdict = .inconclusive  // a reset may have dropped its GoAway
+                    default: verdict = .fail
+                    }
+                    run.record(testCase, verdict, expected: "GoAway code 1 (protocol error)", actual: ending.summary + afterPayload, started: started)
+                }
+            } catch {
+                run.record(testCase, .inconclusive, expected: testCase.title, actual: "no session: \(error)", started: started)
+            }
+        }
+    }
+
+    /// A stream we open (its first frame from the implementation shows it is served; one reset at once is
+    /// followed by another, up to ``fallbackStreamAttempts``), then our GoAway 0:
+    /// the stream must not be reset and a Ping must still be answered; then our GoAway 2 (internal error)
+    /// must end the session [MUX-2.14].
+    func gradeGoAway(_ run: ConformanceRun, against target: RawYamuxTarget) async {
+        let (timeout, started) = (configuration.stepTimeout, NIODeadline.now())
+        let greeting = target.servedStreamGreeting
+        do {
+            try await target.session(group: group) { session in
+                // A Thali node serves one delivery sender per contact at a time: a stream opened while the
+                // sender of an earlier session still holds the contact is closed at once (reset). The next
+                // stream, opened after that, is served.
+                var served: (id: UInt32, first: RawYamuxSession.Input)?
+                var refused: [String] = []
+                for id in stride(from: UInt32(1), through: UInt32(2 * Self.fallbackStreamAttempts - 1), by: 2) where served == nil {
+                    try await session.send([greeting > 0 ? (YamuxHeader(type: .data, flags: .syn, streamID: id, length: UInt32(greeting)), greeting)
+                                                         : (YamuxHeader(type: .windowUpdate, flags: .syn, streamID: id, length: 0), 0)])
+                    let (first, _) = try await session.waitFor(within: timeout) { $0.streamID == id && ($0.type == .data || $0.flags.contains(.rst)) }
+                    if case .frame(let header) = first, header.flags.contains(.rst) {
+                        refused.append(first.summary)
+                    } else {
+                        served = (id, first)
+                    }
+                }
+                guard let served, case .frame(let header) = served.first, header.type == .data else {
+                    run.record(Cases.goAwayNormal, .inconclusive, expected: "a data frame on a stream we opened",
+                               actual: (refused + [served?.first.summary].compactMap { $0 }).joined(separator: "; "), started: started)
+                    return
+                }
+                let id = served.id
+                try await session.send([(YamuxHeader(type: .goAway, streamID: 0, length: YamuxHeader.GoAwayCode.normal.rawValue), 0),
+                                        (YamuxHeader(type: .ping, flags: .syn, streamID: 0, length: 0xC0FF_EE04), 0)])
+                let (answer, before) = try await session.waitFor(within: timeout) {
+                    $0.type == .goAway || $0.type == .ping && $0.flags.contains(.ack) || $0.streamID == id && $0.flags.contains(.rst)
+                }
+                var goesOn = false
+                if case .frame(let header) = answer { goesOn = header.type == .ping && header.length == 0xC0FF_EE04 }
+                try await session.send([(YamuxHeader(type: .goAway, streamID: 0, length: YamuxHeader.GoAwayCode.internalError.rawValue), 0)])
+                let (ending, _) = try await session.waitFor(within: timeout) { _ in false }
+                var ended = false
+                if case .ended = ending { ended = true }
+                run.grade(Cases.goAwayNormal, holds: goesOn && ended,
+                          expected: "after GoAway 0: no RST on stream \(id), no GoAway, the Ping answered; after GoAway 2: the connection ends",
+                          actual: "after GoAway 0: \(answer.summary)" + (before.isEmpty ? "" : " after \(before.map(\.summary).joined(separator: ", "))")
+                              + "; after GoAway 2: \(ending.summary)", started: started)
+            }
+        } catch {
+            run.record(Cases.goAwayNormal, .inconclusive, expected: Cases.goAwayNormal.title, actual: "no session: \(error)", started: started)
+        }
+    }
+
+    /// Sends a Ping with SYN and `value`: the answer (or what came instead) and whether it is the Ping
+    /// with ACK and the same value.
+    static func ping(_ session: inout RawYamuxSession, value: UInt32, timeout: TimeAmount) async throws -> (RawYamuxSession.Input, Bool) {
+        try await session.send([(YamuxHeader(type: .ping, flags: .syn, streamID: 0, length: value), 0)])
+        let (answer, _) = try await session.waitFor(within: timeout) { $0.type == .ping && $0.flags.contains(.ack) || $0.type == .goAway }
+        if case .frame(let header) = answer { return (answer, header.type == .ping && header.length == value) }
+        return (answer, false)
+    }
+}
