@@ -90,6 +90,9 @@ public enum Mutant: String, CaseIterable, Sendable {
     case deliveryResumesUnchecked = "delivery-resumes-unchecked"
     /// The delivery sender ends a session over the receiver's protocol error without an `error` frame [NODE-1.24].
     case deliveryEndsWithoutError = "delivery-ends-without-error"
+    /// The delivery receiver speaks version 1 only: a `hello` above 1 ends the stream instead of being
+    /// welcomed with the highest version it speaks [NODE-1.26].
+    case deliveryReceiverRefusesNewerHello = "delivery-receiver-refuses-newer-hello"
     /// The opener of a refused marked delivery stream opens another at once on the same session [NODE-4.7].
     case streamsRetryRefused = "streams-retry-refused"
     /// The BLE advertisement decoder ignores deployed Android Thali's manufacturer data [BLE-1.2].

@@ -200,7 +200,8 @@ public struct PeerConformance: Sendable {
                 await gradeSendWindow(run, location: location, match: match)
             }
         }
-        run.recordRemaining(Cases.all, .inconclusive, because: Task.isCancelled ? "interrupted" : "an earlier step failed")
+        run.recordRemaining(Cases.all, .inconclusive, because: Task.isCancelled ? "interrupted"
+                                : run.firstFailure.map { "not reached: \($0.id) failed first" } ?? "not reached")
     }
 
     /// Every announcement SSDP fetched, for BCN-1.3.

@@ -72,7 +72,7 @@ extension PeerConformance {
         } catch {
             run.record(Cases.handshake, .fail, expected: "a PSK-TLS handshake with the beacon's identity and PSK",
                        actual: "\(error)", started: handshakeStarted)
-            run.recordRemaining([Cases.closeNotify, Cases.version2Fallback] + Cases.receiverRole, .inconclusive, because: "no PSK-TLS session")
+            run.recordDependents([Cases.closeNotify, Cases.version2Fallback] + Cases.receiverRole, on: Cases.handshake)
             return
         }
         await gradeCloseNotify(run, location: location, match: match)
@@ -226,7 +226,7 @@ extension PeerConformance {
             frames = try await DeliveryChannel.openStream(on: session, limits: limits, dataDelivery: .wholeFrames)
         } catch {
             run.record(Cases.openStream, .fail, expected: Cases.openStream.title, actual: "opening failed: \(error)", started: started)
-            run.recordRemaining(Cases.receiverRole, .inconclusive, because: "no stream")
+            run.recordDependents(Cases.receiverRole, on: Cases.openStream)
             return
         }
         var script = ReceiverScript(queuedIDs: queuedIDs, maxItemBytes: configuration.maxItemBytes,

@@ -295,15 +295,34 @@ struct ReceiverScript {
         return Step(finished: true)
     }
 
-    /// The stream ended (or failed) before `done`: the steps not graded yet fail with `reason`.
+    /// The phases of a sender's stream in the order they happen; the other receiver cases are rules
+    /// checked along the way.
+    static let phases = [Cases.openStream, Cases.hello, Cases.offer, Cases.transfer, Cases.done]
+
+    /// The stream ended (or failed) before `done`: the phase under way fails with `reason` (before any
+    /// frame: the stream was not served; mid-item: the transfer; else `done` never came), and every case
+    /// not graded yet is INCONCLUSIVE, naming it.
     mutating func ended(by reason: String, _ run: ConformanceRun) {
         guard !finished else { return }
         finished = true
-        run.recordRemaining(Cases.receiverRole, .fail, because: reason)
+        let phase = current != nil ? Cases.transfer : Self.phases.first { run.verdict(of: $0) == nil }
+        guard let phase else { return }
+        let before: String = switch phase {
+        case _ where current != nil: "mid-item"
+        case Cases.openStream: "before its first frame"
+        case Cases.hello: "before hello"
+        case Cases.offer: "before an offer"
+        default: "before done"
+        }
+        run.record(phase, .fail, expected: phase.title, actual: "\(reason) \(before)")
+        run.recordDependents(Cases.receiverRole, on: phase)
     }
 
+    /// A rule broke at `testCase`: it fails, the stream is over, and every case not graded yet is
+    /// INCONCLUSIVE, naming it.
     private mutating func fail(_ testCase: ConformanceCase, expected: String, actual: String, _ run: ConformanceRun) -> Step {
         run.record(testCase, .fail, expected: expected, actual: actual)
+        run.recordDependents(Cases.receiverRole, on: testCase)
         finished = true
         return Step(finished: true)
     }

@@ -56,16 +56,33 @@ extension PeerConformance {
             let host = configuration.bluetooth == nil ? BeaconLocation(host: configuration.address, port: server.port).hostHeader : nil
             Self.gradeBeaconRequest(run, request, host: host)
         }
+        // The sender role's steps in the order they happen: the first that breaks FAILs where it breaks,
+        // and the ones after it are INCONCLUSIVE, naming it.
+        let steps = [Cases.senderConnects, Cases.senderStream, Cases.senderWelcome, Cases.senderProgress, Cases.senderAck,
+                     Cases.refusesExpired, Cases.rejectsDamaged, Cases.senderBatch, Cases.senderClose, Cases.senderInbox]
         guard let frames else {
             let failure = lastFailure.withLockedValue { $0 }.map { "; last handshake: \($0)" } ?? ""
-            run.recordRemaining(Cases.senderRole, .fail,
-                                because: "no delivery stream from it within \(Self.text(configuration.discoveryTimeout))\(failure)")
+            let waited = Self.text(configuration.discoveryTimeout)
+            if run.verdict(of: Cases.senderConnects) == .pass {
+                run.record(Cases.senderStream, .fail, expected: "a delivery stream opened to us",
+                           actual: "authenticated, but no delivery stream within \(waited)")
+                run.recordDependents(steps, on: Cases.senderStream)
+            } else {
+                run.failFirstOpenStep(steps, actual: "no PSK-TLS session with our beacon's PSK within \(waited)\(failure)")
+            }
             return
         }
         run.recordRemaining([Cases.senderConnects], .pass, because: "it opened a stream, so it authenticated")
         let streamStarted = NIODeadline.now()
         var delivered: [(id: UUID, text: String)] = []
         var unwanted: [UUID] = []  // items it must not keep: the expired one and the damaged ones
+        // The step under way: a stream that ends or fails breaks this one.
+        var step = Cases.senderWelcome
+        var stepStarted = streamStarted
+        func begin(_ next: ConformanceCase) {
+            step = next
+            stepStarted = .now()
+        }
         do {
             try await frames.executeThenClose { inbound, outbound in
                 try await outbound.write(.hello(version: DeliveryFrame.protocolVersion))
@@ -76,16 +93,18 @@ extension PeerConformance {
                     return
                 }
                 let speaksProgress = Self.gradeWelcome(run, version: version, maximum: maximum, window: window, started: streamStarted)
+                begin(Cases.senderStream)
                 try await outbound.write(.offer(offer))
                 guard let answer = try await iterator.next() else {
-                    run.record(Cases.senderStream, .fail, expected: "an answer to our offer", actual: "the stream ended", started: streamStarted)
+                    run.record(Cases.senderStream, .fail, expected: "an answer to our offer", actual: "the stream ended", started: stepStarted)
                     return
                 }
                 guard case .answer(let id, let what) = answer, id == offer.id else {
-                    run.record(Cases.senderStream, .fail, expected: "answer(\(offer.id))", actual: answer.name, started: streamStarted)
+                    run.record(Cases.senderStream, .fail, expected: "answer(\(offer.id))", actual: answer.name, started: stepStarted)
                     return
                 }
-                run.record(Cases.senderStream, .pass, expected: Cases.senderStream.title, actual: "answer \(what)", started: streamStarted)
+                run.record(Cases.senderStream, .pass, expected: Cases.senderStream.title, actual: "answer \(Self.describe(what))", started: stepStarted)
+                begin(Cases.senderAck)
                 let offset: UInt64
                 switch what {
                 case .nothing, .partial: offset = 0  // start(0) is always allowed
@@ -93,27 +112,29 @@ extension PeerConformance {
                     run.record(Cases.senderAck, .fail, expected: "nothing (a new item)", actual: "complete for an item it cannot hold")
                     return
                 case .refused(let reason):
-                    run.record(Cases.senderAck, .fail, expected: "the item taken", actual: "refused \(reason)")
+                    run.record(Cases.senderAck, .fail, expected: "the item taken", actual: "refused(\(Self.describe(reason)))")
                     return
                 }
-                let ackStarted = NIODeadline.now()
                 try await outbound.write(contentsOf: [.start(id: offer.id, offset: offset), .data(ByteBuffer(bytes: content)), .end(id: offer.id)])
                 let (reply, reports) = try await Self.settle(&iterator)
-                if speaksProgress { Self.gradeProgress(run, reports, of: offer, sent: UInt64(content.count), started: ackStarted) }
+                if speaksProgress { Self.gradeProgress(run, reports, of: offer, sent: UInt64(content.count), started: stepStarted) }
                 guard case .ack(let acked)? = reply, acked == offer.id else {
-                    run.record(Cases.senderAck, .fail, expected: "ack(\(offer.id))", actual: reply?.name ?? "the stream ended", started: ackStarted)
+                    run.record(Cases.senderAck, .fail, expected: "ack(\(offer.id))", actual: reply?.name ?? "the stream ended", started: stepStarted)
                     return
                 }
                 delivered.append((offer.id, String(decoding: content, as: UTF8.self)))
-                run.record(Cases.senderAck, .pass, expected: Cases.senderAck.title, actual: "ack", started: ackStarted)
+                run.record(Cases.senderAck, .pass, expected: Cases.senderAck.title, actual: "ack", started: stepStarted)
+                begin(Cases.refusesExpired)
                 unwanted.append(try await offerExpired(run, content: content, inbound: &iterator, outbound: outbound))
+                begin(Cases.rejectsDamaged)
                 unwanted.append(try await sendDamaged(run, content: content, inbound: &iterator, outbound: outbound))
                 if speaksProgress {
+                    begin(Cases.senderBatch)
                     let (intact, damaged) = try await sendBatch(run, inbound: &iterator, outbound: outbound)
                     delivered += intact
                     unwanted.append(damaged)
                 }
-                let closeStarted = NIODeadline.now()
+                begin(Cases.senderClose)
                 try await outbound.write(.done)
                 // The receiver closes the stream; spec/node.md allows an end of input or a multiplexer
                 // reset (every item is settled by its ack). Only a frame, or nothing before the idle
@@ -127,12 +148,20 @@ extension PeerConformance {
                     after = nil
                 }
                 run.grade(Cases.senderClose, holds: after == nil, expected: "the stream ends after done (end of input or reset)",
-                          actual: after ?? "ended", started: closeStarted)
+                          actual: after ?? "ended", started: stepStarted)
             }
         } catch {
-            run.recordRemaining([Cases.senderStream, Cases.senderProgress, Cases.senderAck, Cases.refusesExpired, Cases.rejectsDamaged,
-                                 Cases.senderBatch, Cases.senderClose],
-                                .fail, because: "\(error)")
+            // The step under way broke (the stream ended or failed while we waited for its answer).
+            if run.verdict(of: step) == nil {
+                run.record(step, .fail, expected: step.title, actual: "the stream failed: \(error)", started: stepStarted)
+            }
+        }
+        // A step that broke above leaves every later stream step ungraded: INCONCLUSIVE, naming it.
+        let streamSteps = Array(steps.dropLast())
+        if let broken = streamSteps.first(where: { [.fail, .inconclusive].contains(run.verdict(of: $0)) }) {
+            run.recordDependents(streamSteps, on: broken)
+            // Nothing acknowledged: there is no inbox to check either.
+            if delivered.isEmpty { run.recordDependents([Cases.senderInbox], on: broken) }
         }
         await checkInbox(run, delivered: delivered, unwanted: unwanted)
     }
@@ -277,13 +306,37 @@ extension PeerConformance {
     /// A frame with what matters for grading (the answer or reason, not just the type).
     static func describe(_ frame: DeliveryFrame) -> String {
         switch frame {
-        case .answer(_, let answer): "answer \(answer)"
-        case .reject(_, let reason): "reject \(reason)"
+        case .answer(_, let answer): "answer \(describe(answer))"
+        case .reject(_, let reason): "reject(\(describe(reason)))"
         default: frame.name
         }
     }
 
+    /// An answer as spec/node.md writes it: `refused(expired, reason 3)`, never a Swift type's name.
+    static func describe(_ answer: ItemAnswer) -> String {
+        switch answer {
+        case .nothing: "nothing"
+        case .partial(let offset, _): "partial(\(offset))"
+        case .complete: "complete"
+        case .refused(let reason): "refused(\(describe(reason)))"
+        }
+    }
+
+    /// A refusal's name and code: `expired, reason 3`.
+    static func describe(_ reason: ItemRefusal) -> String {
+        "\(reason.code.replacingOccurrences(of: "_", with: " ")), reason \(reason.rawValue)"
+    }
+
+    /// A reject's name and code: `digest mismatch, reason 1`.
+    static func describe(_ failure: TransferFailure) -> String {
+        switch failure {
+        case .digestMismatch: "digest mismatch, reason \(failure.rawValue)"
+        case .invalidText: "invalid text, reason \(failure.rawValue)"
+        }
+    }
+
     func checkInbox(_ run: ConformanceRun, delivered: [(id: UUID, text: String)], unwanted: [UUID]) async {
+        guard run.verdict(of: Cases.senderInbox) == nil else { return }
         guard let adapter = configuration.adapter else {
             run.record(Cases.senderInbox, .notApplicable, expected: Cases.senderInbox.title, actual: "no adapter to read the inbox with")
             return

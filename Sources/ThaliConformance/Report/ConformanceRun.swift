@@ -52,6 +52,42 @@ public final class ConformanceRun: Sendable {
         }
     }
 
+    /// The verdict recorded for `testCase`, or nil while it has none.
+    public func verdict(of testCase: ConformanceCase) -> ConformanceVerdict? {
+        state.withLockedValue { report in report.results.last { $0.testCase.id == testCase.id }?.verdict }
+    }
+
+    /// The first case recorded as FAIL in this run, if any.
+    public var firstFailure: ConformanceCase? {
+        state.withLockedValue { report in report.results.first { $0.verdict == .fail }?.testCase }
+    }
+
+    /// Records every case of `dependents` that has no result yet as INCONCLUSIVE, naming `blocker`: the
+    /// step each one needs did not pass, so it could not be graded. The cause stays the one FAIL (or
+    /// INCONCLUSIVE) where it happened, instead of repeating on every later step.
+    public func recordDependents(_ dependents: [ConformanceCase], on blocker: ConformanceCase) {
+        let outcome = switch verdict(of: blocker) {
+        case .fail?: "which failed"
+        case .inconclusive?: "which was inconclusive"
+        case .unsupported?: "which it does not support"
+        case .notApplicable?: "which does not apply"
+        default: "which did not pass"
+        }
+        recordRemaining(dependents.filter { $0.id != blocker.id }, .inconclusive, because: "not graded: it needs \(blocker.id), \(outcome)")
+    }
+
+    /// Records a step that broke: the first case of `steps` with no result yet FAILs with `actual`, and
+    /// every later one is INCONCLUSIVE, naming it (``recordDependents(_:on:)``). Returns the case that
+    /// failed, nil when every step had a result.
+    @discardableResult
+    public func failFirstOpenStep(_ steps: [ConformanceCase], actual: String, started: NIODeadline = .now()) -> ConformanceCase? {
+        let done = Set(report.results.map(\.testCase.id))
+        guard let step = steps.first(where: { !done.contains($0.id) }) else { return nil }
+        record(step, .fail, expected: step.title, actual: actual, started: started)
+        recordDependents(steps, on: step)
+        return step
+    }
+
     /// Adds a note for the whole run (once).
     public func note(_ text: String) {
         state.withLockedValue { if !$0.notes.contains(text) { $0.notes.append(text) } }

@@ -112,7 +112,9 @@ public struct DeliveryReceiverStateMachine: Sendable {
     public mutating func receive(_ frame: DeliveryFrame) throws -> Action {
         switch (state, frame) {
         case (.awaitingHello, .hello(let offered)):
-            guard offered >= DeliveryFrame.oldestAcceptedVersion else { return try fail(.unsupportedVersion(offered)) }
+            guard offered >= DeliveryFrame.oldestAcceptedVersion, !(Mutant.deliveryReceiverRefusesNewerHello.isActive && offered > 1) else {
+                return try fail(.unsupportedVersion(offered))
+            }
             state = .idle
             // A later sender gets the highest version we speak; it speaks that one too.
             let version = min(offered, DeliveryFrame.protocolVersion)
