@@ -93,6 +93,9 @@ struct ConformancePeerCommand: AsyncParsableCommand {
     @Option(help: "How late a search answer may come past min(MX, 5) s (SSDP-4.3), in milliseconds.")
     var searchDelayToleranceMs: Int64 = 500
 
+    @Option(help: "How long a raw yamux case still waits for an RST or GoAway once its Ping fence is answered, in milliseconds.")
+    var fenceGraceMs: Int64 = 500
+
     @OptionGroup var report: ReportOptions
 
     func validate() throws {
@@ -100,7 +103,8 @@ struct ConformancePeerCommand: AsyncParsableCommand {
         if BeaconProfile(rawValue: profile) == nil { throw ValidationError("profile must be spec or cordova") }
         if discoveryTimeoutS < 1 || stepTimeoutS < 1 { throw ValidationError("timeouts must be at least 1 s") }
         for (name, value) in [("--close-notify-timeout-ms", closeNotifyTimeoutMs), ("--renegotiation-timeout-ms", renegotiationTimeoutMs),
-                              ("--announcement-wait-ms", announcementWaitMs), ("--search-delay-tolerance-ms", searchDelayToleranceMs)]
+                              ("--announcement-wait-ms", announcementWaitMs), ("--search-delay-tolerance-ms", searchDelayToleranceMs),
+                              ("--fence-grace-ms", fenceGraceMs)]
         where !(0...600_000).contains(value) {
             throw ValidationError("\(name) must be from 0 to 600000")
         }
@@ -129,6 +133,7 @@ struct ConformancePeerCommand: AsyncParsableCommand {
         configuration.announcementWait = .milliseconds(announcementWaitMs)
         configuration.searchesAtOnce = searchesAtOnce
         configuration.searchDelayTolerance = .milliseconds(searchDelayToleranceMs)
+        configuration.fenceGrace = .milliseconds(fenceGraceMs)
         if let bluetooth {
             configuration.bluetooth = try suiteBluetoothTarget(bluetooth, channel: channel, localAddress: localAddress)
         }

@@ -14,6 +14,7 @@ struct VerdictCauseTests {
         var id: String
         var verdict: String
         var actual: String
+        var milliseconds: Int
         var description: String { "\(verdict) \(id): \(actual)" }
     }
 
@@ -23,24 +24,44 @@ struct VerdictCauseTests {
         return try JSONDecoder().decode(Report.self, from: Data(contentsOf: URL(fileURLWithPath: path))).results
     }
 
-    /// A receiver that speaks version 1 only and ends the stream on our `hello(4)`: before, the welcome
-    /// case was INCONCLUSIVE ("an earlier step failed"), printed last, and seven later steps FAILed with
-    /// "the peer ended its side of the connection".
-    @Test("a receiver that ends the stream on hello(4) fails peer/sender/welcome, in place; the later sender steps name it")
-    func welcomeIsTheCause() async throws {
+    /// Runs peer mode against `thali-node run` with `mutant` switched on; the report's results.
+    static func gradeInPeerMode(_ mutant: Mutant, stepTimeoutSeconds: Int = 5) async throws -> [Result] {
         let node = try #require(PackagePaths.thaliNode())
-        let mutant = Mutant.deliveryReceiverRefusesNewerHello
         let implementation = try await PeerModeTests.startImplementation(environment: [Mutant.environmentVariable: mutant.rawValue])
         defer { implementation.remove() }
         let jsonPath = implementation.suite + "/report.json"
         let run = try ChildProcess(node, ["conformance", "peer", "--peer-key", implementation.iutKey,
                                           "--identity", implementation.suite + "/identity.key", "--address", "127.0.0.1",
-                                          "--ssdp-port", String(implementation.ssdpPort), "--step-timeout-s", "5", "--discovery-timeout-s", "5",
-                                          "--adapter", "\(node) --home \(implementation.iut)", "--json-out", jsonPath])
-        _ = try await run.waitForExit(timeout: .seconds(120))
-        let results = try Self.results(at: jsonPath)
+                                          "--ssdp-port", String(implementation.ssdpPort), "--step-timeout-s", String(stepTimeoutSeconds),
+                                          "--discovery-timeout-s", "5", "--adapter", "\(node) --home \(implementation.iut)", "--json-out", jsonPath])
+        _ = try await run.waitForExit(timeout: .seconds(180))
+        return try results(at: jsonPath)
+    }
+
+    /// A session that ignores frames which call for an RST or a GoAway used to cost the whole step
+    /// timeout per case (10 s each by default). The Ping sent behind those frames fences the wait: once it
+    /// is answered, the verdict is known after a short grace.
+    @Test("a yamux session that ignores data after FIN or a wrong-parity stream is judged at its Ping answer, not at the step timeout",
+          arguments: [(Mutant.yamuxAcceptsDataAfterFIN, PeerConformance.Cases.dataAfterFIN),
+                      (Mutant.yamuxAcceptsWrongParity, PeerConformance.Cases.wrongParity)])
+    func fencedYamuxCases(_ mutant: Mutant, _ testCase: ConformanceCase) async throws {
+        let stepTimeoutSeconds = 60
+        let results = try await Self.gradeInPeerMode(mutant, stepTimeoutSeconds: stepTimeoutSeconds)
+        let result = try #require(results.first { $0.id == testCase.id })
+        #expect(result.verdict == "FAIL", "\(result)")
+        #expect(result.actual.contains("the Ping sent behind"), "\(result)")
+        // Decided by the fence: well inside the step timeout, which a wait without it would have used up.
+        #expect(result.milliseconds < stepTimeoutSeconds * 1000 / 2, "\(result) after \(result.milliseconds) ms")
+    }
+
+    /// A receiver that speaks version 1 only and ends the stream on our `hello(4)`: before, the welcome
+    /// case was INCONCLUSIVE ("an earlier step failed"), printed last, and seven later steps FAILed with
+    /// "the peer ended its side of the connection".
+    @Test("a receiver that ends the stream on hello(4) fails peer/sender/welcome, in place; the later sender steps name it")
+    func welcomeIsTheCause() async throws {
+        let results = try await Self.gradeInPeerMode(.deliveryReceiverRefusesNewerHello)
         let cases = PeerConformance.Cases.self
-        let welcome = try #require(results.firstIndex { $0.id == cases.senderWelcome.id }, "\(run.output)")
+        let welcome = try #require(results.firstIndex { $0.id == cases.senderWelcome.id }, "\(results)")
         #expect(results[welcome].verdict == "FAIL", "\(results[welcome])")
         let dependents = [cases.senderStream, cases.senderProgress, cases.senderAck, cases.refusesExpired, cases.rejectsDamaged,
                           cases.senderBatch, cases.senderClose, cases.senderInbox]

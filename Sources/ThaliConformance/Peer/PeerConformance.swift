@@ -66,6 +66,11 @@ public struct PeerConformanceConfiguration: Sendable {
     /// the suite reports only once the sender stops, so a sender that streams past the window it was given
     /// is seen doing so. Longer makes that case stricter on a slow sender, and the run slower.
     public var windowQuietPeriod: TimeAmount = .milliseconds(250)
+    /// How long the raw multiplexer cases still wait for a frame (an RST, a GoAway) once the implementation
+    /// has answered the Ping sent behind the frames that call for it: it has read them by then, and an
+    /// answer it sends from another task may trail its Ping answer by a little. Without this fence a
+    /// session that ignores the frames costs the whole ``stepTimeout``.
+    public var fenceGrace: TimeAmount = .milliseconds(500)
 
     /// A configuration for testing `peerKey` as `identity` from `address`.
     public init(peerKey: PublicKey, identity: PrivateKey, address: String) {

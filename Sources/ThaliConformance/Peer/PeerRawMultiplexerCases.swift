@@ -29,12 +29,21 @@ extension PeerConformance {
                 try await session.send([(YamuxHeader(type: .windowUpdate, flags: .syn, streamID: 1, length: 0), 0),
                                         (YamuxHeader(type: .windowUpdate, flags: .fin, streamID: 1, length: 0), 0),
                                         (YamuxHeader(type: .data, streamID: 1, length: 4), 4)])
-                let (reset, _) = try await session.waitFor(within: timeout) { $0.streamID == 1 && $0.flags.contains(.rst) || $0.type == .goAway }
-                let (_, held) = try await Self.ping(&session, value: 0xC0FF_EE02, timeout: timeout)
+                // The Ping behind the data both fences the wait and shows the session goes on.
+                let fence: UInt32 = 0xC0FF_EE02
+                let reset = try await session.waitFor(within: timeout, fence: fence, grace: configuration.fenceGrace) {
+                    $0.streamID == 1 && $0.flags.contains(.rst) || $0.type == .goAway
+                }
+                var held = reset.fenceAnswered
+                if !held, case .frame(let header) = reset.input, header.type != .goAway {
+                    let (answer, _) = try await session.waitFor(within: timeout) { $0.type == .ping && $0.flags.contains(.ack) && $0.length == fence || $0.type == .goAway }
+                    if case .frame(let header) = answer { held = header.type == .ping }
+                }
                 var holds = false
-                if case .frame(let header) = reset, header.type != .goAway { holds = held }
+                if case .frame(let header) = reset.input, header.type != .goAway { holds = held }
+                let found = reset.input == .timedOut && reset.fenceAnswered ? "no RST: the Ping sent behind the data was answered first" : reset.input.summary
                 run.grade(Cases.dataAfterFIN, holds: holds, expected: "RST on stream 1, then a Ping still answered",
-                          actual: "\(reset.summary)\(held ? ", then the Ping answered" : ", then no Ping answer")", started: started)
+                          actual: "\(found)\(held ? ", the Ping answered" : ", no Ping answer")", started: started)
                 started = NIODeadline.now()
                 try await session.send([(YamuxHeader(type: .windowUpdate, flags: .syn, streamID: 3, length: 0), 0),
                                         (YamuxHeader(type: .windowUpdate, flags: .rst, streamID: 3, length: 0), 0),
@@ -65,13 +74,24 @@ extension PeerConformance {
             do {
                 try await target.session(group: group) { session in
                     try await session.send(frames)
-                    var (ending, _) = try await session.waitFor(within: payload > 0 ? configuration.windowQuietPeriod : timeout) { $0.type == .goAway }
+                    var ending: RawYamuxSession.Input
+                    var fenced = false
                     var afterPayload = ""
-                    if payload > 0, ending == .timedOut {
-                        try await session.sendPayload(payload)
-                        (ending, _) = try await session.waitFor(within: timeout) { $0.type == .goAway }
-                        afterPayload = " (after the payload)"
+                    if payload > 0 {
+                        // Nothing may follow the header but its payload: no fence while it is owed.
+                        (ending, _) = try await session.waitFor(within: configuration.windowQuietPeriod) { $0.type == .goAway }
+                        if ending == .timedOut {
+                            try await session.sendPayload(payload)
+                            afterPayload = " (after the payload)"
+                        }
+                    } else {
+                        ending = .timedOut
                     }
+                    if ending == .timedOut {
+                        let wait = try await session.waitFor(within: timeout, fence: 0xC0FF_EE06, grace: configuration.fenceGrace) { $0.type == .goAway }
+                        (ending, fenced) = (wait.input, wait.fenceAnswered)
+                    }
+                    let found = ending == .timedOut && fenced ? "no GoAway: the Ping sent behind it was answered" : ending.summary
                     let verdict: ConformanceVerdict
                     switch ending {
                     // Refused, but only once the bytes beyond the window came: the header alone said it.
@@ -80,7 +100,7 @@ extension PeerConformance {
                     case .ended where !afterPayload.isEmpty: verdict = .inconclusive  // a reset may have dropped its GoAway
                     default: verdict = .fail
                     }
-                    run.record(testCase, verdict, expected: "GoAway code 1 (protocol error)", actual: ending.summary + afterPayload, started: started)
+                    run.record(testCase, verdict, expected: "GoAway code 1 (protocol error)", actual: found + afterPayload, started: started)
                 }
             } catch {
                 run.record(testCase, .inconclusive, expected: testCase.title, actual: "no session: \(error)", started: started)
@@ -126,13 +146,14 @@ extension PeerConformance {
                 var goesOn = false
                 if case .frame(let header) = answer { goesOn = header.type == .ping && header.length == 0xC0FF_EE04 }
                 try await session.send([(YamuxHeader(type: .goAway, streamID: 0, length: YamuxHeader.GoAwayCode.internalError.rawValue), 0)])
-                let (ending, _) = try await session.waitFor(within: timeout) { _ in false }
+                let wait = try await session.waitFor(within: timeout, fence: 0xC0FF_EE07, grace: configuration.fenceGrace) { _ in false }
                 var ended = false
-                if case .ended = ending { ended = true }
+                if case .ended = wait.input { ended = true }
+                let ending = ended || !wait.fenceAnswered ? wait.input.summary : "still open: the Ping sent behind it was answered"
                 run.grade(Cases.goAwayNormal, holds: goesOn && ended,
                           expected: "after GoAway 0: no RST on stream \(id), no GoAway, the Ping answered; after GoAway 2: the connection ends",
                           actual: "after GoAway 0: \(answer.summary)" + (before.isEmpty ? "" : " after \(before.map(\.summary).joined(separator: ", "))")
-                              + "; after GoAway 2: \(ending.summary)", started: started)
+                              + "; after GoAway 2: \(ending)", started: started)
             }
         } catch {
             run.record(Cases.goAwayNormal, .inconclusive, expected: Cases.goAwayNormal.title, actual: "no session: \(error)", started: started)

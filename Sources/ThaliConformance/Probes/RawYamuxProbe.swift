@@ -163,6 +163,39 @@ struct RawYamuxSession {
             seen.append(header)
         }
     }
+
+    /// What a fenced wait found: the wanted frame or the end (`input`), the frames before it, and whether
+    /// the fence's Ping was answered first.
+    struct FencedWait {
+        var input: Input
+        var before: [YamuxHeader]
+        var fenceAnswered: Bool
+    }
+
+    /// Sends a Ping with SYN and `fence` behind the frames already sent, then reads until a frame
+    /// satisfies `wanted`, the session ends, or `timeout` passes. Once the Ping is answered the
+    /// implementation has read everything before it: the wait goes on for `grace` only (an answer sent
+    /// from another task may trail its Ping answer), so a session that ignores the frames is judged in
+    /// about a round trip, not a whole step timeout.
+    mutating func waitFor(within timeout: TimeAmount, fence: UInt32, grace: TimeAmount,
+                          _ wanted: (YamuxHeader) -> Bool) async throws -> FencedWait {
+        try await send([(YamuxHeader(type: .ping, flags: .syn, streamID: 0, length: fence), 0)])
+        var deadline = NIODeadline.now() + timeout
+        var wait = FencedWait(input: .timedOut, before: [], fenceAnswered: false)
+        while true {
+            let input = try await next(within: max(.zero, deadline - .now()))
+            guard case .frame(let header) = input, !wanted(header) else {
+                wait.input = input
+                return wait
+            }
+            if !wait.fenceAnswered, header.type == .ping, header.flags.contains(.ack), header.length == fence {
+                wait.fenceAnswered = true
+                deadline = min(deadline, .now() + grace)
+                continue
+            }
+            wait.before.append(header)
+        }
+    }
 }
 
 /// Where the raw multiplexer cases connect, one session per connection.
