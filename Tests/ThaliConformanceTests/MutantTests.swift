@@ -39,6 +39,12 @@ struct MutantTests {
 
     static func node() throws -> String { try #require(PackagePaths.thaliNode()) }
 
+    /// The verdict texts that show a Swift type's module-qualified name (`ThaliNodeCore.ItemRefusal.expired`)
+    /// where a reader needs the spec's words.
+    static func typeNames(in texts: [String]) -> [String] {
+        texts.filter { $0.contains(/\b(?:Thali[A-Za-z]*|TCPMultiplexer|NIO[A-Za-z]*|Swift|Foundation)\.[A-Z]/) }
+    }
+
     /// The ids of the cases that did not pass.
     static func caught(_ results: [ConformanceResult]) -> Set<String> {
         Set(results.filter { $0.verdict != .pass && $0.verdict != .notApplicable }.map(\.testCase.id))
@@ -119,6 +125,8 @@ struct MutantTests {
         let results = try #require(report?["results"] as? [[String: Any]], "mutant \(mutant.name)")
         let caught = Set(results.filter { !["PASS", "N/A"].contains($0["verdict"] as? String) }.compactMap { $0["id"] as? String })
         #expect(caught == Set(mutant.caughtBy), "mutant \(mutant.name)\n\(run.output)")
+        let texts = results.flatMap { [$0["expected"] as? String ?? "", $0["actual"] as? String ?? ""] }
+        #expect(Self.typeNames(in: texts).isEmpty, "mutant \(mutant.name): \(Self.typeNames(in: texts))")
     }
 
     @Test("target mode against each mutated thali-node run fails exactly the listed cases")

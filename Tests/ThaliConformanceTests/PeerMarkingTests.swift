@@ -48,14 +48,14 @@ struct PeerMarkingTests {
         return run.report
     }
 
-    @Test("one from before marking: alpn-selected is a WARN (allowed), every marking case UNSUPPORTED")
+    @Test("one from before marking: alpn-selected and every marking case UNSUPPORTED (a MUST case never grades WARN)")
     func unmarkedImplementation() async throws {
         let group = MultiThreadedEventLoopGroup.singleton
         let server = try await Self.implementation(marking: false, group: group)
         defer { server.close(promise: nil) }
         let report = try await Self.grade(server, group: group)
         let alpn = try #require(report.result(PeerConformance.Cases.alpnSelected.id))
-        #expect(alpn.verdict == .warn && alpn.actual.contains("no protocol selected"), "\(report.table)")
+        #expect(alpn.verdict == .unsupported && alpn.actual.contains("no protocol selected"), "\(report.table)")
         for testCase in PeerConformance.Cases.marking.dropFirst() {
             #expect(report.result(testCase.id)?.verdict == .unsupported, "\(testCase.id)\n\(report.table)")
         }

@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 import ThaliMutants
+import ThaliNodeCore
 import ThaliTestSupport
 
 @testable import ThaliConformance
@@ -24,6 +25,21 @@ struct VerdictCauseTests {
         return try JSONDecoder().decode(Report.self, from: Data(contentsOf: URL(fileURLWithPath: path))).results
     }
 
+    /// Answers and refusals read as spec/node.md writes them; before, a refusal showed as
+    /// `refused(ThaliNodeCore.ItemRefusal.expired)`.
+    @Test("a delivery frame in a verdict reads in the spec's words, with its code, never a Swift type's name")
+    func framesInWords() {
+        let id = UUID()
+        #expect(PeerConformance.describe(.answer(id: id, .refused(.expired))) == "answer refused(expired, reason 3)")
+        #expect(PeerConformance.describe(.answer(id: id, .refused(.noSpace))) == "answer refused(no space, reason 4)")
+        #expect(PeerConformance.describe(.answer(id: id, .partial(offset: 16, prefixSHA256: []))) == "answer partial(16)")
+        #expect(PeerConformance.describe(.reject(id: id, .digestMismatch)) == "reject(digest mismatch, reason 1)")
+        let texts = ItemRefusal.allCases.map { PeerConformance.describe(.answer(id: id, .refused($0))) }
+            + TransferFailure.allCases.map { PeerConformance.describe(.reject(id: id, $0)) }
+        #expect(MutantTests.typeNames(in: texts).isEmpty, "\(texts)")
+        #expect(MutantTests.typeNames(in: ["refused(ThaliNodeCore.ItemRefusal.expired)"]).count == 1)
+    }
+
     /// Runs peer mode against `thali-node run` with `mutant` switched on; the report's results.
     static func gradeInPeerMode(_ mutant: Mutant, stepTimeoutSeconds: Int = 5) async throws -> [Result] {
         let node = try #require(PackagePaths.thaliNode())
@@ -35,7 +51,9 @@ struct VerdictCauseTests {
                                           "--ssdp-port", String(implementation.ssdpPort), "--step-timeout-s", String(stepTimeoutSeconds),
                                           "--discovery-timeout-s", "5", "--adapter", "\(node) --home \(implementation.iut)", "--json-out", jsonPath])
         _ = try await run.waitForExit(timeout: .seconds(180))
-        return try results(at: jsonPath)
+        let results = try results(at: jsonPath)
+        #expect(MutantTests.typeNames(in: results.map(\.actual)).isEmpty, "\(results)")
+        return results
     }
 
     /// A session that ignores frames which call for an RST or a GoAway used to cost the whole step

@@ -54,8 +54,8 @@ extension PeerConformance {
         /// `peer/yamux/open-stream`: a yamux stream we open is accepted and served.
         public static let openStream = ConformanceCase("peer/yamux/open-stream", "a yamux stream we open is accepted and served",
                                                        ["MUX-0.1", "MUX-1.1", "MUX-2.6", "NODE-3.3", "NODE-1.19"])
-        /// `peer/delivery/hello`: the sender's first frame is hello, version 3 (an older version is a warning).
-        public static let hello = ConformanceCase("peer/delivery/hello", "the sender's first frame is hello, version 3", ["NODE-1.1", "NODE-1.4"])
+        /// `peer/delivery/hello`: the sender's first frame is hello, version 3 or later (an older version is a warning).
+        public static let hello = ConformanceCase("peer/delivery/hello", "the sender's first frame is hello, version 3 or later", ["NODE-1.1", "NODE-1.4"])
         /// `peer/delivery/frame-maximum`: after our welcome announces 1024 bytes, its data frames stay within them.
         public static let frameMaximum = ConformanceCase("peer/delivery/frame-maximum",
                                                          "after our welcome announces a 1024-byte frame maximum, its data frames stay within it",

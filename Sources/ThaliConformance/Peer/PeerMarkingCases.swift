@@ -90,7 +90,8 @@ extension PeerConformance {
             run.record(Cases.alpnSelected, .pass, expected: expected, actual: "selected \(StreamHeader.alpnProtocol)", started: started)
         case nil:
             // Allowed: an implementation from before marking; its sessions stay unmarked (peer/streams/unmarked-served).
-            run.record(Cases.alpnSelected, .warn, expected: expected, actual: "no protocol selected: it does not mark streams", started: started)
+            // UNSUPPORTED, not WARN: the case grades MUSTs of a feature this implementation does not have.
+            run.record(Cases.alpnSelected, .unsupported, expected: expected, actual: "no protocol selected: it does not mark streams", started: started)
             run.recordRemaining(Cases.marking, .unsupported, because: "it does not mark streams (no \(StreamHeader.alpnProtocol) selected)")
             return
         case let other?:
