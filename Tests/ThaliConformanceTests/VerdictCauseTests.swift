@@ -72,6 +72,21 @@ struct VerdictCauseTests {
         #expect(result.milliseconds < stepTimeoutSeconds * 1000 / 2, "\(result) after \(result.milliseconds) ms")
     }
 
+    /// Before, target mode's match-connects FAILed with "no welcome" and cited the beacon and connection
+    /// rules (NODE-3.2, BCN-4.7, NODE-4.2), which held; the welcome's own rules went uncited.
+    @Test("in target mode a receiver that ends the stream on hello(4) connects (match-connects passes) and fails target/delivery/welcome")
+    func targetWelcomeIsItsOwnCase() async throws {
+        let implementation = try await PeerModeTests.startImplementation(
+            environment: [Mutant.environmentVariable: Mutant.deliveryReceiverRefusesNewerHello.rawValue])
+        defer { implementation.remove() }
+        let (_, verdicts, output) = try await TargetModeTests.runTarget(ssdpPort: implementation.ssdpPort, directory: implementation.suite,
+                                                                        keys: (implementation.iutKey, implementation.suite + "/identity.key"))
+        #expect(verdicts[TargetConformance.Cases.matchConnects.id] == "PASS", "\(output)")
+        #expect(verdicts[TargetConformance.Cases.welcome.id] == "FAIL", "\(output)")
+        #expect(TargetConformance.Cases.welcome.requirements.contains("NODE-1.22"))
+        #expect(!TargetConformance.Cases.matchConnects.requirements.contains { $0.hasPrefix("NODE-1.") })
+    }
+
     /// A receiver that speaks version 1 only and ends the stream on our `hello(4)`: before, the welcome
     /// case was INCONCLUSIVE ("an earlier step failed"), printed last, and seven later steps FAILed with
     /// "the peer ended its side of the connection".

@@ -36,17 +36,18 @@ extension TargetConformance {
             server.serve(good)
             try await announcer.announce(server.port, { server.fetchCount })
             let connected = try await watch.untilSession(within: configuration.observation)
-            run.grade(Cases.matchConnects, holds: connected.session && connected.welcomed,
-                      expected: "a fetch, then a PSK-TLS session without ALPN whose delivery stream welcomes our hello",
-                      actual: connected.description + (connected.session && !connected.welcomed ? ", no welcome to our hello" : ""), started: started)
+            run.grade(Cases.matchConnects, holds: connected.session,
+                      expected: "a fetch, then a PSK-TLS session without ALPN and a delivery stream on it", actual: connected.description,
+                      started: started)
             guard connected.session else {
-                for testCase in [Cases.tamperedNoConnect, Cases.strangerFirstNoConnect, Cases.closeNotifyFirst, Cases.replayNoConnect,
-                                 Cases.smallGroupRefused] + Cases.marking {
-                    run.record(testCase, .inconclusive, expected: testCase.title, actual: "a good announcement led to no session either")
-                }
+                run.recordDependents([Cases.welcome, Cases.tamperedNoConnect, Cases.strangerFirstNoConnect, Cases.closeNotifyFirst,
+                                      Cases.replayNoConnect, Cases.smallGroupRefused] + Cases.marking, on: Cases.matchConnects)
                 await server.close()
                 return
             }
+            // The rules of the session's delivery, apart from the beacon rules that led to it.
+            run.grade(Cases.welcome, holds: connected.welcomed, expected: "welcome to our hello(\(DeliveryFrame.protocolVersion))",
+                      actual: connected.welcome.map { "no welcome: \($0)" } ?? "welcome", started: started)
             try await gradeClosing(run, connected: connected, watch: &watch)
             for (testCase, seen) in [(Cases.tamperedNoConnect, tamperedSeen), (Cases.strangerFirstNoConnect, strangerSeen)] {
                 run.grade(testCase, holds: seen.fetches > 0 && seen.connections == 0,

@@ -51,6 +51,11 @@ extension TargetConformance {
         public static let matchConnects = ConformanceCase("target/beacons/match-connects",
                                                           "a good announcement for it from a contact is fetched and leads to a PSK-TLS session and delivery, unmarked (our server selects no ALPN)",
                                                           ["NODE-3.2", "BCN-4.7", "NODE-4.2"])
+        /// `target/delivery/welcome`: on the session of match-connects, its delivery receiver answers our
+        /// hello with welcome.
+        public static let welcome = ConformanceCase("target/delivery/welcome",
+                                                    "on the session of match-connects, its delivery stream answers our hello(4) with welcome",
+                                                    ["NODE-1.22", "NODE-1.26"])
         /// `target/psk-tls/close-notify-first`: the session of match-connects, which it closes once delivery
         /// ends (it connected, and it received), ends with its close_notify before TCP closes.
         public static let closeNotifyFirst = ConformanceCase("target/psk-tls/close-notify-first",
@@ -98,11 +103,11 @@ extension TargetConformance {
 
         /// Every case of target mode.
         public static let all = [searchForm, validFetched, fetchOnce, noMatchNoConnect, malformed, foreignNT, badUSN, spoofedLocation, forgedByebye,
-                                 forgotten, tamperedNoConnect, strangerFirstNoConnect, matchConnects, closeNotifyFirst, replayNoConnect, smallGroupRefused,
-                                 deliveryHeader, statusRead, refusalNotRetried, busyWaited]
+                                 forgotten, tamperedNoConnect, strangerFirstNoConnect, matchConnects, welcome, closeNotifyFirst, replayNoConnect,
+                                 smallGroupRefused, deliveryHeader, statusRead, refusalNotRetried, busyWaited]
         /// The cases of the script (all but the search, which listens beside it).
         static let scripted = Array(all.dropFirst())
-        static let beacons = [tamperedNoConnect, strangerFirstNoConnect, matchConnects, closeNotifyFirst, replayNoConnect, smallGroupRefused]
+        static let beacons = [tamperedNoConnect, strangerFirstNoConnect, matchConnects, welcome, closeNotifyFirst, replayNoConnect, smallGroupRefused]
             + marking
         static let marking = [deliveryHeader, statusRead, refusalNotRetried]
     }

@@ -17,7 +17,9 @@ struct ServerWatch {
         var markedSessions = 0
         var session = false
         /// Whether a delivery session answered our hello with its welcome.
-        var welcomed = false
+        var welcomed: Bool { welcome == nil }
+        /// What came instead of the welcome to our hello (nil: the welcome came, or no stream yet).
+        var welcome: String? = "no delivery stream"
         /// The headers of the marked streams it opened, with our answers.
         var headers: [(MarkedStreamAcceptor.Header, StreamStatus)] = []
         /// Marked streams we refused that it closed.
@@ -75,7 +77,7 @@ struct ServerWatch {
             case .sessionEnded(let end):
                 seen.ended.append(end)
             case .stream(let frames):
-                seen.welcomed = await Self.finishSession(frames)
+                seen.welcome = await Self.finishSession(frames)
                 seen.session = true
             case .wake(let id) where id == wake: return seen
             case .wake: break
@@ -86,17 +88,25 @@ struct ServerWatch {
     }
 
     /// Plays a sender with nothing to send: hello, its welcome, done, then the end of the stream. Returns
-    /// whether the welcome came.
-    static func finishSession(_ frames: DeliveryChannel.AsyncFrames) async -> Bool {
-        var welcomed = false
-        try? await frames.executeThenClose { inbound, outbound in
-            var iterator = inbound.makeAsyncIterator()
-            try await outbound.write(.hello(version: DeliveryFrame.protocolVersion))
-            guard case .welcome? = try await iterator.next() else { return }
-            welcomed = true
-            try await outbound.write(.done)
-            while try await iterator.next() != nil {}
+    /// nil when the welcome came, else what came instead.
+    static func finishSession(_ frames: DeliveryChannel.AsyncFrames) async -> String? {
+        var instead: String? = "the stream ended"
+        do {
+            try await frames.executeThenClose { inbound, outbound in
+                var iterator = inbound.makeAsyncIterator()
+                try await outbound.write(.hello(version: DeliveryFrame.protocolVersion))
+                let first = try await iterator.next()
+                guard case .welcome? = first else {
+                    instead = first.map { "a \($0.name) frame" } ?? "the stream ended"
+                    return
+                }
+                instead = nil
+                try await outbound.write(.done)
+                while try await iterator.next() != nil {}
+            }
+        } catch {
+            if instead != nil { instead = "the stream failed: \(error)" }
         }
-        return welcomed
+        return instead
     }
 }
