@@ -93,6 +93,10 @@ public enum Mutant: String, CaseIterable, Sendable {
     /// The delivery receiver speaks version 1 only: a `hello` above 1 ends the stream instead of being
     /// welcomed with the highest version it speaks [NODE-1.26].
     case deliveryReceiverRefusesNewerHello = "delivery-receiver-refuses-newer-hello"
+    /// The delivery sender is one from before the welcome frame: it says `hello(1)` and offers at once.
+    /// Allowed, but graded as such: its hello a WARN against the current version [NODE-1.4], the cases of
+    /// later versions N/A.
+    case deliverySenderSpeaksVersion1 = "delivery-sender-speaks-version-1"
     /// The opener of a refused marked delivery stream opens another at once on the same session [NODE-4.7].
     case streamsRetryRefused = "streams-retry-refused"
     /// The BLE advertisement decoder ignores deployed Android Thali's manufacturer data [BLE-1.2].

@@ -52,6 +52,7 @@ struct VerdictCauseTests {
                                           "--discovery-timeout-s", "5", "--adapter", "\(node) --home \(implementation.iut)", "--json-out", jsonPath])
         _ = try await run.waitForExit(timeout: .seconds(180))
         let results = try results(at: jsonPath)
+        for result in results where result.verdict != "PASS" { print("graded \(mutant.rawValue): \(result)") }
         #expect(MutantTests.typeNames(in: results.map(\.actual)).isEmpty, "\(results)")
         return results
     }
@@ -85,6 +86,22 @@ struct VerdictCauseTests {
         #expect(verdicts[TargetConformance.Cases.welcome.id] == "FAIL", "\(output)")
         #expect(TargetConformance.Cases.welcome.requirements.contains("NODE-1.22"))
         #expect(!TargetConformance.Cases.matchConnects.requirements.contains { $0.hasPrefix("NODE-1.") })
+    }
+
+    /// A version 1 sender is graded as one (spec/conformance.md, "Older versions"): before, its
+    /// error-frame case was a WARN after three step timeouts, though nobody sends `error` to a version 1
+    /// peer, and the version 3 cases ended INCONCLUSIVE.
+    @Test("a version 1 sender: its hello a WARN, the cases of later versions N/A, nothing else failing for it")
+    func version1SenderIsGradedAsOne() async throws {
+        let results = try await Self.gradeInPeerMode(.deliverySenderSpeaksVersion1)
+        let cases = PeerConformance.Cases.self
+        let verdicts = Dictionary(results.map { ($0.id, $0) }, uniquingKeysWith: { first, _ in first })
+        #expect(verdicts[cases.hello.id]?.verdict == "WARN", "\(results)")
+        for testCase in [cases.errorFrame, cases.window, cases.itemBatch, cases.frameMaximum, cases.version2Fallback] {
+            #expect(verdicts[testCase.id]?.verdict == "N/A", "\(verdicts[testCase.id].map(String.init(describing:)) ?? testCase.id)")
+        }
+        let failing = results.filter { ["FAIL", "INCONCLUSIVE"].contains($0.verdict) && $0.id.hasPrefix("peer/delivery/") }
+        #expect(failing.isEmpty, "\(failing)")
     }
 
     /// A receiver that speaks version 1 only and ends the stream on our `hello(4)`: before, the welcome

@@ -47,6 +47,8 @@ extension PeerConformance {
         var afterOtherID: String?
         var errorFrame: (code: DeliveryErrorCode, reason: String)?
         var problem: String?
+        /// The version its hello said on this stream.
+        var helloVersion: UInt8?
     }
 
     /// Items it offers answered by plan on more streams of the receiver's session, each welcomed with
@@ -88,12 +90,19 @@ extension PeerConformance {
         // every time (a report lost to a race shows only some of the time).
         var errorSeen: [AnswersSeen] = []
         let errorStarted = NIODeadline.now()
-        for _ in 0..<Self.errorFrameStreams {
+        // spec/node.md: nobody sends `error` to a version 1 peer, so a version 1 sender has none to send.
+        let errorStreams = first.helloVersion.map { $0 >= probeDeliveryVersion2 } ?? true ? Self.errorFrameStreams : 0
+        for _ in 0..<errorStreams {
             guard let id = try? await adapter.send(text: "thali-conformance error text \(UUID().uuidString)", to: configuration.nameAtPeer),
                   let seen = await answerStream(over: session, limits: limits, plan: [id: .otherID], texts: [:]) else { break }
             errorSeen.append(seen)
         }
-        gradeErrorFrame(run, errorSeen, started: errorStarted)
+        if errorStreams == 0 {
+            run.record(Cases.errorFrame, .notApplicable, expected: Cases.errorFrame.title,
+                       actual: "a version 1 sender: error frames are version 2 and later")
+        } else {
+            gradeErrorFrame(run, errorSeen, started: errorStarted)
+        }
 
         // Last stream: what is still offered is taken. The completed and refused items must be offered on
         // no later stream (an error stream takes any item offered before its own text).
@@ -167,6 +176,7 @@ extension PeerConformance {
                     var iterator = inbound.makeAsyncIterator()
                     guard case .hello(let version)? = try await iterator.next() else { return }
                     served = true
+                    seen.helloVersion = version
                     if version >= probeDeliveryVersion2 {
                         try await outbound.write(.welcome(version: probeDeliveryVersion2,
                                                           maxFramePayloadBytes: UInt32(ReceiverScript.announcedFrameMaximum)))

@@ -124,8 +124,9 @@ public struct DeliverySender: Sendable {
         var handled = Set<UUID>()
         var chunkBytes = limits.chunkBytes
         try await outbound.write(machine.start())
-        // The receiver's welcome: its frame maximum bounds our chunks [NODE-1.18].
-        if case .welcomed(let maximum) = try machine.receive(try await next(&frames, &machine)) {
+        // The receiver's welcome: its frame maximum bounds our chunks [NODE-1.18]. (A version 1 sender,
+        // which only a mutant plays, waits for none.)
+        if machine.state == .awaitingWelcome, case .welcomed(let maximum) = try machine.receive(try await next(&frames, &machine)) {
             if !Mutant.deliveryIgnoresFrameMaximum.isActive { chunkBytes = max(1, min(chunkBytes, maximum)) }
         }
         _ = try await blocking { try store.sweepExpired(now: now()) }

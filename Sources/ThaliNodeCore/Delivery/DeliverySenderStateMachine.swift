@@ -1,5 +1,6 @@
 import Foundation
 import NIOCore
+import ThaliMutants
 
 /// The sending side of a delivery session as a pure state machine: the driver tells it which item it
 /// offers and feeds it the receiver's frames and the results of local I/O; it returns the next action.
@@ -81,6 +82,11 @@ public struct DeliverySenderStateMachine: Sendable {
     /// Opens the session: the `hello` frame to send.
     public mutating func start() throws -> DeliveryFrame {
         guard state == .initial else { return try fail(.unexpectedFrame(frame: "hello", state: stateName)) }
+        if Mutant.deliverySenderSpeaksVersion1.isActive {
+            // A sender from before the welcome frame: it offers at once and hears no errors.
+            (state, version) = (.ready, 1)
+            return .hello(version: 1)
+        }
         state = .awaitingWelcome
         return .hello(version: DeliveryFrame.protocolVersion)
     }
