@@ -104,6 +104,44 @@ struct VerdictCauseTests {
         #expect(failing.isEmpty, "\(failing)")
     }
 
+    /// An adapter that reports, beside each session the implementation accepts, a clean end of another
+    /// session (as a late report of the session before would read). Before, the unclean-close case took
+    /// the first `disconnected` after its mark, such a late clean one among them, and FAILed.
+    static let staleEndAdapter = #"""
+    import json, os, subprocess, sys
+    node, home, verb = sys.argv[1], sys.argv[2], sys.argv[3:]
+    if verb[:1] != ["events"]:
+        os.execv(node, [node, "--home", home] + verb)
+    events = subprocess.Popen([node, "--home", home, "events"], stdout=subprocess.PIPE, text=True)
+    for line in events.stdout:
+        sys.stdout.write(line)
+        event = json.loads(line) if line.startswith("{") else {}
+        if event.get("event") == "connected" and event.get("role") == "accepting":
+            stale = {"event": "disconnected", "contact": event.get("contact"), "role": "accepting", "binding": "wifi",
+                     "remote": "127.0.0.1:9", "clean": True, "reason": "closed"}
+            sys.stdout.write(json.dumps(stale) + "\n")
+        sys.stdout.flush()
+    """#
+
+    @Test("the unclean-close case grades the events of its own session (by remote), not a clean end of another reported late")
+    func uncleanCloseGradesItsOwnSession() async throws {
+        let node = try #require(PackagePaths.thaliNode())
+        let implementation = try await PeerModeTests.startImplementation()
+        defer { implementation.remove() }
+        let adapter = implementation.suite + "/stale-end-adapter.py"
+        try Self.staleEndAdapter.write(toFile: adapter, atomically: true, encoding: .utf8)
+        let jsonPath = implementation.suite + "/report.json"
+        let run = try ChildProcess(node, ["conformance", "peer", "--peer-key", implementation.iutKey,
+                                          "--identity", implementation.suite + "/identity.key", "--address", "127.0.0.1",
+                                          "--ssdp-port", String(implementation.ssdpPort), "--step-timeout-s", "5", "--discovery-timeout-s", "5",
+                                          "--adapter", "python3 \(adapter) \(node) \(implementation.iut)", "--json-out", jsonPath])
+        _ = try await run.waitForExit(timeout: .seconds(180))
+        let results = try Self.results(at: jsonPath)
+        let unclean = try #require(results.first { $0.id == PeerConformance.Cases.uncleanCloseReported.id }, "\(run.output)")
+        #expect(unclean.verdict == "PASS", "\(unclean)")
+        #expect(unclean.actual.contains("clean false") && unclean.actual.contains("the session from 127.0.0.1:"), "\(unclean)")
+    }
+
     /// A receiver that speaks version 1 only and ends the stream on our `hello(4)`: before, the welcome
     /// case was INCONCLUSIVE ("an earlier step failed"), printed last, and seven later steps FAILed with
     /// "the peer ended its side of the connection".

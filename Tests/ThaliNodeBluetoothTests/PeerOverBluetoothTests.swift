@@ -98,7 +98,7 @@ import ThaliBluetoothTestSupport
         let sessions = NIOLockedValueBox<[String]>([])
         func recorder(_ who: String) -> PeerEventHandler {
             { event in
-                if case .connected(_, let role, let binding) = event { sessions.withLockedValue { $0.append("\(who) \(role.rawValue) \(binding.rawValue)") } }
+                if case .connected(_, let role, let binding, _) = event { sessions.withLockedValue { $0.append("\(who) \(role.rawValue) \(binding.rawValue)") } }
             }
         }
         let alicePeer = try Self.peer(alice, adapter: "hci0", mock: mock, air: air, events: recorder("alice"))
@@ -168,7 +168,7 @@ import ThaliBluetoothTestSupport
         func record(_ who: String) -> PeerEventHandler {
             { event in
                 if case .beaconMatched(_, let location) = event { matches.withLockedValue { $0.append(location) } }
-                if case .connected(_, let role, let binding) = event {
+                if case .connected(_, let role, let binding, _) = event {
                     sessions.withLockedValue { $0["\(who) \(role.rawValue) \(binding.rawValue)", default: 0] += 1 }
                 }
             }
@@ -325,7 +325,7 @@ import ThaliBluetoothTestSupport
                 "connecting \(location.binding == .bluetooth ? "bluetooth" : location == hostileLocation ? "hostile" : "\(location)") \(attempt)"
             case .connectionFailed("bob", _, let retryIn):
                 "failed, retry in \(retryIn.map { "\($0)" } ?? "never")"
-            case .connected("bob", .connecting, let binding):
+            case .connected("bob", .connecting, let binding, _):
                 "connected \(binding.rawValue)"
             default:
                 nil

@@ -26,10 +26,11 @@ import Testing
         #expect(matched["binding"] as? String == "wifi")
         let appeared = try Self.object(PeerEventRecord(.peerAppeared(location: Self.bluetoothPeer)))
         #expect(appeared["binding"] as? String == "bluetooth")
-        let connected = try Self.object(PeerEventRecord(.connected(contact: "bob", role: .accepting, binding: .bluetooth)))
-        #expect(connected as NSDictionary == ["event": "connected", "contact": "bob", "role": "accepting", "binding": "bluetooth"] as NSDictionary)
-        let ended = try Self.object(PeerEventRecord(.disconnected(contact: "bob", role: .connecting, binding: .wifi, reason: nil)))
-        #expect(ended["binding"] as? String == "wifi" && ended["reason"] as? String == "closed")
+        let connected = try Self.object(PeerEventRecord(.connected(contact: "bob", role: .accepting, binding: .bluetooth, remote: "127.0.0.1:40001")))
+        #expect(connected as NSDictionary == ["event": "connected", "contact": "bob", "role": "accepting", "binding": "bluetooth",
+                                              "remote": "127.0.0.1:40001"] as NSDictionary)
+        let ended = try Self.object(PeerEventRecord(.disconnected(contact: "bob", role: .connecting, binding: .wifi, remote: "10.0.0.2:4000", reason: nil)))
+        #expect(ended["binding"] as? String == "wifi" && ended["reason"] as? String == "closed" && ended["remote"] as? String == "10.0.0.2:4000")
         // Slashes stay readable.
         #expect(String(decoding: try #require(PeerEventRecord(.started(location: Self.wifiPeer))).jsonLine(), as: UTF8.self)
             .contains("http://10.0.0.2:4000/NotificationBeacons"))
@@ -84,10 +85,10 @@ import Testing
             == #"{"contact":"bob","error":"connection with 10.0.0.2:4000 closed: this peer stopped","event":"session_ended","role":"connecting"}"#)
         #expect(try line(PeerEventRecord(.bindingUnavailable(binding: .wifi, reason: "no usable network interface")))
             == #"{"binding":"wifi","event":"binding_unavailable","reason":"no usable network interface"}"#)
-        #expect(try line(PeerEventRecord(.disconnected(contact: "bob", role: .accepting, binding: .bluetooth, reason: nil)))
+        #expect(try line(PeerEventRecord(.disconnected(contact: "bob", role: .accepting, binding: .bluetooth, remote: nil, reason: nil)))
             == #"{"binding":"bluetooth","clean":true,"contact":"bob","event":"disconnected","reason":"closed","role":"accepting"}"#)
         let reset = PeerConnectionError(.reset, address: "10.0.0.2:4000")
-        #expect(try line(PeerEventRecord(.disconnected(contact: "bob", role: .connecting, binding: .wifi, reason: reset)))
+        #expect(try line(PeerEventRecord(.disconnected(contact: "bob", role: .connecting, binding: .wifi, remote: nil, reason: reset)))
             == #"{"binding":"wifi","clean":false,"contact":"bob","event":"disconnected","reason":"connection to 10.0.0.2:4000 reset by the other side","role":"connecting"}"#)
         let report = PeerLimitReport(kind: .announcementFlood, effect: .discoveryOff, period: .seconds(30), detail: "too many")
         #expect(try line(PeerEventRecord(.limitTriggered(report)))
@@ -108,7 +109,7 @@ import Testing
             + #""tls_connections":0},"relay_connections":0,"sessions_in_flight":0}"#)
         #expect(PeerEventRecord(status).summary.hasSuffix("limits fired: announcementFlood ×1, narrowed ×2; beacons read 0, fetches failed 0"))
         // Printing an event or a status gives words, not type names.
-        #expect("\(PeerEvent.connected(contact: "bob", role: .connecting, binding: .wifi))"
+        #expect("\(PeerEvent.connected(contact: "bob", role: .connecting, binding: .wifi, remote: "10.0.0.2:4000"))"
             == "PSK-TLS session with bob up over wifi (we connected)")
         #expect("\(PeerEvent.Role.connecting)" == "connecting")
         #expect("\(PeerEvent.peerLeft(location: Self.wifiPeer, reason: .expired))"

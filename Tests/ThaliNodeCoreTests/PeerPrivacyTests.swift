@@ -52,7 +52,7 @@ struct PeerPrivacyTests {
         }
         #expect(!malloryActed)
         #expect(!log.contains { who, event in
-            if who == "alice", case .connected("mallory", _, _) = event { return true } else { return false }
+            if who == "alice", case .connected("mallory", _, _, _) = event { return true } else { return false }
         })
     }
 }

@@ -76,7 +76,7 @@ struct PeerRelayTests {
         }
         #expect(events.withLockedValue { list in
             list.contains { who, event in
-                if who == "alice", case .connected("bob", .accepting, .wifi) = event { return true } else { return false }
+                if who == "alice", case .connected("bob", .accepting, .wifi, _) = event { return true } else { return false }
             }
         })
         for peer in peers { await peer.stop() }
@@ -233,7 +233,7 @@ struct PeerRelayTests {
         #expect(received.text == "while relaying")
         let connects = pair.events.withLockedValue { list in
             list.filter { who, event in
-                if who == "bob", case .connected("alice", .connecting, _) = event { return true } else { return false }
+                if who == "bob", case .connected("alice", .connecting, _, _) = event { return true } else { return false }
             }.count
         }
         #expect(connects == 1, "Bob reached Alice again instead of using the session that was up")

@@ -17,6 +17,9 @@ public struct AdapterEvent: Sendable, Hashable {
     public var reason: String?
     /// `location`: for `peer_appeared`, where the peer was found (its LOCATION URL over SSDP).
     public var location: String?
+    /// `remote`: for `connected` and `disconnected`, the other side's TCP endpoint (`host:port`) as the
+    /// implementation sees it: what ties an event to one session.
+    public var remote: String?
     /// When the suite read it.
     public var readAt: NIODeadline
 
@@ -30,6 +33,7 @@ public struct AdapterEvent: Sendable, Hashable {
         clean = object["clean"] as? Bool
         reason = object["reason"] as? String
         location = object["location"] as? String
+        remote = object["remote"] as? String
         self.readAt = readAt
     }
 }
@@ -116,6 +120,17 @@ public final class AdapterEventFollower: Sendable {
             }
             if let found { return found }
             if ended || NIODeadline.now() >= deadline || Task.isCancelled { return nil }
+            try? await Task.sleep(nanoseconds: 50_000_000)
+        }
+    }
+
+    /// Waits up to `timeout` until `condition` holds for every event kept so far; whether it did.
+    public func waitUntil(timeout: TimeAmount, _ condition: @Sendable ([AdapterEvent]) -> Bool) async -> Bool {
+        let deadline = NIODeadline.now() + timeout
+        while true {
+            let (holds, ended) = state.withLockedValue { (condition(Array($0.events)), $0.ended != nil) }
+            if holds { return true }
+            if ended || NIODeadline.now() >= deadline || Task.isCancelled { return false }
             try? await Task.sleep(nanoseconds: 50_000_000)
         }
     }

@@ -13,8 +13,10 @@ extension PeerConformance.Cases {
 extension PeerConformance {
     /// A PSK-TLS session ended by a TCP close without close_notify: the implementation must take it as an
     /// error, not a clean end [PSK-6.3]. The wire cannot show that (either way it closes too), so the
-    /// verdict comes from its own report, the adapter's `events` verb: the first `disconnected` for the
-    /// suite's name, in the accepting role, after the close.
+    /// verdict comes from its own report, the adapter's `events` verb: the `disconnected` of this session
+    /// (its `remote` our end of it; an implementation that gives no `remote` gets the first
+    /// `disconnected` for the suite's name, in the accepting role, once its earlier sessions with the
+    /// suite have all ended).
     func gradeUncleanClose(_ run: ConformanceRun, events: AdapterEventFollower?, location: BeaconLocation, match: BeaconMatch) async {
         let testCase = Cases.uncleanCloseReported
         let name = configuration.nameAtPeer
@@ -28,12 +30,21 @@ extension PeerConformance {
             return
         }
         let started = NIODeadline.now()
+        // The suite's earlier sessions that it accepted end first: a late report of theirs (a clean end:
+        // the suite closed them with close_notify) must not be taken for this one's.
+        let earlier = { @Sendable (event: AdapterEvent) in event.contact == name && event.role != "connecting" }
+        _ = await events.waitUntil(timeout: configuration.closeNotifyTimeout) { all in
+            all.count { $0.event == "connected" && earlier($0) } <= all.count { $0.event == "disconnected" && earlier($0) }
+        }
         let mark = events.count
         let closer = BareCloser()
         let channel: Channel
+        // Our end of the session, as the implementation's `remote` names it: read while the channel is open.
+        let session: String?
         do {
             channel = try await ProbeSession.connect(host: location.host, port: location.port, identity: match.pskIdentity, psk: match.psk,
                                                      timeout: configuration.stepTimeout, on: group.next(), below: [closer])
+            session = channel.localAddress.flatMap { address in address.ipAddress.flatMap { ip in address.port.map { "\(ip):\($0)" } } }
             // Our side of TCP is shut from below TLS: the close never passes our TLS handler, so no
             // close_notify is written. A shutdown, not a close: a close with anything of the
             // implementation's still unread would send a reset, which it would rightly report as an
@@ -48,7 +59,7 @@ extension PeerConformance {
             return
         }
         let reported = await events.first(after: mark, timeout: configuration.stepTimeout) {
-            $0.event == "disconnected" && $0.contact == name && $0.role != "connecting"
+            $0.event == "disconnected" && $0.contact == name && $0.role != "connecting" && ($0.remote == nil || session == nil || $0.remote == session)
         }
         try? await channel.close()  // usually closed already: the implementation closes its side at our FIN
         guard let reported else {
@@ -59,7 +70,7 @@ extension PeerConformance {
                        started: started)
             return
         }
-        let reason = reported.reason.map { ", reason \"\($0)\"" } ?? ""
+        let reason = (reported.reason.map { ", reason \"\($0)\"" } ?? "") + (reported.remote.map { " (the session from \($0))" } ?? "")
         switch reported.clean {
         case false?: run.record(testCase, .pass, expected: expected, actual: "disconnected, clean false\(reason)", started: started)
         case true?: run.record(testCase, .fail, expected: expected, actual: "reported as a clean end\(reason)", started: started)

@@ -32,7 +32,7 @@ extension ThaliPeer {
             server.peer.and(server.handshake).whenSuccess { [self] contact, parameters in
                 onAuthenticated()
                 if Self.isMarked(parameters) { registerMarkedSession(server.session, contact: contact, role: .accepting) }
-                emit(.connected(contact: contact.name, role: .accepting, binding: binding))
+                emit(.connected(contact: contact.name, role: .accepting, binding: binding, remote: address))
                 // In relay mode the session itself is the work in flight (its streams come and go).
                 if configuration.appPort != nil {
                     sessionStarted()
@@ -42,7 +42,7 @@ extension ThaliPeer {
             // Reported only for a connection that authenticated a contact.
             try channel.pipeline.syncOperations.addHandler(ConnectionEndRecorder { error in
                 server.peer.whenSuccess { contact in
-                    emit(.disconnected(contact: contact.name, role: .accepting, binding: binding,
+                    emit(.disconnected(contact: contact.name, role: .accepting, binding: binding, remote: address,
                                        reason: error.map { PeerConnectionError($0, address: address) }))
                 }
             })

@@ -90,7 +90,7 @@ extension ThaliPeer {
                         try channel.pipeline.syncOperations.addHandler(ConnectionEndRecorder { error in
                             client.handshake.whenSuccess { _ in
                                 emit(.disconnected(contact: contact.name, role: .connecting, binding: route.binding,
-                                                   reason: error.map { PeerConnectionError($0, connectingTo: location) }))
+                                                   remote: "\(location.host):\(location.port)", reason: error.map { PeerConnectionError($0, connectingTo: location) }))
                             }
                         })
                         return client
@@ -105,7 +105,7 @@ extension ThaliPeer {
             try? await session.channel.close()
             throw error
         }
-        emit(.connected(contact: contact.name, role: .connecting, binding: route.binding))
+        emit(.connected(contact: contact.name, role: .connecting, binding: route.binding, remote: "\(location.host):\(location.port)"))
         updateLink(contact) { $0.connected() }
         if marked { registerMarkedSession(session, contact: contact, role: .connecting) }
         if configuration.opensRelayListeners {

@@ -27,16 +27,17 @@ public enum PeerEvent: Sendable, Hashable {
     case beaconMatched(contact: String, location: PeerLocation)
     /// Connecting to a contact (attempt ≥ 1) found at `location` (its binding is the location's).
     case connecting(contact: String, location: PeerLocation, attempt: Int)
-    /// A PSK-TLS session with a contact is up, over `binding`.
-    case connected(contact: String, role: Role, binding: PeerBindingKind)
+    /// A PSK-TLS session with a contact is up, over `binding`; `remote` is the other side's TCP endpoint
+    /// (`host:port`), which tells one session from another.
+    case connected(contact: String, role: Role, binding: PeerBindingKind, remote: String?)
     /// A connection or delivery failed; `retryIn` is the delay before the next attempt, nil when giving up.
     case connectionFailed(contact: String, reason: PeerConnectionError, retryIn: Duration?)
     /// Delivery progress with a contact.
     case delivery(contact: String, DeliveryEvent)
     /// An authenticated connection with a contact over `binding` ended (every
-    /// ``connected(contact:role:binding:)`` gets one): `reason` is the first error on it (TLS, a
-    /// multiplexer protocol error), nil when it simply closed.
-    case disconnected(contact: String, role: Role, binding: PeerBindingKind, reason: PeerConnectionError?)
+    /// ``connected(contact:role:binding:remote:)`` gets one, with the same `remote`): `reason` is the first
+    /// error on it (TLS, a multiplexer protocol error), nil when it simply closed.
+    case disconnected(contact: String, role: Role, binding: PeerBindingKind, remote: String?, reason: PeerConnectionError?)
     /// A delivery session ended (`error` nil: it completed).
     case sessionEnded(contact: String, role: Role, error: PeerConnectionError?)
     /// A DoS limit fired and this peer switched something off for a while: the last resort of that limit.

@@ -84,6 +84,9 @@ public struct PeerEventRecord: Encodable, Sendable, Hashable {
     public var attempt: Int?
     /// `connecting` or `accepting`.
     public var role: String?
+    /// `connected`, `disconnected`: the other side's TCP endpoint, `host:port`; the two events of one
+    /// session carry the same (the conformance suite tells sessions apart by it).
+    public var remote: String?
     /// Why a connection, a peer or an item ended as it did.
     public var reason: String?
     /// `disconnected`: true when the session ended cleanly (the other side's close_notify, or our own
@@ -149,7 +152,7 @@ public struct PeerEventRecord: Encodable, Sendable, Hashable {
     public var summary: String = ""
 
     enum CodingKeys: String, CodingKey {
-        case event, t, location, contacts, contact, binding, attempt, role, reason, clean
+        case event, t, location, contacts, contact, binding, attempt, role, remote, reason, clean
         case retryInMs = "retry_in_ms"
         case error, kind, effect
         case periodSeconds = "period_s"
@@ -200,10 +203,10 @@ public struct PeerEventRecord: Encodable, Sendable, Hashable {
             self.init(event: "connecting", summary: "connecting to \(contact) at \(location) (attempt \(attempt))")
             (self.contact, self.location, self.attempt) = (contact, location.description, attempt)
             binding = location.binding.rawValue
-        case .connected(let contact, let role, let binding):
+        case .connected(let contact, let role, let binding, let remote):
             self.init(event: "connected", summary: "PSK-TLS session with \(contact) up over \(binding.rawValue) "
                 + "(\(role == .connecting ? "we connected" : "they connected"))")
-            (self.contact, self.role, self.binding) = (contact, role.rawValue, binding.rawValue)
+            (self.contact, self.role, self.binding, self.remote) = (contact, role.rawValue, binding.rawValue, remote)
         case .connectionFailed(let contact, let reason, let retryIn):
             self.init(event: "connection_failed", summary: "connection with \(contact) failed: \(reason)"
                 + (retryIn.map { "; retrying in \($0)" } ?? "; giving up until the next announcement"))
@@ -211,10 +214,10 @@ public struct PeerEventRecord: Encodable, Sendable, Hashable {
             retryInMs = retryIn.map { Int($0.components.seconds * 1000 + $0.components.attoseconds / 1_000_000_000_000_000) }
         case .delivery(let contact, let delivery):
             self.init(delivery, contact: contact)
-        case .disconnected(let contact, let role, let binding, let error):
+        case .disconnected(let contact, let role, let binding, let remote, let error):
             let reason = error?.description ?? "closed"
             self.init(event: "disconnected", summary: "PSK-TLS session with \(contact) over \(binding.rawValue) ended: \(reason)")
-            (self.contact, self.role, self.binding, self.reason) = (contact, role.rawValue, binding.rawValue, reason)
+            (self.contact, self.role, self.binding, self.remote, self.reason) = (contact, role.rawValue, binding.rawValue, remote, reason)
             clean = error == nil
         case .sessionEnded(let contact, let role, let error):
             self.init(event: "session_ended", summary: "session with \(contact) ended" + (error.map { ": \($0)" } ?? ""))
