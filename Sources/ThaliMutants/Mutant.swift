@@ -62,6 +62,8 @@ public enum Mutant: String, CaseIterable, Sendable {
     case ssdpHearsItself = "ssdp-hears-itself"
     /// The announcer withdraws nothing when its beacons are gone: no byebye [SSDP-2.5].
     case ssdpNoByebye = "ssdp-no-byebye"
+    /// The SSDP parser keeps the first of two headers with one name instead of refusing the datagram [SSDP-3.1].
+    case ssdpAcceptsDuplicateHeaders = "ssdp-accepts-duplicate-headers"
     /// The USN's UUID is in upper case [SSDP-2.3].
     case ssdpUppercaseUSN = "ssdp-uppercase-usn"
     /// The beacon fetch sends `Host` without the port [SSDP-6.8].

@@ -142,6 +142,25 @@ struct VerdictCauseTests {
         #expect(unclean.actual.contains("clean false") && unclean.actual.contains("the session from 127.0.0.1:"), "\(unclean)")
     }
 
+    /// Before, the seven malformed forms shared one location, and the verdict said "4 fetches", not which
+    /// forms were taken.
+    @Test("target/ssdp/malformed-ignored names the malformed form an implementation took, and only that one")
+    func malformedFormsAreNamed() async throws {
+        let implementation = try await PeerModeTests.startImplementation(
+            environment: [Mutant.environmentVariable: Mutant.ssdpAcceptsDuplicateHeaders.rawValue])
+        defer { implementation.remove() }
+        let run = try TargetModeTests.startTarget(ssdpPort: implementation.ssdpPort, directory: implementation.suite,
+                                                  keys: (implementation.iutKey, implementation.suite + "/identity.key"))
+        let (_, verdicts, output) = try await TargetModeTests.finish(run, directory: implementation.suite)
+        #expect(verdicts[TargetConformance.Cases.malformed.id] == "FAIL", "\(output)")
+        let results = try Self.results(at: implementation.suite + "/target.json")
+        let malformed = try #require(results.first { $0.id == TargetConformance.Cases.malformed.id })
+        #expect(malformed.actual.contains("NT twice"), "\(malformed)")
+        for other in TargetDatagrams.malformedForms where other != "NT twice" {
+            #expect(!malformed.actual.contains(other), "\(malformed)")
+        }
+    }
+
     /// A receiver that speaks version 1 only and ends the stream on our `hello(4)`: before, the welcome
     /// case was INCONCLUSIVE ("an earlier step failed"), printed last, and seven later steps FAILed with
     /// "the peer ended its side of the connection".

@@ -123,9 +123,15 @@ public struct TargetConformance: Sendable {
             for location in locations { location.close() }
             for sender in senders { sender.close() }
         }
-        for _ in 0..<6 { locations.append(try await ScriptedLocation.start(host: address, body: stream, group: group)) }
-        let (control, malformed, foreign, badUSN, byebyeTarget) = (locations[0], locations[1], locations[2], locations[3], locations[4])
-        var forgetting = ForgettingPeer(location: locations[5])
+        for _ in 0..<5 { locations.append(try await ScriptedLocation.start(host: address, body: stream, group: group)) }
+        let (control, foreign, badUSN, byebyeTarget) = (locations[0], locations[1], locations[2], locations[3])
+        var forgetting = ForgettingPeer(location: locations[4])
+        // One location per malformed form, so that a fetch names the form that was taken.
+        var malformed: [ScriptedLocation] = []
+        for _ in TargetDatagrams.malformedForms {
+            malformed.append(try await ScriptedLocation.start(host: address, body: stream, group: group))
+            locations.append(malformed[malformed.count - 1])
+        }
         senders.append(try await MulticastSender.start(address: address, group: configuration.ssdpGroup, port: configuration.ssdpPort,
                                                        on: group))
         let sender = senders[0]
@@ -147,7 +153,7 @@ public struct TargetConformance: Sendable {
         let byebyeUSN = ThaliServiceName.makeUniqueServiceName()
 
         // Step 1: everything at once, the broken first, so that a lenient implementation has every chance.
-        for bytes in datagrams.malformedAlives(location: malformed.url) { try await sender.send(bytes) }
+        for bytes in datagrams.malformedAlives(locations: malformed.map(\.url)) { try await sender.send(bytes) }
         try await sender.send(datagrams.alive(nt: "urn:schemas-upnp-org:device:Basic:1", usn: ThaliServiceName.makeUniqueServiceName(),
                                               location: foreign.url))
         for usn in ["uuid:not-a-uuid", "urn:thali:\(controlUSN.dropFirst(5))", "data:\(controlUSN.dropFirst(5))"] {
@@ -184,7 +190,10 @@ public struct TargetConformance: Sendable {
         run.grade(Cases.noMatchNoConnect, holds: locations.allSatisfy { $0.otherConnections == 0 },
                   expected: "no connection but beacon fetches to any location we announced",
                   actual: "\(locations.map(\.otherConnections).reduce(0, +)) other connections (TLS or not HTTP)")
-        run.grade(Cases.malformed, holds: malformed.fetches == 0, expected: "no fetch", actual: "\(malformed.fetches) fetches")
+        let taken = zip(TargetDatagrams.malformedForms, malformed).filter { $0.1.fetches > 0 }
+        run.grade(Cases.malformed, holds: taken.isEmpty, expected: "no fetch for any of the \(malformed.count) malformed forms",
+                  actual: taken.isEmpty ? "no fetch for any of the \(malformed.count) forms"
+                      : "fetched for " + taken.map { "\($0.0) (\($0.1.fetches)×)" }.joined(separator: ", "))
         run.grade(Cases.foreignNT, holds: foreign.fetches == 0, expected: "no fetch", actual: "\(foreign.fetches) fetches")
         run.grade(Cases.badUSN, holds: badUSN.fetches == 0, expected: "no fetch", actual: "\(badUSN.fetches) fetches")
         if let spoofed {

@@ -19,25 +19,33 @@ struct TargetDatagrams {
         Array("NOTIFY * HTTP/1.1\r\nHOST: \(host)\r\nNT: \(ThaliServiceName.notificationType)\r\nNTS: ssdp:byebye\r\nUSN: \(usn)\r\n\r\n".utf8)
     }
 
-    /// Alives that break spec/ssdp.md §3 one rule each, all naming `location`, each with a fresh USN.
-    func malformedAlives(location: String) -> [[UInt8]] {
+    /// What each of ``malformedAlives(locations:)`` breaks, in order: the report names the forms an
+    /// implementation acted on.
+    static let malformedForms = ["an HTTP/1.0 start line", "LF line endings", "NT twice", "NTS ssdp:update",
+                                 "CACHE-CONTROL without max-age", "a folded header line", "bytes after the blank line"]
+
+    /// Alives that break spec/ssdp.md §3 one rule each (``malformedForms``), each naming its own location
+    /// of `locations` (so a fetch tells which form was taken), each with a fresh USN; as many as both
+    /// lists have.
+    func malformedAlives(locations: [String]) -> [[UInt8]] {
         let nt = ThaliServiceName.notificationType
-        func usn() -> String { ThaliServiceName.makeUniqueServiceName() }
-        let good = { (usn: String) in
-            ["HOST: \(host)", "CACHE-CONTROL: max-age=30", "LOCATION: \(location)", "NT: \(nt)", "NTS: ssdp:alive", "USN: \(usn)"]
+        let good = { (location: String) in
+            ["HOST: \(host)", "CACHE-CONTROL: max-age=30", "LOCATION: \(location)", "NT: \(nt)", "NTS: ssdp:alive",
+             "USN: \(ThaliServiceName.makeUniqueServiceName())"]
         }
         func datagram(_ start: String, _ lines: [String], ending: String = "\r\n", trailer: String = "") -> [UInt8] {
             Array((([start] + lines).map { $0 + ending }.joined() + ending + trailer).utf8)
         }
-        return [
-            datagram("NOTIFY * HTTP/1.0", good(usn())),
-            datagram("NOTIFY * HTTP/1.1", good(usn()), ending: "\n"),
-            datagram("NOTIFY * HTTP/1.1", good(usn()) + ["NT: \(nt)"]),
-            datagram("NOTIFY * HTTP/1.1", good(usn()).map { $0 == "NTS: ssdp:alive" ? "NTS: ssdp:update" : $0 }),
-            datagram("NOTIFY * HTTP/1.1", good(usn()).map { $0.hasPrefix("CACHE-CONTROL") ? "CACHE-CONTROL: no-cache" : $0 }),
-            datagram("NOTIFY * HTTP/1.1", good(usn()).map { $0.hasPrefix("NT:") ? "NT:\r\n \(nt)" : $0 }),
-            datagram("NOTIFY * HTTP/1.1", good(usn()), trailer: "tail"),
+        let forms: [(String) -> [UInt8]] = [
+            { datagram("NOTIFY * HTTP/1.0", good($0)) },
+            { datagram("NOTIFY * HTTP/1.1", good($0), ending: "\n") },
+            { datagram("NOTIFY * HTTP/1.1", good($0) + ["NT: \(nt)"]) },
+            { datagram("NOTIFY * HTTP/1.1", good($0).map { $0 == "NTS: ssdp:alive" ? "NTS: ssdp:update" : $0 }) },
+            { datagram("NOTIFY * HTTP/1.1", good($0).map { $0.hasPrefix("CACHE-CONTROL") ? "CACHE-CONTROL: no-cache" : $0 }) },
+            { datagram("NOTIFY * HTTP/1.1", good($0).map { $0.hasPrefix("NT:") ? "NT:\r\n \(nt)" : $0 }) },
+            { datagram("NOTIFY * HTTP/1.1", good($0), trailer: "tail") },
         ]
+        return zip(forms, locations).map { form, location in form(location) }
     }
 }
 

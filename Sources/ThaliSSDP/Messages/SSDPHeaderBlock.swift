@@ -1,3 +1,5 @@
+import ThaliMutants
+
 /// The lexical layer of an SSDP datagram: a start line and unique, case-insensitive headers.
 ///
 /// Grammar (RFC 9112 message syntax, narrowed): every line ends in CRLF; a header is
@@ -77,6 +79,7 @@ struct SSDPHeaderBlock {
             let name = String(decoding: UnsafeRawBufferPointer(rebasing: line[..<colon]), as: UTF8.self).lowercased()
             let value = String(decoding: UnsafeRawBufferPointer(rebasing: line[valueStart..<valueEnd]), as: UTF8.self)
             if headers.contains(where: { $0.name == name }) {
+                if Mutant.ssdpAcceptsDuplicateHeaders.isActive { continue }
                 throw SSDPParseError(.duplicateHeader(name.uppercased()))
             }
             headers.append((name, value))
