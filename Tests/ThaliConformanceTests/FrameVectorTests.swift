@@ -126,6 +126,38 @@ struct FrameVectorTests {
         #expect(report.count(.inconclusive) == yamux.cases.count)
     }
 
+    /// Before, a decoder that knew none of the version 2 and 3 frame types (welcome, error, progress,
+    /// item) passed the eight vectors of malformed frames of those types, rejecting them as unknown.
+    @Test("a rejection proves a malformed-frame rule only from a decoder that reads that frame type right; an error class given must be the case's")
+    func rejectionsNeedTheirReason() throws {
+        let delivery = FrameVectorSets.delivery
+        // A version 1 decoder: every frame of types 10-13 is an unknown type to it.
+        var answers = FrameVectorReference.answers(to: delivery)
+        let newer: Set<UInt8> = [10, 11, 12, 13]
+        for (index, answer) in answers.answers.enumerated() {
+            guard let vector = delivery.cases.first(where: { $0.id == answer.id }), let type = Hex.decode(vector.bytes)?.first,
+                  newer.contains(type) else { continue }
+            answers.answers[index] = FrameVectorAnswer(id: answer.id, result: .invalid, error: "unknown frame type \(type)")
+        }
+        let report = try Self.grade(answers, delivery)
+        let malformedNewer = delivery.cases.filter { vector in
+            vector.expect == .invalid && vector.error == "malformed" && Hex.decode(vector.bytes)?.first.map(newer.contains) == true
+        }
+        #expect(malformedNewer.count >= 8)
+        for vector in malformedNewer {
+            let result = try #require(report.result("vectors/delivery/\(vector.id)"))
+            #expect(result.verdict == .inconclusive && result.actual.contains("reads no"), "\(result)")
+        }
+        #expect(report.result("vectors/delivery/D-welcome")?.verdict == .fail)
+        // Malformed frames of the types it does read are still graded on the rejection alone.
+        #expect(report.result("vectors/delivery/D-ack-trailing")?.verdict == .pass)
+        // An error class, when the answer names one, must be the case's.
+        var named = try Self.grade(Self.answers(delivery, changing: "D-ack-trailing") { $0.errorClass = "unknown-frame-type" }, delivery)
+        #expect(named.result("vectors/delivery/D-ack-trailing")?.verdict == .fail)
+        named = try Self.grade(Self.answers(delivery, changing: "D-ack-trailing") { $0.errorClass = "malformed" }, delivery)
+        #expect(named.result("vectors/delivery/D-ack-trailing")?.verdict == .pass)
+    }
+
     @Test("a vector or answer file that is not one is a clear error")
     func badFilesAreRefused() throws {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("frame-vectors-\(UUID())")

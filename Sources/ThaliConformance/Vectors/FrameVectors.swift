@@ -25,6 +25,23 @@ public enum FrameVectorLayer: String, Sendable, Hashable, Codable, CaseIterable 
     /// write exactly those bytes. Not for advertising payloads, whose "frame" is the claim found in them,
     /// not every structure around it.
     public var framesDetermineBytes: Bool { self != .advertisingData }
+
+    /// The type of the first frame header in `bytes`, spelled as the cases' `type` field spells it; nil for
+    /// a layer without a type byte in a fixed place (thali-multiplex, advdata) or bytes too short.
+    func firstFrameType(_ bytes: [UInt8]) -> String? {
+        switch self {
+        case .delivery:
+            let names = ["hello", "offer", "answer", "start", "data", "end", "ack", "reject", "done", "welcome", "error", "progress", "item"]
+            guard let type = bytes.first, (1...names.count).contains(Int(type)) else { return nil }
+            return names[Int(type) - 1]
+        case .yamux:
+            let names = ["data", "window-update", "ping", "go-away"]
+            guard bytes.count > 1, Int(bytes[1]) < names.count else { return nil }
+            return names[Int(bytes[1])]
+        case .thaliMultiplex, .advertisingData:
+            return nil
+        }
+    }
 }
 
 /// What a decoder must conclude from a case's bytes, read as the start of a connection.
@@ -136,16 +153,25 @@ public struct FrameVectorAnswer: Sendable, Hashable, Codable {
     public var frames: [FrameFields]?
     /// Its own error text for `invalid` (shown, not graded).
     public var error: String?
+    /// Optional, for `invalid`: the class of the error in the vectors' names (`unknown-frame-type`,
+    /// `frame-too-large`, `malformed`, ...); when given it must be the case's.
+    public var errorClass: String?
     /// Optional, for `valid` cases: what its encoder writes for the case's frames, lowercase hex.
     public var encoded: String?
 
+    enum CodingKeys: String, CodingKey {
+        case id, result, frames, error, encoded
+        case errorClass = "error_class"
+    }
+
     /// An answer.
     public init(id: String, result: FrameVectorOutcome, frames: [FrameFields]? = nil, error: String? = nil,
-                encoded: String? = nil) {
+                errorClass: String? = nil, encoded: String? = nil) {
         self.id = id
         self.result = result
         self.frames = frames
         self.error = error
+        self.errorClass = errorClass
         self.encoded = encoded
     }
 }
@@ -221,6 +247,17 @@ public enum FrameVectorGrading {
         if answers.layer != set.layer {
             run.note("the answers are for \(answers.layer.rawValue), the vectors for \(set.layer.rawValue)")
         }
+        // The frame types it decodes: those of the cases with frames that it read right. A rejection of a
+        // malformed frame of a type it decodes in no case shows nothing of the rule the case is about.
+        var decoded: Set<String> = []
+        var decodedIn: [String: [String]] = [:]  // type -> ids of the cases with frames of that type
+        for vector in set.cases where vector.expect != .invalid {
+            let types = Set((vector.frames ?? []).compactMap { $0["type"] })
+            for type in types { decodedIn[type, default: []].append(vector.id) }
+            if let answer = byID[vector.id], answers.layer == set.layer, [.valid, .incomplete].contains(answer.result), judge(answer, vector).0 {
+                decoded.formUnion(types)
+            }
+        }
         for vector in set.cases {
             let testCase = set.conformanceCase(vector)
             let expected = describe(vector)
@@ -230,6 +267,13 @@ public enum FrameVectorGrading {
             }
             if !set.layer.framesDetermineBytes { answer.encoded = nil }
             let (holds, actual) = judge(answer, vector)
+            if holds, vector.expect == .invalid, vector.error == malformedClass, let type = set.layer.firstFrameType(Hex.decode(vector.bytes) ?? []),
+               let cases = decodedIn[type], !decoded.contains(type) {
+                run.record(testCase, .inconclusive, expected: expected,
+                           actual: "\(actual), but it reads no \(type) frame right (\(cases.prefix(3).joined(separator: ", "))): the rejection "
+                               + "shows nothing of the rule this case is about")
+                continue
+            }
             run.grade(testCase, holds: holds, expected: expected, actual: actual)
         }
         let known = Set(set.cases.map(\.id))
@@ -249,6 +293,11 @@ public enum FrameVectorGrading {
             }
             return (true, actual)
         case .invalid:
+            // An error class, when the answer gives one, must be the case's: a rejection for another
+            // reason did not reach the rule the case is about.
+            if answer.result == .invalid, let named = answer.errorClass, let reason = vector.error, named != reason {
+                return (false, "\(actual), but as \(named), not as \(reason)")
+            }
             return (answer.result == .invalid, actual)
         case .incomplete:
             return (answer.result == .incomplete && framesMatch, actual)
@@ -256,6 +305,9 @@ public enum FrameVectorGrading {
             return (answer.result == .invalid || (answer.result == .valid && framesMatch), actual)
         }
     }
+
+    /// The vectors' error class of a frame whose type is known but whose payload breaks its layout.
+    static let malformedClass = "malformed"
 
     static func describe(_ vector: FrameVectorCase) -> String {
         switch vector.expect {
