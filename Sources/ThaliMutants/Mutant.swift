@@ -70,6 +70,11 @@ public enum Mutant: String, CaseIterable, Sendable {
     case httpHostWithoutPort = "http-host-without-port"
     /// The beacon fetch takes a busy server's `503` as a wait of nothing, whatever its `Retry-After` [SSDP-6.10].
     case httpIgnoresRetryAfter = "http-ignores-retry-after"
+    /// The beacon fetch takes the body of any answer as the beacons, whatever its status or Content-Type
+    /// (a 503 aside) [SSDP-6.6].
+    case httpIgnoresStatus = "http-ignores-status"
+    /// The beacon fetch takes a busy server's `503` as an empty answer (a 204), so it never asks again [SSDP-5.1].
+    case httpBusyAsNoContent = "http-busy-as-no-content"
     /// The beacon receiver keeps no replay cache: an announcement fetched again from the same origin
     /// matches again [BCN-4.5].
     case beaconNoReplayCache = "beacon-no-replay-cache"

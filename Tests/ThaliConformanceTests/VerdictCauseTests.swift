@@ -161,6 +161,26 @@ struct VerdictCauseTests {
         }
     }
 
+    /// Runs target mode against `thali-node run` with `mutant` switched on; the report's results.
+    static func gradeInTargetMode(_ mutant: Mutant) async throws -> [Result] {
+        let implementation = try await PeerModeTests.startImplementation(environment: [Mutant.environmentVariable: mutant.rawValue])
+        defer { implementation.remove() }
+        _ = try await TargetModeTests.runTarget(ssdpPort: implementation.ssdpPort, directory: implementation.suite,
+                                                keys: (implementation.iutKey, implementation.suite + "/identity.key"))
+        return try results(at: implementation.suite + "/target.json")
+    }
+
+    /// Before, busy-waited passed a client that never fetched again, and nothing graded whether a client
+    /// takes a beacon body only from a 200 with application/octet-stream (or a 204).
+    @Test("target mode fails a client that never fetches a busy location again, and one that takes beacons from a 404 or a text/html answer",
+          arguments: [(Mutant.httpBusyAsNoContent, TargetConformance.Cases.busyWaited, "never fetched again"),
+                      (Mutant.httpIgnoresStatus, TargetConformance.Cases.statusChecked, "connection")])
+    func httpClientHalf(_ mutant: Mutant, _ testCase: ConformanceCase, _ evidence: String) async throws {
+        let results = try await Self.gradeInTargetMode(mutant)
+        let result = try #require(results.first { $0.id == testCase.id })
+        #expect(result.verdict == "FAIL" && result.actual.contains(evidence), "\(result)")
+    }
+
     /// A receiver that speaks version 1 only and ends the stream on our `hello(4)`: before, the welcome
     /// case was INCONCLUSIVE ("an earlier step failed"), printed last, and seven later steps FAILed with
     /// "the peer ended its side of the connection".

@@ -153,6 +153,7 @@ extension TargetConformance {
         try await chain.next(joining: busy.port)
         _ = await Self.fetched(0, within: links.fetchWait) { busy.fetches }
         try await Task.sleep(for: .nanoseconds((TimeAmount.seconds(Int64(Self.busyRetryAfterSeconds)) + observation).nanoseconds))
-        judgeBusy(run, busy, started: started)
+        // The link refetches on its own schedule (every 5 s), not on alives: asking again is not required here.
+        judgeBusy(run, busy, started: started, retryRequired: false)
     }
 }

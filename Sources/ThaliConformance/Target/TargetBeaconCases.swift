@@ -41,7 +41,7 @@ extension TargetConformance {
                       started: started)
             guard connected.session else {
                 run.recordDependents([Cases.welcome, Cases.tamperedNoConnect, Cases.strangerFirstNoConnect, Cases.closeNotifyFirst,
-                                      Cases.replayNoConnect, Cases.smallGroupRefused] + Cases.marking, on: Cases.matchConnects)
+                                      Cases.replayNoConnect, Cases.smallGroupRefused, Cases.statusChecked] + Cases.marking, on: Cases.matchConnects)
                 await server.close()
                 return
             }
@@ -74,6 +74,32 @@ extension TargetConformance {
         }
         await server.close()
         try await smallGroup(run, announcer: announcer, peer: peer, identity: identity)
+        try await statusChecked(run, announcer: announcer, peer: peer, identity: identity)
+    }
+
+    /// Two good announcements for it, one answered `404 Not Found`, one `200` with `Content-Type:
+    /// text/html`: a client takes only 200 with application/octet-stream, or 204 [SSDP-6.6], so neither
+    /// leads to a connection (one that ignores the status would match the beacon and connect).
+    func statusChecked(_ run: ConformanceRun, announcer: Announcer, peer: PublicKey, identity: PrivateKey) async throws {
+        let started = NIODeadline.now()
+        let generator = BeaconGenerator(identity: identity)
+        var locations: [(String, ScriptedLocation)] = []
+        defer { for (_, location) in locations { location.close() } }
+        for (what, status, type) in [("404", "404 Not Found", "application/octet-stream"), ("200 text/html", "200 OK", "text/html")] {
+            let body = try generator.makeAnnouncement(for: [peer], validity: .seconds(600)).stream
+            locations.append((what, try await ScriptedLocation.start(host: configuration.address, body: body, status: status,
+                                                                       contentType: type, group: group)))
+        }
+        for (_, location) in locations { try await announcer.announce(location.port, { location.fetches }) }
+        try await Task.sleep(for: .nanoseconds(configuration.observation.nanoseconds))
+        let expected = "each fetched, and no connection to either"
+        let seen = locations.map { what, location in "\(what): \(location.fetches) fetch(es), \(location.otherConnections) connection(s)" }
+        guard locations.allSatisfy({ $0.1.fetches > 0 }) else {
+            run.record(Cases.statusChecked, .inconclusive, expected: expected, actual: seen.joined(separator: "; "), started: started)
+            return
+        }
+        run.grade(Cases.statusChecked, holds: locations.allSatisfy { $0.1.otherConnections == 0 }, expected: expected,
+                  actual: seen.joined(separator: "; "), started: started)
     }
 
     /// How the session of match-connects ended, waiting up to an observation period for its end: its

@@ -92,8 +92,13 @@ extension TargetConformance {
         /// `target/http/busy-waited`: answered `503` with `Retry-After: 2` to its beacon fetch, it asks
         /// that location again no sooner than 2 s later (an alive of the same USN in between tempts it).
         public static let busyWaited = ConformanceCase("target/http/busy-waited",
-                                                       "answered 503 with Retry-After: 2, it fetches that location again no sooner than 2 s later, an alive in between notwithstanding",
-                                                       ["SSDP-6.10"])
+                                                       "answered 503 with Retry-After: 2, it fetches that location again on a later alive, and no sooner than 2 s later",
+                                                       ["SSDP-6.10", "SSDP-5.1"])
+        /// `target/http/status-checked`: an announcement for it served with a status other than 200 or 204,
+        /// or with 200 and another Content-Type, is not taken: no connection follows.
+        public static let statusChecked = ConformanceCase("target/http/status-checked",
+                                                          "a good announcement for it answered with 404, or with 200 and Content-Type text/html, is not taken: no connection follows",
+                                                          ["SSDP-6.6"])
 
         /// `target/ssdp/search-form`: its M-SEARCH datagrams heard on the group are well formed, name the
         /// group in HOST and carry S with its current USN while it advertises one.
@@ -104,10 +109,11 @@ extension TargetConformance {
         /// Every case of target mode.
         public static let all = [searchForm, validFetched, fetchOnce, noMatchNoConnect, malformed, foreignNT, badUSN, spoofedLocation, forgedByebye,
                                  forgotten, tamperedNoConnect, strangerFirstNoConnect, matchConnects, welcome, closeNotifyFirst, replayNoConnect,
-                                 smallGroupRefused, deliveryHeader, statusRead, refusalNotRetried, busyWaited]
+                                 smallGroupRefused, statusChecked, deliveryHeader, statusRead, refusalNotRetried, busyWaited]
         /// The cases of the script (all but the search, which listens beside it).
         static let scripted = Array(all.dropFirst())
-        static let beacons = [tamperedNoConnect, strangerFirstNoConnect, matchConnects, welcome, closeNotifyFirst, replayNoConnect, smallGroupRefused]
+        static let beacons = [tamperedNoConnect, strangerFirstNoConnect, matchConnects, welcome, closeNotifyFirst, replayNoConnect, smallGroupRefused,
+                              statusChecked]
             + marking
         static let marking = [deliveryHeader, statusRead, refusalNotRetried]
     }

@@ -90,7 +90,10 @@ final class ScriptedLocation: Sendable {
     /// Listens on `host`; with `tlsFlight`, a connection that starts with a TLS record gets those bytes
     /// after its first record, and what it answers is recorded (``tlsReplies``). With `busyRetryAfter`, the
     /// first beacon request is answered `503` with that `Retry-After` (seconds), the later ones as usual.
+    /// `status` and `contentType` are those of the answer that carries `body` (a client must take only
+    /// `200` with `application/octet-stream`).
     static func start(host: String, body: [UInt8], tlsFlight: [UInt8]? = nil, busyRetryAfter: Int? = nil,
+                      status: String = "200 OK", contentType: String = "application/octet-stream",
                       group: EventLoopGroup) async throws -> ScriptedLocation {
         let counts = NIOLockedValueBox((fetches: 0, other: 0))
         let replies = NIOLockedValueBox<[TLSReply]>([])
@@ -100,7 +103,8 @@ final class ScriptedLocation: Sendable {
                 channel.eventLoop.makeCompletedFuture {
                     try channel.pipeline.syncOperations.addHandler(ScriptedLocationHandler(body: body, counts: counts, tlsFlight: tlsFlight,
                                                                                            replies: replies, times: times,
-                                                                                           busyRetryAfter: busyRetryAfter))
+                                                                                           busyRetryAfter: busyRetryAfter,
+                                                                                           status: status, contentType: contentType))
                 }
             }
             .bind(host: host, port: 0).get()
@@ -121,12 +125,16 @@ private final class ScriptedLocationHandler: ChannelInboundHandler {
     private let replies: NIOLockedValueBox<[TLSReply]>
     private let times: NIOLockedValueBox<[NIODeadline]>
     private let busyRetryAfter: Int?
+    private let status: String
+    private let contentType: String
     private var head: [UInt8] = []
     private var done = false
     private var flightSent = false
 
     init(body: [UInt8], counts: NIOLockedValueBox<(fetches: Int, other: Int)>, tlsFlight: [UInt8]?, replies: NIOLockedValueBox<[TLSReply]>,
-         times: NIOLockedValueBox<[NIODeadline]>, busyRetryAfter: Int?) {
+         times: NIOLockedValueBox<[NIODeadline]>, busyRetryAfter: Int?, status: String, contentType: String) {
+        self.status = status
+        self.contentType = contentType
         self.times = times
         self.busyRetryAfter = busyRetryAfter
         self.body = body
@@ -155,7 +163,7 @@ private final class ScriptedLocationHandler: ChannelInboundHandler {
                         string: "HTTP/1.1 503 Service Unavailable\r\nRetry-After: \(busyRetryAfter)\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
                 } else {
                     response = context.channel.allocator.buffer(
-                        string: "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: \(body.count)\r\nConnection: close\r\n\r\n")
+                        string: "HTTP/1.1 \(status)\r\nContent-Type: \(contentType)\r\nContent-Length: \(body.count)\r\nConnection: close\r\n\r\n")
                     response.writeBytes(body)
                 }
                 context.writeAndFlush(wrapOutboundOut(response), promise: nil)

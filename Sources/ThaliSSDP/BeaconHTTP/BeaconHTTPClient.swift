@@ -263,6 +263,10 @@ package final class BeaconResponseHandler: ChannelInboundHandler {
     package func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         switch unwrapInboundIn(data) {
         case .head(let head):
+            if Mutant.httpIgnoresStatus.isActive, head.status != .serviceUnavailable {
+                status = .ok
+                return
+            }
             switch head.status {
             case .ok:
                 let type = head.headers.first(name: "Content-Type")
@@ -275,6 +279,8 @@ package final class BeaconResponseHandler: ChannelInboundHandler {
                 status = head.status
             case .noContent:
                 status = head.status
+            case .serviceUnavailable where Mutant.httpBusyAsNoContent.isActive:
+                status = .noContent
             case .serviceUnavailable:
                 fail(context, .busy(retryAfter: busyWait(head.headers.first(name: "Retry-After"))))
             default:
