@@ -179,7 +179,12 @@ struct RawYamuxSession {
     /// about a round trip, not a whole step timeout.
     mutating func waitFor(within timeout: TimeAmount, fence: UInt32, grace: TimeAmount,
                           _ wanted: (YamuxHeader) -> Bool) async throws -> FencedWait {
-        try await send([(YamuxHeader(type: .ping, flags: .syn, streamID: 0, length: fence), 0)])
+        do {
+            try await send([(YamuxHeader(type: .ping, flags: .syn, streamID: 0, length: fence), 0)])
+        } catch {
+            // It may have answered the frames already and closed (a GoAway, then the end): what it sent is
+            // still read below, and the end with it.
+        }
         var deadline = NIODeadline.now() + timeout
         var wait = FencedWait(input: .timedOut, before: [], fenceAnswered: false)
         while true {
