@@ -42,7 +42,8 @@ public enum NodeError: Error, Hashable, CustomStringConvertible {
     case sessionInProgress(contact: String, role: String)
     /// Bluetooth was asked for (alone) and cannot run: no adapter, bluetoothd absent, no kernel support.
     case bluetoothUnavailable(reason: String)
-    /// A `thali-node run` (process `pid`, if known: nil or 0 otherwise) holds the data directory's lock.
+    /// A running peer (a `thali-node run` or an app's ``ThaliPeer``, process `pid` if known: nil or 0
+    /// otherwise) holds the data directory's lock.
     case homeInUse(path: String, pid: Int32?)
     /// Removing the contact would delete items still queued for it; it needs `--force`.
     case contactHasQueuedItems(String, count: Int, bytes: Int64)
@@ -83,7 +84,8 @@ public enum NodeError: Error, Hashable, CustomStringConvertible {
         case .invalidExpiry(let value): "invalid expiry \(value): it must be in the future"
         case .sessionInProgress(let contact, let role): "a \(role) session with \(contact) is already running"
         case .homeInUse(let path, let pid):
-            "\(path) is in use by another `thali-node run`\(pid.flatMap { $0 > 0 ? " (pid \($0))" : nil } ?? ""); stop it first, or give another --home"
+            "\(path) is in use by another running peer (a `thali-node run` or an app)\(pid.flatMap { $0 > 0 ? " (pid \($0))" : nil } ?? ""); "
+                + "stop it first, or use another data directory"
         case .contactHasQueuedItems(let name, let count, let bytes):
             "contact \"\(name)\" has \(count) queued item\(count == 1 ? "" : "s") (\(ByteCount.format(bytes))) that removing it would delete; "
                 + "use --force to delete them, or wait until they are delivered"

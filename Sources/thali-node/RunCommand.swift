@@ -207,7 +207,7 @@ struct Run: AsyncParsableCommand {
             for item in items { output.expired(item) }
         }
         let peer = try ThaliPeer(store: store, identity: identity, configuration: configuration,
-                                 logger: Logger(label: "thali.node"), events: { output.report($0) })
+                                 logger: Logger(label: "thali.node"), runLock: lock, events: { output.report($0) })
         // The peer runs as a swift-service-lifecycle service: SIGTERM and SIGINT shut the group down
         // gracefully (byebye, connections closed); `--duration` does the same from a timer.
         let reason = StopReason()

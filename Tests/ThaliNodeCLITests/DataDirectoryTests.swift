@@ -349,7 +349,7 @@ struct DataDirectoryTests {
         let first = try run(alice, port: port)
         try await first.waitFor("started") { isEvent($0, "started") }
         let second = try await thaliNode(["run", "--home", alice.home.path, "--address", "127.0.0.1", "--ssdp-port", String(port)])
-        expectError(second, containing: "\(alice.home.path) is in use by another `thali-node run` (pid \(first.pid))")
+        expectError(second, containing: "\(alice.home.path) is in use by another running peer (a `thali-node run` or an app) (pid \(first.pid))")
         // Removing a contact whose items the run is delivering waits for the run to stop.
         expectError(try await thaliNode(["contacts", "remove", "bob", "--force", "--home", alice.home.path]),
                     containing: "(pid \(first.pid))")

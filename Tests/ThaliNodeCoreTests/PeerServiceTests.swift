@@ -119,6 +119,26 @@ struct PeerServiceTests {
         #expect(log.filter { $0 == .stopped }.count == 1)
     }
 
+    /// Before, a second peer on the same data directory started silently beside the first (only the
+    /// CLI took the directory's lock), and both advertised and delivered the same items.
+    @Test("one peer at a time on a data directory: a second start is refused, naming the holder; after stop another starts")
+    func oneRunningPeerPerDataDirectory() async throws {
+        let people = try TestPeople(["alice", "bob"], label: "service-lock")
+        let ssdpPort = randomSSDPPort()
+        let alice = try people["alice"]
+        let first = try peer(alice, ssdpPort: ssdpPort)
+        let second = try peer(alice, ssdpPort: ssdpPort)
+        try await first.start()
+        await #expect(throws: NodeError.homeInUse(path: alice.store.home.path, pid: getpid())) { try await second.start() }
+        #expect(RunLock.holder(of: alice.store.home) == getpid())
+        await first.stop()
+        #expect(RunLock.holder(of: alice.store.home) == nil, "stop lets the directory go")
+        let third = try peer(alice, ssdpPort: ssdpPort)
+        try await third.start()
+        await third.stop()
+        await second.stop()
+    }
+
     @Test("stopping while connecting reports no failed connection and no retry it will not make")
     func stopWhileConnectingReportsNoFailure() async throws {
         let people = try TestPeople(["alice", "bob"], label: "service-stop-connecting")

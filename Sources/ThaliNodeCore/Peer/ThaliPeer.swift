@@ -130,10 +130,17 @@ public final class ThaliPeer: Sendable {
 
     /// A peer for the node whose store and identity are given; `events` receives everything it does,
     /// synchronously on the peer's tasks and event loops (keep it short; or use
-    /// ``events(bufferingNewest:)``). Throws ``StartError/setup(_:)`` when TLS cannot be set up.
+    /// ``events(bufferingNewest:)``). Throws ``StartError/setup(_:)`` when TLS cannot be set up. Without
+    /// `logger` the peer logs nothing (``silentLogger``).
+    ///
+    /// One peer at a time runs on a data directory: ``start()`` takes the directory's ``RunLock`` (and
+    /// ``stop()`` lets it go), unless `runLock` is one the caller already holds on the store's directory
+    /// (as `thali-node run` takes it before anything else).
     public init(store: NodeStore, identity: PrivateKey, configuration: PeerConfiguration,
-                logger: Logger = Logger(label: "thali.node.peer"), events: @escaping PeerEventHandler = { _ in }) throws {
+                logger: Logger = ThaliPeer.silentLogger, runLock: RunLock? = nil,
+                events: @escaping PeerEventHandler = { _ in }) throws {
         self.store = store
+        heldLock = NIOLockedValueBox(runLock)
         self.identity = identity
         self.configuration = configuration
         // NIO's shared loops, one per core: every peer of a process shares them (a crowd of 500 in one
@@ -167,6 +174,13 @@ public final class ThaliPeer: Sendable {
 
     private struct WeakPeer: Sendable { weak var peer: ThaliPeer? }
 
+    /// The logger of a peer given none: silent, whatever the process's logging system, so that an app
+    /// that asked for no logs gets no lines on its standard error. Pass a `Logger` to see them.
+    public static var silentLogger: Logger { Logger(label: "thali.node.peer") { _ in SwiftLogNoOpLogHandler() } }
+
+    /// The data directory's lock while the peer runs (given, or taken by ``start()``).
+    private let heldLock: NIOLockedValueBox<RunLock?>
+
     var bindings: [any PeerBindingService] { bindingsBox.withLockedValue { $0 } }
 
     /// Starts discovery and the single port, then keeps announcing what the outbox holds. Throws
@@ -181,6 +195,11 @@ public final class ThaliPeer: Sendable {
             return nil
         }
         if let refusal { throw refusal }
+        // A second peer on the same data directory would advertise and deliver the same items.
+        if heldLock.withLockedValue({ $0 == nil }) {
+            let lock = try RunLock(home: store.home)
+            heldLock.withLockedValue { $0 = lock }
+        }
         try refreshAddressBook()
         try NodeInterface.validateLocalAddress(configuration.interfaceAddress)
         // The node owns its one port (beacons and PSK-TLS behind one admission gate); discovery only
@@ -271,6 +290,7 @@ public final class ThaliPeer: Sendable {
         for channel in channels { channel.close(promise: nil) }
         for task in tasks { task.cancel() }
         for task in tasks { await task.value }
+        heldLock.withLockedValue { $0 = nil }  // the last reference: closing it releases the directory
         emit(.stopped)
     }
 
