@@ -295,10 +295,12 @@ struct PeerStreamsTests {
                 return sessions.first?.value
             }
         }
+        // Bob's end of the same connection: its remote address is Alice's local one (a role alone could
+        // name a newer session, should one have replaced the other in between).
+        let end = first.session.channel.localAddress
         let counterpart = try await Self.waitUntil(seconds: 30) { () -> MultiplexerSession? in
             bob.state.withLockedValue { state in
-                guard let sessions = state.streamSessions[aliceKey], sessions.count == 2 else { return nil }
-                return sessions.values.first { $0.role != first.role }?.session
+                state.streamSessions[aliceKey]?.values.first { $0.role != first.role && $0.session.channel.remoteAddress == end }?.session
             }
         }
         counterpart.goAway()
