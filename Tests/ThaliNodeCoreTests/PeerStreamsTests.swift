@@ -280,6 +280,39 @@ struct PeerStreamsTests {
         await server.value
     }
 
+    /// Before, returning from `executeThenClose` while the other side still had its output open reset
+    /// the stream, and the lines just written were lost: the reader got "stream reset by peer".
+    @Test("an app stream's close is orderly: lines written just before a close that does not wait for the other side all arrive, then the end")
+    func closeDeliversWhatWasWritten() async throws {
+        let pair = try Pair(label: "streams-orderly-close")
+        // Bob's app writes its lines and returns at once, without waiting for Alice's end.
+        let lines = (1...200).map { "line \($0) of what bob says before he hangs up\n" }
+        let streams = try pair.make("bob").handleStreams(protocol: "talk")
+        let server = Task {
+            for await stream in streams {
+                try? await stream.channel.executeThenClose { _, outbound in
+                    for line in lines { try await outbound.write(ByteBuffer(string: line)) }
+                }
+            }
+        }
+        try pair.make("alice")
+        try await pair.startAll()
+        let alice = try #require(pair.peers["alice"])
+        let stream = try await alice.openStream(to: "bob", protocol: "talk")
+        let heard = try await Self.within {
+            try await stream.channel.executeThenClose { inbound, _ in
+                // Alice keeps her output open: Bob's close comes while she could still send.
+                var heard = ""
+                for try await bytes in inbound { heard += String(buffer: bytes) }
+                return heard
+            }
+        }
+        #expect(heard == lines.joined())
+        await pair.stopAll()
+        server.cancel()
+        await server.value
+    }
+
     @Test("a session going away is passed over: openStream uses another session with the contact")
     func openStreamPassesOverASessionGoingAway() async throws {
         let pair = try Pair(label: "streams-goaway")

@@ -19,6 +19,10 @@ public struct PeerStreamConfiguration: Sendable, Hashable {
     /// How long ``ThaliPeer/openStream(to:protocol:timeout:)`` waits, by default, for a session with the contact
     /// when none is up. Default: 30 s.
     public var openTimeout: Duration = .seconds(30)
+    /// How long an app stream closed while the other side may still send waits for that side's end
+    /// before it is reset: a close first ends our output (what was written is delivered, then the end),
+    /// as TCP's close does, and the stream goes once the other side ends too. Default: 10 s.
+    public var closeLinger: Duration = .seconds(10)
 
     /// The defaults.
     public init() {}

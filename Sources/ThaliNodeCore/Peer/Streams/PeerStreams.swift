@@ -7,7 +7,8 @@ import ThaliPSKTLS
 /// A stream between this node and a contact for an app's own protocol, in process: what
 /// ``ThaliPeer/openStream(to:protocol:timeout:)`` returns and ``ThaliPeer/handleStreams(protocol:)``
 /// yields. Read and write `channel` as any `NIOAsyncChannel` (inside `executeThenClose`); finishing its
-/// writer half-closes the stream. On the opening side, a stream the contact's node does not serve fails
+/// writer half-closes the stream, and leaving `executeThenClose` closes it in order, as a TCP close does:
+/// what was written arrives, then the end (``PeerStreamConfiguration/closeLinger``). On the opening side, a stream the contact's node does not serve fails
 /// its first read with a ``StreamRefusal`` (and ``PeerEvent/streamRefused(contact:role:kind:refusal:byThisNode:)``
 /// says so on both nodes).
 public struct PeerStream: Sendable {
@@ -122,10 +123,11 @@ extension ThaliPeer {
     private func openAppStream(_ kind: StreamKind, to contact: Contact, over marked: MarkedSession) async throws -> PeerStream {
         let opened = NIOLockedValueBox<NIOAsyncChannel<ByteBuffer, ByteBuffer>?>(nil)
         let header = markingWriter(kind, contact: contact, role: marked.role)
+        let linger = configuration.streams.closeLinger
         _ = try await marked.session.openStream(initializer: { stream in
             stream.eventLoop.makeCompletedFuture {
                 try stream.pipeline.syncOperations.addHandler(header())
-                let channel = try Self.wrapAppStream(stream)
+                let channel = try Self.wrapAppStream(stream, linger: linger)
                 opened.withLockedValue { $0 = channel }
             }
         }).get()
@@ -133,8 +135,9 @@ extension ThaliPeer {
         return PeerStream(contact: contact.name, protocolName: kind.appProtocol ?? kind.name, channel: channel)
     }
 
-    private static func wrapAppStream(_ stream: Channel) throws -> NIOAsyncChannel<ByteBuffer, ByteBuffer> {
+    private static func wrapAppStream(_ stream: Channel, linger: Duration) throws -> NIOAsyncChannel<ByteBuffer, ByteBuffer> {
         try stream.syncOptions?.setOption(.allowRemoteHalfClosure, value: true)
+        try stream.pipeline.syncOperations.addHandler(OrderlyCloseHandler(linger: TimeAmount(linger)), position: .first)
         return try NIOAsyncChannel(wrappingChannelSynchronously: stream,
                                    configuration: .init(isOutboundHalfClosureEnabled: true))
     }
@@ -257,8 +260,9 @@ extension ThaliPeer {
             guard let handler else {
                 return loop.makeSucceededFuture(.refused(StreamRefusal(.notServed, reason: "app protocol \(name) is not served here")))
             }
+            let linger = configuration.streams.closeLinger
             return loop.makeCompletedFuture {
-                let channel = try Self.wrapAppStream(stream)
+                let channel = try Self.wrapAppStream(stream, linger: linger)
                 if case .enqueued = handler.yield(PeerStream(contact: contact.name, protocolName: name, channel: channel)) {
                     return .accepted
                 }
