@@ -32,6 +32,8 @@ let harnesses: [(name: String, target: String)] = [
     ("tls-hello-flight", "FuzzTLSHelloFlight"),
     ("ssdp-search-answers", "FuzzSSDPSearchAnswers"),
     ("stream-header", "FuzzStreamHeader"),
+    ("adapter-events", "FuzzAdapterEvents"),
+    ("raw-yamux-input", "FuzzRawYamuxInput"),
 ]
 
 let package = Package(

@@ -6,8 +6,9 @@
 #              gssdp-discover (SSDP), Go + hashicorp/yamux (multiplexer interop), dbus (BlueZ mock bus),
 #              curl, iproute2 (network namespaces), strace (a delivery receiver's system calls), QEMU
 #              with Debian's kernel, BlueZ and btvirt (the real-Bluetooth guest of scripts/bt-vm/run.sh),
-#              and a Python venv (.venv-test) with python-dbusmock and async-upnp-client; and what --package
-#              needs plus the package test's: debootstrap (its fresh root), systemd (systemd-analyze), man-db.
+#              and a Python venv (.venv-test) with python-dbusmock and async-upnp-client; chromium (the
+#              conformance HTML report as headless Chromium lays it out); and what --package needs plus the
+#              package test's: debootstrap (its fresh root), systemd (systemd-analyze), man-db.
 #   --package  also what scripts/package.sh needs: dpkg-dev (dpkg-shlibdeps, dpkg-deb), binutils, git.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,7 +23,8 @@ fi
 if [[ "${1:-}" == "--test" ]]; then
     packages+=(gnutls-bin gupnp-tools golang-go golang-github-hashicorp-yamux-dev dbus curl iproute2 strace
                python3 python3-venv python3-dbus
-               qemu-system-x86 linux-image-amd64 bluez bluez-test-tools busybox-static cpio kmod xz-utils zstd)
+               qemu-system-x86 linux-image-amd64 bluez bluez-test-tools busybox-static cpio kmod xz-utils zstd
+               chromium)
 fi
 
 missing=()

@@ -81,6 +81,8 @@ public enum FuzzHarnesses {
         TLSHelloFlightHarness.harness,
         SSDPSearchAnswersHarness.harness,
         StreamHeaderHarness.harness,
+        AdapterEventsHarness.harness,
+        RawYamuxInputHarness.harness,
     ]
 
     /// The harness called `name`, if any.

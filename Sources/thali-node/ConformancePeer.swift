@@ -166,7 +166,7 @@ struct ReportOptions: ParsableArguments {
     @Option(help: "The requirement catalog (default: spec/requirements.json of this source tree).")
     var catalog: String?
 
-    @Option(help: "Expected failures (thali-conformance-baseline/1).")
+    @Option(help: "Expected failures (thali-conformance-baseline/1), or an earlier --json-out of the same mode: its FAILs are expected, and --html-out shows what changed since.")
     var baseline: String?
 
     @Option(help: "Also write the report as JSON to this file.")
@@ -174,6 +174,9 @@ struct ReportOptions: ParsableArguments {
 
     @Option(help: "Also write the report as JUnit XML to this file.")
     var junitOut: String?
+
+    @Option(help: "Also write the report as one self-contained HTML page to this file.")
+    var htmlOut: String?
 
     @Flag(help: "Print the report as JSON instead of the table (progress goes to standard error).")
     var json = false
@@ -183,14 +186,22 @@ struct ReportOptions: ParsableArguments {
         try RequirementCatalog.load(from: catalog ?? RequirementCatalog.defaultPath)
     }
 
-    /// The baseline given, or none.
-    func loadBaseline() throws -> ConformanceBaseline {
+    /// The baseline given, or none. An earlier report given as the baseline must be of the mode that
+    /// `target` names: another mode's cases would all show as new and gone.
+    func loadBaseline(for target: String) throws -> ConformanceBaseline {
         guard let baseline else { return ConformanceBaseline() }
-        return try ConformanceBaseline(json: try Data(contentsOf: URL(fileURLWithPath: baseline)))
+        let loaded = try ConformanceBaseline(json: try Data(contentsOf: URL(fileURLWithPath: baseline)))
+        let mode = ConformanceReport.mode(of: target)
+        if let previous = loaded.previous, previous.mode != mode {
+            throw CommandFailure(exitCode: .usage, message: "--baseline \(baseline) is a report of \(previous.mode) mode, not of \(mode) mode")
+        }
+        return loaded
     }
 
-    /// Where the report goes.
-    var outputs: ConformanceOutputs { ConformanceOutputs(json: json, jsonOut: jsonOut, junitOut: junitOut) }
+    /// Where the report goes; `baseline` is the run's, whose earlier report (if any) the HTML compares with.
+    func outputs(baseline: ConformanceBaseline) -> ConformanceOutputs {
+        ConformanceOutputs(json: json, jsonOut: jsonOut, junitOut: junitOut, htmlOut: htmlOut, previous: baseline.previous)
+    }
 
     /// Runs `cases` against `target` on an event loop group of `threads`, printing each result as it ends
     /// (to standard error with `--json`); SIGINT prints what the run has and exits 130. Then writes the
@@ -198,11 +209,12 @@ struct ReportOptions: ParsableArguments {
     func grade(target: String, threads: Int,
                _ cases: @Sendable (ConformanceRun, MultiThreadedEventLoopGroup) async -> Void) async throws {
         let json = self.json
-        let run = ConformanceRun(target: target, catalog: try loadCatalog(), baseline: try loadBaseline()) { result in
+        let baseline = try loadBaseline(for: target)
+        let run = ConformanceRun(target: target, catalog: try loadCatalog(), baseline: baseline) { result in
             let line = TerminalText.escaped(ConformanceReport.progressLine(result))
             if json { StandardStream.error.write(line + "\n") } else { printNow(line) }
         }
-        let outputs = self.outputs
+        let outputs = self.outputs(baseline: baseline)
         // SIGINT: print what the run has and leave; the cases still running are abandoned.
         signal(SIGINT, SIG_IGN)
         let interrupt = DispatchSource.makeSignalSource(signal: SIGINT, queue: DispatchQueue(label: "conformance.sigint"))
@@ -227,6 +239,9 @@ struct ConformanceOutputs: Sendable {
     var json: Bool
     var jsonOut: String?
     var junitOut: String?
+    var htmlOut: String?
+    /// The earlier run the HTML page compares with (a report given as `--baseline`).
+    var previous: RecordedConformanceReport?
 
     /// Prints the report and writes the files asked for; a file that cannot be written is an error in
     /// words (`EX_IOERR`), never a report silently missing.
@@ -235,8 +250,13 @@ struct ConformanceOutputs: Sendable {
         // by line, as every peer's text on a terminal is.
         print(json ? report.json() : report.table.split(separator: "\n", omittingEmptySubsequences: false)
             .map { TerminalText.escaped(String($0)) }.joined(separator: "\n"))
-        for (path, text) in [(jsonOut, report.json()), (junitOut, report.junitXML())] {
+        // Rendered only when asked for.
+        let files: [(String?, () -> String)] = [
+            (jsonOut, { report.json() }), (junitOut, { report.junitXML() }), (htmlOut, { HTMLReport(report, previous: previous).html }),
+        ]
+        for (path, render) in files {
             guard let path else { continue }
+            let text = render()
             do {
                 try Data(text.utf8).write(to: URL(fileURLWithPath: path))
             } catch {

@@ -81,14 +81,15 @@ struct ConformanceVectors: ParsableCommand {
             let given = try answers.map { path throws(FrameVectorError) in try FrameVectorAnswers.load(from: path) }
             let graded = given ?? FrameVectorReference.answers(to: set)
             let json = report.json
-            let run = ConformanceRun(target: "vectors \(set.layer.rawValue): \(graded.implementation)",
-                                     catalog: try report.loadCatalog(), baseline: try report.loadBaseline()) { result in
+            let target = "vectors \(set.layer.rawValue): \(graded.implementation)"
+            let baseline = try report.loadBaseline(for: target)
+            let run = ConformanceRun(target: target, catalog: try report.loadCatalog(), baseline: baseline) { result in
                 let line = TerminalText.escaped(ConformanceReport.progressLine(result))
                 if json { StandardStream.error.write(line + "\n") } else { print(line) }
             }
             FrameVectorGrading.grade(graded, against: set, in: run)
             let result = run.report
-            try report.outputs.write(result)
+            try report.outputs(baseline: baseline).write(result)
             if !result.succeeded { throw ExitCode.failure }
         }
     }

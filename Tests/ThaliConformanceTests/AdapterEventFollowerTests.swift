@@ -26,4 +26,20 @@ struct AdapterEventFollowerTests {
         // A forgotten event is not found again.
         #expect(await follower.first(after: 0, timeout: .milliseconds(100)) { $0.event == "e1" } == nil)
     }
+
+    @Test("a line over the limit ends the reading at that line, whether its newline came in the same read or not")
+    func lineLimitDoesNotDependOnReads() {
+        let output = Array("{\"event\":\"a\"}\n".utf8) + [UInt8](repeating: UInt8(ascii: "x"), count: 40)
+            + Array("\n{\"event\":\"b\"}\n".utf8)
+        for size in [output.count, 20, 1] {
+            var log = AdapterEventLog(maxEvents: 8, maxLineBytes: 32)
+            for start in stride(from: 0, to: output.count, by: size) {
+                log.read(output[start..<min(start + size, output.count)], readAt: .now())
+            }
+            log.endOfOutput()
+            #expect(log.events.map(\.event) == ["a"], "reads of \(size) bytes")
+            #expect(log.ended == "a line longer than 32 bytes", "reads of \(size) bytes")
+        }
+    }
 }
+

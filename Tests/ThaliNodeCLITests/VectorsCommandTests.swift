@@ -51,4 +51,33 @@ struct VectorsCommandTests {
         let printed = try JSONDecoder().decode(FrameVectorAnswers.self, from: Data(output.utf8))
         #expect(printed == FrameVectorReference.answers(to: FrameVectorSets.yamux, split: 3))
     }
+
+    @Test("--html-out writes the page, compared with an earlier --json-out; an unwritable path exits 74; another mode's report as baseline exits 64")
+    func htmlOut() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("vectors-html-\(UUID())").path
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let vectors = PackagePaths.root() + "/spec/vectors/" + FrameVectorLayer.yamux.fileName
+        var (status, output) = try await run(["check", vectors, "--json-out", directory + "/first.json", "--html-out", directory + "/first.html"])
+        #expect(status == 0, "\(output)")
+        let first = try String(contentsOfFile: directory + "/first.html", encoding: .utf8)
+        #expect(first.hasPrefix("<!DOCTYPE html>") && first.contains("<span class=\"outcome ok\">Conforms</span>"))
+        #expect(!first.contains("id=\"changes\""), "no baseline, no comparison")
+
+        (status, output) = try await run(["check", vectors, "--baseline", directory + "/first.json", "--html-out", directory + "/second.html"])
+        #expect(status == 0, "\(output)")
+        let second = try String(contentsOfFile: directory + "/second.html", encoding: .utf8)
+        #expect(second.contains("<a href=\"#changes\">0 changed, 0 new, 0 gone</a>"))
+
+        (status, output) = try await run(["check", vectors, "--html-out", directory + "/no/such/dir/report.html"])
+        #expect(status == 74, "\(output)")
+        #expect(output.contains("cannot write the report to \(directory)/no/such/dir/report.html"), "\(output)")
+
+        let peerReport = #"{"format":"thali-conformance-report/2","target":"peer 02ab","results":[]}"#
+        try Data(peerReport.utf8).write(to: URL(fileURLWithPath: directory + "/peer.json"))
+        (status, output) = try await run(["check", vectors, "--baseline", directory + "/peer.json", "--html-out", directory + "/third.html"])
+        #expect(status == 64, "\(output)")
+        #expect(output.contains("is a report of peer mode, not of vectors mode"), "\(output)")
+        #expect(!FileManager.default.fileExists(atPath: directory + "/third.html"))
+    }
 }

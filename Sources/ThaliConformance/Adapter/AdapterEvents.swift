@@ -38,6 +38,75 @@ public struct AdapterEvent: Sendable, Hashable {
     }
 }
 
+/// The `events` verb's output as the suite reads it: bytes in, in pieces as they come, cut into lines;
+/// each line that is a JSON object with a string `event` is kept, at most `maxEvents` (the oldest
+/// forgotten), and the reading ends at the first line longer than `maxLineBytes`, whether its newline
+/// has come yet or not, so what is read never depends on how the bytes were split.
+///
+/// The bytes are the implementation's: anything at all. `AdapterEventFollower` feeds it from the verb's
+/// pipe; the `adapter-events` fuzz harness feeds it directly.
+package struct AdapterEventLog: Sendable {
+    /// Events kept; older ones are forgotten.
+    package let maxEvents: Int
+    /// The longest line read.
+    package let maxLineBytes: Int
+    /// The events kept, oldest first (a ring: once full, each new event drops the oldest in constant time).
+    package private(set) var events = CircularBuffer<AdapterEvent>(initialCapacity: 64)
+    /// How many events were forgotten to keep at most `maxEvents`.
+    package private(set) var forgotten = 0
+    /// Why the reading ended, nil while it goes on.
+    package private(set) var ended: String?
+    /// The bytes of the line not ended yet.
+    private var pending: [UInt8] = []
+
+    /// An empty log.
+    package init(maxEvents: Int, maxLineBytes: Int) {
+        self.maxEvents = maxEvents
+        self.maxLineBytes = maxLineBytes
+    }
+
+    /// How many events were read so far, forgotten ones included.
+    package var count: Int { forgotten + events.count }
+
+    /// Reads the next bytes of output, read at `readAt`; nothing once the reading has ended.
+    package mutating func read(_ bytes: some Collection<UInt8>, readAt: NIODeadline) {
+        guard ended == nil else { return }
+        pending.append(contentsOf: bytes)
+        var start = 0
+        while let newline = pending[start...].firstIndex(of: UInt8(ascii: "\n")) {
+            guard newline - start <= maxLineBytes else {
+                end(overLimit: true)
+                return
+            }
+            if let event = AdapterEvent(line: pending[start..<newline], readAt: readAt) {
+                events.append(event)
+                if events.count > maxEvents {
+                    events.removeFirst()
+                    forgotten += 1
+                }
+            }
+            start = newline + 1
+        }
+        pending.removeFirst(start)
+        if pending.count > maxLineBytes { end(overLimit: true) }
+    }
+
+    /// The output ended (the verb exited, or its pipe failed): a last line without its newline is not read.
+    package mutating func endOfOutput() {
+        if ended == nil { end(overLimit: false) }
+    }
+
+    private mutating func end(overLimit: Bool) {
+        ended = overLimit ? "a line longer than \(maxLineBytes) bytes" : "the events verb ended"
+        pending = []
+    }
+
+    /// The events read after `mark` (a ``count`` taken earlier) that are still kept.
+    package func events(after mark: Int) -> [AdapterEvent] {
+        Array(events.dropFirst(max(0, mark - forgotten)))
+    }
+}
+
 /// The implementation's events, read from the adapter's `events` verb as they come: the verb runs for the
 /// whole run and is stopped (SIGTERM) at its end. Bounded: at most ``maxEvents`` are kept (the oldest
 /// forgotten) and a line longer than ``maxLineBytes`` ends the reading.
@@ -48,14 +117,7 @@ public final class AdapterEventFollower: Sendable {
     public static let maxLineBytes = 1 << 20
 
     private let process: Process
-    private let state = NIOLockedValueBox(State())
-
-    private struct State {
-        // A ring: once full, each new event drops the oldest in constant time.
-        var events = CircularBuffer<AdapterEvent>(initialCapacity: 64)
-        var forgotten = 0
-        var ended: String?
-    }
+    private let state = NIOLockedValueBox(AdapterEventLog(maxEvents: maxEvents, maxLineBytes: maxLineBytes))
 
     /// Starts `adapter.command + ["events"]`; throws when it cannot be started.
     public init(adapter: ConformanceAdapter) throws {
@@ -72,34 +134,19 @@ public final class AdapterEventFollower: Sendable {
         let state = self.state
         let reading = output.fileHandleForReading
         Thread.detachNewThread {
-            var pending = [UInt8]()
             var chunk = [UInt8](repeating: 0, count: 64 << 10)
             // read(2) itself: FileHandle's read(upToCount:) waits for the whole count on a pipe.
             while true {
                 let got = chunk.withUnsafeMutableBytes { read(reading.fileDescriptor, $0.baseAddress, $0.count) }
                 if got < 0 && errno == EINTR { continue }
                 guard got > 0 else { break }
-                pending.append(contentsOf: chunk.prefix(got))
-                var start = 0
-                while let newline = pending[start...].firstIndex(of: UInt8(ascii: "\n")) {
-                    if let event = AdapterEvent(line: pending[start..<newline], readAt: .now()) {
-                        state.withLockedValue { state in
-                            state.events.append(event)
-                            if state.events.count > Self.maxEvents {
-                                state.events.removeFirst()
-                                state.forgotten += 1
-                            }
-                        }
-                    }
-                    start = newline + 1
+                let ended = state.withLockedValue { log in
+                    log.read(chunk.prefix(got), readAt: .now())
+                    return log.ended != nil
                 }
-                pending.removeFirst(start)
-                if pending.count > Self.maxLineBytes {
-                    state.withLockedValue { $0.ended = "a line longer than \(Self.maxLineBytes) bytes" }
-                    return
-                }
+                if ended { return }
             }
-            state.withLockedValue { if $0.ended == nil { $0.ended = "the events verb ended" } }
+            state.withLockedValue { $0.endOfOutput() }
         }
     }
 
@@ -107,16 +154,15 @@ public final class AdapterEventFollower: Sendable {
     public var ended: String? { state.withLockedValue { $0.ended } }
 
     /// How many events were read so far (forgotten ones included): a mark for ``first(after:timeout:where:)``.
-    public var count: Int { state.withLockedValue { $0.forgotten + $0.events.count } }
+    public var count: Int { state.withLockedValue { $0.count } }
 
     /// The first event read after `mark` (a ``count`` taken earlier) that `matches`, waiting up to
     /// `timeout` for it; nil when none came, or the verb ended first.
     public func first(after mark: Int, timeout: TimeAmount, where matches: @Sendable (AdapterEvent) -> Bool) async -> AdapterEvent? {
         let deadline = NIODeadline.now() + timeout
         while true {
-            let (found, ended) = state.withLockedValue { state -> (AdapterEvent?, Bool) in
-                let skip = max(0, mark - state.forgotten)
-                return (state.events.dropFirst(skip).first(where: matches), state.ended != nil)
+            let (found, ended) = state.withLockedValue { log -> (AdapterEvent?, Bool) in
+                (log.events(after: mark).first(where: matches), log.ended != nil)
             }
             if let found { return found }
             if ended || NIODeadline.now() >= deadline || Task.isCancelled { return nil }
@@ -137,7 +183,7 @@ public final class AdapterEventFollower: Sendable {
 
     /// The events read after `mark` (a ``count`` taken earlier) that are still kept.
     public func events(after mark: Int) -> [AdapterEvent] {
-        state.withLockedValue { Array($0.events.dropFirst(max(0, mark - $0.forgotten))) }
+        state.withLockedValue { $0.events(after: mark) }
     }
 
     /// Stops the verb (SIGTERM, then SIGKILL after a second).

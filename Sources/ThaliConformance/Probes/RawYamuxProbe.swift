@@ -22,14 +22,11 @@ struct RawYamuxSession {
         case deadline(Int)
     }
 
-    /// The largest data payload read from the implementation in one frame (its own frames are a delivery
-    /// sender's: hello and the like).
-    static let maxDataLength = 1 << 20
+    /// The largest data payload read from the implementation in one frame.
+    static let maxDataLength = RawYamuxReader.maxDataLength
 
-    /// The most frames read from the implementation in one session: the pump does not wait for the
-    /// cases to consume them, so an implementation that floods small frames must not grow the queue
-    /// without bound. Past it the session ends (no case here needs more than a few dozen).
-    static let maxFrames = 10_000
+    /// The most frames read from the implementation in one session.
+    static let maxFrames = RawYamuxReader.maxFrames
 
     private var inputs: AsyncStream<Input>.AsyncIterator
     private let sink: AsyncStream<Input>.Continuation
@@ -75,27 +72,23 @@ struct RawYamuxSession {
         try await run(host: location.host, port: location.port, identity: match.pskIdentity, psk: match.psk, group: group, body)
     }
 
-    /// Decodes the implementation's bytes into frames; answers nothing itself.
+    /// Decodes the implementation's bytes into frames (``RawYamuxReader``); answers nothing itself.
     private static func pump(_ inbound: NIOAsyncChannelInboundStream<ByteBuffer>, into sink: AsyncStream<Input>.Continuation) async {
-        var decoder = YamuxFrameDecoder(maxDataLength: maxDataLength)
-        var frames = 0
+        var reader = RawYamuxReader()
+        func yield(_ output: RawYamuxReader.Output) {
+            switch output {
+            case .frame(let header): sink.yield(.frame(header))
+            case .ended(let reason): sink.yield(.ended(reason))
+            }
+        }
         do {
             for try await bytes in inbound {
-                decoder.feed(bytes)
-                while let event = try decoder.next() {
-                    guard case .header(let header) = event else { continue }
-                    frames += 1
-                    guard frames <= maxFrames else {
-                        sink.yield(.ended("the implementation sent more than \(maxFrames) frames"))
-                        sink.finish()
-                        return
-                    }
-                    sink.yield(.frame(header))
-                }
+                reader.read(bytes).forEach(yield)
+                if reader.ended != nil { break }
             }
-            sink.yield(.ended("the connection ended"))
+            if let end = reader.endOfInput() { yield(end) }
         } catch {
-            sink.yield(.ended("\(error)"))
+            if let end = reader.endOfInput("\(error)") { yield(end) }
         }
         sink.finish()
     }
@@ -200,6 +193,88 @@ struct RawYamuxSession {
             }
             wait.before.append(header)
         }
+    }
+}
+
+/// The implementation's bytes on a raw yamux session, as the suite reads them: cut into frame headers (a
+/// data frame's payload is counted, not kept), a data payload of at most `maxDataLength` bytes, at most
+/// `maxFrames` frames; the first bytes that break yamux framing, or one frame too many, end the session.
+/// However the bytes were split into reads, the same frames and the same end come out.
+///
+/// The bytes are the implementation's: anything at all. `RawYamuxSession` feeds it from the connection;
+/// the `raw-yamux-input` fuzz harness feeds it directly.
+package struct RawYamuxReader: Sendable {
+    /// What the bytes read so far hold.
+    package enum Output: Sendable, Equatable {
+        /// A frame header.
+        case frame(YamuxHeader)
+        /// The session ended, with the reason in words; nothing follows it.
+        case ended(String)
+    }
+
+    /// The largest data payload read in one frame (the implementation's own frames are a delivery
+    /// sender's: hello and the like, and its data within our window).
+    package static let maxDataLength = 1 << 20
+
+    /// The most frames read in one session: the pump does not wait for the cases to consume them, so an
+    /// implementation that floods small frames must not grow the queue without bound. Past it the
+    /// session ends (no case needs more than a few dozen).
+    package static let maxFrames = 10_000
+
+    /// This reader's frame limit.
+    package let maxFrames: Int
+    private var decoder: YamuxFrameDecoder
+    /// Frame headers read.
+    package private(set) var frames = 0
+    /// Data payload bytes read (counted, not kept).
+    package private(set) var payloadBytes = 0
+    /// Why the session ended, nil while it goes on.
+    package private(set) var ended: String?
+
+    /// A reader with the session's limits, or smaller ones.
+    package init(maxDataLength: Int = RawYamuxReader.maxDataLength, maxFrames: Int = RawYamuxReader.maxFrames) {
+        decoder = YamuxFrameDecoder(maxDataLength: maxDataLength)
+        self.maxFrames = maxFrames
+    }
+
+    /// Payload bytes of the last data frame still to come.
+    package var pendingPayloadBytes: Int { decoder.pendingPayloadBytes }
+
+    /// Reads the next bytes: the frames they complete, and the end if they break framing or bring one
+    /// frame too many. Nothing once the session has ended.
+    package mutating func read(_ bytes: ByteBuffer) -> [Output] {
+        guard ended == nil else { return [] }
+        decoder.feed(bytes)
+        var outputs: [Output] = []
+        do {
+            while let event = try decoder.next() {
+                switch event {
+                case .data(let piece):
+                    payloadBytes += piece.readableBytes
+                case .header(let header):
+                    frames += 1
+                    guard frames <= maxFrames else {
+                        outputs.append(end("the implementation sent more than \(maxFrames) frames"))
+                        return outputs
+                    }
+                    outputs.append(.frame(header))
+                }
+            }
+        } catch {
+            outputs.append(end("\(error)"))
+        }
+        return outputs
+    }
+
+    /// The input ended (the connection closed, or failed with `reason`): the end, unless the session had
+    /// ended already.
+    package mutating func endOfInput(_ reason: String = "the connection ended") -> Output? {
+        ended == nil ? end(reason) : nil
+    }
+
+    private mutating func end(_ reason: String) -> Output {
+        ended = reason
+        return .ended(reason)
     }
 }
 

@@ -67,33 +67,49 @@ public struct ConformanceResult: Sendable, Hashable, Codable {
 /// baseline). A case listed here that gives another verdict breaks the baseline, so a fixed bug is noticed.
 ///
 /// File format (spec/conformance.md): JSON `{"format": "thali-conformance-baseline/1", "expected":
-/// {"case id": "FAIL", ...}}`.
+/// {"case id": "FAIL", ...}}`, or a report an earlier run wrote (`--json-out`, format
+/// `thali-conformance-report/2`): then its FAILs are the expected failures, and the earlier run is kept
+/// (``previous``) to show what changed since.
 public struct ConformanceBaseline: Sendable, Hashable {
     /// The format name.
     public static let format = "thali-conformance-baseline/1"
     /// Case id → the verdict it is expected to give.
     public var expected: [String: ConformanceVerdict]
+    /// The earlier run, when the baseline was read from its report.
+    public var previous: RecordedConformanceReport?
 
     /// A baseline.
     public init(expected: [String: ConformanceVerdict] = [:]) { self.expected = expected }
 
-    /// Parses a baseline document.
+    /// The baseline an earlier run's report makes: every case it failed is expected to fail again.
+    public init(previous: RecordedConformanceReport) {
+        var expected: [String: ConformanceVerdict] = [:]
+        for result in previous.results where result.verdict == .fail { expected[result.id] = .fail }
+        self.expected = expected
+        self.previous = previous
+    }
+
+    /// Parses a baseline document, or a report an earlier run wrote.
     public init(json data: Data) throws(RequirementCatalogError) {
+        struct Format: Decodable { var format: String }
         struct Document: Decodable {
             var format: String
             var expected: [String: ConformanceVerdict]
         }
+        if let format = try? JSONDecoder().decode(Format.self, from: data).format, format.hasPrefix(RecordedConformanceReport.formatPrefix) {
+            self.init(previous: try RecordedConformanceReport(json: data))
+            return
+        }
+        let document: Document
         do {
-            let document = try JSONDecoder().decode(Document.self, from: data)
-            guard document.format == Self.format else {
-                throw RequirementCatalogError(description: "baseline format \(document.format), expected \(Self.format)")
-            }
-            expected = document.expected
-        } catch let error as RequirementCatalogError {
-            throw error
+            document = try JSONDecoder().decode(Document.self, from: data)
         } catch {
             throw RequirementCatalogError(description: "not a baseline: \(error)")
         }
+        guard document.format == Self.format else {
+            throw RequirementCatalogError(description: "baseline format \(document.format), expected \(Self.format) or a report (\(ConformanceReport.format))")
+        }
+        self.init(expected: document.expected)
     }
 }
 
@@ -114,6 +130,17 @@ public struct ConformanceReport: Sendable, Hashable {
     public var baseline = ConformanceBaseline()
     /// Requirement texts, for quoting a rule when its case fails.
     public var catalog: RequirementCatalog?
+    /// How long the run took, in milliseconds (wall-clock, from its start to this report), when known.
+    public var milliseconds: Int?
+
+    /// The mode of the run: the first word of its target (`peer`, `target`, `vectors`, `bluetooth`).
+    public var mode: String { Self.mode(of: target) }
+
+    /// The mode a target names: its first word, without a trailing colon.
+    public static func mode(of target: String) -> String {
+        let word = target.split(separator: " ", maxSplits: 1).first.map(String.init) ?? ""
+        return word.hasSuffix(":") ? String(word.dropLast()) : word
+    }
 
     /// An empty report.
     public init(target: String, catalog: RequirementCatalog?) {
@@ -184,16 +211,17 @@ public struct ConformanceReport: Sendable, Hashable {
         struct Mismatch: Encodable { var id: String, expected: String, actual: String }
         struct Document: Encodable {
             var format: String, catalogVersion: Int?, target: String, interrupted: Bool, succeeded: Bool
+            var milliseconds: Int?
             var counts: [String: Int], results: [Result], notes: [String], baselineMismatches: [Mismatch]
 
             enum CodingKeys: String, CodingKey {
-                case format, target, interrupted, succeeded, counts, results, notes
+                case format, target, interrupted, succeeded, milliseconds, counts, results, notes
                 case catalogVersion = "catalog_version", baselineMismatches = "baseline_mismatches"
             }
         }
         let document = Document(
             format: Self.format, catalogVersion: catalog?.version, target: target, interrupted: interrupted,
-            succeeded: succeeded,
+            succeeded: succeeded, milliseconds: milliseconds,
             counts: Dictionary(uniqueKeysWithValues: ConformanceVerdict.allCases.map { ($0.rawValue, count($0)) }),
             results: results.map {
                 Result(id: $0.testCase.id, title: $0.testCase.title, requirements: $0.testCase.requirements,

@@ -7,6 +7,7 @@ import NIOCore
 public final class ConformanceRun: Sendable {
     private let state: NIOLockedValueBox<ConformanceReport>
     private let progress: @Sendable (ConformanceResult) -> Void
+    private let started = NIODeadline.now()
 
     /// A run against `target`, judged against `baseline`, quoting rules from `catalog`.
     public init(target: String, catalog: RequirementCatalog?, baseline: ConformanceBaseline = .init(),
@@ -17,8 +18,12 @@ public final class ConformanceRun: Sendable {
         self.progress = progress
     }
 
-    /// Everything recorded so far.
-    public var report: ConformanceReport { state.withLockedValue { $0 } }
+    /// Everything recorded so far, with the time since the run began.
+    public var report: ConformanceReport {
+        var report = state.withLockedValue { $0 }
+        report.milliseconds = Int((NIODeadline.now() - started).nanoseconds / 1_000_000)
+        return report
+    }
 
     /// Records the verdict of `testCase`, which began at `started`, and reports it as progress.
     public func record(_ testCase: ConformanceCase, _ verdict: ConformanceVerdict, expected: String, actual: String,
