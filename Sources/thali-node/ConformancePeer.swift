@@ -96,6 +96,9 @@ struct ConformancePeerCommand: AsyncParsableCommand {
     @Option(help: "How long a raw yamux case still waits for an RST or GoAway once its Ping fence is answered, in milliseconds.")
     var fenceGraceMs: Int64 = 500
 
+    @Option(help: "How long a raw yamux case waits for an RST or GoAway before it sends its Ping fence, in milliseconds.")
+    var fenceDelayMs: Int64 = 250
+
     @OptionGroup var report: ReportOptions
 
     func validate() throws {
@@ -104,7 +107,7 @@ struct ConformancePeerCommand: AsyncParsableCommand {
         if discoveryTimeoutS < 1 || stepTimeoutS < 1 { throw ValidationError("timeouts must be at least 1 s") }
         for (name, value) in [("--close-notify-timeout-ms", closeNotifyTimeoutMs), ("--renegotiation-timeout-ms", renegotiationTimeoutMs),
                               ("--announcement-wait-ms", announcementWaitMs), ("--search-delay-tolerance-ms", searchDelayToleranceMs),
-                              ("--fence-grace-ms", fenceGraceMs)]
+                              ("--fence-grace-ms", fenceGraceMs), ("--fence-delay-ms", fenceDelayMs)]
         where !(0...600_000).contains(value) {
             throw ValidationError("\(name) must be from 0 to 600000")
         }
@@ -134,6 +137,7 @@ struct ConformancePeerCommand: AsyncParsableCommand {
         configuration.searchesAtOnce = searchesAtOnce
         configuration.searchDelayTolerance = .milliseconds(searchDelayToleranceMs)
         configuration.fenceGrace = .milliseconds(fenceGraceMs)
+        configuration.fenceDelay = .milliseconds(fenceDelayMs)
         if let bluetooth {
             configuration.bluetooth = try suiteBluetoothTarget(bluetooth, channel: channel, localAddress: localAddress)
         }

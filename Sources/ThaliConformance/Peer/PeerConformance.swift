@@ -71,6 +71,10 @@ public struct PeerConformanceConfiguration: Sendable {
     /// answer it sends from another task may trail its Ping answer by a little. Without this fence a
     /// session that ignores the frames costs the whole ``stepTimeout``.
     public var fenceGrace: TimeAmount = .milliseconds(500)
+    /// How long those cases wait for the frame they call for before they send the Ping: an
+    /// implementation that ends the session at once is seen ending it, and no Ping reaches it after its
+    /// close (its kernel would reset the connection, which can drop its GoAway on our side).
+    public var fenceDelay: TimeAmount = .milliseconds(250)
 
     /// A configuration for testing `peerKey` as `identity` from `address`.
     public init(peerKey: PublicKey, identity: PrivateKey, address: String) {

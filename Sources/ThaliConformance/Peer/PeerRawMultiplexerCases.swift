@@ -31,13 +31,19 @@ extension PeerConformance {
                                         (YamuxHeader(type: .data, streamID: 1, length: 4), 4)])
                 // The Ping behind the data both fences the wait and shows the session goes on.
                 let fence: UInt32 = 0xC0FF_EE02
-                let reset = try await session.waitFor(within: timeout, fence: fence, grace: configuration.fenceGrace) {
+                let reset = try await session.waitFor(within: timeout, fence: fence, delay: configuration.fenceDelay, grace: configuration.fenceGrace) {
                     $0.streamID == 1 && $0.flags.contains(.rst) || $0.type == .goAway
                 }
                 var held = reset.fenceAnswered
                 if !held, case .frame(let header) = reset.input, header.type != .goAway {
-                    let (answer, _) = try await session.waitFor(within: timeout) { $0.type == .ping && $0.flags.contains(.ack) && $0.length == fence || $0.type == .goAway }
-                    if case .frame(let header) = answer { held = header.type == .ping }
+                    if reset.fenceSent {
+                        let (answer, _) = try await session.waitFor(within: timeout) {
+                            $0.type == .ping && $0.flags.contains(.ack) && $0.length == fence || $0.type == .goAway
+                        }
+                        if case .frame(let header) = answer { held = header.type == .ping }
+                    } else {
+                        (_, held) = try await Self.ping(&session, value: fence, timeout: timeout)
+                    }
                 }
                 var holds = false
                 if case .frame(let header) = reset.input, header.type != .goAway { holds = held }
@@ -88,7 +94,7 @@ extension PeerConformance {
                         ending = .timedOut
                     }
                     if ending == .timedOut {
-                        let wait = try await session.waitFor(within: timeout, fence: 0xC0FF_EE06, grace: configuration.fenceGrace) { $0.type == .goAway }
+                        let wait = try await session.waitFor(within: timeout, fence: 0xC0FF_EE06, delay: configuration.fenceDelay, grace: configuration.fenceGrace) { $0.type == .goAway }
                         (ending, fenced) = (wait.input, wait.fenceAnswered)
                     }
                     let found = ending == .timedOut && fenced ? "no GoAway: the Ping sent behind it was answered" : ending.summary
@@ -146,7 +152,7 @@ extension PeerConformance {
                 var goesOn = false
                 if case .frame(let header) = answer { goesOn = header.type == .ping && header.length == 0xC0FF_EE04 }
                 try await session.send([(YamuxHeader(type: .goAway, streamID: 0, length: YamuxHeader.GoAwayCode.internalError.rawValue), 0)])
-                let wait = try await session.waitFor(within: timeout, fence: 0xC0FF_EE07, grace: configuration.fenceGrace) { _ in false }
+                let wait = try await session.waitFor(within: timeout, fence: 0xC0FF_EE07, delay: configuration.fenceDelay, grace: configuration.fenceGrace) { _ in false }
                 var ended = false
                 if case .ended = wait.input { ended = true }
                 let ending = ended || !wait.fenceAnswered ? wait.input.summary : "still open: the Ping sent behind it was answered"

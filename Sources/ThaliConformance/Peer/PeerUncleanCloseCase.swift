@@ -44,7 +44,9 @@ extension PeerConformance {
         do {
             channel = try await ProbeSession.connect(host: location.host, port: location.port, identity: match.pskIdentity, psk: match.psk,
                                                      timeout: configuration.stepTimeout, on: group.next(), below: [closer])
-            session = channel.localAddress.flatMap { address in address.ipAddress.flatMap { ip in address.port.map { "\(ip):\($0)" } } }
+            // Over Bluetooth it sees its own relay's end, not ours: the earlier sessions' wait alone applies.
+            session = configuration.bluetooth != nil ? nil
+                : channel.localAddress.flatMap { address in address.ipAddress.flatMap { ip in address.port.map { "\(ip):\($0)" } } }
             // Our side of TCP is shut from below TLS: the close never passes our TLS handler, so no
             // close_notify is written. A shutdown, not a close: a close with anything of the
             // implementation's still unread would send a reset, which it would rightly report as an

@@ -162,24 +162,31 @@ struct RawYamuxSession {
     struct FencedWait {
         var input: Input
         var before: [YamuxHeader]
+        /// Whether the Ping was sent (nothing came within the delay).
+        var fenceSent: Bool
         var fenceAnswered: Bool
     }
 
-    /// Sends a Ping with SYN and `fence` behind the frames already sent, then reads until a frame
-    /// satisfies `wanted`, the session ends, or `timeout` passes. Once the Ping is answered the
-    /// implementation has read everything before it: the wait goes on for `grace` only (an answer sent
-    /// from another task may trail its Ping answer), so a session that ignores the frames is judged in
-    /// about a round trip, not a whole step timeout.
-    mutating func waitFor(within timeout: TimeAmount, fence: UInt32, grace: TimeAmount,
+    /// Reads until a frame satisfies `wanted`, the session ends, or `timeout` passes; when nothing came
+    /// within `delay`, sends a Ping with SYN and `fence` behind the frames already sent. Once the Ping is
+    /// answered the implementation has read everything before it: the wait goes on for `grace` only (an
+    /// answer sent from another task may trail its Ping answer), so a session that ignores the frames is
+    /// judged in about a round trip and `delay`, not a whole step timeout. The delay first: a Ping
+    /// written after an implementation ended the session would make its kernel reset the connection,
+    /// which can drop the GoAway it sent before on our side.
+    mutating func waitFor(within timeout: TimeAmount, fence: UInt32, delay: TimeAmount, grace: TimeAmount,
                           _ wanted: (YamuxHeader) -> Bool) async throws -> FencedWait {
+        let started = NIODeadline.now()
+        let (early, before) = try await waitFor(within: min(delay, timeout), wanted)
+        guard early == .timedOut else { return FencedWait(input: early, before: before, fenceSent: false, fenceAnswered: false) }
         do {
             try await send([(YamuxHeader(type: .ping, flags: .syn, streamID: 0, length: fence), 0)])
         } catch {
             // It may have answered the frames already and closed (a GoAway, then the end): what it sent is
             // still read below, and the end with it.
         }
-        var deadline = NIODeadline.now() + timeout
-        var wait = FencedWait(input: .timedOut, before: [], fenceAnswered: false)
+        var deadline = started + timeout
+        var wait = FencedWait(input: .timedOut, before: before, fenceSent: true, fenceAnswered: false)
         while true {
             let input = try await next(within: max(.zero, deadline - .now()))
             guard case .frame(let header) = input, !wanted(header) else {

@@ -234,6 +234,8 @@ public final class ThaliPeer: Sendable {
                 do {
                     try self.refreshAddressBook()
                     try await self.refreshAdvertisement()
+                } catch is CancellationError {
+                    break  // the peer is stopping: its work on the thread pool was not started
                 } catch {
                     lastRead = nil
                     self.logger.error("reading the store failed", metadata: ["error": "\(error)"])
