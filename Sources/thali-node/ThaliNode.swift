@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import NIOCore
+import ThaliBeacons
 import ThaliNodeBenchmarks
 import ThaliNodeCore
 import ThaliSSDP
@@ -98,7 +99,7 @@ enum CommandLineArguments {
         let index: Int
         let bytes: [UInt8]
         var description: String {
-            "argument \(index) is not valid UTF-8 (\(bytes.prefix(32).map { String(format: "%02x", $0) }.joined())\(bytes.count > 32 ? "…" : "")); texts, names and paths must be UTF-8"
+            "argument \(index) is not valid UTF-8 (\(Hex.encode(bytes.prefix(32)))\(bytes.count > 32 ? "…" : "")); texts, names and paths must be UTF-8"
         }
     }
 

@@ -52,7 +52,6 @@ struct VerdictCauseTests {
                                           "--discovery-timeout-s", "5", "--adapter", "\(node) --home \(implementation.iut)", "--json-out", jsonPath])
         _ = try await run.waitForExit(timeout: .seconds(180))
         let results = try results(at: jsonPath)
-        for result in results where result.verdict != "PASS" { print("graded \(mutant.rawValue): \(result)") }
         #expect(MutantTests.typeNames(in: results.map(\.actual)).isEmpty, "\(results)")
         return results
     }

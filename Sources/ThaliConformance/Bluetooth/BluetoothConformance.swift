@@ -334,10 +334,7 @@ public struct BluetoothConformance: Sendable {
         try? await session.close().get()
     }
 
-    private func hex(_ octet: UInt8) -> String {
-        let digits = String(octet, radix: 16)
-        return digits.count == 1 ? "0" + digits : digits
-    }
+    private func hex(_ octet: UInt8) -> String { Hex.encode([octet]) }
 
     private func text(_ amount: TimeAmount) -> String { PeerConformance.text(amount) }
 }

@@ -1,5 +1,6 @@
 import Foundation
 import NIOCore
+import ThaliBeacons
 import ThaliNodeCore
 
 /// What came back on a marked stream the suite opened, first thing (spec/node.md, "Stream marking").
@@ -169,7 +170,7 @@ final class MarkedStreamAcceptor: ChannelInboundHandler, RemovableChannelHandler
         var description: String {
             switch self {
             case .kind(let kind): "header \(kind.name)"
-            case .malformed(let error, let first): "a malformed header (\(error)), first bytes \(first.map { String(format: "%02x", $0) }.joined())"
+            case .malformed(let error, let first): "a malformed header (\(error)), first bytes \(Hex.encode(first))"
             case .missing(let error): "no header: \(error)"
             }
         }

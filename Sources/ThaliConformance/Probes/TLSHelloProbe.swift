@@ -1,5 +1,6 @@
 import NIOCore
 import NIOPosix
+import ThaliBeacons
 
 /// A hand-built TLS ClientHello, and what a server answers to it up to its first flight: enough to grade
 /// refusals (TLS 1.3 only, other suites) and the DHE parameters of a DHE-PSK ServerKeyExchange, which a
@@ -282,7 +283,4 @@ func alertName(_ code: UInt8) -> String {
     }
 }
 
-func hex16(_ value: UInt16) -> String {
-    let digits = String(value, radix: 16)
-    return String(repeating: "0", count: max(0, 4 - digits.count)) + digits
-}
+func hex16(_ value: UInt16) -> String { Hex.encode([UInt8(value >> 8), UInt8(value & 0xFF)]) }

@@ -208,13 +208,14 @@ extension TargetConformance {
 /// empty identity hint, p, g = 2, a Ys), ServerHelloDone, in one record.
 enum SmallGroupFlight {
     static let prime: [UInt8] = {
-        let hex = Array("""
+        // A constant of 384 hex digits: decoding it cannot fail (`TargetModeTests` grades the flight it
+        // makes); an empty prime would make the case FAIL, never pass.
+        Hex.decode("""
             FFFFFFFFFFFFFFFFC90FDAA22168C234C4C6628B80DC1CD129024E088A67CC74020BBEA63B139B22514A08798E3404DD\
             EF9519B3CD3A431B302B0A6DF25F14374FE1356D6D51C245E485B576625E7EC6F44C42E9A637ED6B0BFF5CB6F406B7ED\
             EE386BFB5A899FA5AE9F24117C4B1FE649286651ECE45B3DC2007CB8A163BF0598DA48361C55D39A69163FA8FD24CF5F\
             83655D23DCA3AD961C62F356208552BB9ED529077096966D670C354E4ABC9804F1746C08CA237327FFFFFFFFFFFFFFFF
-            """)
-        return stride(from: 0, to: hex.count, by: 2).map { UInt8(String(hex[$0...$0 + 1]), radix: 16) ?? 0 }
+            """) ?? []
     }()
 
     static func bytes() -> [UInt8] {

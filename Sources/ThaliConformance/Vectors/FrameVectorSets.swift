@@ -1,4 +1,5 @@
 import Foundation
+import ThaliBeacons
 
 /// The frame vector sets published in `spec/vectors/` (`thali-node conformance vectors emit` writes them).
 ///
@@ -316,7 +317,7 @@ public enum FrameVectorSets {
         return out
     }
 
-    static func hex(_ bytes: [UInt8]) -> String { bytes.map { String(format: "%02x", $0) }.joined() }
+    static func hex(_ bytes: [UInt8]) -> String { Hex.encode(bytes) }
 
     /// SHA-256 of "hello", as FIPS 180-4 gives it (a constant, so the set needs no hash code).
     static let sha256Hello: [UInt8] = [

@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import ThaliBeacons
 import ThaliTestSupport
 import ThaliSSDP
 
@@ -105,7 +106,7 @@ public func withBrokenServer(_ mode: String, body stream: [UInt8] = [],
     defer { try? FileManager.default.removeItem(at: directory) }
     let script = directory.appendingPathComponent("broken_server.py")
     try brokenServerScript.write(to: script, atomically: true, encoding: .utf8)
-    let hex = stream.map { String(format: "%02x", $0) }.joined()
+    let hex = Hex.encode(stream)
     let process = try ChildProcess("/usr/bin/python3", ["-u", script.path, mode] + (hex.isEmpty ? [] : [hex]))
     // A throwaway server: nothing to shut down cleanly, so no grace period.
     defer { process.terminate(signal: SIGKILL) }
