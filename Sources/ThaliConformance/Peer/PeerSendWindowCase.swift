@@ -74,7 +74,7 @@ extension PeerConformance {
                         continue
                     case .timedOut, .deadline:
                         return (sent, welcomed ? "then nothing for \(Self.text(quiet))" : "no hello within \(Self.text(configuration.stepTimeout))")
-                    case .ended(let reason):
+                    case .ended(let reason), .failed(let reason):
                         return (sent, "the session ended: \(reason)")
                     }
                 }

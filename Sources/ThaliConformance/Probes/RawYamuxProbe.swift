@@ -14,8 +14,10 @@ struct RawYamuxSession {
     enum Input: Sendable, Equatable {
         /// A frame (a data frame's payload is counted, not kept).
         case frame(YamuxHeader)
-        /// The connection ended (cleanly, or not, or with bytes that break yamux framing).
+        /// The connection ended cleanly, or with bytes that break yamux framing.
         case ended(String)
+        /// The connection failed (a reset): what the implementation sent last may be lost with it.
+        case failed(String)
         /// Nothing came before the wait's deadline.
         case timedOut
         /// A deadline of an earlier wait (ignored).
@@ -88,7 +90,7 @@ struct RawYamuxSession {
             }
             if let end = reader.endOfInput() { yield(end) }
         } catch {
-            if let end = reader.endOfInput("\(error)") { yield(end) }
+            if case .ended(let reason)? = reader.endOfInput("\(error)") { sink.yield(.failed(reason)) }
         }
         sink.finish()
     }
@@ -330,7 +332,7 @@ extension RawYamuxSession.Input {
     var summary: String {
         switch self {
         case .frame(let header): header.summary
-        case .ended(let reason): reason
+        case .ended(let reason), .failed(let reason): reason
         case .timedOut: "nothing"
         case .deadline: "nothing"
         }
