@@ -119,6 +119,32 @@ struct PeerServiceTests {
         #expect(log.filter { $0 == .stopped }.count == 1)
     }
 
+    /// Before, a stop during the start closed what was up so far and the start went on to start the
+    /// bindings after it (announcing a stopped peer), and two stops both ran every step.
+    @Test("stops meeting a start or each other: the start ends first, every step runs once, one stopped event")
+    func stopsMeetingAStart() async throws {
+        let people = try TestPeople(["alice", "bob"], label: "service-stop-race")
+        let alice = try people["alice"]
+        for round in 0..<5 {
+            let peer = try peer(alice, ssdpPort: randomSSDPPort())
+            let events = peer.events()
+            let starting = Task { try await peer.start() }
+            if round % 2 == 1 { await Task.yield() }
+            await withTaskGroup(of: Void.self) { group in
+                for _ in 0..<3 { group.addTask { await peer.stop() } }
+            }
+            // Started, then stopped; or stopped before it could start. Never half-started.
+            let started = await starting.result
+            if case .failure(let error) = started { #expect(error as? ThaliPeer.StartError == .stopped) }
+            var log: [PeerEvent] = []
+            for await event in events { log.append(event) }
+            #expect(log.filter { $0 == .stopped }.count == 1, "round \(round): \(log)")
+            #expect(peer.state.withLockedValue { $0.listener } == nil)
+            #expect(peer.bindings.isEmpty || peer.isStopped)
+            #expect(RunLock.holder(of: alice.store.home) == nil, "round \(round): the directory is free")
+        }
+    }
+
     /// Before, a second peer on the same data directory started silently beside the first (only the
     /// CLI took the directory's lock), and both advertised and delivered the same items.
     @Test("one peer at a time on a data directory: a second start is refused, naming the holder; after stop another starts")

@@ -30,26 +30,29 @@ package final class LinkWakeSignal: Sendable {
             state.expiredBeforeInstalled = nil
             return state.waitID
         }
-        let timer = Task { [self] in
-            try? await Task.sleep(for: delay)
-            expire(id)
-        }
-        await withTaskCancellationHandler {
-            await withCheckedContinuation { continuation in
-                let now = state.withLockedValue { state -> Bool in
-                    if state.signalled || state.expiredBeforeInstalled == id {
-                        state.signalled = false
-                        return true
-                    }
-                    state.waiter = continuation
-                    return false
-                }
-                if now { continuation.resume() }
+        // The timer is a child of this wait: it ends with it, and with the waiting task's cancellation.
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask { [self] in
+                guard (try? await Task.sleep(for: delay)) != nil else { return }
+                expire(id)
             }
-        } onCancel: {
-            expire(id)
+            await withTaskCancellationHandler {
+                await withCheckedContinuation { continuation in
+                    let now = state.withLockedValue { state -> Bool in
+                        if state.signalled || state.expiredBeforeInstalled == id {
+                            state.signalled = false
+                            return true
+                        }
+                        state.waiter = continuation
+                        return false
+                    }
+                    if now { continuation.resume() }
+                }
+            } onCancel: {
+                expire(id)
+            }
+            group.cancelAll()
         }
-        timer.cancel()
     }
 
     /// Whether a wait is blocked on its continuation, neither signalled nor expired: what tests wait for

@@ -10,23 +10,31 @@ import ThaliSSDP
 extension ThaliPeer {
     /// The connecting side of one contact: performs what its ``ContactLinkStateMachine`` decides
     /// (connect over the preferred route, fall back, back off, give up) until it has nothing left to do.
+    /// A link task ends where its machine waits: the backoff is a deadline of the schedule, and the task
+    /// that runs the link next is started when it passes (``PeerSchedule/Timer/linkBackoff(contactKey:)``)
+    /// or when a new match ends it early (``wakeLink(_:)``).
     func runLink(_ contact: Contact) async {
+        let key = PeerSchedule<ContinuousClock.Instant>.Timer.linkBackoff(contactKey: contact.publicKey)
         while true {
-            let step = state.withLockedValue { state -> (ContactLinkStateMachine.Action, LinkWakeSignal?) in
-                guard var link = state.links[contact.publicKey] else { return (.finish, nil) }
+            let now = ContinuousClock.now
+            let action = state.withLockedValue { state -> ContactLinkStateMachine.Action in
+                guard var link = state.links[contact.publicKey] else { return .finish }
                 defer { state.links[contact.publicKey] = link }
                 if state.stopped || Task.isCancelled {
                     link.machine.stopped()
-                    return (.finish, nil)
+                    return .finish
                 }
-                return (link.machine.nextAction(), link.wake)
+                let action = link.machine.nextAction()
+                // Armed in the same step as the machine's decision: a match between them finds it armed.
+                if case .wait(let delay) = action { state.schedule.arm(key, at: now + delay) }
+                return action
             }
-            switch step.0 {
+            switch action {
             case .finish:
                 return
             case .wait(let delay):
-                await step.1?.wait(upTo: delay)
-                updateLink(contact) { $0.backoffEnded() }
+                lifetime.wake(at: now + delay)
+                return
             case .connect(let route, let attempt):
                 emit(.connecting(contact: contact.name, location: route.origin, attempt: attempt))
                 do {
@@ -48,6 +56,19 @@ extension ThaliPeer {
                 }
             }
         }
+    }
+
+    /// A new match ends `contact`'s backoff early: its machine tries its routes again. When the link's task
+    /// has ended into the backoff's deadline, a new one starts; when it is still on its way there, it finds
+    /// the routes to try in its next step.
+    func wakeLink(_ contact: Contact) {
+        let key = PeerSchedule<ContinuousClock.Instant>.Timer.linkBackoff(contactKey: contact.publicKey)
+        let waiting = state.withLockedValue { state -> Bool in
+            guard !state.stopped else { return false }
+            state.links[contact.publicKey]?.machine.backoffEnded()
+            return state.schedule.disarm(key)
+        }
+        if waiting { spawn { [self] in await runLink(contact) } }
     }
 
     /// Whether `error` is the server's `unknown_psk_identity` alert.

@@ -117,14 +117,16 @@ extension ThaliPeer {
         logger.warning("single port overloaded; closed", metadata: ["seconds": "\(period.nanoseconds / 1_000_000_000)"])
         listener.close(promise: nil)
         for binding in bindings { binding.pauseAnnouncing(for: Duration(period)) }
-        spawn { [weak self] in
-            try? await Task.sleep(for: .nanoseconds(period.nanoseconds))
-            guard let self, !self.isStopped else { return }
-            do {
-                _ = try await self.bindPort()
-            } catch {
-                self.logger.error("single port could not reopen", metadata: ["error": "\(error)"])
-            }
+        arm(.reopenPort, after: Duration(period))
+    }
+
+    /// The overload's period is over: the port opens again.
+    func reopenPort() async {
+        guard !isStopped else { return }
+        do {
+            _ = try await bindPort()
+        } catch {
+            logger.error("single port could not reopen", metadata: ["error": "\(error)"])
         }
     }
 }

@@ -47,7 +47,7 @@ extension ThaliPeer {
         let contact = try await blocking { [store, identity] in
             try store.addContact(name: name, publicKey: publicKey, ownKey: identity.publicKey)
         }
-        try await blocking { [self] in try refreshAddressBook() }
+        try await refreshAddressBook()
         return contact
     }
 

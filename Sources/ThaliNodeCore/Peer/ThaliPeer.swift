@@ -42,12 +42,11 @@ public final class ThaliPeer: Sendable {
         }
     }
 
-    /// The connecting side of one matched contact: its state machine, what wakes its task out of a
-    /// backoff, and (relay mode) its local port.
+    /// The connecting side of one matched contact: its state machine and (relay mode) its local port.
+    /// Its backoff is a deadline of the schedule (``PeerSchedule/Timer/linkBackoff(contactKey:)``).
     struct Link: Sendable {
         var contact: Contact
         var machine: ContactLinkStateMachine
-        let wake = LinkWakeSignal()
         /// While a session stays open (relay, app streams): asks it for another delivery stream.
         var deliveryWanted: LinkWakeSignal?
         var relayPort: Int?
@@ -87,8 +86,12 @@ public final class ThaliPeer: Sendable {
         var streamHandlers: [String: AsyncStream<PeerStream>.Continuation] = [:]
         /// Whether the app uses streams: every contact is advertised to and sessions stay open.
         var appStreamsWanted = false
-        /// Whether `start()` was called (a peer starts once).
-        var started = false
+        /// Whether the peer runs; what start and stop do.
+        var lifecycle = PeerLifecycle()
+        /// The peer's timers: announcement rotation, store checks, link backoffs, the port's reopening.
+        var schedule = PeerSchedule<ContinuousClock.Instant>()
+        /// The store's change stamp as of its last read (nil: read it at the next check).
+        var lastStoreStamp: NodeStore.ChangeStamp?
         var limitsTriggered: [PeerLimitKind: Int] = [:]
         var discovery = PeerDiscoveryCounters()
         /// When the first pending item expires (ms since 1970), as of the last read of the outbox.
@@ -96,8 +99,8 @@ public final class ThaliPeer: Sendable {
         /// When the first item a receiver could not hold is due again (ms since 1970), as of the last read
         /// of the outbox: then it is offered again, under a new announcement.
         var nextRetryMs: Int64?
-        var stopped = false
-        var tasks: [UUID: Task<Void, Never>] = [:]
+        /// Whether a stop began: nothing new starts.
+        var stopped: Bool { lifecycle.isStopping }
         var channels: [ObjectIdentifier: Channel] = [:]
         /// The single port's listening socket (nil while closed for an overload) and its number.
         var listener: Channel?
@@ -119,6 +122,11 @@ public final class ThaliPeer: Sendable {
     let clientContext: PSKTLSContext
     let serverContext: PSKTLSContext
     let state = NIOLockedValueBox(State())
+    /// The one task that owns every task of the peer, and its clock.
+    let lifetime = PeerLifetime()
+    /// Open once the start has ended (a stop during it waits for it) and once the stop has.
+    private let startEnded = OneTimeSignal()
+    private let stopEnded = OneTimeSignal()
     /// The single port's admission gate: per source, then global.
     let admission: AdmissionController<String>
     let portCounters = NIOLockedValueBox(PeerPortCounters())
@@ -188,19 +196,18 @@ public final class ThaliPeer: Sendable {
     /// when no interface carries the configured address. A peer starts once: a second call throws
     /// ``StartError/alreadyStarted``, and one after ``stop()`` ``StartError/stopped``, changing nothing.
     public func start() async throws {
-        let refusal = state.withLockedValue { state -> StartError? in
-            if state.stopped { return .stopped }
-            if state.started { return .alreadyStarted }
-            state.started = true
-            return nil
+        if let refusal = state.withLockedValue({ $0.lifecycle.start() }) { throw refusal }
+        defer {
+            state.withLockedValue { $0.lifecycle.startEnded() }
+            startEnded.signal()
         }
-        if let refusal { throw refusal }
+        lifetime.start { [weak self] in self?.deadlinesReached() }
         // A second peer on the same data directory would advertise and deliver the same items.
         if heldLock.withLockedValue({ $0 == nil }) {
             let lock = try RunLock(home: store.home)
             heldLock.withLockedValue { $0 = lock }
         }
-        try refreshAddressBook()
+        try await refreshAddressBook()
         try NodeInterface.validateLocalAddress(configuration.interfaceAddress)
         // The node owns its one port (beacons and PSK-TLS behind one admission gate); discovery only
         // announces it.
@@ -212,36 +219,73 @@ public final class ThaliPeer: Sendable {
         }
         try await startBindings(port: port)
         try await refreshAdvertisement()
-        track(Task { [weak self] in
-            // More contacts than one announcement holds: serve the announcements in turn.
-            while let self, !self.isStopped {
-                try? await Task.sleep(for: self.configuration.announcementRotationInterval)
-                await self.rotateAnnouncement()
-            }
-        })
-        track(Task { [weak self] in
-            // Reading the store is several queries and a write (the expiry sweep): every second in every
-            // peer, a crowd in one process spent a quarter of its CPU there. The store's change stamp (two
-            // `stat`s) says whether anything was committed since the last read, by this process or by
-            // another (`send`); time alone matters only for renewing the announcement and expiring items.
-            var lastRead: NodeStore.ChangeStamp?
-            while let self, !self.isStopped {
-                try? await Task.sleep(for: self.configuration.outboxPollInterval)
-                let stamp = self.store.changeStamp()
-                guard stamp != lastRead || self.advertisementDueByTime() else { continue }
-                // A stamp taken just after a commit may not differ from the next one's: read again then.
-                lastRead = stamp.isSettled() ? stamp : nil
-                do {
-                    try self.refreshAddressBook()
-                    try await self.refreshAdvertisement()
-                } catch is CancellationError {
-                    break  // the peer is stopping: its work on the thread pool was not started
-                } catch {
-                    lastRead = nil
-                    self.logger.error("reading the store failed", metadata: ["error": "\(error)"])
+        // More contacts than one announcement holds: the announcements are served in turn.
+        arm(.rotateAnnouncement, after: configuration.announcementRotationInterval)
+        arm(.checkStore, after: configuration.outboxPollInterval)
+    }
+
+    // MARK: Timers
+
+    /// Arms `timer` for `delay` from now (replacing its earlier deadline) and tells the lifetime's clock.
+    func arm(_ timer: PeerSchedule<ContinuousClock.Instant>.Timer, after delay: Duration) {
+        let deadline = ContinuousClock.now + delay
+        let armed = state.withLockedValue { state -> Bool in
+            guard !state.stopped else { return false }
+            state.schedule.arm(timer, at: deadline)
+            return true
+        }
+        if armed { lifetime.wake(at: deadline) }
+    }
+
+    /// The lifetime's clock reached a deadline: fires every timer due.
+    private func deadlinesReached() {
+        let now = ContinuousClock.now
+        let due = state.withLockedValue { $0.stopped ? [] : $0.schedule.takeDue(at: now) }
+        for timer in due {
+            switch timer {
+            case .rotateAnnouncement:
+                lifetime.run { [self] in
+                    await rotateAnnouncement()
+                    arm(.rotateAnnouncement, after: configuration.announcementRotationInterval)
                 }
+            case .checkStore:
+                lifetime.run { [self] in
+                    await checkStore()
+                    arm(.checkStore, after: configuration.outboxPollInterval)
+                }
+            case .linkBackoff(let key):
+                let contact = state.withLockedValue { state -> Contact? in
+                    state.links[key]?.machine.backoffEnded()
+                    return state.links[key]?.contact
+                }
+                if let contact { lifetime.run { [self] in await runLink(contact) } }
+            case .reopenPort:
+                lifetime.run { [self] in await reopenPort() }
             }
-        })
+        }
+        // A timer armed meanwhile told the clock itself; one armed earlier and not yet due needs it again.
+        if let next = state.withLockedValue({ $0.schedule.nextDeadline }) { lifetime.wake(at: next) }
+    }
+
+    /// Reads the store if anything was committed since the last read (by this process or another: `send`),
+    /// or if time alone asks for a new announcement. Reading it is several queries and a write (the expiry
+    /// sweep): every second in every peer, a crowd in one process spent a quarter of its CPU there; the
+    /// change stamp is two `stat`s.
+    private func checkStore() async {
+        let stamp = store.changeStamp()
+        let lastRead = state.withLockedValue { $0.lastStoreStamp }
+        guard stamp != lastRead || advertisementDueByTime() else { return }
+        // A stamp taken just after a commit may not differ from the next one's: read again then.
+        state.withLockedValue { $0.lastStoreStamp = stamp.isSettled() ? stamp : nil }
+        do {
+            try await refreshAddressBook()
+            try await refreshAdvertisement()
+        } catch is CancellationError {
+            return  // the peer is stopping: its work on the thread pool was not started
+        } catch {
+            state.withLockedValue { $0.lastStoreStamp = nil }
+            logger.error("reading the store failed", metadata: ["error": "\(error)"])
+        }
     }
 
     /// Starts the configured bindings, faster first. A binding that cannot start is reported
@@ -275,25 +319,53 @@ public final class ThaliPeer: Sendable {
         if let first = started.first, let location = await first.location() { emit(.started(location: location)) }
     }
 
-    /// Stops: byebye (no more announcements), every connection closed, every task ended.
+    /// Stops: byebye (no more announcements), every connection closed, every task ended, in the order of
+    /// ``PeerLifecycle/StopStep``. A stop during ``start()`` waits for it to end; a second stop waits for
+    /// the first.
     public func stop() async {
-        let tasks = state.withLockedValue { state -> [Task<Void, Never>] in
-            state.stopped = true
-            defer { state.tasks.removeAll() }
-            return Array(state.tasks.values)
+        while true {
+            switch state.withLockedValue({ $0.lifecycle.stop() }) {
+            case .perform(let steps):
+                for step in steps { await perform(step) }
+                state.withLockedValue { $0.lifecycle.stopFinished() }
+                stopEnded.signal()
+                return
+            case .waitForStart:
+                await startEnded.wait()
+            case .waitForStop:
+                await stopEnded.wait()
+                return
+            case .none:
+                return
+            }
         }
-        finishStreamHandlers()
-        for binding in bindings { await binding.stop() }
-        await closePort()
-        let channels = state.withLockedValue { state -> [Channel] in
-            defer { state.channels.removeAll() }
-            return Array(state.channels.values)
+    }
+
+    private func perform(_ step: PeerLifecycle.StopStep) async {
+        switch step {
+        case .refuseNewWork:
+            state.withLockedValue { state in
+                state.schedule.disarmAll()
+                for key in state.links.keys { state.links[key]?.machine.stopped() }
+            }
+            finishStreamHandlers()
+        case .stopBindings:
+            for binding in bindings { await binding.stop() }
+        case .closePort:
+            await closePort()
+        case .closeConnections:
+            let channels = state.withLockedValue { state -> [Channel] in
+                defer { state.channels.removeAll() }
+                return Array(state.channels.values)
+            }
+            for channel in channels { channel.close(promise: nil) }
+        case .endTasks:
+            await lifetime.end()
+        case .releaseDirectory:
+            heldLock.withLockedValue { $0 = nil }  // the last reference: closing it releases the directory
+        case .reportStopped:
+            emit(.stopped)
         }
-        for channel in channels { channel.close(promise: nil) }
-        for task in tasks { task.cancel() }
-        for task in tasks { await task.value }
-        heldLock.withLockedValue { $0 = nil }  // the last reference: closing it releases the directory
-        emit(.stopped)
     }
 
     var isStopped: Bool { state.withLockedValue { $0.stopped } }
@@ -303,23 +375,6 @@ public final class ThaliPeer: Sendable {
     func sessionEndError(_ error: any Error, address: String) -> PeerConnectionError {
         if isStopped || Task.isCancelled { return PeerConnectionError(.cancelled, address: address) }
         return PeerConnectionError(error, address: address)
-    }
-
-    /// Runs `task`'s work under the peer's supervision: cancelled and awaited by `stop()`.
-    @discardableResult
-    func track(_ task: Task<Void, Never>) -> Task<Void, Never> {
-        let id = UUID()
-        let keep = state.withLockedValue { state -> Bool in
-            guard !state.stopped else { return false }
-            state.tasks[id] = task
-            return true
-        }
-        if !keep { task.cancel() }
-        Task { [weak self] in
-            await task.value
-            _ = self?.state.withLockedValue { $0.tasks.removeValue(forKey: id) }
-        }
-        return task
     }
 
     /// Keeps `channel` (a PSK-TLS connection, either role) until it closes, so that `stop()` can close it.
@@ -336,9 +391,9 @@ public final class ThaliPeer: Sendable {
         }
     }
 
-    /// Runs `body` as a supervised task.
+    /// Runs `body` as a task of the peer's lifetime: cancelled and awaited by `stop()`.
     func spawn(_ body: @escaping @Sendable () async -> Void) {
-        track(Task { await body() })
+        lifetime.run(body)
     }
 
     /// A snapshot for the status view.
@@ -348,8 +403,8 @@ public final class ThaliPeer: Sendable {
         for binding in bindings where ssdp == nil { ssdp = await binding.ssdpHealth() }
         var port = portCounters.withLockedValue { $0 }
         port.admission = admission.counters
-        let inbox = (try? store.inbox().count) ?? 0
-        let outbox = (try? store.outbox().count) ?? 0
+        let counts = try? await blocking { [store] in (inbox: try store.inboxCount(), outbox: try store.outboxCount()) }
+        let (inbox, outbox) = (counts?.inbox ?? 0, counts?.outbox ?? 0)
         return state.withLockedValue { state in
             var discovery = state.discovery
             discovery.ssdp = ssdp
@@ -392,8 +447,14 @@ public final class ThaliPeer: Sendable {
         }
     }
 
-    /// Keeps the beacon receiver's address book equal to the contacts (another process may add some).
-    func refreshAddressBook() throws {
+    /// Keeps the beacon receiver's address book equal to the contacts (another process may add some);
+    /// on the thread pool, off the caller's.
+    func refreshAddressBook() async throws {
+        try await blocking { [self] in try refreshAddressBookNow() }
+    }
+
+    /// ``refreshAddressBook()``'s work. Blocks on the store.
+    private func refreshAddressBookNow() throws {
         let contacts = try store.contacts()
         contactsByKey.withLockedValue { $0 = Dictionary(contacts.map { ($0.publicKey, $0) }, uniquingKeysWith: { first, _ in first }) }
         let keys = Set(contacts.map(\.publicKey))
@@ -421,7 +482,8 @@ public final class ThaliPeer: Sendable {
             logger.debug("beacons not for us", metadata: ["origin": "\(origin)", "reason": "\(error.reason.rawValue)"])
             return
         }
-        guard let contact = try? store.contact(for: match.sender) else { return }
+        // On the binding's event loop: the contacts as of the last refresh, not the store.
+        guard let contact = contactsByKey.withLockedValue({ $0[match.sender.hexString(compressed: true)] }) else { return }
         bindings.first { $0.kind == origin.binding }?.contactMatched(at: location)
         emit(.beaconMatched(contact: contact.name, location: origin))
         let route = ContactRoute(origin: origin, location: location, match: match)
@@ -439,7 +501,7 @@ public final class ThaliPeer: Sendable {
         }
         switch outcome {
         case .startTask: spawn { [self] in await runLink(contact) }
-        case .wake: link?.wake.signal()
+        case .wake: wakeLink(contact)
         case .deliverOverSession: link?.deliveryWanted?.signal()
         case .none: break
         }

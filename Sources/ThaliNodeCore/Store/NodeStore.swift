@@ -388,6 +388,11 @@ public final class NodeStore: Sendable {
         try pool.read { db in try OutboxRow.fetchOne(db, key: id)?.value() }.map(resolved)
     }
 
+    /// How many items are queued (pending and refused): counted in SQL, none read.
+    public func outboxCount() throws -> Int {
+        try pool.read { db in try OutboxRow.fetchCount(db) }
+    }
+
     /// Every queued item (pending and refused), oldest first.
     public func outbox() throws -> [OutboxItem] {
         try pool.read { db in try OutboxRow.order(Column("createdAtMs"), Column("id")).fetchAll(db).map { try $0.value() } }.map(resolved)
@@ -514,6 +519,11 @@ public final class NodeStore: Sendable {
     }
 
     // MARK: Inbox
+
+    /// How many items were received: counted in SQL, none read.
+    public func inboxCount() throws -> Int {
+        try pool.read { db in try InboxRow.fetchCount(db) }
+    }
 
     /// Everything received, oldest first.
     public func inbox() throws -> [InboxItem] {

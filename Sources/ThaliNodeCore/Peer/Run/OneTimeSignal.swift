@@ -1,8 +1,9 @@
 import NIOConcurrencyHelpers
 
 /// A gate that opens once and stays open: every wait before the signal returns at it, every wait after
-/// it returns at once. A cancelled wait returns too (the gate stays shut for the others).
-final class OneTimeSignal: Sendable {
+/// it returns at once. A cancelled wait returns too (the gate stays shut for the others). Package-wide:
+/// the peer's start and stop wait on it, and ThaliNodeBluetooth's binding for page scan.
+package final class OneTimeSignal: Sendable {
     private struct State {
         var open = false
         var nextWaiter = 0
@@ -11,8 +12,11 @@ final class OneTimeSignal: Sendable {
 
     private let state = NIOLockedValueBox(State())
 
+    /// A shut gate.
+    package init() {}
+
     /// Opens the gate: wakes every wait.
-    func signal() {
+    package func signal() {
         let waiters = state.withLockedValue { state -> [CheckedContinuation<Void, Never>] in
             state.open = true
             defer { state.waiters = [:] }
@@ -22,10 +26,10 @@ final class OneTimeSignal: Sendable {
     }
 
     /// Whether the gate is open.
-    var isOpen: Bool { state.withLockedValue { $0.open } }
+    package var isOpen: Bool { state.withLockedValue { $0.open } }
 
     /// Returns once the gate is open, or when the task is cancelled.
-    func wait() async {
+    package func wait() async {
         let id = state.withLockedValue { state -> Int in
             state.nextWaiter += 1
             return state.nextWaiter
