@@ -1,6 +1,7 @@
 // An app embedding the Thali peer: two people's peers run in one process (as two apps would on two
 // devices), each under a swift-service-lifecycle ServiceGroup. Alice queues a text for Bob; Bob's app
-// reacts to the delivery from the peer's event stream, reads its inbox, and shuts down gracefully.
+// reacts to the delivery from the peer's event stream and reads its inbox. Then the apps talk directly
+// over an app stream of their own protocol ("shout"), and shut down gracefully. No NIO type appears.
 //
 // Everything stays on loopback: 127.0.0.1 with a random SSDP port, so nothing reaches a real network.
 import Foundation
@@ -28,6 +29,19 @@ try await bob.addContact(name: "alice", publicKey: alice.publicKey)
 
 // Subscribe before the peers start, so no event is missed.
 let bobsEvents = bob.events()
+
+// Bob's app serves its own protocol, "shout": it reads what the opener says to its end, then answers
+// in capitals (the opener half-closed, and still reads the answer).
+let shouts = try bob.handleStreams(protocol: "shout")
+let shoutServer = Task {
+    for await stream in shouts {
+        try? await stream.withStream { inbound, outbound in
+            var heard: [UInt8] = []
+            for try await bytes in inbound { heard += bytes }
+            try await outbound.write(String(decoding: heard, as: UTF8.self).uppercased())
+        }
+    }
+}
 let group = ServiceGroup(configuration: ServiceGroupConfiguration(
     services: [.init(service: alice), .init(service: bob)], logger: Logger(label: "example")))
 
@@ -51,7 +65,21 @@ let received = try await withThrowingTaskGroup(of: String?.self) { tasks in
     defer { tasks.cancelAll() }
     return try await tasks.next() ?? nil
 }
-await group.triggerGracefulShutdown()  // both peers say byebye and stop
-try await running.value
 guard let received else { fatalError("bob received nothing") }
 print("bob's inbox: \"\(received)\"")
+
+// Alice's app opens a stream to Bob for "shout" (it waits for a session with him), speaks, half-closes,
+// and reads his answer to its end.
+let stream = try await alice.openStream(to: "bob", protocol: "shout")
+let answer = try await stream.withStream { inbound, outbound in
+    try await outbound.write("hello over an app stream")
+    outbound.finish()
+    var answer: [UInt8] = []
+    for try await bytes in inbound { answer += bytes }
+    return String(decoding: answer, as: UTF8.self)
+}
+print("bob's app answered alice's stream: \"\(answer)\"")
+
+await group.triggerGracefulShutdown()  // both peers say byebye and stop
+try await running.value
+await shoutServer.value  // bob's streams end with his peer

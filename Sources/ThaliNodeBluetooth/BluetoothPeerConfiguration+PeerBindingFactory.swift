@@ -1,5 +1,6 @@
 import Logging
 import NIOCore
+import NIOPosix
 import ThaliNodeCore
 
 extension BluetoothPeerConfiguration: PeerBindingFactory {
@@ -7,8 +8,8 @@ extension BluetoothPeerConfiguration: PeerBindingFactory {
     public var kind: PeerBindingKind { .bluetooth }
 
     /// The Bluetooth binding of a peer, not started.
-    public func makeBinding(group: any EventLoopGroup, logger: Logger) -> any PeerBindingService {
-        PeerBluetoothBinding(configuration: self, group: group, logger: logger)
+    public func makeBinding(logger: Logger) -> any PeerBindingService {
+        PeerBluetoothBinding(configuration: self, group: MultiThreadedEventLoopGroup.singleton, logger: logger)
     }
 
     /// Bluetooth as a node's `config.json` and overrides ask for it (`PeerConfiguration.init(node:configurationPath:overrides:bluetooth:)`

@@ -41,11 +41,33 @@ struct ExamplesTests {
         #expect(output.contains("streams opened over the one link: 4"))
     }
 
-    @Test("embedded-peer: an app's peer delivers a text that the other app sees in its event stream and inbox")
+    @Test("embedded-peer: an app's peer delivers a text that the other app sees in its event stream and inbox, then the apps talk over an app stream")
     func embeddedPeer() async throws {
         let (status, output) = try await run("embedded-peer")
         #expect(status == 0, "\(output)")
         #expect(output.contains("bob's app: alice delivered item"))
         #expect(output.contains("bob's inbox: \"hello from an embedded peer\""))
+        #expect(output.contains("bob's app answered alice's stream: \"HELLO OVER AN APP STREAM\""))
+    }
+
+    /// The app API of ThaliNodeCore takes and returns Swift and Foundation types: the embedded-peer
+    /// example, which uses the peer, its events and app streams, is built (above) without any NIO module.
+    @Test("embedded-peer imports no NIO module, and its target depends on none")
+    func embeddedPeerNeedsNoNIO() throws {
+        let root = PackagePaths.root()
+        let sources = try FileManager.default.contentsOfDirectory(atPath: root + "/Examples/EmbeddedPeer")
+            .filter { $0.hasSuffix(".swift") }
+        #expect(!sources.isEmpty)
+        for file in sources {
+            let text = try String(contentsOfFile: root + "/Examples/EmbeddedPeer/" + file, encoding: .utf8)
+            let imports = text.split(separator: "\n").filter { $0.hasPrefix("import ") }
+            #expect(!imports.isEmpty)
+            #expect(!imports.contains { $0.contains("NIO") }, "\(file): \(imports)")
+        }
+        let manifest = try String(contentsOfFile: root + "/Package.swift", encoding: .utf8)
+        let start = try #require(manifest.range(of: "name: \"embedded-peer\""))
+        let end = try #require(manifest.range(of: "path: \"Examples/EmbeddedPeer\"", range: start.upperBound..<manifest.endIndex))
+        let dependencies = manifest[start.upperBound..<end.lowerBound]
+        #expect(!dependencies.contains("swift-nio"), "\(dependencies)")
     }
 }

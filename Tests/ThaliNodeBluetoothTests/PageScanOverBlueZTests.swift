@@ -59,7 +59,7 @@ struct PageScanGatedTransport: BluetoothTransport {
         configuration.makeConnectable = makeConnectable
         var logger = Logger(label: "test.page-scan")
         logger.logLevel = .critical
-        let binding = configuration.makeBinding(group: MultiThreadedEventLoopGroup.singleton, logger: logger)
+        let binding = configuration.makeBinding(logger: logger)
         try await binding.start(nodeHost: "127.0.0.1", nodePort: 9, events: { _ in })
         return (binding, mock)
     }

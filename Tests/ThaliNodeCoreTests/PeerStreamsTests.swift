@@ -115,11 +115,11 @@ struct PeerStreamsTests {
     }
 
     private static func echoUnbounded(_ message: String, over stream: PeerStream) async throws -> String {
-        try await stream.channel.executeThenClose { inbound, outbound in
-            try await outbound.write(ByteBuffer(string: message))
+        try await stream.withStream { inbound, outbound in
+            try await outbound.write(message)
             var received = ""
-            for try await buffer in inbound {
-                received += String(buffer: buffer)
+            for try await bytes in inbound {
+                received += String(decoding: bytes, as: UTF8.self)
                 if received.utf8.count >= message.utf8.count { break }
             }
             return received
@@ -207,7 +207,7 @@ struct PeerStreamsTests {
                 await withDiscardingTaskGroup { group in
                     for await stream in streams {
                         group.addTask {
-                            try? await stream.channel.executeThenClose { inbound, outbound in
+                            try? await stream.withStream { inbound, outbound in
                                 for try await bytes in inbound { try await outbound.write(bytes) }
                             }
                         }
@@ -235,7 +235,7 @@ struct PeerStreamsTests {
         let refusal = StreamRefusal(.notServed, reason: "app protocol nobody is not served here")
         // Its first read fails with the refusal (a write after the answer came fails as on any closed channel).
         await #expect(throws: refusal) {
-            try await unserved.channel.executeThenClose { inbound, _ in for try await _ in inbound {} }
+            try await unserved.withStream { inbound, _ in for try await _ in inbound {} }
         }
         _ = try await pair.wait(for: "bob") { event -> Bool? in
             if case .streamRefused("alice", _, "app/nobody", refusal, true) = event { true } else { nil }
@@ -254,10 +254,10 @@ struct PeerStreamsTests {
         let streams = try pair.make("bob").handleStreams(protocol: "count")
         let server = Task {
             for await stream in streams {
-                try? await stream.channel.executeThenClose { inbound, outbound in
+                try? await stream.withStream { inbound, outbound in
                     var count = 0
-                    for try await bytes in inbound { count += bytes.readableBytes }
-                    try await outbound.write(ByteBuffer(string: "got \(count) bytes"))
+                    for try await bytes in inbound { count += bytes.count }
+                    try await outbound.write("got \(count) bytes")
                 }
             }
         }
@@ -266,11 +266,11 @@ struct PeerStreamsTests {
         let alice = try #require(pair.peers["alice"])
         let stream = try await alice.openStream(to: "bob", protocol: "count")
         let answer = try await Self.within {
-            try await stream.channel.executeThenClose { inbound, outbound in
-                try await outbound.write(ByteBuffer(string: "hello"))
+            try await stream.withStream { inbound, outbound in
+                try await outbound.write("hello")
                 outbound.finish()  // half-close: the end of our input to bob, not of the stream
                 var answer = ""
-                for try await bytes in inbound { answer += String(buffer: bytes) }
+                for try await bytes in inbound { answer += String(decoding: bytes, as: UTF8.self) }
                 return answer
             }
         }
@@ -290,8 +290,8 @@ struct PeerStreamsTests {
         let streams = try pair.make("bob").handleStreams(protocol: "talk")
         let server = Task {
             for await stream in streams {
-                try? await stream.channel.executeThenClose { _, outbound in
-                    for line in lines { try await outbound.write(ByteBuffer(string: line)) }
+                try? await stream.withStream { _, outbound in
+                    for line in lines { try await outbound.write(line) }
                 }
             }
         }
@@ -300,10 +300,10 @@ struct PeerStreamsTests {
         let alice = try #require(pair.peers["alice"])
         let stream = try await alice.openStream(to: "bob", protocol: "talk")
         let heard = try await Self.within {
-            try await stream.channel.executeThenClose { inbound, _ in
+            try await stream.withStream { inbound, _ in
                 // Alice keeps her output open: Bob's close comes while she could still send.
                 var heard = ""
-                for try await bytes in inbound { heard += String(buffer: bytes) }
+                for try await bytes in inbound { heard += String(decoding: bytes, as: UTF8.self) }
                 return heard
             }
         }

@@ -4,14 +4,14 @@ import TCPMultiplexer
 
 /// Puts the delivery protocol on a byte-stream channel (a TCP connection, or a multiplexer stream inside
 /// PSK-TLS): an idle timeout, the frame decoder and encoder, and an async wrapper for the session drivers.
-public enum DeliveryChannel {
+package enum DeliveryChannel {
     /// The async channel a ``DeliverySender`` or ``DeliveryReceiver`` runs on.
-    public typealias AsyncFrames = NIOAsyncChannel<DeliveryFrame, DeliveryFrame>
+    package typealias AsyncFrames = NIOAsyncChannel<DeliveryFrame, DeliveryFrame>
 
     /// Adds the delivery handlers to `channel` and wraps it. Call it on the channel's event loop (e.g. in a
     /// bootstrap's channel initializer). A data frame's payload comes in pieces as it arrives unless
     /// `dataDelivery` asks for whole frames (``DeliveryFrameDecoder``).
-    public static func configureSynchronously(_ channel: any Channel, limits: DeliveryLimits,
+    package static func configureSynchronously(_ channel: any Channel, limits: DeliveryLimits,
                                               dataDelivery: DeliveryFrameDecoder.DataDelivery = .piecesAsTheyArrive) throws -> AsyncFrames {
         channel.eventLoop.preconditionInEventLoop()
         try channel.pipeline.syncOperations.addHandlers([
@@ -27,7 +27,7 @@ public enum DeliveryChannel {
 
     /// Adds the delivery handlers to `channel` (from any thread) and wraps it. Only for a channel whose
     /// peer cannot send yet; for a multiplexer stream use ``openStream(on:limits:dataDelivery:prepare:)``.
-    public static func configure(_ channel: any Channel, limits: DeliveryLimits,
+    package static func configure(_ channel: any Channel, limits: DeliveryLimits,
                                  dataDelivery: DeliveryFrameDecoder.DataDelivery = .piecesAsTheyArrive) -> EventLoopFuture<AsyncFrames> {
         channel.eventLoop.submit { try configureSynchronously(channel, limits: limits, dataDelivery: dataDelivery) }
     }
@@ -39,7 +39,7 @@ public enum DeliveryChannel {
     ///
     /// `prepare` runs first on the stream's event loop, before the delivery handlers are added (to put
     /// a stream header's handler in front of them, say).
-    public static func openStream(on session: MultiplexerSession, limits: DeliveryLimits,
+    package static func openStream(on session: MultiplexerSession, limits: DeliveryLimits,
                                   dataDelivery: DeliveryFrameDecoder.DataDelivery = .piecesAsTheyArrive,
                                   prepare: (@Sendable (Channel) throws -> Void)? = nil) async throws -> AsyncFrames {
         let configured = NIOLockedValueBox<AsyncFrames?>(nil)
@@ -58,7 +58,7 @@ public enum DeliveryChannel {
 extension DeliveryChannel {
     /// The longest a side that reports an error waits for the other side to end the stream before it
     /// closes anyway (the report's write included: a peer that reads nothing cannot hold the session).
-    public static let errorReportLinger: TimeAmount = .seconds(2)
+    package static let errorReportLinger: TimeAmount = .seconds(2)
 
     /// Sends `report` (an `error` frame) as the session's last frame so that the other side reads it
     /// [NODE-1.24]: a close while the other side may still send resets a multiplexer stream, and a reset
@@ -81,8 +81,11 @@ extension DeliveryChannel {
 /// Nothing moved in either direction for ``DeliveryLimits/idleTimeout``; the session was closed.
 public struct DeliveryIdleTimeout: Error, Hashable, CustomStringConvertible {
     /// The timeout that passed.
-    public let timeout: TimeAmount
-    public var description: String { "nothing sent or received for \(timeout.nanoseconds / 1_000_000) ms" }
+    public let timeout: Duration
+    public var description: String { "nothing sent or received for \(timeout.wholeMilliseconds) ms" }
+
+    /// The timeout that passed was `timeout`.
+    public init(timeout: Duration) { self.timeout = timeout }
 }
 
 /// Turns an idle event (nothing read and nothing written for the timeout) into a ``DeliveryIdleTimeout``
@@ -97,7 +100,7 @@ final class IdleTimeoutHandler: ChannelInboundHandler, Sendable {
 
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
         if let idle = event as? IdleStateHandler.IdleStateEvent, idle == .all {
-            context.fireErrorCaught(DeliveryIdleTimeout(timeout: timeout))
+            context.fireErrorCaught(DeliveryIdleTimeout(timeout: Duration(timeout)))
             context.close(promise: nil)
             return
         }

@@ -4,7 +4,7 @@ import ThaliMutants
 
 extension DeliveryFrame {
     /// Appends this frame's wire form (header and payload) to `buffer`.
-    public func encode(into buffer: inout ByteBuffer) {
+    package func encode(into buffer: inout ByteBuffer) {
         let headerIndex = buffer.writerIndex
         Self.writeHeader(type: frameType, length: 0, into: &buffer)  // length patched below, once known
         let payloadStart = buffer.writerIndex
@@ -67,7 +67,7 @@ extension DeliveryFrame {
     /// Reads one frame from the front of `buffer`. Returns `nil` (consuming nothing) when the frame is not
     /// complete yet; throws ``DeliveryProtocolError`` for a frame that can never be valid. A payload length
     /// above the limit is rejected from the header alone, so at most one bounded frame is ever buffered.
-    public static func decode(from buffer: inout ByteBuffer, limits: DeliveryLimits) throws -> DeliveryFrame? {
+    package static func decode(from buffer: inout ByteBuffer, limits: DeliveryLimits) throws -> DeliveryFrame? {
         guard let header = try peekHeader(in: buffer, limits: limits) else { return nil }
         return try decode(from: &buffer, header: header, limits: limits)
     }
@@ -262,11 +262,11 @@ extension ByteBuffer {
 /// gathering a frame whole would copy it (a 32 KiB frame spans several reads, and inside PSK-TLS
 /// several 16 KiB records). Every other frame, and every data frame in ``DataDelivery/wholeFrames``
 /// mode (for tools that grade frame sizes), is passed on whole once all of it is there.
-public struct DeliveryFrameDecoder: ByteToMessageDecoder {
-    public typealias InboundOut = DeliveryFrame
+package struct DeliveryFrameDecoder: ByteToMessageDecoder {
+    package typealias InboundOut = DeliveryFrame
 
     /// How the payload of a data frame is passed on.
-    public enum DataDelivery: Sendable, Hashable {
+    package enum DataDelivery: Sendable, Hashable {
         /// As it arrives: one `.data` per piece of the frame a read brought, none of them empty.
         case piecesAsTheyArrive
         /// One `.data` per frame, once its whole payload is there.
@@ -274,14 +274,14 @@ public struct DeliveryFrameDecoder: ByteToMessageDecoder {
     }
 
     /// The limits applied to every frame.
-    public let limits: DeliveryLimits
+    package let limits: DeliveryLimits
     /// How data payloads are passed on.
-    public let dataDelivery: DataDelivery
+    package let dataDelivery: DataDelivery
     /// Bytes of the current data frame's payload not yet passed on (pieces mode; 0 between frames).
-    public private(set) var pendingDataBytes = 0
+    package private(set) var pendingDataBytes = 0
 
     /// Creates a decoder with `limits` that passes data payloads on as `dataDelivery` says.
-    public init(limits: DeliveryLimits, dataDelivery: DataDelivery = .piecesAsTheyArrive) {
+    package init(limits: DeliveryLimits, dataDelivery: DataDelivery = .piecesAsTheyArrive) {
         self.limits = limits
         self.dataDelivery = dataDelivery
     }
@@ -289,7 +289,7 @@ public struct DeliveryFrameDecoder: ByteToMessageDecoder {
     /// The next frame, or the next piece of a data frame's payload, from the front of `buffer`; `nil`
     /// (having consumed at most a data frame's header) when more bytes are needed. Throws
     /// ``DeliveryProtocolError`` for a frame that can never be valid.
-    public mutating func next(from buffer: inout ByteBuffer) throws -> DeliveryFrame? {
+    package mutating func next(from buffer: inout ByteBuffer) throws -> DeliveryFrame? {
         if pendingDataBytes > 0 {
             let count = min(pendingDataBytes, buffer.readableBytes)
             guard count > 0, let piece = buffer.readSlice(length: count) else { return nil }
@@ -306,13 +306,13 @@ public struct DeliveryFrameDecoder: ByteToMessageDecoder {
         return try next(from: &buffer)
     }
 
-    public mutating func decode(context: ChannelHandlerContext, buffer: inout ByteBuffer) throws -> DecodingState {
+    package mutating func decode(context: ChannelHandlerContext, buffer: inout ByteBuffer) throws -> DecodingState {
         guard let frame = try next(from: &buffer) else { return .needMoreData }
         context.fireChannelRead(wrapInboundOut(frame))
         return .continue
     }
 
-    public mutating func decodeLast(context: ChannelHandlerContext, buffer: inout ByteBuffer, seenEOF: Bool) throws -> DecodingState {
+    package mutating func decodeLast(context: ChannelHandlerContext, buffer: inout ByteBuffer, seenEOF: Bool) throws -> DecodingState {
         // A truncated last frame is dropped (of a data frame, what arrived was passed on): the session
         // notices the missing frames and fails cleanly.
         while try decode(context: context, buffer: &buffer) == .continue {}
@@ -323,19 +323,19 @@ public struct DeliveryFrameDecoder: ByteToMessageDecoder {
 /// Serialises ``DeliveryFrame``s onto the byte stream. A data frame goes out as two writes, its header
 /// and then its payload as it is (gathered into one vector write by the socket, or framed as they come by
 /// a multiplexer stream): encoding it into one buffer would copy every content byte sent.
-public final class DeliveryFrameEncoder: ChannelOutboundHandler, RemovableChannelHandler, Sendable {
+package final class DeliveryFrameEncoder: ChannelOutboundHandler, RemovableChannelHandler, Sendable {
     /// The frames to encode.
-    public typealias OutboundIn = DeliveryFrame
+    package typealias OutboundIn = DeliveryFrame
     /// Their bytes.
-    public typealias OutboundOut = ByteBuffer
+    package typealias OutboundOut = ByteBuffer
 
     /// Bytes reserved for a frame other than data (most are far smaller; a larger one grows the buffer).
     private static let initialFrameCapacity = 128
 
     /// Creates an encoder.
-    public init() {}
+    package init() {}
 
-    public func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
+    package func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
         let frame = unwrapOutboundIn(data)
         if case .data(let payload) = frame, payload.readableBytes > 0 {
             var header = context.channel.allocator.buffer(capacity: DeliveryFrame.headerBytes)

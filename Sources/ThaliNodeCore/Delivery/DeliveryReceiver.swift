@@ -18,27 +18,27 @@ import Glibc
 /// in one durable transaction; only then is the item acknowledged. Texts that come whole in a batch of
 /// `item` frames are committed together, in one transaction, before any of them is acknowledged. An
 /// item the inbox already holds is acknowledged without a transfer.
-public struct DeliveryReceiver: Sendable {
+package struct DeliveryReceiver: Sendable {
     /// What one session achieved.
-    public struct Summary: Sendable, Hashable {
+    package struct Summary: Sendable, Hashable {
         /// Items committed to the inbox in this session.
-        public var received: [InboxItem] = []
+        package var received: [InboxItem] = []
         /// Items offered again that the inbox already held.
-        public var duplicates: [UUID] = []
+        package var duplicates: [UUID] = []
         /// Items refused before any transfer.
-        public var refused: [UUID] = []
+        package var refused: [UUID] = []
         /// Items whose content failed verification and was discarded.
-        public var discarded: [UUID] = []
+        package var discarded: [UUID] = []
         /// Content bytes received.
-        public var bytesReceived: UInt64 = 0
+        package var bytesReceived: UInt64 = 0
     }
 
     /// The store whose inbox receives.
-    public let store: NodeStore
+    package let store: NodeStore
     /// The authenticated peer: the contact the items come from.
-    public let peer: Contact
+    package let peer: Contact
     /// Bounds for frames and offers.
-    public let limits: DeliveryLimits
+    package let limits: DeliveryLimits
     private let now: @Sendable () -> Date
     private let events: DeliveryEventHandler?
     private let logger: Logger
@@ -47,7 +47,7 @@ public struct DeliveryReceiver: Sendable {
     /// Creates a receiver into `store`'s inbox from `authenticatedPeer`, the contact whose identity the
     /// transport below proved (never a name taken from the stream itself). Database and file work runs on
     /// `blockingPool`, never on the event loop or the concurrency pool.
-    public init(store: NodeStore, authenticatedPeer: Contact, limits: DeliveryLimits? = nil,
+    package init(store: NodeStore, authenticatedPeer: Contact, limits: DeliveryLimits? = nil,
                 now: @escaping @Sendable () -> Date = { Date() }, events: DeliveryEventHandler? = nil,
                 logger: Logger = Logger(label: "thali.delivery.receiver"), blockingPool: NIOThreadPool = .singleton) {
         self.blockingPool = blockingPool
@@ -66,7 +66,7 @@ public struct DeliveryReceiver: Sendable {
     ///
     /// One session per direction and contact runs at a time: a second one throws
     /// ``NodeError/sessionInProgress(contact:role:)`` and closes its channel.
-    public func run(on channel: DeliveryChannel.AsyncFrames) async throws -> Summary {
+    package func run(on channel: DeliveryChannel.AsyncFrames) async throws -> Summary {
         try await store.withSessionClaim(
             NodeStore.SessionRole.receiving, with: peer, onRefusal: { try? await channel.channel.close() }
         ) {

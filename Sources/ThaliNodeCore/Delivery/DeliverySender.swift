@@ -14,30 +14,30 @@ import ThaliMutants
 /// is sent); with a version 3 receiver, progress is what the receiver reported writing, and texts go in
 /// batches of `item` frames without a round trip each. An item is removed from the outbox only after the receiver acknowledges it (or
 /// reports it already stored); anything else leaves it pending for the next session.
-public struct DeliverySender: Sendable {
+package struct DeliverySender: Sendable {
     /// What one session achieved.
-    public struct Summary: Sendable, Hashable {
+    package struct Summary: Sendable, Hashable {
         /// Items the receiver acknowledged in this session.
-        public var delivered: [UUID] = []
+        package var delivered: [UUID] = []
         /// Items the receiver already had (acknowledged in an earlier session whose ack was lost).
-        public var alreadyStored: [UUID] = []
+        package var alreadyStored: [UUID] = []
         /// Items the receiver refused for good.
-        public var refused: [UUID] = []
+        package var refused: [UUID] = []
         /// Items the receiver could not hold now (version 4, ``ItemRefusal/noSpace``): still pending,
         /// offered again after a wait.
-        public var deferred: [UUID] = []
+        package var deferred: [UUID] = []
         /// Items whose content the receiver rejected as damaged; still pending, sent again later.
-        public var rejected: [UUID] = []
+        package var rejected: [UUID] = []
         /// Content bytes sent (resumed prefixes not counted).
-        public var bytesSent: UInt64 = 0
+        package var bytesSent: UInt64 = 0
     }
 
     /// The store whose outbox is delivered.
-    public let store: NodeStore
+    package let store: NodeStore
     /// The authenticated peer: the contact the items are for.
-    public let peer: Contact
+    package let peer: Contact
     /// Bounds for frames and chunks.
-    public let limits: DeliveryLimits
+    package let limits: DeliveryLimits
     private let now: @Sendable () -> Date
     private let events: DeliveryEventHandler?
     private let logger: Logger
@@ -46,7 +46,7 @@ public struct DeliverySender: Sendable {
     /// Creates a sender of `store`'s items for `authenticatedPeer`, the contact whose identity the
     /// transport below proved (never a name taken from the stream itself). Database and file work runs on
     /// `blockingPool`, never on the event loop or the concurrency pool.
-    public init(store: NodeStore, authenticatedPeer: Contact, limits: DeliveryLimits? = nil,
+    package init(store: NodeStore, authenticatedPeer: Contact, limits: DeliveryLimits? = nil,
                 now: @escaping @Sendable () -> Date = { Date() }, events: DeliveryEventHandler? = nil,
                 logger: Logger = Logger(label: "thali.delivery.sender"), blockingPool: NIOThreadPool = .singleton) {
         self.blockingPool = blockingPool
@@ -65,7 +65,7 @@ public struct DeliverySender: Sendable {
     ///
     /// One session per direction and contact runs at a time: a second one throws
     /// ``NodeError/sessionInProgress(contact:role:)`` and closes its channel.
-    public func run(on channel: DeliveryChannel.AsyncFrames) async throws -> Summary {
+    package func run(on channel: DeliveryChannel.AsyncFrames) async throws -> Summary {
         try await store.withSessionClaim(
             NodeStore.SessionRole.sending, with: peer, onRefusal: { try? await channel.channel.close() }
         ) {

@@ -100,7 +100,7 @@ public struct DeliverySenderStateMachine: Sendable {
 
     /// Offers a batch of texts whole (version 3), each with its content: the `item` frames to send, the
     /// last one marked. Their answers come in the same order.
-    public mutating func offerBatch(_ items: [(offer: ItemOffer, content: ByteBuffer)]) throws -> [DeliveryFrame] {
+    package mutating func offerBatch(_ items: [(offer: ItemOffer, content: ByteBuffer)]) throws -> [DeliveryFrame] {
         guard state == .ready, receiverSpeaksProgress, !items.isEmpty,
               items.allSatisfy({ $0.offer.kind == .text && UInt64($0.content.readableBytes) == $0.offer.size })
         else { return try fail(.unexpectedFrame(frame: "item", state: stateName)) }

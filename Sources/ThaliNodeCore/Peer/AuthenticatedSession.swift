@@ -10,28 +10,28 @@ import ThaliPSKTLS
 /// The server's `lookup` returns the peer with the key, so the peer is resolved once, during the
 /// handshake, on the event loop: keep it a table lookup (no store, no I/O). Streams the other side opens
 /// are initialised only once the handshake authenticated that peer; until then none reaches the caller.
-public enum AuthenticatedSession {
+package enum AuthenticatedSession {
     /// What ``configureServer(on:context:multiplexer:lookup:inboundStream:)-(_,_,_,_,(Channel,Peer)->EventLoopFuture<Void>)`` returns.
-    public struct Server<Peer: Sendable>: Sendable {
+    package struct Server<Peer: Sendable>: Sendable {
         /// The multiplexer session above TLS.
-        public let session: MultiplexerSession
+        package let session: MultiplexerSession
         /// Succeeds with the peer once the handshake authenticated it; fails when the handshake fails.
-        public let peer: EventLoopFuture<Peer>
+        package let peer: EventLoopFuture<Peer>
         /// What the handshake negotiated (with ``peer``).
-        public let handshake: EventLoopFuture<PSKTLSNegotiatedParameters>
+        package let handshake: EventLoopFuture<PSKTLSNegotiatedParameters>
     }
 
     /// What ``configureClient(on:context:identity:psk:multiplexer:inboundStream:)`` returns.
-    public struct Client: Sendable {
+    package struct Client: Sendable {
         /// The multiplexer session above TLS.
-        public let session: MultiplexerSession
+        package let session: MultiplexerSession
         /// Succeeds when the handshake authenticated the server (it knew the PSK); fails otherwise.
-        public let handshake: EventLoopFuture<PSKTLSNegotiatedParameters>
+        package let handshake: EventLoopFuture<PSKTLSNegotiatedParameters>
     }
 
     /// The server side: PSK-TLS keyed by `lookup` (identity → key and the peer it belongs to), then a
     /// multiplexer session whose inbound streams go to `inboundStream` with the authenticated peer.
-    public static func configureServer<Peer: Sendable>(
+    package static func configureServer<Peer: Sendable>(
         on channel: Channel, context: PSKTLSContext,
         multiplexer: MultiplexerConfiguration = MultiplexerConfiguration(),
         lookup: @escaping @Sendable (String) -> (psk: [UInt8], peer: Peer)?,
@@ -44,7 +44,7 @@ public enum AuthenticatedSession {
 
     /// ``configureServer(on:context:multiplexer:lookup:inboundStream:)-(_,_,_,_,(Channel,Peer)->EventLoopFuture<Void>)`` whose `inboundStream` also gets
     /// what the handshake negotiated (its ALPN protocol says whether the session's streams are marked).
-    public static func configureServer<Peer: Sendable>(
+    package static func configureServer<Peer: Sendable>(
         on channel: Channel, context: PSKTLSContext,
         multiplexer: MultiplexerConfiguration = MultiplexerConfiguration(),
         lookup: @escaping @Sendable (String) -> (psk: [UInt8], peer: Peer)?,
@@ -79,7 +79,7 @@ public enum AuthenticatedSession {
 
     /// The client side: PSK-TLS with `identity` and `psk` (from a beacon match), then a multiplexer
     /// session; streams the server opens go to `inboundStream`.
-    public static func configureClient(
+    package static func configureClient(
         on channel: Channel, context: PSKTLSContext, identity: String, psk: [UInt8],
         multiplexer: MultiplexerConfiguration = MultiplexerConfiguration(),
         inboundStream: MultiplexerHandler.StreamInitializer? = nil
@@ -92,7 +92,7 @@ public enum AuthenticatedSession {
 
     /// ``configureClient(on:context:identity:psk:multiplexer:inboundStream:)`` whose initializer for the
     /// streams the server opens runs once the handshake completed, with what it negotiated.
-    public static func configureClient(
+    package static func configureClient(
         on channel: Channel, context: PSKTLSContext, identity: String, psk: [UInt8],
         multiplexer: MultiplexerConfiguration = MultiplexerConfiguration(),
         negotiatedInboundStream inboundStream: (@Sendable (Channel, PSKTLSNegotiatedParameters) -> EventLoopFuture<Void>)?

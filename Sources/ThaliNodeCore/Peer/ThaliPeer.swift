@@ -294,7 +294,7 @@ public final class ThaliPeer: Sendable {
     private func startBindings(port: Int) async throws {
         var planned: [any PeerBindingService] = []
         if configuration.wifi { planned.append(PeerWiFiBinding(configuration: configuration, group: group, logger: logger)) }
-        planned += configuration.extraBindings.map { $0.makeBinding(group: group, logger: logger) }
+        planned += configuration.extraBindings.map { $0.makeBinding(logger: logger) }
         if let reason = configuration.wifiUnavailableReason {
             emit(.bindingUnavailable(binding: .wifi, reason: reason))
         }
@@ -320,7 +320,7 @@ public final class ThaliPeer: Sendable {
     }
 
     /// Stops: byebye (no more announcements), every connection closed, every task ended, in the order of
-    /// ``PeerLifecycle/StopStep``. A stop during ``start()`` waits for it to end; a second stop waits for
+    /// the lifecycle's stop steps. A stop during ``start()`` waits for it to end; a second stop waits for
     /// the first.
     public func stop() async {
         while true {

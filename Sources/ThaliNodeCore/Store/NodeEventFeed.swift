@@ -41,7 +41,12 @@ public final class NodeEventFeed: Sendable {
 
     /// Listens at `path`, replacing a socket a run that ended without cleaning up left there (the caller
     /// holds the data directory's ``RunLock``, so no other run uses it).
-    public static func start(at path: String, limits: Limits = Limits(), group: any EventLoopGroup) async throws -> NodeEventFeed {
+    public static func start(at path: String, limits: Limits = Limits()) async throws -> NodeEventFeed {
+        try await start(at: path, limits: limits, group: MultiThreadedEventLoopGroup.singleton)
+    }
+
+    /// ``start(at:limits:)`` on `group`'s event loops.
+    package static func start(at path: String, limits: Limits = Limits(), group: any EventLoopGroup) async throws -> NodeEventFeed {
         guard path.utf8.count <= maxPathBytes else { throw NodeEventFeedError.pathTooLong(path: path, maximum: maxPathBytes) }
         let registry = FollowerRegistry(limits: limits)
         let server = try await ServerBootstrap(group: group)

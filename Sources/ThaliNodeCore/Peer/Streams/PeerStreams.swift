@@ -4,22 +4,6 @@ import NIOCore
 import TCPMultiplexer
 import ThaliPSKTLS
 
-/// A stream between this node and a contact for an app's own protocol, in process: what
-/// ``ThaliPeer/openStream(to:protocol:timeout:)`` returns and ``ThaliPeer/handleStreams(protocol:)``
-/// yields. Read and write `channel` as any `NIOAsyncChannel` (inside `executeThenClose`); finishing its
-/// writer half-closes the stream, and leaving `executeThenClose` closes it in order, as a TCP close does:
-/// what was written arrives, then the end (``PeerStreamConfiguration/closeLinger``). On the opening side, a stream the contact's node does not serve fails
-/// its first read with a ``StreamRefusal`` (and ``PeerEvent/streamRefused(contact:role:kind:refusal:byThisNode:)``
-/// says so on both nodes).
-public struct PeerStream: Sendable {
-    /// The contact at the other end, as the PSK-TLS handshake authenticated it.
-    public let contact: String
-    /// The app protocol (`chat` for streams of kind `app/chat`).
-    public let protocolName: String
-    /// The stream's bytes.
-    public let channel: NIOAsyncChannel<ByteBuffer, ByteBuffer>
-}
-
 /// Why ``ThaliPeer/openStream(to:protocol:timeout:)`` or ``ThaliPeer/handleStreams(protocol:)`` failed.
 public enum PeerStreamError: Error, Hashable, Sendable, CustomStringConvertible {
     /// No marked session with the contact came up within the timeout (the contact is not around, or
@@ -56,7 +40,7 @@ extension ThaliPeer {
     ///
     /// ```swift
     /// for await stream in try peer.handleStreams(protocol: "echo") {
-    ///     Task { try await stream.channel.executeThenClose { inbound, outbound in
+    ///     Task { try await stream.withStream { inbound, outbound in
     ///         for try await bytes in inbound { try await outbound.write(bytes) }
     ///     } }
     /// }

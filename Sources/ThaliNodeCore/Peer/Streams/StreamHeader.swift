@@ -66,7 +66,7 @@ public struct StreamHeader: Hashable, Sendable {
     public init(kind: StreamKind) { self.kind = kind }
 
     /// Appends the header's bytes to `buffer`.
-    public func encode(into buffer: inout ByteBuffer) {
+    package func encode(into buffer: inout ByteBuffer) {
         let bytes = Array(kind.name.utf8)
         buffer.writeInteger(UInt8(bytes.count))
         buffer.writeBytes(bytes)
@@ -75,7 +75,7 @@ public struct StreamHeader: Hashable, Sendable {
     /// Reads one header from the front of `buffer`: nil (and nothing consumed) while it is incomplete;
     /// a typed error as soon as the bytes present cannot start a valid header (a length of 0 or over
     /// ``maximumKindLength`` fails on its first byte, without waiting for the rest).
-    public static func decode(from buffer: inout ByteBuffer) throws(StreamHeaderError) -> StreamHeader? {
+    package static func decode(from buffer: inout ByteBuffer) throws(StreamHeaderError) -> StreamHeader? {
         guard let length = buffer.getInteger(at: buffer.readerIndex, as: UInt8.self) else { return nil }
         guard length > 0 else { throw .emptyKind }
         guard Int(length) <= maximumKindLength else { throw .kindTooLong(length: Int(length), maximum: maximumKindLength) }
@@ -154,7 +154,7 @@ public enum StreamStatus: Hashable, Sendable {
 
     /// Appends the status's bytes; a refusal's reason is cut to ``maximumReasonLength`` bytes and its
     /// characters outside printable ASCII become `?`.
-    public func encode(into buffer: inout ByteBuffer) {
+    package func encode(into buffer: inout ByteBuffer) {
         switch self {
         case .accepted:
             buffer.writeInteger(UInt8(0))
@@ -169,7 +169,7 @@ public enum StreamStatus: Hashable, Sendable {
 
     /// Reads one status from the front of `buffer`: nil (nothing consumed) while incomplete; a typed
     /// error as soon as the bytes present cannot start a valid status.
-    public static func decode(from buffer: inout ByteBuffer) throws(StreamHeaderError) -> StreamStatus? {
+    package static func decode(from buffer: inout ByteBuffer) throws(StreamHeaderError) -> StreamStatus? {
         guard let code = buffer.getInteger(at: buffer.readerIndex, as: UInt8.self),
               let length = buffer.getInteger(at: buffer.readerIndex + 1, as: UInt8.self) else { return nil }
         guard Int(length) <= maximumReasonLength else { throw .reasonTooLong(length: Int(length), maximum: maximumReasonLength) }
