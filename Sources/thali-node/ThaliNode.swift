@@ -63,7 +63,7 @@ struct ThaliNode: AsyncParsableCommand {
         }
         let nsError = error as NSError
         if let failure = error as? CommandFailure { return failure.message }
-        if error is NodeError || error is CancellationError || error is IOError || String(reflecting: type(of: error)).hasPrefix("GRDB.")
+        if error is NodeError || error is CancellationError || error is IOError || NodeStore.isDatabaseError(error)
             || nsError.domain == NSCocoaErrorDomain || nsError.domain == NSPOSIXErrorDomain {
             return SystemErrorText.describe(error)
         }

@@ -280,6 +280,49 @@ struct PeerStreamsTests {
         await server.value
     }
 
+    /// Before, the connecting side decided at connect time whether to keep the session after delivery:
+    /// an app that opened its first stream during the delivery could get that session, which then closed
+    /// when the delivery ended, and the app's next write failed with "session closed".
+    @Test("an app stream opened on a session while its delivery runs outlives the delivery")
+    func streamOpenedDuringDeliveryOutlivesIt() async throws {
+        let pair = try Pair(label: "streams-during-delivery")
+        // Bob sends Alice a file slowly (about 2 s), and echoes app streams.
+        let file = FileManager.default.temporaryDirectory.appendingPathComponent("streams-during-delivery-\(UUID().uuidString)").path
+        try Data(repeating: 7, count: 256 * 1024).write(to: URL(fileURLWithPath: file))
+        defer { try? FileManager.default.removeItem(atPath: file) }
+        _ = try pair.people["bob"].store.enqueueFile(at: file, to: "alice", expiresAt: Date().addingTimeInterval(600))
+        let bob = try pair.make("bob") { $0.sendThrottleBytesPerSecond = 128 * 1024 }
+        let streams = try bob.handleStreams(protocol: "echo")
+        let server = Task {
+            await withDiscardingTaskGroup { group in
+                for await stream in streams {
+                    group.addTask {
+                        try? await stream.withStream { inbound, outbound in
+                            for try await bytes in inbound { try await outbound.write(bytes) }
+                        }
+                    }
+                }
+            }
+        }
+        let alice = try pair.make("alice")
+        try await pair.startAll()
+        // Alice connected to receive; her app opens its first stream while the file is on its way.
+        _ = try await pair.wait(for: "alice") { event -> Bool? in
+            if case .delivery("bob", .progress) = event { true } else { nil }
+        }
+        let stream = try await alice.openStream(to: "bob", protocol: "echo")
+        _ = try await pair.wait(for: "alice") { event -> Bool? in
+            if case .sessionEnded("bob", .connecting, nil) = event { true } else { nil }
+        }
+        #expect(pair.picked("alice") { event -> Bool? in if case .delivery("bob", .received) = event { true } else { nil } }.count == 1)
+        #expect(try await Self.echo("still here after the delivery", over: stream) == "still here after the delivery")
+        #expect(pair.picked("alice") { event -> Bool? in
+            if case .disconnected("bob", .connecting, _, _, _) = event { true } else { nil }
+        }.isEmpty, "the session stays up while the app uses streams")
+        await pair.stopAll()
+        await server.value
+    }
+
     /// Before, returning from `executeThenClose` while the other side still had its output open reset
     /// the stream, and the lines just written were lost: the reader got "stream reset by peer".
     @Test("an app stream's close is orderly: lines written just before a close that does not wait for the other side all arrive, then the end")

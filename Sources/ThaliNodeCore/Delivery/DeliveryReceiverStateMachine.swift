@@ -252,7 +252,7 @@ public struct DeliveryReceiverStateMachine: Sendable {
     }
 
     /// The state's name, for errors.
-    public var stateName: String {
+    package var stateName: String {
         switch state {
         case .awaitingHello: "awaiting hello"
         case .idle: "awaiting an offer"

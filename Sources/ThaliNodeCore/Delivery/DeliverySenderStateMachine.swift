@@ -246,7 +246,7 @@ public struct DeliverySenderStateMachine: Sendable {
     }
 
     /// The state's name, for errors.
-    public var stateName: String {
+    package var stateName: String {
         switch state {
         case .initial: "starting"
         case .awaitingWelcome: "awaiting the receiver's welcome"

@@ -136,23 +136,43 @@ extension ThaliPeer {
                 spawn { [self] in await receiveWhileOpen(from: contact, over: session, at: route.location, wanted: wanted) }
             }
             try await relay(contact, over: session, at: route.location, marked: marked)
-        } else if marked && keepsSessionsOpen {
-            try await receive(from: contact, over: session, at: route.location, marked: true, keepingSession: true)
+        } else {
+            // Kept open when the app uses streams, decided when delivery ends: an app that opened its first
+            // stream during the delivery may have opened it on this session.
+            let kept = try await receive(from: contact, over: session, at: route.location, marked: marked,
+                                         keepingSession: marked && keepsSessionsOpen)
+            guard kept else { return }
             let wanted = keepSessionOpen(contact)
             await withTaskCancellationHandler {
                 await receiveWhileOpen(from: contact, over: session, at: route.location, wanted: wanted, afterFirst: true)
             } onCancel: {
                 session.channel.close(promise: nil)
             }
-        } else {
-            try await receive(from: contact, over: session, at: route.location, marked: marked, keepingSession: false)
         }
     }
 
+    /// Closes `session` after its delivery unless it is `marked` and the app uses streams (or began to
+    /// meanwhile); returns whether it stays open. Decided in the same step that takes the session out of
+    /// the ones ``openStream(to:protocol:timeout:)`` picks from, so that no app stream is opened on a
+    /// session that is closing: before, one opened just as its delivery ended failed with "session closed".
+    private func closeUnlessKept(_ session: MultiplexerSession, contact: Contact, marked: Bool) async -> Bool {
+        let appPort = configuration.appPort
+        let close = state.withLockedValue { state -> Bool in
+            if marked && (appPort != nil || state.appStreamsWanted) { return false }
+            state.streamSessions[contact.publicKey]?.removeValue(forKey: ObjectIdentifier(session))
+            if state.streamSessions[contact.publicKey]?.isEmpty == true { state.streamSessions.removeValue(forKey: contact.publicKey) }
+            return true
+        }
+        if close { try? await session.close().get() }
+        return !close
+    }
+
     /// The delivery receiver on a stream this side opens. The session is closed when delivery ends,
-    /// unless `keepingSession` (relay, app streams); a failure is thrown either way.
+    /// unless `keepingSession` (relay, app streams) or the app began to use streams meanwhile; returns
+    /// whether it stays open. A failure is thrown either way.
+    @discardableResult
     private func receive(from contact: Contact, over session: MultiplexerSession, at location: BeaconLocation,
-                         marked: Bool, keepingSession: Bool) async throws {
+                         marked: Bool, keepingSession: Bool) async throws -> Bool {
         let limits = configuration.deliveryLimits
         let writer = marked ? markingWriter(.delivery, contact: contact, role: .connecting) : nil
         sessionStarted()
@@ -165,13 +185,13 @@ extension ThaliPeer {
                                            events: { [emit] in emit(.delivery(contact: contact.name, $0)) },
                                            logger: logger).run(on: frames)
             emit(.sessionEnded(contact: contact.name, role: .connecting, error: nil))
-            if !keepingSession { try? await session.close().get() }
+            return keepingSession ? true : await closeUnlessKept(session, contact: contact, marked: marked)
         } catch {
             if Mutant.streamsRetryRefused.isActive, marked, session.channel.isActive, !isStopped, !Task.isCancelled {
                 return try await receive(from: contact, over: session, at: location, marked: marked, keepingSession: keepingSession)
             }
             emit(.sessionEnded(contact: contact.name, role: .connecting, error: sessionEndError(error, address: "\(location.host):\(location.port)")))
-            if !keepingSession { try? await session.close().get() }
+            if !keepingSession { _ = await closeUnlessKept(session, contact: contact, marked: marked) }
             throw error
         }
     }
@@ -194,7 +214,7 @@ extension ThaliPeer {
             if !first { await wanted.wait(upTo: .seconds(600)) }
             first = false
             guard session.channel.isActive, !Task.isCancelled, !isStopped else { return }
-            try? await receive(from: contact, over: session, at: location, marked: true, keepingSession: true)
+            _ = try? await receive(from: contact, over: session, at: location, marked: true, keepingSession: true)
         }
     }
 

@@ -388,6 +388,12 @@ public final class NodeStore: Sendable {
         try pool.read { db in try OutboxRow.fetchOne(db, key: id)?.value() }.map(resolved)
     }
 
+    /// Whether `error` came from the store's database (SQLite, through GRDB): a full disk, a locked or
+    /// damaged file. An app tells these from its own errors without importing GRDB.
+    public static func isDatabaseError(_ error: any Error) -> Bool {
+        error is DatabaseError
+    }
+
     /// How many items are queued (pending and refused): counted in SQL, none read.
     public func outboxCount() throws -> Int {
         try pool.read { db in try OutboxRow.fetchCount(db) }
