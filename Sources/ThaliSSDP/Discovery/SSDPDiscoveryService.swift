@@ -14,7 +14,9 @@ import Darwin
 /// own beacons at `/NotificationBeacons`. Beacons are opaque bytes here; the app plugs in their parser.
 ///
 /// All mutable state lives on one event loop (`eventLoop`); public methods hop there. Call `stop()` when
-/// done: it sends the byebye and releases the sockets, timers and the beacon server.
+/// done: it sends the byebye and releases the sockets, timers and the beacon server. What to send, track,
+/// fetch and limit is decided by a value with no I/O (`SSDPDiscoveryPolicy`, tested in virtual time); this
+/// class feeds it datagrams, fetch outcomes and timers with the time, and does the I/O its actions ask for.
 public final class SSDPDiscoveryService: @unchecked Sendable {
     /// Errors raised by `start`.
     public enum StartError: Error, Hashable, Sendable {
