@@ -54,52 +54,6 @@ struct CrowdCourtesyTests {
         #expect(wait("99999999999") == .seconds(60), "a day is cut to maxBusyRetryAfter")
     }
 
-    @Test("discovery honours a busy answer: no failure counted, its source not fetched again before Retry-After")
-    func discoveryWaitsOutABusyAnswer() async throws {
-        let host = "127.0.0.91"
-        let server = busyServer(host: host, window: .seconds(3), retryAfter: .seconds(1))
-        server.setBeacons([9])
-        let location = BeaconLocation(host: host, port: try await server.start())
-        // Someone else's fetch opens the window: the next request in the following 3 s is answered busy.
-        #expect(try await BeaconHTTPClient(group: group).fetch(location) == [9])
-
-        let port = try freeUDPPort()
-        var configuration = loopbackConfiguration(port: port)
-        configuration.limits.sourceFetchFailureThreshold = 1  // one failure would ignore the source
-        configuration.limits.unicastFailureThreshold = 1  // and pause our announcing
-        let alice = SSDPDiscoveryService(configuration: configuration, group: group)
-        let aliceEvents = EventLog(alice)
-        try await alice.start()
-        let raw = try await RawSSDPSocket(host: host, groupPort: port)
-        try await raw.send(aliveText(port: port, location: "http://\(location.host):\(location.port)/"))
-
-        // The server's busy answers, timed as they happen (polled: a measurement, not a wait to assert).
-        var busyTimes: [ContinuousClock.Instant] = []
-        let deadline = ContinuousClock.now + .seconds(10)
-        while ContinuousClock.now < deadline {
-            let answered = server.counters.answeredBusy
-            if answered > busyTimes.count { busyTimes.append(ContinuousClock.now) }
-            if aliceEvents.events.contains(where: { if case .beaconsFetched = $0 { true } else { false } }) { break }
-            try await Task.sleep(for: .milliseconds(10))
-        }
-        let fetchedAt = ContinuousClock.now
-        try await aliceEvents.wait(timeout: .seconds(1), "the beacons fetched once the server had room") {
-            if case .beaconsFetched(let peer) = $0 { peer.location == location } else { false }
-        }
-        let counters = await alice.counters()
-        #expect(busyTimes.count >= 1, "the server was busy at first")
-        #expect(counters.busyAnswersReceived == server.counters.answeredBusy, "every busy answer honoured once: \(counters)")
-        #expect(counters.beaconFetchesFailed == 0, "a busy answer is no failure: \(counters)")
-        #expect(counters.sourcesIgnoredForFetchFailures == 0 && counters.unicastFailurePauses == 0, "\(counters)")
-        #expect(!aliceEvents.events.contains { if case .beaconFetchFailed = $0 { true } else { false } })
-        // Never asked again before its Retry-After (1 s; 50 ms of polling slack).
-        for (earlier, later) in zip(busyTimes, busyTimes.dropFirst() + [fetchedAt]) {
-            #expect(later - earlier >= .milliseconds(950), "asked again after \(later - earlier)")
-        }
-        await alice.stop()
-        await server.stop()
-    }
-
     @Test("a full table keeps a contact's peer: strangers take each other's places, and a new contact takes an unread stranger's")
     func contactsKeepTheirPlaces() {
         func location(_ index: Int) -> BeaconLocation { BeaconLocation(host: "10.77.0.\(index)", port: 1000) }
@@ -125,56 +79,5 @@ struct CrowdCourtesyTests {
         // The memory of contact sources is bounded (two here): the oldest is forgotten first.
         table.markContact(host: location(6).host)
         #expect(!table.isContact(location(1)) && table.isContact(location(5)) && table.isContact(location(6)))
-    }
-
-    @Test("with the table full of strangers, a contact keeps its place and its new beacons are fetched")
-    func aContactIsReadInAFullTable() async throws {
-        let port = try freeUDPPort()
-        var configuration = loopbackConfiguration(port: port)
-        configuration.limits.maxTrackedPeers = 2
-        configuration.limits.sourceFetchFailureThreshold = 1000  // strangers that serve nothing are not the point
-        configuration.client.maxAttempts = 1
-        let bob = SSDPDiscoveryService(configuration: configuration, group: group)
-        let events = EventLog(bob)
-        try await bob.start()
-        let contactServer = BeaconHTTPServer(host: "127.0.0.81", group: group)
-        contactServer.setBeacons([1])
-        let contact = BeaconLocation(host: "127.0.0.81", port: try await contactServer.start())
-        let strangerServer = BeaconHTTPServer(host: "127.0.0.82", group: group)
-        strangerServer.setBeacons([2])
-        let stranger = BeaconLocation(host: "127.0.0.82", port: try await strangerServer.start())
-        func announce(_ location: BeaconLocation, usn: String) async throws {
-            let raw = try await RawSSDPSocket(host: location.host, groupPort: port)
-            try await raw.send(aliveText(port: port, usn: usn, location: "http://\(location.host):\(location.port)/"))
-        }
-        func fetched(_ location: BeaconLocation, _ usn: String) -> (SSDPDiscoveryEvent) -> Bool {
-            { if case .beaconsFetched(let peer) = $0 { peer.location == location && peer.uniqueServiceName == usn } else { false } }
-        }
-        let first = ThaliServiceName.makeUniqueServiceName()
-        try await announce(contact, usn: first)
-        try await events.wait("the contact's beacons", fetched(contact, first))
-        bob.markContact(at: contact)  // what the node does once they matched a contact
-        let strangerUSN = ThaliServiceName.makeUniqueServiceName()
-        try await announce(stranger, usn: strangerUSN)
-        try await events.wait("the stranger's beacons", fetched(stranger, strangerUSN))
-        // Strangers that serve nothing fill the table: they are never read, so they keep their places.
-        try await announce(BeaconLocation(host: "127.0.0.83", port: 4000), usn: ThaliServiceName.makeUniqueServiceName())
-        try await events.wait("127.0.0.83 fetched and failed") {
-            if case .beaconFetchFailed(let peer, _) = $0 { peer.location.host == "127.0.0.83" } else { false }
-        }
-        try await announce(BeaconLocation(host: "127.0.0.84", port: 4001), usn: ThaliServiceName.makeUniqueServiceName())
-        try await eventually("127.0.0.84 given a place or refused one") {
-            let counters = await bob.counters()
-            return counters.peersGivenUpAtCap + counters.peersRejectedAtCap >= 2
-        }
-        #expect(await bob.peers().contains { $0.location == contact }, "the contact kept its place")
-        // The contact has something new for us: a new USN, fetched although the table is full.
-        contactServer.setBeacons([3])
-        let second = ThaliServiceName.makeUniqueServiceName()
-        try await announce(contact, usn: second)
-        try await events.wait(timeout: .seconds(3), "the contact's new beacons", fetched(contact, second))
-        await bob.stop()
-        await contactServer.stop()
-        await strangerServer.stop()
     }
 }

@@ -140,29 +140,4 @@ struct NarrowingTests {
         #expect(counters.narrowingEpisodes == 1)
         await bob.stop()
     }
-
-    @Test("a full table of unread peers refuses newcomers without switching discovery off")
-    func theCapNarrowsInsteadOfSwitchingOff() async throws {
-        let port = try freeUDPPort()
-        var configuration = loopbackConfiguration(port: port)
-        configuration.limits.maxTrackedPeers = 3
-        configuration.client.maxAttempts = 1
-        let bob = SSDPDiscoveryService(configuration: configuration, group: group)
-        let bobEvents = EventLog(bob)
-        try await bob.start()
-        // Five hosts, one peer each, serving nothing: none is read, so none gives up its place.
-        for index in 0..<5 {
-            let raw = try await RawSSDPSocket(host: "127.0.0.\(71 + index)", groupPort: port)
-            try await raw.send(aliveText(port: port, location: "http://127.0.0.\(71 + index):\(3000 + index)/"))
-        }
-        try await eventually(timeout: .seconds(2), "the newcomers refused") { await bob.counters().peersRejectedAtCap == 2 }
-        let counters = await bob.counters()
-        #expect(counters.peerCapNarrowings == 1)
-        #expect(await bob.peers().count == 3)
-        #expect(!(await bob.isDiscoveryOff()))
-        // Narrowing reports itself once (two refusals, one episode); nothing is switched off.
-        let limits = bobEvents.events.compactMap { if case .limitTriggered(let kind) = $0 { kind } else { nil } }
-        #expect(limits == [.narrowed], "\(bobEvents.events)")
-        await bob.stop()
-    }
 }

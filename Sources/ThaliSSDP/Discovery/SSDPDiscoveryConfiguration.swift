@@ -72,3 +72,42 @@ public struct SSDPDiscoveryConfiguration: Sendable {
     /// `HOST` header value: `group:port`.
     var hostHeader: String { "\(groupAddress):\(port)" }
 }
+
+extension SSDPDiscoveryConfiguration {
+    /// Refuses timers that would spin the event loop and limits that could never be met.
+    func validate() throws(SSDPDiscoveryService.StartError) {
+        let configuration = self
+        let positiveTimes: [(String, TimeAmount)] = [
+            ("foregroundAliveInterval", configuration.foregroundAliveInterval),
+            ("backgroundAliveInterval", configuration.backgroundAliveInterval),
+            ("searchInterval", configuration.searchInterval),
+            ("housekeepingInterval", configuration.housekeepingInterval),
+            ("floodWindow", configuration.limits.floodWindow),
+            ("failedFetchRetryDelay", configuration.limits.failedFetchRetryDelay),
+            ("maxFailedFetchRetryDelay", configuration.limits.maxFailedFetchRetryDelay),
+        ]
+        let nonNegativeTimes: [(String, TimeAmount)] = [
+            ("fetchSpreadPerPeer", configuration.limits.fetchSpreadPerPeer),
+            ("maxFetchSpread", configuration.limits.maxFetchSpread),
+            ("unicastFailureMinimumSpan", configuration.limits.unicastFailureMinimumSpan),
+            ("unicastFailureMinimumSpanOnceWorked", configuration.limits.unicastFailureMinimumSpanOnceWorked),
+            ("unicastFailureStarvedLoopLag", configuration.limits.unicastFailureStarvedLoopLag),
+        ]
+        for (name, value) in nonNegativeTimes where value < .zero { throw .invalidConfiguration(name) }
+        for (name, value) in positiveTimes where value <= .zero { throw .invalidConfiguration(name) }
+        let positiveCounts: [(String, Int)] = [
+            ("maxAge", configuration.maxAge), ("maxDatagramsPerWindow", configuration.limits.maxDatagramsPerWindow),
+            ("maxDatagramsReadPerWindow", configuration.limits.maxDatagramsReadPerWindow),
+            ("maxTrackedPeers", configuration.limits.maxTrackedPeers),
+            ("maxConcurrentFetches", configuration.limits.maxConcurrentFetches),
+            ("unicastFailureThreshold", configuration.limits.unicastFailureThreshold),
+            ("maxDatagramsPerSource", configuration.limits.maxDatagramsPerSource),
+            ("maxPeersPerSource", configuration.limits.maxPeersPerSource),
+            ("sourceFetchFailureThreshold", configuration.limits.sourceFetchFailureThreshold),
+            ("maxTrackedSources", configuration.limits.maxTrackedSources),
+            ("maxDatagramBytes", configuration.parserLimits.maxDatagramBytes),
+        ]
+        for (name, value) in positiveCounts where value <= 0 { throw .invalidConfiguration(name) }
+        guard (1...65535).contains(configuration.port) else { throw .invalidConfiguration("port") }
+    }
+}
