@@ -58,7 +58,7 @@ extension NodeEvent {
             record.limitsTriggered = Dictionary(uniqueKeysWithValues: status.limitsTriggered.map { ($0.key.rawValue, $0.value) })
             record.discovery = status.discovery
         case .expired(let item):
-            (record.id, record.kind, record.size, record.fileName) = (item.id.uuidString, item.kind.rawValue, item.size, item.fileName)
+            record.fill(item)
         case .stopped(let reason):
             record.reason = reason
         }
@@ -151,10 +151,7 @@ extension NodeEvent {
 extension NodeEvent.Delivery {
     /// Fills in the fields of this event with `contact`.
     func fill(_ record: inout PeerEventRecord, contact: String) {
-        func item(_ item: NodeEvent.Item) {
-            (record.id, record.kind, record.size) = (item.id.uuidString, item.kind.rawValue, item.size)
-            (record.text, record.fileName) = (item.text, item.fileName)
-        }
+        func item(_ item: NodeEvent.Item) { record.fill(item) }
         record.contact = contact
         switch self {
         case .offered(let offered):
@@ -313,6 +310,11 @@ extension StreamRefusal {
 }
 
 extension PeerEventRecord {
+    /// Fills in an item's fields: every one the decoder reads back (``NodeEvent/Fields/item()``).
+    fileprivate mutating func fill(_ item: NodeEvent.Item) {
+        (id, kind, size, text, fileName) = (item.id.uuidString, item.kind.rawValue, item.size, item.text, item.fileName)
+    }
+
     /// Decodes one JSON line (without its newline) as a record.
     public init(jsonLine: some DataProtocol) throws(NodeEventDecodingError) {
         do {
