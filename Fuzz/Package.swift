@@ -34,6 +34,7 @@ let harnesses: [(name: String, target: String)] = [
     ("stream-header", "FuzzStreamHeader"),
     ("adapter-events", "FuzzAdapterEvents"),
     ("raw-yamux-input", "FuzzRawYamuxInput"),
+    ("node-events", "FuzzNodeEvents"),
 ]
 
 let package = Package(

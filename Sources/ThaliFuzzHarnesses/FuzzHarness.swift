@@ -83,6 +83,7 @@ public enum FuzzHarnesses {
         StreamHeaderHarness.harness,
         AdapterEventsHarness.harness,
         RawYamuxInputHarness.harness,
+        NodeEventHarness.harness,
     ]
 
     /// The harness called `name`, if any.

@@ -174,12 +174,13 @@ struct Demo: AsyncParsableCommand {
             let name = person.name
             peers.append(try SpawnedPeer(name: name, executable: executable, arguments: arguments,
                                          stderrPath: person.home.path + "/run.log") { line in
-                if let event = DemoEvent(person: name, line: line) { sink.yield(event) }
+                // A line that is no event (none is expected) is skipped: the end checks the inboxes themselves.
+                if let event = try? NodeEvent(jsonLine: Data(line.utf8)) { sink.yield(.peer(name, event)) }
             })
         }
         let deadline = Task {
             try? await Task.sleep(for: .seconds(timeout))
-            sink.yield(DemoEvent(person: "", kind: "timeout", fields: [:]))
+            sink.yield(.timeout)
         }
         defer { deadline.cancel() }
         let running = peers
@@ -187,7 +188,7 @@ struct Demo: AsyncParsableCommand {
             while !Task.isCancelled {
                 try? await Task.sleep(for: .milliseconds(200))
                 if let dead = running.first(where: { $0.hasExited }) {
-                    sink.yield(DemoEvent(person: dead.name, kind: "exited", fields: [:]))
+                    sink.yield(.exited(dead.name))
                 }
             }
         }
@@ -200,47 +201,49 @@ struct Demo: AsyncParsableCommand {
         var delivered = Set<UUID>()
         var failure: String?
         let byID = Dictionary(uniqueKeysWithValues: expected.map { ($0.id, $0) })
-        for await event in events {
+        for await item in events {
             let elapsed = clock.now - start
-            let stamp = String(format: "+%6.2fs", seconds(elapsed))
-            let who = pad(event.person, 6)
-            let contact = event.fields["contact"].map { $0.prefix(1).uppercased() + $0.dropFirst() } ?? "?"
-            switch event.kind {
-            case "started":
-                say("\(stamp)  \(who) listening at \(event.fields["location"] ?? "?")")
-            case "advertising" where event.fields["contacts"] != "":
-                say("\(stamp)  \(who) advertises beacons for \(event.fields["contacts"] ?? "")")
-            case "peer_appeared":
-                if firstSeen[event.person] == nil { firstSeen[event.person] = elapsed }
-                say("\(stamp)  \(who) hears a peer at \(event.fields["location"] ?? "?")")
-            case "matched":
-                if firstMatch == nil { firstMatch = elapsed }
-                say("\(stamp)  \(who) finds a beacon for it from \(contact)")
-            case "connected" where event.fields["role"] == "connecting":
-                say("\(stamp)  \(who) PSK-TLS session with \(contact) authenticated")
-            case "progress" where byID[UUID(uuidString: event.fields["id"] ?? "") ?? UUID()]?.what.hasPrefix("file") == true
-                && event.person == fileRecipient.name:
-                let done = Double(event.fields["bytes"] ?? "0") ?? 0, total = Double(event.fields["total"] ?? "1") ?? 1
-                say("\(stamp)  \(who) receiving the file from \(contact): \(Int(done))/\(Int(total)) bytes (\(Int(done * 100 / max(total, 1))) %)")
-            case "received":
-                guard let id = UUID(uuidString: event.fields["id"] ?? ""), let item = byID[id] else {
-                    failure = "\(event.person) received an item nobody queued for it"
+            switch item {
+            case .timeout:
+                failure = "not everything was delivered within \(timeout) s"
+            case .exited(let person):
+                failure = "\(person)'s peer exited early; see \(root)/\(person.lowercased())/run.log"
+            case .peer(let person, let event):
+                let stamp = String(format: "+%6.2fs", seconds(elapsed))
+                let who = pad(person, 6)
+                let contact = event.contact.map { $0.prefix(1).uppercased() + $0.dropFirst() } ?? "?"
+                switch event {
+                case .started(let location):
+                    say("\(stamp)  \(who) listening at \(location)")
+                case .advertising(let contacts) where !contacts.isEmpty:
+                    say("\(stamp)  \(who) advertises beacons for \(contacts.joined(separator: ", "))")
+                case .peerAppeared(let location):
+                    if firstSeen[person] == nil { firstSeen[person] = elapsed }
+                    say("\(stamp)  \(who) hears a peer at \(location)")
+                case .beaconMatched:
+                    if firstMatch == nil { firstMatch = elapsed }
+                    say("\(stamp)  \(who) finds a beacon for it from \(contact)")
+                case .connected(_, .connecting, _, _):
+                    say("\(stamp)  \(who) PSK-TLS session with \(contact) authenticated")
+                case .delivery(_, .progress(let id, let bytes, let total))
+                    where byID[id]?.what.hasPrefix("file") == true && person == fileRecipient.name:
+                    say("\(stamp)  \(who) receiving the file from \(contact): \(bytes)/\(total) bytes (\(total == 0 ? 100 : bytes * 100 / total) %)")
+                case .delivery(_, .received(let arrived)):
+                    guard let item = byID[arrived.id] else {
+                        failure = "\(person) received an item nobody queued for it"
+                        break
+                    }
+                    if item.to != person { failure = "\(person) received an item meant for \(item.to)" }
+                    received[arrived.id] = received[arrived.id] ?? elapsed
+                    say("\(stamp)  \(who) received from \(contact): \(item.what)")
+                case .delivery(_, .delivered(let id, _)):
+                    // The sender's side of the same item: its outbox is empty only once the ack came.
+                    delivered.insert(id)
+                case .connectionFailed(_, let reason, _):
+                    say("\(stamp)  \(who) connection with \(contact) failed (\(reason)), retrying")
+                default:
                     break
                 }
-                if item.to != event.person { failure = "\(event.person) received an item meant for \(item.to)" }
-                received[id] = received[id] ?? elapsed
-                say("\(stamp)  \(who) received from \(contact): \(item.what)")
-            case "delivered":
-                // The sender's side of the same item: its outbox is empty only once the ack came.
-                if let id = UUID(uuidString: event.fields["id"] ?? "") { delivered.insert(id) }
-            case "connection_failed":
-                say("\(stamp)  \(who) connection with \(contact) failed (\(event.fields["reason"] ?? "?")), retrying")
-            case "timeout":
-                failure = "not everything was delivered within \(timeout) s"
-            case "exited":
-                failure = "\(event.person)'s peer exited early; see \(root)/\(event.person.lowercased())/run.log"
-            default:
-                break
             }
             // Every item in its inbox and out of its sender's outbox: stopping earlier leaves an item whose
             // ack was still on its way in the sender's outbox (delivered again, as `complete`, next time).
@@ -320,27 +323,14 @@ struct Demo: AsyncParsableCommand {
     }
 }
 
-/// One line a demo peer printed, reduced to text fields.
-struct DemoEvent: Sendable {
-    let person: String
-    let kind: String
-    let fields: [String: String]
-
-    init(person: String, kind: String, fields: [String: String]) {
-        self.person = person
-        self.kind = kind
-        self.fields = fields
-    }
-
-    init?(person: String, line: String) {
-        guard let object = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any],
-              let kind = object["event"] as? String else { return nil }
-        var fields: [String: String] = [:]
-        for (key, value) in object {
-            if let list = value as? [Any] { fields[key] = list.map { "\($0)" }.joined(separator: ", ") } else { fields[key] = "\(value)" }
-        }
-        self.init(person: person, kind: kind, fields: fields)
-    }
+/// What the demo watches: a peer's event line, the deadline, a peer that exited early.
+enum DemoEvent: Sendable {
+    /// An event line the peer of this person printed.
+    case peer(String, NodeEvent)
+    /// `--timeout` passed.
+    case timeout
+    /// This person's peer exited before the demo stopped it.
+    case exited(String)
 }
 
 private func pad(_ text: String, _ width: Int) -> String { text.padding(toLength: max(width, text.count), withPad: " ", startingAt: 0) }

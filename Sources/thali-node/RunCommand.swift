@@ -237,8 +237,8 @@ struct Run: AsyncParsableCommand {
         try await serviceGroup.run()
         output.status(await peer.status())
         let stopReason = reason.value ?? "end"
-        var stopped = PeerEventRecord(event: "stopped", summary: "stopped (\(stopReason))")
-        stopped.reason = stopReason
+        var stopped = NodeEvent.stopped(reason: stopReason).record
+        stopped.summary = "stopped (\(stopReason))"
         output.print(stopped)
         await feed?.close()
         withExtendedLifetime(lock) {}
@@ -375,9 +375,9 @@ final class RunOutput: Sendable {
 
     /// Reports an item dropped undelivered because it expired (`expired`, with its id and kind).
     func expired(_ item: OutboxItem) {
-        var record = PeerEventRecord(event: "expired", summary: "\(item.id.uuidString.prefix(8)) expired undelivered and was deleted "
-                                     + "(\(item.kind == .text ? "a text" : "file \(item.fileName ?? "?")"), \(item.size) bytes)")
-        (record.id, record.kind, record.size, record.fileName) = (item.id.uuidString, item.kind.rawValue, item.size, item.fileName)
+        var record = NodeEvent.expired(NodeEvent.Item(id: item.id, kind: item.kind, size: item.size, fileName: item.fileName)).record
+        record.summary = "\(item.id.uuidString.prefix(8)) expired undelivered and was deleted "
+            + "(\(item.kind == .text ? "a text" : "file \(item.fileName ?? "?")"), \(item.size) bytes)"
         print(record)
     }
 

@@ -3,6 +3,7 @@ import NIOPosix
 import Testing
 import ThaliBeacons
 import ThaliSSDP
+import ThaliNodeTestSupport
 import ThaliTestSupport
 
 #if canImport(FoundationXML)
@@ -47,7 +48,7 @@ struct PeerModeTests {
         func start(environment: [String: String]? = nil) async throws -> Implementation {
             let peer = try RunningPeer("iut", try PeerModeTests.node(), ["run", "--home", iut, "--address", "127.0.0.1", "--ssdp-port",
                                                                         String(ssdpPort), "--json", "--max-age", "5"], environment: environment)
-            try await peer.waitFor("started") { isEvent($0, "started") }
+            try await peer.waitFor("started") { $0.isStarted }
             return Implementation(iut: iut, iutKey: iutKey, suite: suite, ssdpPort: ssdpPort, peer: peer)
         }
     }

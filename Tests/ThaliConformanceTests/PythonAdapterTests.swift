@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import ThaliNodeTestSupport
 import ThaliTestSupport
 
 @testable import ThaliConformance
@@ -26,7 +27,7 @@ struct PythonAdapterTests {
             try? FileManager.default.removeItem(atPath: iut)
             try? FileManager.default.removeItem(atPath: suite)
         }
-        try await peer.waitFor("started") { isEvent($0, "started") }
+        try await peer.waitFor("started") { $0.isStarted }
 
         let jsonPath = suite + "/report.json"
         let run = try ChildProcess(node, [

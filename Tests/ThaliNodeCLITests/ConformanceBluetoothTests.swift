@@ -27,7 +27,7 @@ struct ConformanceBluetoothTests {
         let node = try RunningPeer("alice", executable, ["run", "--home", try people["alice"].home.path, "--json",
                                                          "--bluetooth", "hci0", "--no-wifi"], environment: environment)
         defer { _ = node.kill(signal: SIGTERM) }
-        try await node.waitFor("started") { isEvent($0, "started") }
+        try await node.waitFor("started") { $0.isStarted }
 
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("thali-bt-conformance-\(UUID().uuidString)").path
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)

@@ -34,7 +34,7 @@ struct ConformanceModesOverBluetoothTests {
             let environment = ["DBUS_SYSTEM_BUS_ADDRESS": mock.busAddress, "THALI_BLUETOOTH_STANDIN": scope]
             let node = try RunningPeer("iut", executable, ["run", "--home", try people["iut"].home.path, "--json",
                                                            "--bluetooth", "hci0", "--no-wifi"], environment: environment)
-            try await node.waitFor("started") { isEvent($0, "started") }
+            try await node.waitFor("started") { $0.isStarted }
             return Implementation(people: people, node: node, address: address, environment: environment, mock: mock)
         }
 

@@ -194,7 +194,7 @@ struct DailyUseTests {
         let arguments = { (home: String) in ["run", "--home", home, "--address", "127.0.0.1", "--ssdp-port", String(port), "--json", "--max-age", "5"] }
         let alicePeer = try RunningPeer("alice", CommandLineTests.executable, arguments(alice.home.path))
         let bobPeer = try RunningPeer("bob", CommandLineTests.executable, arguments(bob.home.path))
-        try await bobPeer.waitFor("the file") { isEvent($0, "received", ["id": file.id.uuidString]) }
+        try await bobPeer.waitFor("the file") { $0.receivedItem?.id == file.id }
         #expect(alicePeer.kill(signal: SIGTERM) == 0 && bobPeer.kill(signal: SIGTERM) == 0)
 
         let item = try #require(try bob.store.inbox().first)
@@ -231,11 +231,15 @@ struct DailyUseTests {
         let receiver = try RunningPeer("bob", CommandLineTests.executable, arguments(bob.home.path))
         defer { _ = sender.kill(); _ = receiver.kill() }
         let refused = try await receiver.waitFor("the receiver's refusal") {
-            isEvent($0, "refused_offer", ["id": file.id.uuidString, "refusal": "too_large", "file_name": "big.bin"])
+            if case .delivery(_, .refusedOffer(let item, .tooLarge, _)) = $0 { item.id == file.id && item.fileName == "big.bin" } else { false }
         }
-        #expect(refused["reason"] as? String == "larger than this node's limit of 1.0 MiB (maxItemBytes)", "\(refused)")
-        let told = try await sender.waitFor("the sender's refusal") { isEvent($0, "refused", ["id": file.id.uuidString]) }
-        #expect(told["reason"] as? String == "larger than what bob accepts", "\(told)")
+        guard case .delivery(_, .refusedOffer(_, _, let reason)) = refused else { return }
+        #expect(reason == "larger than this node's limit of 1.0 MiB (maxItemBytes)", "\(refused)")
+        let told = try await sender.waitFor("the sender's refusal") {
+            if case .delivery(_, .refused(let item, _)) = $0 { item.id == file.id } else { false }
+        }
+        // The line's reason is the refusal's words (not decoded: they follow from it), as it came.
+        #expect(String(decoding: try told.jsonLine(), as: UTF8.self).contains(#""reason":"larger than what bob accepts""#), "\(told)")
         #expect(!sender.output.contains("tooLarge") && !receiver.output.contains("tooLarge"), "\(sender.output)")
         #expect(try alice.store.outboxItem(id: file.id)?.state == .refused)
     }
@@ -379,17 +383,22 @@ struct DailyUseTests {
         let bobPeer = try RunningPeer("bob", CommandLineTests.executable, ["run", "--home", bob.home.path, "--address", "127.0.0.1",
                                                                           "--ssdp-port", port, "--json", "--relay-port", "alice=\(pinned)"])
         defer { _ = bobPeer.kill() }
-        try await bobPeer.waitFor("started") { isEvent($0, "started") }
+        try await bobPeer.waitFor("started") { $0.isStarted }
         // Another process takes the pinned port after bob checked it at start.
         let holder = try #require(listeningSocket(port: pinned))
         defer { close(holder) }
         let alicePeer = try RunningPeer("alice", CommandLineTests.executable, ["run", "--home", alice.home.path, "--address", "127.0.0.1",
                                                                               "--ssdp-port", port, "--json", "--app-port", String(appPort)])
         defer { _ = alicePeer.kill() }
-        let moved = try await bobPeer.waitFor("the relay on another port") { isEvent($0, "relay_port_unavailable", ["contact": "alice"]) }
-        let instead = try #require(moved["instead"] as? Int)
+        let moved = try await bobPeer.waitFor("the relay on another port") {
+            if case .relayPortUnavailable("alice", _, _, _) = $0 { true } else { false }
+        }
+        guard case .relayPortUnavailable(_, _, _, let other) = moved, let instead = other else {
+            Issue.record("no port instead: \(moved)")
+            return
+        }
         #expect(instead != pinned)
-        try await bobPeer.waitFor("alice's text") { isEvent($0, "received", ["id": text.id.uuidString]) }
+        try await bobPeer.waitFor("alice's text") { $0.receivedItem?.id == text.id }
         let reply = try await Task.detached { try echoThrough(port: instead, "ping through the relay\n") }.value
         #expect(reply == "ping through the relay\n")
     }

@@ -305,8 +305,8 @@ struct DataDirectoryTests {
         #expect(rename(alice.home.path, moved.home.path) == 0)
         let port = randomSSDPPort()
         let alicePeer = try run(alice, home: moved.home.path, port: port), bobPeer = try run(bob, port: port)
-        try await bobPeer.waitFor("the file") { isEvent($0, "received", ["id": item.id.uuidString]) }
-        try await alicePeer.waitFor("the delivery") { isEvent($0, "delivered", ["id": item.id.uuidString]) }
+        try await bobPeer.waitFor("the file") { $0.receivedItem?.id == item.id }
+        try await alicePeer.waitFor("the delivery") { $0.deliveredID == item.id }
         let received = try #require(try bob.store.inbox().first { $0.itemID == item.id }?.filePath)
         #expect(FileManager.default.contents(atPath: received) == content)
         #expect(!alicePeer.output.contains("missing"), "\(alicePeer.output)")
@@ -347,7 +347,7 @@ struct DataDirectoryTests {
         _ = try alice.store.enqueueText("queued", to: "bob", expiresAt: Date().addingTimeInterval(600))
         let port = randomSSDPPort()
         let first = try run(alice, port: port)
-        try await first.waitFor("started") { isEvent($0, "started") }
+        try await first.waitFor("started") { $0.isStarted }
         let second = try await thaliNode(["run", "--home", alice.home.path, "--address", "127.0.0.1", "--ssdp-port", String(port)])
         expectError(second, containing: "\(alice.home.path) is in use by another running peer (a `thali-node run` or an app) (pid \(first.pid))")
         // Removing a contact whose items the run is delivering waits for the run to stop.
@@ -356,7 +356,7 @@ struct DataDirectoryTests {
         #expect(try alice.store.contacts().map(\.name) == ["bob"])
         #expect(first.kill(signal: SIGKILL) == 128 + SIGKILL)
         let third = try run(alice, port: port, ["--duration", "0.5"])
-        try await third.waitFor("stopped") { isEvent($0, "stopped", ["reason": "duration"]) }
+        try await third.waitFor("stopped") { $0.stopReason == "duration" }
     }
 
     @Test("outbox shows expired items as expired, and run reports each one it deletes")
@@ -370,8 +370,10 @@ struct DataDirectoryTests {
         let shown = try await thaliNode(["outbox", "--home", alice.home.path])
         #expect(shown.output.contains("expired  \"too late\""), "\(shown.output)")
         let peer = try run(alice, port: randomSSDPPort(), ["--duration", "1"])
-        try await peer.waitFor("the expired event") { isEvent($0, "expired", ["id": item.id.uuidString, "kind": "text"]) }
-        try await peer.waitFor("stopped") { isEvent($0, "stopped") }
+        try await peer.waitFor("the expired event") {
+            if case .expired(let expired) = $0 { expired.id == item.id && expired.kind == .text } else { false }
+        }
+        try await peer.waitFor("stopped") { $0.stopReason != nil }
         #expect(try alice.store.outbox().isEmpty)
     }
 
@@ -422,9 +424,12 @@ struct DataDirectoryTests {
         ])
         let bobPeer = try RunningPeer("bob", program, arguments)
         // Version 4: the offer is refused for now (the free space is checked before a byte comes), in words.
-        let refused = try await bobPeer.waitFor("the refusal") { isEvent($0, "refused_offer", ["refusal": "no_space"]) }
-        #expect((refused["reason"] as? String)?.hasPrefix("not enough space: ") == true, "\(refused)")
-        #expect((refused["reason"] as? String)?.contains(" free in \(bob.home.partialDirectory)") == true, "\(refused)")
+        let refused = try await bobPeer.waitFor("the refusal") {
+            if case .delivery(_, .refusedOffer(_, .noSpace, _)) = $0 { true } else { false }
+        }
+        guard case .delivery(_, .refusedOffer(_, _, let reason)) = refused else { return }
+        #expect(reason.hasPrefix("not enough space: "), "\(refused)")
+        #expect(reason.contains(" free in \(bob.home.partialDirectory)"), "\(refused)")
         #expect(!bobPeer.output.contains("NSCocoaErrorDomain") && !alicePeer.output.contains("NSCocoaErrorDomain"),
                 "\(bobPeer.output)")
     }

@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import ThaliNodeTestSupport
 import ThaliTestSupport
 @testable import ThaliNodeCore
 
@@ -23,18 +24,19 @@ struct EventsCommandTests {
         #expect(mode & 0o077 == 0, "events.sock mode \(String(mode, radix: 8))")
 
         let follower = try RunningPeer("events", thaliNodeExecutable, ["events", "--home", alice.home.path])
-        try await follower.waitFor("a status") { isEvent($0, "status") && $0["t"] is Double }
+        try await follower.waitForLine("a status") { $0.event.statusSnapshot != nil && $0.t != nil }
         let bobPeer = try RunningPeer("bob", thaliNodeExecutable, [
             "run", "--home", bob.home.path, "--address", "127.0.0.1", "--ssdp-port", String(port), "--max-age", "5", "--json",
         ])
-        try await follower.waitFor("the delivery", timeout: .seconds(30)) { isEvent($0, "delivered", ["id": text.id.uuidString]) }
-        try await follower.waitFor("connected") { isEvent($0, "connected", ["contact": "bob"]) }
+        try await follower.waitFor("the delivery", timeout: .seconds(30)) { $0.deliveredID == text.id }
+        try await follower.waitFor("connected") { if case .connected("bob", _, _, _) = $0 { true } else { false } }
         #expect(bobPeer.kill(signal: SIGTERM) == 0)
         // Bob's stop ends the session with close_notify: a clean end.
-        try await follower.waitFor("the session's end") { isEvent($0, "disconnected", ["contact": "bob"]) && $0["clean"] is Bool }
+        // (Its `clean` is there: a `disconnected` line without it does not decode.)
+        try await follower.waitFor("the session's end") { if case .disconnected("bob", _, _, _, _) = $0 { true } else { false } }
 
         #expect(alicePeer.kill(signal: SIGTERM) == 0)
-        try await follower.waitFor("stopped") { isEvent($0, "stopped", ["reason": "SIGTERM"]) }
+        try await follower.waitFor("stopped") { $0.stopReason == "SIGTERM" }
         try await waitUntil("events to exit with the run") { follower.hasExited }
         #expect(follower.kill() == 0)
         #expect(!FileManager.default.fileExists(atPath: socketPath), "the run removes events.sock as it stops")

@@ -47,31 +47,34 @@ struct HeadOfLineTests {
         }
         // The text arrives although the file before it cannot.
         try await receiver.waitFor("the text", timeout: .seconds(60)) {
-            isEvent($0, "received", ["id": text.id.uuidString, "text": "behind the big file"])
+            $0.receivedItem?.id == text.id && $0.receivedItem?.text == "behind the big file"
         }
-        try await sender.waitFor("the text acknowledged") { isEvent($0, "delivered", ["id": text.id.uuidString]) }
+        try await sender.waitFor("the text acknowledged") { $0.deliveredID == text.id }
 
         // The receiver says what it refused and why: the free space, what it needs.
         let refused = try await receiver.waitFor("the refusal in words") {
-            isEvent($0, "refused_offer", ["id": file.id.uuidString, "refusal": "no_space", "contact": "alice", "file_name": "big.iso"])
+            if case .delivery("alice", .refusedOffer(let item, .noSpace, _)) = $0 { item.id == file.id && item.fileName == "big.iso" } else { false }
         }
-        let reason = try #require(refused["reason"] as? String)
+        guard case .delivery(_, .refusedOffer(_, _, let reason)) = refused else { return }
         #expect(reason.hasPrefix("not enough space: ") && reason.contains(" free in \(bob.home.partialDirectory)"), "\(reason)")
         #expect(reason.contains("82.0 MiB needed (50.0 MiB to come and 32.0 MiB kept free, minimumFreeBytes)"), "\(reason)")
         #expect(receiver.output.contains(#""size":52428800"#))
 
         // The sender says the file waits, why, and when it is offered again; it stays pending.
         let deferred = try await sender.waitFor("the deferral in words") {
-            isEvent($0, "deferred", ["id": file.id.uuidString, "refusal": "no_space", "reason": "not enough space"])
+            if case .delivery(_, .deferred(let item, .noSpace, _)) = $0 { item.id == file.id } else { false }
         }
-        #expect((deferred["retry_in_ms"] as? Int).map { $0 > 0 } == true)
+        guard case .delivery(_, .deferred(_, _, let retryIn)) = deferred else { return }
+        #expect(retryIn > .zero)
+        #expect(String(decoding: try deferred.jsonLine(), as: UTF8.self).contains(#""reason":"not enough space""#))
         // The file is offered again later (the outbox poll wakes the advertisement at its retry time), and
         // refused again; the words of a refusal never name a Swift case.
         try await receiver.waitFor("a second offer of the file", timeout: .seconds(90)) { _ in
-            receiver.events.filter { isEvent($0, "refused_offer", ["id": file.id.uuidString]) }.count >= 2
+            receiver.events.filter { if case .delivery(_, .refusedOffer(let item, _, _)) = $0 { item.id == file.id } else { false } }.count >= 2
         }
-        for line in sender.events + receiver.events where ["deferred", "refused_offer"].contains(line["event"] as? String) {
-            #expect(!"\(line)".contains("noSpace") && !"\(line)".contains("ItemRefusal"), "\(line)")
+        for event in sender.events + receiver.events where ["deferred", "refused_offer"].contains(event.name) {
+            let line = String(decoding: try event.jsonLine(), as: UTF8.self)
+            #expect(!line.contains("noSpace") && !line.contains("ItemRefusal"), "\(line)")
         }
 
         #expect(sender.kill(signal: SIGTERM) == 0)

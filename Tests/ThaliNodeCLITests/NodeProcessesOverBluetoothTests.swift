@@ -121,26 +121,28 @@ struct NodeProcessesOverBluetoothTests {
 
         // Carol, over Bluetooth only, is partway through the photo: SIGKILL her, then start her again.
         try await carolPeer.waitFor("photo progress", timeout: .seconds(40)) {
-            isEvent($0, "progress", ["id": photo.id.uuidString])
-                && (($0["bytes"] as? Int) ?? 0) > 0 && (($0["bytes"] as? Int) ?? 0) < fileSize / 2
+            guard let progress = $0.progress, progress.id == photo.id else { return false }
+            return progress.bytes > 0 && progress.bytes < UInt64(fileSize / 2)
         }
         carolPeer.kill(signal: SIGKILL)
         #expect(try !carol.store.inbox().contains { $0.itemID == photo.id })
         carolPeer = try start(2, wifi: false, label: "carol (restarted)")
         do {
-            try await carolPeer.waitFor("the photo", timeout: .seconds(40)) { isEvent($0, "received", ["id": photo.id.uuidString]) }
+            try await carolPeer.waitFor("the photo", timeout: .seconds(40)) { $0.receivedItem?.id == photo.id }
         } catch {
             Issue.record("alice's events:\n\(alicePeer.output.suffix(8000))")
             throw error
         }
         // It resumed where her durable bytes ended, not from zero.
         #expect(carolPeer.events.contains {
-            isEvent($0, "transfer_started", ["id": photo.id.uuidString]) && (($0["offset"] as? Int) ?? 0) > 0
+            if case .delivery(_, .transferStarted(photo.id, let offset, _)) = $0 { offset > 0 } else { false }
         }, "\(carolPeer.output)")
 
         // Everything else arrives; Alice and Bob have matched each other over both bindings.
         func matched(_ peer: RunningPeer, _ contact: String, _ prefix: String) -> Bool {
-            peer.events.contains { isEvent($0, "matched", ["contact": contact]) && ($0["location"] as? String)?.hasPrefix(prefix) == true }
+            peer.events.contains {
+                if case .beaconMatched(contact, let location) = $0 { location.description.hasPrefix(prefix) } else { false }
+            }
         }
         // A peer matches a contact only while that contact advertises for it, that is while the contact
         // holds items for it; the first items can all arrive over one binding before the other finds the
@@ -216,13 +218,16 @@ struct NodeProcessesOverBluetoothTests {
                                              "--bluetooth", adapter], environment: environment)
         }
         for peer in peers {
-            let unavailable = try await peer.waitFor("Wi-Fi unavailable") { isEvent($0, "binding_unavailable", ["binding": "wifi"]) }
-            #expect(unavailable["reason"] as? String == "no usable network interface (up, with an IPv4 address)", "\(unavailable)")
-            let started = try await peer.waitFor("started") { isEvent($0, "started") }
-            #expect((started["location"] as? String)?.hasPrefix("bluetooth:") == true, "\(started)")
+            let unavailable = try await peer.waitFor("Wi-Fi unavailable") {
+                if case .bindingUnavailable(.wifi, _) = $0 { true } else { false }
+            }
+            #expect(unavailable == .bindingUnavailable(binding: .wifi, reason: "no usable network interface (up, with an IPv4 address)"),
+                    "\(unavailable)")
+            let started = try await peer.waitFor("started") { $0.isStarted }
+            #expect(started.startedLocation?.binding == .bluetooth, "\(started)")
         }
-        try await peers[1].waitFor("Alice's text") { isEvent($0, "received", ["id": toBob.uuidString]) }
-        try await peers[0].waitFor("Bob's text") { isEvent($0, "received", ["id": toAlice.uuidString]) }
+        try await peers[1].waitFor("Alice's text") { $0.receivedItem?.id == toBob }
+        try await peers[0].waitFor("Bob's text") { $0.receivedItem?.id == toAlice }
         for peer in peers { #expect(peer.kill(signal: SIGTERM) == 0, "\(peer.label): \(peer.output.suffix(4000))") }
         #expect(try alice.store.inbox().map(\.itemID) == [toAlice])
         #expect(try bob.store.inbox().map(\.itemID) == [toBob])

@@ -99,14 +99,16 @@ struct ThreeHostDeliveryTests {
         var alicePeer = try start(0, alice, label: "alice")
         var bobPeer = try start(1, bob, label: "bob")
         let carolPeer = try start(2, carol, label: "carol")
-        let started = try await alicePeer.waitFor("started") { isEvent($0, "started") }
-        #expect((started["location"] as? String)?.hasPrefix("http://10.217.9.1:") == true)
+        let started = try await alicePeer.waitFor("started") { $0.isStarted }
+        #expect(started.startedLocation?.description.hasPrefix("http://10.217.9.1:") == true)
 
         // Both files move at once. SIGKILL the receiver Bob partway through the report, then the sender
         // Alice partway through Carol's photo; restart both.
-        func partway(_ id: UUID) -> ([String: Any]) -> Bool {
-            { isEvent($0, "progress", ["id": id.uuidString]) && (($0["bytes"] as? Int) ?? 0) > 0
-                && (($0["bytes"] as? Int) ?? 0) < fileSize / 2 }
+        func partway(_ id: UUID) -> (NodeEvent) -> Bool {
+            { event in
+                guard let progress = event.progress, progress.id == id else { return false }
+                return progress.bytes > 0 && progress.bytes < UInt64(fileSize / 2)
+            }
         }
         try await bobPeer.waitFor("report progress", partway(toBob.id))
         try await carolPeer.waitFor("photo progress", partway(toCarol.id))
@@ -117,8 +119,8 @@ struct ThreeHostDeliveryTests {
         bobPeer = try start(1, bob, label: "bob (restarted)")
         alicePeer = try start(0, alice, label: "alice (restarted)")
         do {
-            try await carolPeer.waitFor("the photo", timeout: .seconds(30)) { isEvent($0, "received", ["id": toCarol.id.uuidString]) }
-            try await bobPeer.waitFor("the report", timeout: .seconds(30)) { isEvent($0, "received", ["id": toBob.id.uuidString]) }
+            try await carolPeer.waitFor("the photo", timeout: .seconds(30)) { $0.receivedItem?.id == toCarol.id }
+            try await bobPeer.waitFor("the report", timeout: .seconds(30)) { $0.receivedItem?.id == toBob.id }
         } catch {
             let outputs = [alicePeer, bobPeer, carolPeer].map { "--- \($0.label)\n" + String($0.output.suffix(8000)) }
             Issue.record("the peers' events:\n\(outputs.joined(separator: "\n"))")
@@ -127,7 +129,7 @@ struct ThreeHostDeliveryTests {
         // Both transfers resumed where the receiver's durable bytes ended, not from zero.
         for (peer, id) in [(carolPeer, toCarol.id), (bobPeer, toBob.id)] {
             #expect(peer.events.contains {
-                isEvent($0, "transfer_started", ["id": id.uuidString]) && (($0["offset"] as? Int) ?? 0) > 0
+                if case .delivery(_, .transferStarted(id, let offset, _)) = $0 { offset > 0 } else { false }
             }, "\(peer.label)")
         }
 

@@ -133,14 +133,13 @@ struct NodeEventFeedTests {
 
     @Test("JSON lines escape what drives a terminal (DEL, C1, bidirectional overrides) and decode to the same text")
     func jsonLinesAreTerminalSafe() throws {
-        var record = PeerEventRecord(event: "received", summary: "")
         let text = "a\u{7F}b\u{9B}31mc\u{202E}d\u{2066}e é"
-        record.text = text
-        let line = try record.jsonLine()
+        let id = UUID()
+        let event = NodeEvent.delivery(contact: "bob", .received(NodeEvent.Item(id: id, kind: .text, size: 15, text: text)))
+        let line = try event.jsonLine()
         let printed = String(decoding: line, as: UTF8.self)
         #expect(printed.unicodeScalars.allSatisfy { !(0x7F...0x9F).contains($0.value) && $0.value != 0x202E && $0.value != 0x2066 })
         #expect(printed.contains("\\u009B") && printed.contains("é"))
-        let decoded = try #require(try JSONSerialization.jsonObject(with: line) as? [String: Any])
-        #expect(decoded["text"] as? String == text)
+        #expect(try NodeEvent(jsonLine: line) == event)
     }
 }

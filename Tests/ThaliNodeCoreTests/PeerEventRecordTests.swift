@@ -7,30 +7,25 @@ import Testing
     static let bluetoothPeer = PeerLocation("bluetooth:00:AA:01:00:00:01")!
     static let wifiPeer = PeerLocation("http://10.0.0.2:4000/NotificationBeacons")!
 
-    static func object(_ record: PeerEventRecord?) throws -> [String: Any] {
-        let data = try #require(record).jsonLine()
-        return try #require(try JSONSerialization.jsonObject(with: data) as? [String: Any])
+    /// The record's JSON line.
+    static func line(_ record: PeerEventRecord?) throws -> String {
+        String(decoding: try #require(record).jsonLine(), as: UTF8.self)
     }
 
     @Test func eventsCarryTheirFieldsAndNothingElse() throws {
         let refused = PeerConnectionError(.refused, address: "10.0.0.2:4000")
-        let failed = try Self.object(PeerEventRecord(.connectionFailed(contact: "bob", reason: refused, retryIn: .milliseconds(1500))))
-        #expect(failed as NSDictionary == ["event": "connection_failed", "contact": "bob", "reason": "connection refused by 10.0.0.2:4000",
-                                           "retry_in_ms": 1500] as NSDictionary)
-        let givingUp = try Self.object(PeerEventRecord(.connectionFailed(contact: "bob", reason: refused, retryIn: nil)))
-        #expect(givingUp["retry_in_ms"] == nil)
-        let connecting = try Self.object(PeerEventRecord(.connecting(contact: "bob", location: Self.bluetoothPeer, attempt: 2)))
-        #expect(connecting["binding"] as? String == "bluetooth")
-        #expect(connecting["attempt"] as? Int == 2)
-        let matched = try Self.object(PeerEventRecord(.beaconMatched(contact: "bob", location: Self.wifiPeer)))
-        #expect(matched["binding"] as? String == "wifi")
-        let appeared = try Self.object(PeerEventRecord(.peerAppeared(location: Self.bluetoothPeer)))
-        #expect(appeared["binding"] as? String == "bluetooth")
-        let connected = try Self.object(PeerEventRecord(.connected(contact: "bob", role: .accepting, binding: .bluetooth, remote: "127.0.0.1:40001")))
-        #expect(connected as NSDictionary == ["event": "connected", "contact": "bob", "role": "accepting", "binding": "bluetooth",
-                                              "remote": "127.0.0.1:40001"] as NSDictionary)
-        let ended = try Self.object(PeerEventRecord(.disconnected(contact: "bob", role: .connecting, binding: .wifi, remote: "10.0.0.2:4000", reason: nil)))
-        #expect(ended["binding"] as? String == "wifi" && ended["reason"] as? String == "closed" && ended["remote"] as? String == "10.0.0.2:4000")
+        #expect(try Self.line(PeerEventRecord(.connectionFailed(contact: "bob", reason: refused, retryIn: .milliseconds(1500))))
+            == #"{"contact":"bob","event":"connection_failed","reason":"connection refused by 10.0.0.2:4000","retry_in_ms":1500}"#)
+        #expect(try Self.line(PeerEventRecord(.connectionFailed(contact: "bob", reason: refused, retryIn: nil)))
+            == #"{"contact":"bob","event":"connection_failed","reason":"connection refused by 10.0.0.2:4000"}"#)
+        #expect(try Self.line(PeerEventRecord(.beaconMatched(contact: "bob", location: Self.wifiPeer)))
+            == #"{"binding":"wifi","contact":"bob","event":"matched","location":"http://10.0.0.2:4000/NotificationBeacons"}"#)
+        #expect(try Self.line(PeerEventRecord(.peerAppeared(location: Self.bluetoothPeer)))
+            == #"{"binding":"bluetooth","event":"peer_appeared","location":"bluetooth:00:AA:01:00:00:01"}"#)
+        #expect(try Self.line(PeerEventRecord(.connected(contact: "bob", role: .accepting, binding: .bluetooth, remote: "127.0.0.1:40001")))
+            == #"{"binding":"bluetooth","contact":"bob","event":"connected","remote":"127.0.0.1:40001","role":"accepting"}"#)
+        #expect(try Self.line(PeerEventRecord(.disconnected(contact: "bob", role: .connecting, binding: .wifi, remote: "10.0.0.2:4000", reason: nil)))
+            == #"{"binding":"wifi","clean":true,"contact":"bob","event":"disconnected","reason":"closed","remote":"10.0.0.2:4000","role":"connecting"}"#)
         // Slashes stay readable.
         #expect(String(decoding: try #require(PeerEventRecord(.started(location: Self.wifiPeer))).jsonLine(), as: UTF8.self)
             .contains("http://10.0.0.2:4000/NotificationBeacons"))
@@ -46,8 +41,7 @@ import Testing
         for text in ["lora:", ":node", "node-7", "bluetooth:not-an-address", "wifi:x", "http:x"] {
             #expect(PeerLocation(text) == nil, "\(text)")
         }
-        let appeared = try Self.object(PeerEventRecord(.peerAppeared(location: location)))
-        #expect(appeared["binding"] as? String == "lora" && appeared["location"] as? String == "lora:node-7")
+        #expect(try Self.line(PeerEventRecord(.peerAppeared(location: location))) == #"{"binding":"lora","event":"peer_appeared","location":"lora:node-7"}"#)
         let decoded = try JSONDecoder().decode([PeerBindingKind].self, from: Data(#"["wifi","bluetooth","lora"]"#.utf8))
         #expect(decoded == [.wifi, .bluetooth, lora] && decoded.map(\.preference) == [0, 100, 50])
         #expect(String(decoding: try JSONEncoder().encode(location), as: UTF8.self) == #""lora:node-7""#)
@@ -55,16 +49,18 @@ import Testing
 
     @Test func deliveryAndStatusRecords() throws {
         let id = UUID()
-        let progress = try Self.object(PeerEventRecord(.delivery(contact: "bob", .progress(id: id, bytes: 10, total: 20))))
-        #expect(progress as NSDictionary == ["event": "progress", "contact": "bob", "id": id.uuidString, "bytes": 10, "total": 20] as NSDictionary)
+        #expect(try Self.line(PeerEventRecord(.delivery(contact: "bob", .progress(id: id, bytes: 10, total: 20))))
+            == #"{"bytes":10,"contact":"bob","event":"progress","id":"\#(id.uuidString)","total":20}"#)
         let status = PeerStatus(location: Self.bluetoothPeer, advertisingFor: ["bob"], peersSeen: [],
                                 matchedContacts: [.init(name: "bob", state: .backoff, location: nil, binding: .wifi, relayPort: 7000)],
                                 sessionsInFlight: 1, inboxCount: 2, outboxCount: 3)
-        let object = try Self.object(PeerEventRecord(status))
-        #expect(object["event"] as? String == "status")
-        #expect(object["sessions_in_flight"] as? Int == 1)
-        let contacts = try #require(object["matched_contacts"] as? [[String: Any]])
-        #expect(contacts.first as NSDictionary? == ["name": "bob", "state": "backoff", "binding": "wifi", "relay_port": 7000] as NSDictionary)
+        let line = try Self.line(PeerEventRecord(status))
+        #expect(line.contains(#""matched_contacts":[{"binding":"wifi","name":"bob","relay_port":7000,"state":"backoff"}]"#), "\(line)")
+        guard case .status(let read) = try NodeEvent(jsonLine: Data(line.utf8)) else {
+            Issue.record("the status line is no status: \(line)")
+            return
+        }
+        #expect(read.sessionsInFlight == 1 && read.matchedContacts == status.matchedContacts)
         #expect(PeerEventRecord(status).summary.contains("bob backoff (relay port 7000)"))
     }
 

@@ -180,14 +180,16 @@ struct PeerRelayTests {
                     return status.relayConnections >= 1 ? status : nil
                 }
                 #expect(status.sessionsInFlight >= 1, "\(name): \(status)")
-                let record = try #require(try JSONSerialization.jsonObject(with: PeerEventRecord(status).jsonLine()) as? [String: Any])
-                #expect((record["relay_connections"] as? Int ?? 0) >= 1 && (record["sessions_in_flight"] as? Int ?? 0) >= 1)
-                let admission = (record["port_counts"] as? [String: Any])?["admission"] as? [String: Any]
-                #expect(admission?["admitted"] is Int && admission?["refused"] is Int, "\(record)")
+                // The status line, read back.
+                guard case .status(let line) = try NodeEvent(jsonLine: PeerEventRecord(status).jsonLine()) else {
+                    Issue.record("\(name): the status line is no status")
+                    continue
+                }
+                #expect(line.relayConnections >= 1 && line.sessionsInFlight >= 1)
+                #expect(line.port.admission["admitted"] != nil && line.port.admission["refused"] != nil, "\(line)")
                 // Over Wi-Fi the status carries the SSDP service's own counters; this peer read its contact's beacons.
-                let discovery = record["discovery"] as? [String: Any]
-                #expect((discovery?["beacon_fetches"] as? Int ?? 0) >= 1, "\(record)")
-                #expect((discovery?["ssdp"] as? [String: Int])?["worst_loop_lag_ms"] != nil, "\(record)")
+                #expect(line.discovery.beaconFetches >= 1, "\(line)")
+                #expect(line.discovery.ssdp?["worst_loop_lag_ms"] != nil, "\(line)")
             }
         }
 

@@ -45,13 +45,14 @@ struct RelayStatusRecordTests {
         let record = PeerEventRecord(status)
         #expect(record.summary.contains("2 session(s) in flight, 3 relayed connection(s)"))
         #expect(record.summary.contains("port: 7 admitted, 4 authenticated, 3 refused (source rate 2, overload 1)"))
-        let object = try #require(try JSONSerialization.jsonObject(with: record.jsonLine()) as? [String: Any])
-        #expect(object["relay_connections"] as? Int == 3)
-        let counts = try #require(object["port_counts"] as? [String: Any])
-        #expect(counts["tls_connections"] as? Int == 5)
-        let admission = try #require(counts["admission"] as? [String: Any])
-        #expect(admission["admitted"] as? Int == 7 && admission["refused"] as? Int == 3
-                && admission["refused_source_rate"] as? Int == 2 && admission["refused_overload"] as? Int == 1)
+        guard case .status(let line) = try NodeEvent(jsonLine: record.jsonLine()) else {
+            Issue.record("the status line is no status")
+            return
+        }
+        #expect(line.relayConnections == 3)
+        #expect(line.port.tlsConnections == 5)
+        let admission = line.port.admission
+        #expect(admission["admitted"] == 7 && admission["refused"] == 3 && admission["refused_source_rate"] == 2 && admission["refused_overload"] == 1)
     }
 
     /// Discovery's counts reach the status line: beacons read and failed, and over Wi-Fi how late SSDP
@@ -69,15 +70,23 @@ struct RelayStatusRecordTests {
         status.discovery.ssdp = health
         let record = PeerEventRecord(status)
         #expect(record.summary.hasSuffix("; beacons read 40, fetches failed 3, discovery's loop at most 420 ms late"))
-        let object = try #require(try JSONSerialization.jsonObject(with: record.jsonLine()) as? [String: Any])
-        let discovery = try #require(object["discovery"] as? [String: Any])
-        #expect(discovery["beacon_fetches"] as? Int == 40 && discovery["beacon_fetch_failures"] as? Int == 3)
-        #expect(discovery["failures_by_kind"] as? [String: Int] == ["no_connection": 2, "response_timed_out": 1])
-        #expect(discovery["ssdp"] as? [String: Int] == ["worst_loop_lag_ms": 420, "announcement_pauses": 0, "starved_failure_streaks": 2,
-                                                        "narrowing_episodes": 0, "sources_ignored": 1])
+        guard case .status(let line) = try NodeEvent(jsonLine: record.jsonLine()) else {
+            Issue.record("the status line is no status")
+            return
+        }
+        let discovery = line.discovery
+        #expect(discovery.beaconFetches == 40 && discovery.beaconFetchFailures == 3)
+        #expect(discovery.failuresByKind == ["no_connection": 2, "response_timed_out": 1])
+        #expect(discovery.ssdp == ["worst_loop_lag_ms": 420, "announcement_pauses": 0, "starved_failure_streaks": 2,
+                                   "narrowing_episodes": 0, "sources_ignored": 1])
         status.discovery.ssdp = nil  // no Wi-Fi binding: no SSDP figures, in words or in JSON
         #expect(!PeerEventRecord(status).summary.contains("loop"))
-        let bluetoothOnly = try #require(try JSONSerialization.jsonObject(with: PeerEventRecord(status).jsonLine()) as? [String: Any])
-        #expect((bluetoothOnly["discovery"] as? [String: Any])?["ssdp"] == nil)
+        let bluetoothOnly = try PeerEventRecord(status).jsonLine()
+        #expect(!String(decoding: bluetoothOnly, as: UTF8.self).contains(#""ssdp""#))
+        guard case .status(let withoutSSDP) = try NodeEvent(jsonLine: bluetoothOnly) else {
+            Issue.record("the status line is no status")
+            return
+        }
+        #expect(withoutSSDP.discovery.ssdp == nil)
     }
 }

@@ -3,11 +3,12 @@ import ThaliAdmission
 
 /// One ``PeerEvent`` (or a ``PeerStatus``) as `thali-node run --json` prints it: one JSON object per
 /// line with `event`, `t` (seconds since the start) and the event's own fields in snake_case, absent
-/// when they do not apply; and as a readable line (``text``). The schema is this type: apps that read
-/// the output, and the command that prints it, share it.
-public struct PeerEventRecord: Encodable, Sendable, Hashable {
+/// when they do not apply; and as a readable line (``summary``). The schema is this type: apps that read
+/// the output, and the command that prints it, share it. ``NodeEvent`` reads a line back
+/// (``NodeEvent/init(jsonLine:)``) as the event it says, typed.
+public struct PeerEventRecord: Codable, Sendable, Hashable {
     /// A matched contact in a `status` record.
-    public struct ContactRecord: Encodable, Sendable, Hashable {
+    public struct ContactRecord: Codable, Sendable, Hashable {
         /// The contact's name.
         public var name: String
         /// `idle`, `matched`, `connecting`, `connected`, `backoff` or `gave-up`.
@@ -26,7 +27,7 @@ public struct PeerEventRecord: Encodable, Sendable, Hashable {
     }
 
     /// The single port's counts in a `status` record (``PeerPortCounters``), in snake_case.
-    public struct PortRecord: Encodable, Sendable, Hashable {
+    public struct PortRecord: Codable, Sendable, Hashable {
         /// The admission gate's counts by snake_case name: `admitted`, `authenticated`, `refused` (every
         /// refusal) and each refusal by reason (`refused_source_rate`, `refused_source_unauthenticated`,
         /// `refused_source_open`, `refused_global_unauthenticated`, `refused_global_open`,
@@ -48,7 +49,7 @@ public struct PeerEventRecord: Encodable, Sendable, Hashable {
     }
 
     /// Discovery's counts in a `status` record (``PeerDiscoveryCounters``), in snake_case.
-    public struct DiscoveryRecord: Encodable, Sendable, Hashable {
+    public struct DiscoveryRecord: Codable, Sendable, Hashable {
         /// Beacon streams read.
         public var beaconFetches: Int
         /// Beacon fetches that failed, or were not made because their source was ignored.
@@ -178,142 +179,99 @@ public struct PeerEventRecord: Encodable, Sendable, Hashable {
     }
 
     /// The record of `event`; nil for events that are not printed (`stopped`: the command prints its own).
+    /// Its fields are those of ``NodeEvent/record`` (`NodeEvent(event)`); the summary says more.
     public init?(_ event: PeerEvent) {
+        guard let line = NodeEvent(event) else { return nil }
+        self = line.record
+        summary = Self.summary(of: event)
+    }
+
+    /// The readable line of `event` (it has what the JSON leaves out: an offered file's name, sizes in words).
+    private static func summary(of event: PeerEvent) -> String {
         switch event {
         case .started(let location):
-            self.init(event: "started", summary: "listening at \(location) (beacons and PSK-TLS)")
-            self.location = location.description
+            "listening at \(location) (beacons and PSK-TLS)"
         case .advertising(let contacts):
-            self.init(event: "advertising",
-                      summary: contacts.isEmpty ? "nothing to announce" : "advertising beacons for \(contacts.joined(separator: ", "))")
-            self.contacts = contacts
+            contacts.isEmpty ? "nothing to announce" : "advertising beacons for \(contacts.joined(separator: ", "))"
         case .peerAppeared(let location):
-            self.init(event: "peer_appeared", summary: "peer appeared at \(location)")
-            self.location = location.description
-            binding = location.binding.rawValue
+            "peer appeared at \(location)"
         case .peerLeft(let location, let reason):
-            self.init(event: "peer_left", summary: "peer at \(location) left: \(reason)")
-            (self.location, self.reason) = (location.description, reason.rawValue)
-            binding = location.binding.rawValue
+            "peer at \(location) left: \(reason)"
         case .beaconMatched(let contact, let location):
-            self.init(event: "matched", summary: "beacon from \(contact) matched at \(location)")
-            (self.contact, self.location) = (contact, location.description)
-            binding = location.binding.rawValue
+            "beacon from \(contact) matched at \(location)"
         case .connecting(let contact, let location, let attempt):
-            self.init(event: "connecting", summary: "connecting to \(contact) at \(location) (attempt \(attempt))")
-            (self.contact, self.location, self.attempt) = (contact, location.description, attempt)
-            binding = location.binding.rawValue
-        case .connected(let contact, let role, let binding, let remote):
-            self.init(event: "connected", summary: "PSK-TLS session with \(contact) up over \(binding.rawValue) "
-                + "(\(role == .connecting ? "we connected" : "they connected"))")
-            (self.contact, self.role, self.binding, self.remote) = (contact, role.rawValue, binding.rawValue, remote)
+            "connecting to \(contact) at \(location) (attempt \(attempt))"
+        case .connected(let contact, let role, let binding, _):
+            "PSK-TLS session with \(contact) up over \(binding.rawValue) (\(role == .connecting ? "we connected" : "they connected"))"
         case .connectionFailed(let contact, let reason, let retryIn):
-            self.init(event: "connection_failed", summary: "connection with \(contact) failed: \(reason)"
-                + (retryIn.map { "; retrying in \($0)" } ?? "; giving up until the next announcement"))
-            (self.contact, self.reason) = (contact, reason.description)
-            retryInMs = retryIn.map { Int($0.components.seconds * 1000 + $0.components.attoseconds / 1_000_000_000_000_000) }
+            "connection with \(contact) failed: \(reason)"
+                + (retryIn.map { "; retrying in \($0)" } ?? "; giving up until the next announcement")
         case .delivery(let contact, let delivery):
-            self.init(delivery, contact: contact)
-        case .disconnected(let contact, let role, let binding, let remote, let error):
-            let reason = error?.description ?? "closed"
-            self.init(event: "disconnected", summary: "PSK-TLS session with \(contact) over \(binding.rawValue) ended: \(reason)")
-            (self.contact, self.role, self.binding, self.remote, self.reason) = (contact, role.rawValue, binding.rawValue, remote, reason)
-            clean = error == nil
-        case .sessionEnded(let contact, let role, let error):
-            self.init(event: "session_ended", summary: "session with \(contact) ended" + (error.map { ": \($0)" } ?? ""))
-            (self.contact, self.role, self.error) = (contact, role.rawValue, error?.description)
+            summary(of: delivery, contact: contact)
+        case .disconnected(let contact, _, let binding, _, let error):
+            "PSK-TLS session with \(contact) over \(binding.rawValue) ended: \(error?.description ?? "closed")"
+        case .sessionEnded(let contact, _, let error):
+            "session with \(contact) ended" + (error.map { ": \($0)" } ?? "")
         case .limitTriggered(let report):
-            self.init(event: "limit_triggered", summary: "limit \(report.kind) fired: \(report.detail)")
-            (kind, effect, detail) = (report.kind.rawValue, report.effect.rawValue, report.detail)
-            periodSeconds = report.period.timeInterval
+            "limit \(report.kind) fired: \(report.detail)"
         case .relayListening(let contact, let port):
-            self.init(event: "relay_listening", summary: "relay: connections to 127.0.0.1:\(port) reach \(contact)'s app")
-            (self.contact, self.port) = (contact, port)
+            "relay: connections to 127.0.0.1:\(port) reach \(contact)'s app"
         case .relayReopened(let contact, let port):
-            self.init(event: "relay_reopened",
-                      summary: "relay: \(contact) reached again; connections to 127.0.0.1:\(port) reach \(contact)'s app again")
-            (self.contact, self.port) = (contact, port)
+            "relay: \(contact) reached again; connections to 127.0.0.1:\(port) reach \(contact)'s app again"
         case .relayClosed(let contact, let port):
-            self.init(event: "relay_closed", summary: "relay: the session with \(contact) ended; 127.0.0.1:\(port) is closed "
-                + "until \(contact) is reached again, then it reopens on the same port")
-            (self.contact, self.port) = (contact, port)
+            "relay: the session with \(contact) ended; 127.0.0.1:\(port) is closed "
+                + "until \(contact) is reached again, then it reopens on the same port"
         case .relayPortUnavailable(let contact, let port, let reason, let instead):
-            self.init(event: "relay_port_unavailable", summary: "relay: port \(port) for \(contact) cannot be opened (\(reason)); "
+            "relay: port \(port) for \(contact) cannot be opened (\(reason)); "
                 + (instead.map { "connections to 127.0.0.1:\($0) reach \(contact)'s app instead" }
-                    ?? "the session is closed and the node tries again"))
-            (self.contact, self.port, self.reason, self.instead) = (contact, port, reason, instead)
-        case .relayAppUnreachable(let contact, let role, let error):
-            let summary: String
+                    ?? "the session is closed and the node tries again")
+        case .relayAppUnreachable(let contact, _, let error):
             if let error {
-                let failure = error.reason == .refused ? "refused the connection" : "could not be reached (\(error))"
-                summary = "relay: app port \(error.address) \(failure); the relayed connection from \(contact) was closed"
+                "relay: app port \(error.address) "
+                    + (error.reason == .refused ? "refused the connection" : "could not be reached (\(error))")
+                    + "; the relayed connection from \(contact) was closed"
             } else {
-                summary = "relay: \(contact)'s node closed a relayed connection before any reply: "
+                "relay: \(contact)'s node closed a relayed connection before any reply: "
                     + "its app port did not take it; the connection to the relay port was reset"
             }
-            self.init(event: "relay_app_unreachable", summary: summary)
-            (self.contact, self.role, self.reason) = (contact, role.rawValue, error?.description ?? "closed by \(contact)'s node before any reply")
-        case .streamRefused(let contact, let role, let kind, let refusal, let byThisNode):
-            let what = kind.map { "a \($0) stream" } ?? "a stream"
-            let summary = byThisNode
-                ? "stream: refused \(what) from \(contact): \(refusal.reason) (\(refusal.code))"
-                : "stream: \(contact)'s node refused \(what): \(refusal.reason) (\(refusal.code))"
-            self.init(event: "stream_refused", summary: summary)
-            (self.contact, self.role, self.kind) = (contact, role.rawValue, kind)
-            (self.reason, self.detail) = ("\(refusal.code): \(refusal.reason)", byThisNode ? "refused by this node" : "refused by \(contact)'s node")
+        case .streamRefused(let contact, _, let kind, let refusal, let byThisNode):
+            byThisNode
+                ? "stream: refused \(kind.map { "a \($0) stream" } ?? "a stream") from \(contact): \(refusal.reason) (\(refusal.code))"
+                : "stream: \(contact)'s node refused \(kind.map { "a \($0) stream" } ?? "a stream"): \(refusal.reason) (\(refusal.code))"
         case .bindingUnavailable(let binding, let reason):
-            self.init(event: "binding_unavailable", summary: "\(binding) is not running: \(reason)")
-            (self.binding, self.reason) = (binding.rawValue, reason)
+            "\(binding) is not running: \(reason)"
         case .stopped:
-            return nil
+            "stopped"
         }
     }
 
-    private init(_ event: DeliveryEvent, contact: String) {
+    private static func summary(of event: DeliveryEvent, contact: String) -> String {
         func short(_ id: UUID) -> Substring { id.uuidString.prefix(8) }
         switch event {
         case .offered(let offer):
-            self.init(event: "offered", summary: "offering \(offer.kind == .text ? "a text" : "file \(offer.name)") (\(offer.size) bytes) to \(contact)")
-            (id, kind, size) = (offer.id.uuidString, offer.kind.rawValue, Int64(clamping: offer.size))
+            return "offering \(offer.kind == .text ? "a text" : "file \(offer.name)") (\(offer.size) bytes) to \(contact)"
         case .transferStarted(let id, let offset, let total):
-            self.init(event: "transfer_started", summary: "transfer of \(short(id)) with \(contact) starts at \(offset)/\(total)")
-            (self.id, self.offset, self.total) = (id.uuidString, offset, total)
+            return "transfer of \(short(id)) with \(contact) starts at \(offset)/\(total)"
         case .progress(let id, let bytes, let total):
-            self.init(event: "progress",
-                      summary: "  \(short(id)) with \(contact): \(bytes)/\(total) bytes (\(total == 0 ? 100 : bytes * 100 / total) %)")
-            (self.id, self.bytes, self.total) = (id.uuidString, bytes, total)
+            return "  \(short(id)) with \(contact): \(bytes)/\(total) bytes (\(total == 0 ? 100 : bytes * 100 / total) %)"
         case .delivered(let id, let alreadyStored):
-            self.init(event: "delivered", summary: "delivered \(short(id)) to \(contact)" + (alreadyStored ? " (it had it already)" : ""))
-            (self.id, self.alreadyStored) = (id.uuidString, alreadyStored)
+            return "delivered \(short(id)) to \(contact)" + (alreadyStored ? " (it had it already)" : "")
         case .refused(let offer, let refusal):
-            let words = refusal.explanation(receiver: contact)
-            self.init(event: "refused", summary: "\(contact) refused \(Self.item(offer)): \(words)")
-            fill(offer, refusal, reason: words)
+            return "\(contact) refused \(item(offer)): \(refusal.explanation(receiver: contact))"
         case .deferred(let offer, let refusal, let retryIn):
-            let words = refusal.explanation(receiver: contact)
-            self.init(event: "deferred", summary: "\(contact) cannot hold \(Self.item(offer)) now: \(words); "
-                + "offered again in \(ByteWords.duration(retryIn))")
-            fill(offer, refusal, reason: words)
-            retryInMs = Int(clamping: Int64(retryIn.timeInterval * 1000))
-        case .refusedOffer(let offer, let refusal, let words):
-            self.init(event: "refused_offer", summary: "refused \(Self.item(offer)) from \(contact): \(words)")
-            fill(offer, refusal, reason: words)
+            return "\(contact) cannot hold \(item(offer)) now: \(refusal.explanation(receiver: contact)); "
+                + "offered again in \(ByteWords.duration(retryIn))"
+        case .refusedOffer(let offer, _, let words):
+            return "refused \(item(offer)) from \(contact): \(words)"
         case .rejected(let id, let failure):
-            self.init(event: "rejected",
-                      summary: "\(contact) rejected \(short(id)) as damaged in transit (\(failure.explanation)); it will be sent again")
-            (self.id, reason) = (id.uuidString, failure.explanation)
+            return "\(contact) rejected \(short(id)) as damaged in transit (\(failure.explanation)); it will be sent again"
         case .discarded(let id, let failure):
-            self.init(event: "discarded", summary: "\(short(id)) with \(contact) arrived damaged (\(failure.explanation)); it will be sent again")
-            (self.id, reason) = (id.uuidString, failure.explanation)
+            return "\(short(id)) with \(contact) arrived damaged (\(failure.explanation)); it will be sent again"
         case .received(let item):
-            self.init(event: "received", summary: "received from \(contact): "
-                + (item.text.map { "\"\($0)\"" } ?? "\(item.fileName ?? "file") (\(item.size) bytes)"))
-            (id, kind, size, text, fileName) = (item.itemID.uuidString, item.kind.rawValue, item.size, item.text, item.fileName)
+            return "received from \(contact): " + (item.text.map { "\"\($0)\"" } ?? "\(item.fileName ?? "file") (\(item.size) bytes)")
         case .duplicate(let id):
-            self.init(event: "duplicate", summary: "\(contact) offered \(short(id)) again; already in the inbox")
-            self.id = id.uuidString
+            return "\(contact) offered \(short(id)) again; already in the inbox"
         }
-        self.contact = contact
     }
 
     /// An offered item in words: `"big.iso" (50.0 MiB)` or `a text (19 bytes)`.
@@ -321,23 +279,16 @@ public struct PeerEventRecord: Encodable, Sendable, Hashable {
         offer.kind == .text ? "a text (\(ByteCount.format(offer.size)))" : "\"\(offer.name)\" (\(ByteCount.format(offer.size)))"
     }
 
-    /// Fills in a refused or deferred offer's fields: id, kind, size, file name, the refusal's code and
-    /// its reason in words.
-    private mutating func fill(_ offer: ItemOffer, _ refusal: ItemRefusal, reason words: String) {
-        (id, kind, size) = (offer.id.uuidString, offer.kind.rawValue, Int64(clamping: offer.size))
-        fileName = offer.kind == .file ? offer.name : nil
-        (self.refusal, reason) = (refusal.code, words)
-    }
-
-    /// The record of a status snapshot.
+    /// The record of a status snapshot (the fields of ``NodeEvent/status(_:)``).
     public init(_ status: PeerStatus) {
+        self = NodeEvent.status(NodeEvent.Status(status)).record
         let summary = status.matchedContacts.map { "\($0.name) \($0.state)" + ($0.relayPort.map { " (relay port \($0))" } ?? "") }
         let admission = status.port.admission
         let refusals = [("source rate", admission.refusedSourceRate), ("source unauthenticated", admission.refusedSourceUnauthenticated),
                         ("source open", admission.refusedSourceOpen), ("global unauthenticated", admission.refusedGlobalUnauthenticated),
                         ("global open", admission.refusedGlobalOpen), ("overload", admission.refusedOverload)]
             .filter { $0.1 > 0 }.map { "\($0.0) \($0.1)" }
-        self.init(event: "status", summary: "status: \(status.peersSeen.count) peer(s) seen; advertising for [\(status.advertisingFor.joined(separator: ", "))]; "
+        self.summary = "status: \(status.peersSeen.count) peer(s) seen; advertising for [\(status.advertisingFor.joined(separator: ", "))]; "
             + "matched contacts [\(summary.joined(separator: ", "))]; \(status.sessionsInFlight) session(s) in flight"
             + (status.relayConnections > 0 ? ", \(status.relayConnections) relayed connection(s)" : "")
             + "; inbox \(status.inboxCount), outbox \(status.outboxCount)"
@@ -346,37 +297,7 @@ public struct PeerEventRecord: Encodable, Sendable, Hashable {
             + (status.limitsTriggered.isEmpty ? "" : "; limits fired: "
                 + status.limitsTriggered.sorted { $0.key < $1.key }.map { "\($0.key) ×\($0.value)" }.joined(separator: ", "))
             + "; beacons read \(status.discovery.beaconFetches), fetches failed \(status.discovery.beaconFetchFailures)"
-            + (status.discovery.ssdp.map { ", discovery's loop at most \($0.worstLoopLagMilliseconds) ms late" } ?? ""))
-        location = status.location?.description ?? ""
-        advertisingFor = status.advertisingFor
-        peersSeen = status.peersSeen.map(\.description)
-        matchedContacts = status.matchedContacts.map {
-            ContactRecord(name: $0.name, state: $0.state.rawValue, location: $0.location?.description,
-                          binding: $0.binding?.rawValue, relayPort: $0.relayPort)
-        }
-        sessionsInFlight = status.sessionsInFlight
-        relayConnections = status.relayConnections
-        portCounts = PortRecord(
-            admission: ["admitted": admission.admitted, "authenticated": admission.authenticated, "refused": admission.refused,
-                        "refused_source_rate": admission.refusedSourceRate,
-                        "refused_source_unauthenticated": admission.refusedSourceUnauthenticated,
-                        "refused_source_open": admission.refusedSourceOpen,
-                        "refused_global_unauthenticated": admission.refusedGlobalUnauthenticated,
-                        "refused_global_open": admission.refusedGlobalOpen, "refused_overload": admission.refusedOverload,
-                        "overloads": admission.overloads, "sources_refused": admission.sourcesRefused,
-                        "sources_forgotten": admission.sourcesForgotten],
-            beaconRequests: status.port.beaconRequests, tlsConnections: status.port.tlsConnections, timedOut: status.port.timedOut)
-        inbox = status.inboxCount
-        outbox = status.outboxCount
-        limitsTriggered = Dictionary(uniqueKeysWithValues: status.limitsTriggered.map { ($0.key.rawValue, $0.value) })
-        discovery = DiscoveryRecord(
-            beaconFetches: status.discovery.beaconFetches, beaconFetchFailures: status.discovery.beaconFetchFailures,
-            failuresByKind: Dictionary(uniqueKeysWithValues: status.discovery.beaconFetchFailuresByKind.map { ($0.key.rawValue, $0.value) }),
-            ssdp: status.discovery.ssdp.map {
-                ["worst_loop_lag_ms": $0.worstLoopLagMilliseconds, "announcement_pauses": $0.announcementPauses,
-                 "starved_failure_streaks": $0.starvedFailureStreaks, "narrowing_episodes": $0.narrowingEpisodes,
-                 "sources_ignored": $0.sourcesIgnored]
-            })
+            + (status.discovery.ssdp.map { ", discovery's loop at most \($0.worstLoopLagMilliseconds) ms late" } ?? "")
     }
 
     /// The JSON line (no newline): keys sorted, slashes unescaped, and the characters that drive a
