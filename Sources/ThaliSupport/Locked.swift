@@ -1,7 +1,8 @@
 import Foundation
 
-/// A mutex around a value; the only way to reach the value is inside `withLock`.
-public final class Locked<Value>: @unchecked Sendable {
+/// A mutex around a value; the only way to reach the value is inside `withLock`. Sendable when the value
+/// is: the lock guards access, not what a non-Sendable value shares with the code that made it.
+public final class Locked<Value> {
     private let lock = NSLock()
     private var value: Value
 
@@ -15,3 +16,5 @@ public final class Locked<Value>: @unchecked Sendable {
         return try body(&value)
     }
 }
+
+extension Locked: @unchecked Sendable where Value: Sendable {}
