@@ -7,6 +7,7 @@ let package = Package(
     name: "thali-swift",
     platforms: [.macOS(.v14)],
     products: [
+        .library(name: "ThaliSupport", targets: ["ThaliSupport"]),
         .library(name: "ThaliAdmission", targets: ["ThaliAdmission"]),
         .library(name: "ThaliBeacons", targets: ["ThaliBeacons"]),
         .library(name: "ThaliPSKTLS", targets: ["ThaliPSKTLS"]),
@@ -48,18 +49,22 @@ let package = Package(
         // MARK: Library modules
         /// Deliberate faults for grading the conformance suite, active only in debug builds (`THALI_MUTANT`).
         .target(name: "ThaliMutants"),
-        /// Admission of incoming connections (per source before global), shared by every listener; and the
-        /// pacing every module shares: the fixed-window rate counter and the jittered exponential backoff.
+        /// The general helpers every module shares: the hex codec (`Hex`), base64 encoding (`Base64`), a
+        /// mutex around a value (`Locked`), the fixed-window rate counter (`RateWindow`, on NIOCore's clock)
+        /// and the jittered exponential backoff (`Backoff`).
+        .target(name: "ThaliSupport", dependencies: [.product(name: "NIOCore", package: "swift-nio")]),
+        /// Admission of incoming connections (per source before global), shared by every listener.
         .target(
             name: "ThaliAdmission",
             dependencies: [
+                "ThaliSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
             ]),
         .target(
             name: "ThaliBeacons",
             dependencies: [
-                "CSecp256k1", "COpenSSL", "ThaliMutants",
+                "CSecp256k1", "COpenSSL", "ThaliMutants", "ThaliSupport",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "_CryptoExtras", package: "swift-crypto"),
             ]),
@@ -75,7 +80,7 @@ let package = Package(
         .target(
             name: "ThaliSSDP",
             dependencies: [
-                "ThaliAdmission", "ThaliMutants",
+                "ThaliAdmission", "ThaliMutants", "ThaliSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -98,6 +103,7 @@ let package = Package(
             name: "ThaliBLEBinding",
             dependencies: [
                 "CDBus", "CBluetooth", "TCPMultiplexer", "ThaliAdmission", "ThaliBluetoothAddress", "ThaliMutants",
+                "ThaliSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -107,6 +113,7 @@ let package = Package(
             name: "ThaliConformance",
             dependencies: [
                 "ThaliBeacons", "ThaliSSDP", "ThaliPSKTLS", "TCPMultiplexer", "ThaliNodeCore", "ThaliBLEBinding",
+                "ThaliSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "Crypto", package: "swift-crypto"),
@@ -121,6 +128,7 @@ let package = Package(
             name: "ThaliNodeCore",
             dependencies: [
                 "ThaliAdmission", "ThaliBeacons", "ThaliMutants", "ThaliSSDP", "ThaliPSKTLS", "TCPMultiplexer", "ThaliBluetoothAddress",
+                "ThaliSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
@@ -135,7 +143,7 @@ let package = Package(
         .target(
             name: "ThaliNodeBluetooth",
             dependencies: [
-                "ThaliNodeCore", "ThaliBLEBinding", "ThaliAdmission", "ThaliSSDP", "TCPMultiplexer",
+                "ThaliNodeCore", "ThaliBLEBinding", "ThaliSSDP", "TCPMultiplexer", "ThaliSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
@@ -161,6 +169,7 @@ let package = Package(
             dependencies: [
                 "ThaliAdmission", "ThaliBeacons", "ThaliPSKTLS", "ThaliSSDP", "TCPMultiplexer", "ThaliBLEBinding",
                 "ThaliConformance", "ThaliNodeCore", "ThaliNodeBluetooth", "ThaliNodeBenchmarks", "ThaliProcess",
+                "ThaliSupport",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),
@@ -233,7 +242,7 @@ let package = Package(
         .target(
             name: "ThaliNodeTestSupport",
             dependencies: [
-                "ThaliTestSupport", "ThaliBeacons", "ThaliSSDP", "ThaliNodeCore",
+                "ThaliTestSupport", "ThaliBeacons", "ThaliSSDP", "ThaliNodeCore", "ThaliSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
@@ -243,7 +252,10 @@ let package = Package(
         .target(
             name: "ThaliBluetoothTestSupport",
             dependencies: ["ThaliTestSupport", "ThaliBLEBinding"]),
-        .testTarget(name: "ThaliBeaconsTests", dependencies: ["ThaliBeacons", "ThaliTestSupport"]),
+        .testTarget(
+            name: "ThaliSupportTests",
+            dependencies: ["ThaliSupport", "ThaliTestSupport", .product(name: "NIOCore", package: "swift-nio")]),
+        .testTarget(name: "ThaliBeaconsTests", dependencies: ["ThaliBeacons", "ThaliSupport", "ThaliTestSupport"]),
         .testTarget(
             name: "ThaliAdmissionTests",
             dependencies: [
@@ -280,7 +292,7 @@ let package = Package(
         .testTarget(
             name: "ThaliConformanceTests",
             dependencies: [
-                "ThaliConformance", "ThaliSSDP", "ThaliBeacons", "ThaliNodeTestSupport", "ThaliPSKTLS",
+                "ThaliConformance", "ThaliSSDP", "ThaliBeacons", "ThaliNodeTestSupport", "ThaliPSKTLS", "ThaliSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
             ]),
@@ -297,6 +309,7 @@ let package = Package(
             name: "ThaliNodeCoreTests",
             dependencies: [
                 "ThaliNodeCore", "ThaliNodeBluetooth", "ThaliBeacons", "TCPMultiplexer", "ThaliPSKTLS", "ThaliSSDP", "ThaliNodeTestSupport",
+                "ThaliSupport",
                 .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -305,7 +318,7 @@ let package = Package(
         .testTarget(
             name: "ThaliNodeBluetoothTests",
             dependencies: [
-                "ThaliNodeBluetooth", "ThaliNodeCore", "ThaliBLEBinding", "ThaliAdmission", "ThaliBeacons", "ThaliSSDP",
+                "ThaliNodeBluetooth", "ThaliNodeCore", "ThaliBLEBinding", "ThaliSupport", "ThaliBeacons", "ThaliSSDP",
                 "ThaliBluetoothTestSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),

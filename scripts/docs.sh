@@ -4,7 +4,7 @@
 # Archives: .build/plugins/Swift-DocC/outputs/<Module>.doccarchive.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-modules=(ThaliAdmission ThaliBeacons ThaliPSKTLS ThaliSSDP TCPMultiplexer ThaliBluetoothAddress ThaliBLEBinding ThaliConformance ThaliNodeCore ThaliNodeBluetooth)
+modules=(ThaliSupport ThaliAdmission ThaliBeacons ThaliPSKTLS ThaliSSDP TCPMultiplexer ThaliBluetoothAddress ThaliBLEBinding ThaliConformance ThaliNodeCore ThaliNodeBluetooth)
 targets=()
 for module in "${modules[@]}"; do targets+=(--target "$module"); done
 log=$(mktemp)

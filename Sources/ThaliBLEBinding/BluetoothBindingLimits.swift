@@ -1,5 +1,6 @@
 import NIOCore
 import ThaliAdmission
+import ThaliSupport
 
 /// The DoS bounds of the Bluetooth binding (seed, "Denial of Service (DOS) Protections"). Every value is
 /// configurable; the defaults suit a phone-sized peer.

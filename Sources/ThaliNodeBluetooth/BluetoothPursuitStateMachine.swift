@@ -1,5 +1,5 @@
-import ThaliAdmission
 import ThaliBLEBinding
+import ThaliSupport
 
 /// The Bluetooth binding's link slots and each pursuit of a peer, as an explicit state machine without
 /// I/O or clocks: the binding feeds it events (a peer heard, a reach that ended, a wait that is over, a

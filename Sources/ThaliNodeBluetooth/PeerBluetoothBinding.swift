@@ -3,10 +3,10 @@ import Logging
 import NIOConcurrencyHelpers
 import NIOCore
 import TCPMultiplexer
-import ThaliAdmission
 import ThaliBLEBinding
 import ThaliNodeCore
 import ThaliSSDP
+import ThaliSupport
 
 /// How a `ThaliPeer` uses Bluetooth (`PeerConfiguration.bluetooth`).
 public struct BluetoothPeerConfiguration: Sendable {

@@ -6,6 +6,7 @@ import NIOPosix
 import ThaliBeacons
 import ThaliNodeCore
 import ThaliSSDP
+import ThaliSupport
 
 /// `thali-node discover`: runs SSDP discovery on one interface and prints what it sees as JSON lines.
 ///

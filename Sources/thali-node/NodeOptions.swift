@@ -2,6 +2,7 @@ import ArgumentParser
 import Foundation
 import ThaliBeacons
 import ThaliNodeCore
+import ThaliSupport
 
 /// Options every command that touches the data directory shares.
 struct NodeOptions: ParsableArguments {

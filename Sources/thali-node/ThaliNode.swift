@@ -5,6 +5,7 @@ import ThaliBeacons
 import ThaliNodeBenchmarks
 import ThaliNodeCore
 import ThaliSSDP
+import ThaliSupport
 
 /// `thali-node`: the command-line Thali peer, its demo, benchmarks and conformance tools.
 @main

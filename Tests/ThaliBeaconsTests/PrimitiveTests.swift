@@ -1,6 +1,7 @@
 import Crypto
 import Foundation
 import Testing
+import ThaliSupport
 import ThaliTestSupport
 @testable import ThaliBeacons
 
@@ -105,20 +106,6 @@ import ThaliTestSupport
             var stream: [UInt8] = [1, 2]
             profile.appendBeaconHmac(sxy: sxy, derivation: ExpirationDerivation(profile: profile, expiration: expiration), to: &stream)
             #expect(stream == [1, 2] + expected)
-        }
-    }
-
-    @Test func base64MatchesFoundationForEveryLengthAndSplit() {
-        var random = SplitMix64(state: 0x6236_3421)
-        for length in 0...100 {
-            let bytes = (0..<length).map { _ in UInt8.random(in: 0...255, using: &random) }
-            let expected = Data(bytes).base64EncodedString()
-            let urlSafe = expected.replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_")
-                .replacingOccurrences(of: "=", with: "")
-            for split in Set([0, length / 3, length / 2, length]) {
-                #expect(Base64.encode(bytes[..<split], bytes[split...]) == expected, "length \(length) split \(split)")
-                #expect(Base64.encode(bytes[..<split], bytes[split...], urlSafe: true) == urlSafe)
-            }
         }
     }
 

@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 import ThaliBeacons
+import ThaliSupport
 import ThaliTestSupport
 
 /// Every case of the package's conformance vectors: generation byte for byte, PSK identities and

@@ -2,6 +2,7 @@ import Testing
 import ThaliBeacons
 import ThaliNodeCore
 import ThaliSSDP
+import ThaliSupport
 
 @testable import ThaliConformance
 

@@ -1,8 +1,8 @@
 import Testing
-import ThaliAdmission
 import ThaliBLEBinding
 @testable import ThaliNodeBluetooth
 import ThaliNodeCore
+import ThaliSupport
 
 /// A generator that returns the same word every time: 1 draws the bottom of every jitter range (0 would
 /// make a bounded draw reject it forever), `.max` the top.

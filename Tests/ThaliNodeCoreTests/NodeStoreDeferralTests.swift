@@ -1,7 +1,7 @@
 import Foundation
 import Testing
-import ThaliAdmission
 @testable import ThaliNodeCore
+import ThaliSupport
 
 @Suite("Node store: items a receiver cannot hold now")
 struct NodeStoreDeferralTests {

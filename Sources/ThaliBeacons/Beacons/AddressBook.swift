@@ -1,3 +1,5 @@
+import ThaliSupport
+
 /// Why a contact could not be added to an address book.
 public struct AddressBookError: Error, Hashable, Sendable, CustomStringConvertible {
     /// What went wrong.

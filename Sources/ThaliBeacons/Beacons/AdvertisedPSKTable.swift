@@ -1,3 +1,5 @@
+import ThaliSupport
+
 /// The PSK a sender's TLS server accepts for one identity.
 public struct AdvertisedPSK: Sendable, Hashable {
     /// The contact the beacon was addressed to; the peer that presents the identity is this contact.

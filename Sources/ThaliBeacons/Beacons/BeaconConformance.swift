@@ -1,4 +1,5 @@
 import Foundation
+import ThaliSupport
 
 /// Checks an implementation against conformance vectors in the `thali-beacon-vectors/1` format
 /// (`spec/vectors/README.md`): for every case, the generated stream byte for byte, each beacon's PSK

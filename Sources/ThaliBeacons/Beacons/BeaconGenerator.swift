@@ -1,4 +1,5 @@
 import ThaliMutants
+import ThaliSupport
 
 /// Why a generator refused to make an announcement.
 public struct BeaconGenerationError: Error, Hashable, Sendable, CustomStringConvertible {

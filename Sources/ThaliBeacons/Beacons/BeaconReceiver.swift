@@ -1,4 +1,5 @@
 import ThaliMutants
+import ThaliSupport
 
 /// Reads announcements and finds the beacon addressed to us, if any.
 ///

@@ -1,5 +1,6 @@
 import Crypto
 import Foundation
+import ThaliSupport
 import _CryptoExtras
 
 /// The key that opens every beacon flag of one announcement for one receiver. It depends only on

@@ -1,4 +1,5 @@
 import Crypto
+import ThaliSupport
 
 /// The 16-byte identifier a beacon flag carries: the first half of SHA-256 over the sender's public
 /// key, encoded as SubjectPublicKeyInfo (`spec`) or as the raw uncompressed point (`cordova`).

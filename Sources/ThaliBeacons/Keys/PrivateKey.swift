@@ -1,3 +1,5 @@
+import ThaliSupport
+
 /// A secp256k1 secret scalar with its public point: a device identity or an ephemeral beacon key.
 public struct PrivateKey: Sendable {
     /// The 32-byte big-endian secret scalar.

@@ -1,5 +1,6 @@
 import CSecp256k1
 import Foundation
+import ThaliSupport
 
 /// A point on secp256k1: a contact's identity key or an ephemeral beacon key.
 ///

@@ -3,6 +3,7 @@ import NIOCore
 import TCPMultiplexer
 import ThaliBLEBinding
 import ThaliBeacons
+import ThaliSupport
 
 /// What Bluetooth mode needs to know and every bound it keeps (spec/conformance.md, "Bluetooth mode").
 public struct BluetoothConformanceConfiguration: Sendable {

@@ -1,6 +1,7 @@
 import Crypto
 import ThaliBeacons
 import ThaliSSDP
+import ThaliSupport
 
 /// The announcements the suite fetched during a run, by location: for each distinct stream, its
 /// ephemeral key, so that a key drawn once and used again shows [BCN-1.3]. A stream fetched again

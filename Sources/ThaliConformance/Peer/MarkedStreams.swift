@@ -2,6 +2,7 @@ import Foundation
 import NIOCore
 import ThaliBeacons
 import ThaliNodeCore
+import ThaliSupport
 
 /// What came back on a marked stream the suite opened, first thing (spec/node.md, "Stream marking").
 enum MarkedStreamAnswer: Sendable, Equatable, CustomStringConvertible {

@@ -1,6 +1,7 @@
 import NIOCore
 import NIOPosix
 import ThaliBeacons
+import ThaliSupport
 
 /// A hand-built TLS ClientHello, and what a server answers to it up to its first flight: enough to grade
 /// refusals (TLS 1.3 only, other suites) and the DHE parameters of a DHE-PSK ServerKeyExchange, which a

@@ -4,6 +4,7 @@ import NIOPosix
 import ThaliBeacons
 import ThaliNodeCore
 import ThaliSSDP
+import ThaliSupport
 
 extension TargetConformance {
     /// Announcements for the implementation from a contact, served on a port that also speaks PSK-TLS: a

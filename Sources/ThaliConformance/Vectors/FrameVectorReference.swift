@@ -4,6 +4,7 @@ import TCPMultiplexer
 import ThaliBLEBinding
 import ThaliBeacons
 import ThaliNodeCore
+import ThaliSupport
 
 /// This implementation's answers to frame vectors: its own decoders read each case's bytes, fed in
 /// pieces of `split` bytes (1 by default, the most awkward cut), and its encoders write each valid case's

@@ -1,5 +1,6 @@
 import Foundation
 import ThaliBeacons
+import ThaliSupport
 
 /// The frame vector sets published in `spec/vectors/` (`thali-node conformance vectors emit` writes them).
 ///

@@ -1,5 +1,6 @@
 import Foundation
 import ThaliBeacons
+import ThaliSupport
 
 /// The framings that frame vectors cover (spec/vectors/README.md).
 public enum FrameVectorLayer: String, Sendable, Hashable, Codable, CaseIterable {

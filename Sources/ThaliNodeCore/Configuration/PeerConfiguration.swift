@@ -3,6 +3,7 @@ import ThaliAdmission
 import ThaliBeacons
 import ThaliPSKTLS
 import ThaliSSDP
+import ThaliSupport
 
 /// How a ``ThaliPeer`` runs: where it listens, how it announces, how it retries. Defaults follow
 /// `spec/node.md`.

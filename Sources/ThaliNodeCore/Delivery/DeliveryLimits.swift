@@ -1,5 +1,5 @@
 import NIOCore
-import ThaliAdmission
+import ThaliSupport
 
 /// The bounds the delivery protocol enforces on its peer. Every buffer the protocol keeps is bounded by one
 /// of these values; a peer that exceeds one gets a typed error (or a refusal of the item), never a crash
@@ -112,7 +112,7 @@ public struct DeliveryLimits: Sendable, Hashable {
 
     /// How long a sender waits after a receiver's first ``ItemRefusal/noSpace`` before it offers that
     /// item again; each further refusal of the same item doubles the wait, up to ``noSpaceRetryCap``,
-    /// spread by ±25 % (ThaliAdmission's `Backoff`). The item stays pending; until then it is not offered
+    /// spread by ±25 % (ThaliSupport's `Backoff`). The item stays pending; until then it is not offered
     /// and does not keep its contact advertised. Default 30 s.
     public var noSpaceRetryBase: Duration
 

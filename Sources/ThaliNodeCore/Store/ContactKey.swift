@@ -1,5 +1,6 @@
 import Foundation
 import ThaliBeacons
+import ThaliSupport
 
 /// Contact public keys as the node stores them: secp256k1 points (validated by ThaliBeacons' strict SEC1
 /// parser: on the curve, compressed or uncompressed), accepted as hex or base64 (standard or URL-safe),

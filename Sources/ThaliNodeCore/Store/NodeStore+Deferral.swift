@@ -1,6 +1,6 @@
 import Foundation
 import GRDB
-import ThaliAdmission
+import ThaliSupport
 
 // Items a receiver cannot hold now (delivery protocol version 4, refusal `noSpace`): they stay pending
 // but wait for a retry time, persisted in `outboxItem.retryAtMs` (migration `v3-offer-deferral`), so a

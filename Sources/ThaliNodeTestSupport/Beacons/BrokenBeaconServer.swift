@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 import ThaliBeacons
+import ThaliSupport
 import ThaliTestSupport
 import ThaliSSDP
 

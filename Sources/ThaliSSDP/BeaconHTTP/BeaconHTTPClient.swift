@@ -1,8 +1,8 @@
 import NIOCore
 import NIOHTTP1
 import NIOPosix
-import ThaliAdmission
 import ThaliMutants
+import ThaliSupport
 
 /// Bounds and retry policy of beacon fetches (the seed: clients "MUST put in place protections to ensure
 /// that the response is not excessively long").

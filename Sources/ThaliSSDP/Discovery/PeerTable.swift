@@ -1,6 +1,6 @@
 import NIOCore
-import ThaliAdmission
 import ThaliMutants
+import ThaliSupport
 
 /// The peers discovery tracks, as a state machine with explicit inputs (alive, byebye, fetch results,
 /// time) and outputs (`Action`s the service performs). No I/O, so tests drive it directly.

@@ -1,11 +1,11 @@
 /// RFC 4648 base64 encoding into a `String` in one pass (PSK identities are made for every beacon).
-enum Base64 {
+public enum Base64 {
     private static let standard = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/".utf8)
     private static let urlSafe = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_".utf8)
 
     /// Encodes the concatenation of `parts`: §4 alphabet with `=` padding, or the §5 URL-safe
     /// alphabet without padding.
-    static func encode(_ parts: ArraySlice<UInt8>..., urlSafe useURLSafe: Bool = false) -> String {
+    public static func encode(_ parts: ArraySlice<UInt8>..., urlSafe useURLSafe: Bool = false) -> String {
         let total = parts.reduce(0) { $0 + $1.count }
         let alphabet = useURLSafe ? urlSafe : standard
         let padded = (total + 2) / 3 * 4

@@ -1,5 +1,5 @@
 import Testing
-import ThaliAdmission
+import ThaliSupport
 import ThaliTestSupport
 
 /// A generator that returns the same word every time: 0 draws the bottom of every range.

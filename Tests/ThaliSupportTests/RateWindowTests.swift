@@ -1,6 +1,6 @@
 import NIOCore
 import Testing
-import ThaliAdmission
+import ThaliSupport
 
 /// The suite's one fixed-window rate counter.
 @Suite struct RateWindowTests {

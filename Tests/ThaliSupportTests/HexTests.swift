@@ -1,5 +1,5 @@
 import Testing
-import ThaliBeacons
+import ThaliSupport
 
 /// The suite's one hex codec: round trips, both cases, and the diagnoses a person sees for bad input.
 @Suite struct HexTests {
