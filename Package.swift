@@ -49,10 +49,9 @@ let package = Package(
         // MARK: Library modules
         /// Deliberate faults for grading the conformance suite, active only in debug builds (`THALI_MUTANT`).
         .target(name: "ThaliMutants"),
-        /// The general helpers every module shares: the hex codec (`Hex`), base64 encoding (`Base64`), a
-        /// mutex around a value (`Locked`), the fixed-window rate counter (`RateWindow`, on NIOCore's clock)
-        /// and the jittered exponential backoff (`Backoff`).
-        .target(name: "ThaliSupport", dependencies: [.product(name: "NIOCore", package: "swift-nio")]),
+        /// The general helpers every module shares, with no NIO: the hex codec (`Hex`), base64 encoding
+        /// (`Base64`), a mutex around a value (`Locked`) and the jittered exponential backoff (`Backoff`).
+        .target(name: "ThaliSupport"),
         /// Admission of incoming connections (per source before global), shared by every listener.
         .target(
             name: "ThaliAdmission",
@@ -254,7 +253,7 @@ let package = Package(
             dependencies: ["ThaliTestSupport", "ThaliBLEBinding"]),
         .testTarget(
             name: "ThaliSupportTests",
-            dependencies: ["ThaliSupport", "ThaliTestSupport", .product(name: "NIOCore", package: "swift-nio")]),
+            dependencies: ["ThaliSupport", "ThaliTestSupport"]),
         .testTarget(name: "ThaliBeaconsTests", dependencies: ["ThaliBeacons", "ThaliSupport", "ThaliTestSupport"]),
         .testTarget(
             name: "ThaliAdmissionTests",

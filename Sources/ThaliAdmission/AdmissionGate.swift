@@ -1,5 +1,4 @@
 import NIOCore
-import ThaliSupport
 
 /// Why an ``AdmissionGate`` refused a connection.
 public enum AdmissionRefusal: String, Error, Sendable, Hashable, Codable {

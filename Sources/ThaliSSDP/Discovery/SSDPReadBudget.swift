@@ -1,5 +1,5 @@
 import NIOCore
-import ThaliSupport
+import ThaliAdmission
 
 /// What discovery reads of the crowd in all, around the per-source budgets (``SSDPSourceBudgets``): the
 /// read budget, past which reading pauses until its window ends and discovery narrows (`spec/ssdp.md`

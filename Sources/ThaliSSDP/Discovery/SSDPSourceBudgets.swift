@@ -1,5 +1,5 @@
 import NIOCore
-import ThaliSupport
+import ThaliAdmission
 
 /// What discovery allows each source address before anything global is counted: the seed asks to
 /// "filter out excessive requesters" before switching discovery off for everyone, so one host on the

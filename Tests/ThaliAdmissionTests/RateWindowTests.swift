@@ -1,6 +1,6 @@
 import NIOCore
 import Testing
-import ThaliSupport
+import ThaliAdmission
 
 /// The suite's one fixed-window rate counter.
 @Suite struct RateWindowTests {
