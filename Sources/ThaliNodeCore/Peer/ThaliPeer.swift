@@ -125,8 +125,8 @@ public final class ThaliPeer: Sendable {
     /// The one task that owns every task of the peer, and its clock.
     let lifetime = PeerLifetime()
     /// Open once the start has ended (a stop during it waits for it) and once the stop has.
-    private let startEnded = OneTimeSignal()
-    private let stopEnded = OneTimeSignal()
+    let startEnded = OneTimeSignal()
+    let stopEnded = OneTimeSignal()
     /// The single port's admission gate: per source, then global.
     let admission: AdmissionController<String>
     let portCounters = NIOLockedValueBox(PeerPortCounters())
@@ -187,7 +187,7 @@ public final class ThaliPeer: Sendable {
     public static var silentLogger: Logger { Logger(label: "thali.node.peer") { _ in SwiftLogNoOpLogHandler() } }
 
     /// The data directory's lock while the peer runs (given, or taken by ``start()``).
-    private let heldLock: NIOLockedValueBox<RunLock?>
+    let heldLock: NIOLockedValueBox<RunLock?>
 
     var bindings: [any PeerBindingService] { bindingsBox.withLockedValue { $0 } }
 
@@ -224,70 +224,6 @@ public final class ThaliPeer: Sendable {
         arm(.checkStore, after: configuration.outboxPollInterval)
     }
 
-    // MARK: Timers
-
-    /// Arms `timer` for `delay` from now (replacing its earlier deadline) and tells the lifetime's clock.
-    func arm(_ timer: PeerSchedule<ContinuousClock.Instant>.Timer, after delay: Duration) {
-        let deadline = ContinuousClock.now + delay
-        let armed = state.withLockedValue { state -> Bool in
-            guard !state.stopped else { return false }
-            state.schedule.arm(timer, at: deadline)
-            return true
-        }
-        if armed { lifetime.wake(at: deadline) }
-    }
-
-    /// The lifetime's clock reached a deadline: fires every timer due.
-    private func deadlinesReached() {
-        let now = ContinuousClock.now
-        let due = state.withLockedValue { $0.stopped ? [] : $0.schedule.takeDue(at: now) }
-        for timer in due {
-            switch timer {
-            case .rotateAnnouncement:
-                lifetime.run { [self] in
-                    await rotateAnnouncement()
-                    arm(.rotateAnnouncement, after: configuration.announcementRotationInterval)
-                }
-            case .checkStore:
-                lifetime.run { [self] in
-                    await checkStore()
-                    arm(.checkStore, after: configuration.outboxPollInterval)
-                }
-            case .linkBackoff(let key):
-                let contact = state.withLockedValue { state -> Contact? in
-                    state.links[key]?.machine.backoffEnded()
-                    return state.links[key]?.contact
-                }
-                if let contact { lifetime.run { [self] in await runLink(contact) } }
-            case .reopenPort:
-                lifetime.run { [self] in await reopenPort() }
-            }
-        }
-        // A timer armed meanwhile told the clock itself; one armed earlier and not yet due needs it again.
-        if let next = state.withLockedValue({ $0.schedule.nextDeadline }) { lifetime.wake(at: next) }
-    }
-
-    /// Reads the store if anything was committed since the last read (by this process or another: `send`),
-    /// or if time alone asks for a new announcement. Reading it is several queries and a write (the expiry
-    /// sweep): every second in every peer, a crowd in one process spent a quarter of its CPU there; the
-    /// change stamp is two `stat`s.
-    private func checkStore() async {
-        let stamp = store.changeStamp()
-        let lastRead = state.withLockedValue { $0.lastStoreStamp }
-        guard stamp != lastRead || advertisementDueByTime() else { return }
-        // A stamp taken just after a commit may not differ from the next one's: read again then.
-        state.withLockedValue { $0.lastStoreStamp = stamp.isSettled() ? stamp : nil }
-        do {
-            try await refreshAddressBook()
-            try await refreshAdvertisement()
-        } catch is CancellationError {
-            return  // the peer is stopping: its work on the thread pool was not started
-        } catch {
-            state.withLockedValue { $0.lastStoreStamp = nil }
-            logger.error("reading the store failed", metadata: ["error": "\(error)"])
-        }
-    }
-
     /// Starts the configured bindings, faster first. A binding that cannot start is reported
     /// (`bindingUnavailable`) and the others go on; when none can, the start fails with the last one's
     /// reason (Bluetooth's as ``NodeError/bluetoothUnavailable(reason:)``).
@@ -317,55 +253,6 @@ public final class ThaliPeer: Sendable {
         }
         bindingsBox.withLockedValue { $0 = started }
         if let first = started.first, let location = await first.location() { emit(.started(location: location)) }
-    }
-
-    /// Stops: byebye (no more announcements), every connection closed, every task ended, in the order of
-    /// the lifecycle's stop steps. A stop during ``start()`` waits for it to end; a second stop waits for
-    /// the first.
-    public func stop() async {
-        while true {
-            switch state.withLockedValue({ $0.lifecycle.stop() }) {
-            case .perform(let steps):
-                for step in steps { await perform(step) }
-                state.withLockedValue { $0.lifecycle.stopFinished() }
-                stopEnded.signal()
-                return
-            case .waitForStart:
-                await startEnded.wait()
-            case .waitForStop:
-                await stopEnded.wait()
-                return
-            case .none:
-                return
-            }
-        }
-    }
-
-    private func perform(_ step: PeerLifecycle.StopStep) async {
-        switch step {
-        case .refuseNewWork:
-            state.withLockedValue { state in
-                state.schedule.disarmAll()
-                for key in state.links.keys { state.links[key]?.machine.stopped() }
-            }
-            finishStreamHandlers()
-        case .stopBindings:
-            for binding in bindings { await binding.stop() }
-        case .closePort:
-            await closePort()
-        case .closeConnections:
-            let channels = state.withLockedValue { state -> [Channel] in
-                defer { state.channels.removeAll() }
-                return Array(state.channels.values)
-            }
-            for channel in channels { channel.close(promise: nil) }
-        case .endTasks:
-            await lifetime.end()
-        case .releaseDirectory:
-            heldLock.withLockedValue { $0 = nil }  // the last reference: closing it releases the directory
-        case .reportStopped:
-            emit(.stopped)
-        }
     }
 
     var isStopped: Bool { state.withLockedValue { $0.stopped } }
