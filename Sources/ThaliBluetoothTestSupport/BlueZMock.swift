@@ -53,14 +53,13 @@ public final class BlueZMock: @unchecked Sendable {
     public func startMock() async throws {
         mock = try ChildProcess(python, ["-m", "dbusmock", "--system", "--template", "bluez5"],
                                 environment: ["DBUS_SYSTEM_BUS_ADDRESS": busAddress])
-        let deadline = ContinuousClock.now + .seconds(15)
-        while ContinuousClock.now < deadline {
+        let owned = try await waitUntil(timeout: .seconds(15), every: .milliseconds(50)) {
             let reply = try await control.call(destination: "org.freedesktop.DBus", path: "/org/freedesktop/DBus",
                                                interface: "org.freedesktop.DBus", member: "NameHasOwner",
                                                arguments: [.string("org.bluez")])
-            if reply.first?.bool == true { return }
-            try await Task.sleep(for: .milliseconds(50))
+            return reply.first?.bool == true
         }
+        if owned { return }
         throw Unavailable(description: "the bluez5 mock did not appear: \(mock?.output ?? "")")
     }
 

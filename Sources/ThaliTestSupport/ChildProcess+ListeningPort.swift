@@ -12,16 +12,16 @@ extension ChildProcess {
     /// (`ss`), for servers that bind an ephemeral port without printing it (`gnutls-serv -p 0`).
     /// - Throws: ``NotListening`` when it listens on none within `wait`.
     public func listeningIPv4Port(within wait: Duration = .seconds(10)) async throws -> Int {
-        let deadline = ContinuousClock.now + wait
-        while ContinuousClock.now < deadline {
+        let port = try await waitForValue(timeout: wait, every: .milliseconds(50)) { () async throws -> Int? in
             let ss = try ChildProcess("ss", ["-ltnpH"])
             _ = try await ss.waitForExit()
             for line in ss.output.split(separator: "\n") where line.contains("pid=\(pid),") {
                 let fields = line.split(separator: " ", omittingEmptySubsequences: true)
                 if fields.count > 3, fields[3].hasPrefix("0.0.0.0:"), let port = Int(fields[3].dropFirst(8)) { return port }
             }
-            try await Task.sleep(for: .milliseconds(50))
+            return nil
         }
-        throw NotListening(description: "no listening IPv4 port within \(wait): \(output)")
+        guard let port else { throw NotListening(description: "no listening IPv4 port within \(wait): \(output)") }
+        return port
     }
 }

@@ -3,6 +3,7 @@ import NIOCore
 import NIOEmbedded
 import NIOPosix
 import Testing
+import ThaliTestSupport
 @testable import TCPMultiplexer
 
 /// Counts what it reads and completes at the end of the input.
@@ -160,7 +161,9 @@ func stalledThenCounting(_ done: EventLoopPromise<Int>) -> MultiplexerHandler.St
         defer { listener.close(promise: nil) }
         let slow = try await client.openStream().get()
         // Wait until the server has taken the slow stream, so the order is certain.
-        while try await server.metrics().get().streamsAccepted < 1 { try await Task.sleep(for: .milliseconds(5)) }
+        try #require(try await waitUntil(timeout: .seconds(10), every: .milliseconds(5)) {
+            try await server.metrics().get().streamsAccepted >= 1
+        })
         let slowWrite = slow.eventLoop.makePromise(of: Void.self)
         slow.writeAndFlush(ByteBuffer(repeating: 1, count: 8 << 20), promise: slowWrite)
         let fast = try await client.openStream().get()

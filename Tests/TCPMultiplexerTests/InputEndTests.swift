@@ -1,6 +1,7 @@
 import NIOCore
 import NIOEmbedded
 import Testing
+import ThaliTestSupport
 @testable import TCPMultiplexer
 
 /// The connection's input ending (`ChannelEvent.inputClosed`: a TCP half-closure, or a TLS close_notify
@@ -97,7 +98,9 @@ import Testing
                                                                serverInitializer: accepted.initializer)
         defer { listener.close(promise: nil) }
         _ = try await client.openStream(name: "a").get()
-        while try await server.metrics().get().streamsAccepted < 1 { try await Task.sleep(for: .milliseconds(5)) }
+        try #require(try await waitUntil(timeout: .seconds(10), every: .milliseconds(5)) {
+            try await server.metrics().get().streamsAccepted >= 1
+        })
         let stream = try #require(accepted.all.first)
 
         try await client.channel.close(mode: .output).get()

@@ -45,10 +45,7 @@ struct ListenerSourceFilterTests {
         /// Waits (at most 5 s) until `count` connections from `source` were accepted, and says whether
         /// they were; a connect completes in the client before the listener has run its accept.
         func waitForAccepted(_ count: Int, from source: String) async throws -> Bool {
-            let deadline = ContinuousClock.now + .seconds(5)
-            while acceptedCount(from: source) < count, ContinuousClock.now < deadline {
-                try await Task.sleep(for: .milliseconds(5))
-            }
+            _ = try await waitUntil(timeout: .seconds(5), every: .milliseconds(5)) { acceptedCount(from: source) >= count }
             return acceptedCount(from: source) == count
         }
 

@@ -11,19 +11,10 @@ private let peerAddress = BluetoothAddress("00:1A:7D:DA:71:13")!
 private func first<S: AsyncSequence & Sendable>(_ sequence: S, timeout: Duration = .seconds(5)) async throws -> S.Element?
     where S.Element: Sendable
 {
-    try await withThrowingTaskGroup(of: S.Element?.self) { group in
-        group.addTask {
-            var iterator = sequence.makeAsyncIterator()
-            return try await iterator.next()
-        }
-        group.addTask {
-            try await Task.sleep(for: timeout)
-            return nil
-        }
-        let result = try await group.next() ?? nil
-        group.cancelAll()
-        return result
-    }
+    try await withTimeout(timeout) {
+        var iterator = sequence.makeAsyncIterator()
+        return try await iterator.next()
+    } ?? nil
 }
 
 @Suite(.serialized, .enabled(if: BlueZMock.peersPresent, "needs dbus-daemon and python-dbusmock"), .timeLimit(.minutes(1))) struct BlueZClientTests {
@@ -99,8 +90,7 @@ private func first<S: AsyncSequence & Sendable>(_ sequence: S, timeout: Duration
 
         // The same advertisement again: counted, not a discovery.
         try await mock.updateProperties(device, interface: "org.bluez.Device1", [("RSSI", .int16(-40))] + report)
-        let deadline = ContinuousClock.now + .seconds(5)
-        while client.scanCounters.thaliReports < 2, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(20)) }
+        _ = try await waitUntil(timeout: .seconds(5)) { client.scanCounters.thaliReports >= 2 }
         #expect(client.scanCounters.thaliReports == 2)
 
         client.forget(advertiser)

@@ -80,24 +80,14 @@ func read(_ inbound: NIOAsyncChannelInboundStream<ByteBuffer>.AsyncIterator, cou
 /// Waits until the stream ends (the other side closed); true if it ended within `timeout`.
 func waitForEnd(_ inbound: NIOAsyncChannelInboundStream<ByteBuffer>.AsyncIterator, timeout: Duration = .seconds(5)) async -> Bool {
     let box = UncheckedSendable(inbound)
-    return await withTaskGroup(of: Bool.self) { group in
-        group.addTask {
-            var iterator = box.value
-            do {
-                while try await iterator.next() != nil {}
-                return true
-            } catch {
-                return true
-            }
-        }
-        group.addTask {
-            try? await Task.sleep(for: timeout)
-            return false
-        }
-        let first = await group.next() ?? false
-        group.cancelAll()
-        return first
+    let ended = try? await withTimeout(timeout) {
+        var iterator = box.value
+        do {
+            while try await iterator.next() != nil {}
+        } catch {}
+        return true
     }
+    return ended == true
 }
 
 /// Collects a server's events in the background.
@@ -124,12 +114,7 @@ final class EventLog: Sendable {
 
 /// Polls `condition` until it holds or `timeout` passes.
 func eventually(timeout: Duration = .seconds(5), _ condition: () -> Bool) async -> Bool {
-    let deadline = ContinuousClock.now + timeout
-    while !condition() {
-        if ContinuousClock.now >= deadline { return false }
-        try? await Task.sleep(for: .milliseconds(10))
-    }
-    return true
+    (try? await waitUntil(timeout: timeout, every: .milliseconds(10), condition)) ?? condition()
 }
 
 /// Hands a non-Sendable value to one other task that becomes its only user.
@@ -140,10 +125,6 @@ struct UncheckedSendable<T>: @unchecked Sendable {
 
 /// Polls an async `condition` until it holds or `timeout` passes.
 func eventuallyAsync(timeout: Duration = .seconds(5), _ condition: () async -> Bool) async -> Bool {
-    let deadline = ContinuousClock.now + timeout
-    while await !condition() {
-        if ContinuousClock.now >= deadline { return false }
-        try? await Task.sleep(for: .milliseconds(20))
-    }
-    return true
+    if let held = try? await waitUntil(timeout: timeout, condition) { return held }
+    return await condition()
 }

@@ -357,8 +357,8 @@ let channelNumber: UInt8 = 5
         }
         #expect(await log.waitFor(.refused(.refusedPaused)))
         #expect(server.counters.gate.acceptPauses == 1)
-        // After the pause the server accepts again. A sleep: the 400 ms pause runs on the system clock, and a
-        // connection tried during it would be refused (and counted) rather than wait.
+        // After the pause the server accepts again. A sleep, kept: the 400 ms pause runs on the system clock and
+        // ends with no event, and a connection tried during it would be refused (and counted) rather than wait.
         try await Task.sleep(for: .milliseconds(450))
         try await fresh.connect(to: serverAddress, channel: channelNumber, hasNotifications: false).close()
         server.stop()

@@ -31,7 +31,7 @@ struct TargetModeTests {
         while True:
             out.sendto(alive.encode(), ("239.255.255.250", port))
             out.sendto(search.encode(), ("239.255.255.250", port))
-            time.sleep(0.5)
+            time.sleep(0.5)  # kept: paces the announcements; nothing waits for a result
     threading.Thread(target=announce, daemon=True).start()
     print("listening", flush=True)
     def fetch(location):

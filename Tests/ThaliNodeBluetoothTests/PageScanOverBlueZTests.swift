@@ -76,11 +76,7 @@ struct PageScanGatedTransport: BluetoothTransport {
     }
 
     static func waitUntil(_ what: String, _ condition: () async throws -> Bool) async throws {
-        let deadline = ContinuousClock.now + .seconds(30)
-        while ContinuousClock.now < deadline {
-            if try await condition() { return }
-            try await Task.sleep(for: .milliseconds(20))
-        }
+        if try await ThaliTestSupport.waitUntil(timeout: .seconds(30), condition) { return }
         Issue.record("timed out waiting for \(what)")
     }
 

@@ -79,11 +79,7 @@ import ThaliBluetoothTestSupport
     }
 
     static func waitUntil(_ what: String, timeout: Duration = .seconds(30), _ condition: () throws -> Bool) async throws {
-        let deadline = ContinuousClock.now + timeout
-        while ContinuousClock.now < deadline {
-            if try condition() { return }
-            try await Task.sleep(for: .milliseconds(100))
-        }
+        if try await ThaliTestSupport.waitUntil(timeout: timeout, every: .milliseconds(100), condition) { return }
         Issue.record("timed out waiting for \(what)")
     }
 

@@ -94,7 +94,7 @@ struct DailyUseTests {
             while !done.load(ordering: .relaxed) {
                 _ = pwrite(descriptor, &byte, 1, 0)
                 byte &+= 1
-                usleep(500)
+                usleep(500)  // paces the writer (a busy loop would take a core); nothing waits for a result
             }
         }
         writer.start()

@@ -283,14 +283,12 @@ struct DataDirectoryTests {
     /// Waits until `peer` printed a line containing `text`; returns that line.
     @discardableResult
     func waitForLine(_ peer: RunningPeer, containing text: String, timeout: Duration = .seconds(30)) async throws -> Substring {
-        let end = ContinuousClock.now + timeout
-        while ContinuousClock.now < end {
-            if let line = peer.output.split(separator: "\n").first(where: { $0.contains(text) }) { return line }
-            if peer.hasExited { break }
-            try await Task.sleep(for: .milliseconds(50))
+        do {
+            return try await peer.waitForOutputLine(containing: text, timeout: timeout)
+        } catch {
+            Issue.record("\(error)")
+            return ""
         }
-        Issue.record("\(peer.label): no line with \(text); output:\n\(peer.output)")
-        return ""
     }
 
     @Test("a sender whose data directory was moved delivers its queued file from the new place")

@@ -55,12 +55,7 @@ struct EventsCommandTests {
     }
 
     private func waitUntil(_ what: String, timeout: Duration = .seconds(20), _ condition: () throws -> Bool) async throws {
-        let clock = ContinuousClock()
-        let end = clock.now + timeout
-        while clock.now < end {
-            if try condition() { return }
-            try await Task.sleep(for: .milliseconds(50))
-        }
+        if try await ThaliTestSupport.waitUntil(timeout: timeout, every: .milliseconds(50), condition) { return }
         Issue.record("\(what) did not happen within \(timeout)")
         throw CancellationError()
     }

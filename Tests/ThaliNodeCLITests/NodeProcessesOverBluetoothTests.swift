@@ -26,6 +26,8 @@ private final class MockAir: Sendable {
         let body = Task { [self] in
             while !Task.isCancelled {
                 try? await carryOnce()
+                // Paces the simulated radio's repeated reports (as a scanner keeps hearing an advertiser);
+                // nothing waits for a result.
                 try? await Task.sleep(for: interval)
             }
         }
@@ -148,11 +150,8 @@ struct NodeProcessesOverBluetoothTests {
         // holds items for it; the first items can all arrive over one binding before the other finds the
         // contact (a loaded machine, a late scan). Until a receiver has matched its sender over both
         // bindings, the test tops the sender's outbox up with a text (`run` reads the store every second).
-        let clock = ContinuousClock()
-        let end = clock.now + .seconds(40)
-        var settled = false
         var topUps = 0
-        while clock.now < end && !settled {
+        let settled = try await waitUntil(timeout: .seconds(40), every: .milliseconds(200)) {
             for (receiver, sender) in [(alice, bob), (bob, alice)] {
                 let receiverPeer = receiver.name == "alice" ? alicePeer : bobPeer
                 guard !(matched(receiverPeer, sender.name, "bluetooth:") && matched(receiverPeer, sender.name, "http://")),
@@ -161,12 +160,12 @@ struct NodeProcessesOverBluetoothTests {
                 let item = try sender.store.enqueueText("\(sender.name) to \(receiver.name), \(topUps)", to: receiver.name, expiresAt: expiry)
                 expected[receiver.name]!.insert(item.id)
             }
-            settled = try people.allSatisfy { Set(try $0.store.inbox().map(\.itemID)) == expected[$0.name] }
+            return try people.allSatisfy { Set(try $0.store.inbox().map(\.itemID)) == expected[$0.name] }
                 && people.allSatisfy { try $0.store.outbox().isEmpty }
                 && [(alicePeer, "bob"), (bobPeer, "alice")].allSatisfy { matched($0, $1, "bluetooth:") && matched($0, $1, "http://") }
-            if !settled { try await Task.sleep(for: .milliseconds(200)) }
         }
-        // Let any link racing on the other binding finish before counting.
+        // A sleep, kept: what is counted next is that no item arrived twice, and a link racing on the other
+        // binding would bring the duplicate within this second; no event says that none is coming.
         try await Task.sleep(for: .seconds(1))
         for peer in logs { #expect(peer.kill(signal: SIGTERM) == 0, "\(peer.label): \(peer.output.suffix(4000))") }
         if !settled {

@@ -339,12 +339,8 @@ struct RunSessionTests {
             "run", "--home", people["bob"].home.path, "--address", "127.0.0.1", "--ssdp-port", String(ssdpPort),
         ])
         defer { bob.kill() }
-        let clock = ContinuousClock()
-        let deadline = clock.now + .seconds(30)
         let refused = "connection with alice failed: connection refused by 127.0.0.1:\(port); retrying in "
-        while !bob.output.contains(refused), !bob.hasExited, clock.now < deadline {
-            try await Task.sleep(for: .milliseconds(50))
-        }
+        _ = try? await bob.waitForOutputLine(containing: refused)
         #expect(bob.output.contains(refused), "\(bob.output)")
         #expect(bob.kill() == 0)
         let lines = bob.output.split(separator: "\n")

@@ -134,14 +134,10 @@ struct ThreeHostDeliveryTests {
         }
 
         // Everything else arrives too; then a clean stop.
-        let clock = ContinuousClock()
-        let end = clock.now + .seconds(20)
-        var settled = false
-        while clock.now < end && !settled {
+        let settled = try await waitUntil(timeout: .seconds(20), every: .milliseconds(100)) {
             let done = try ["alice", "bob", "carol"].allSatisfy { Set(try people.inbox(of: $0).map(\.id)) == expected[$0] }
             let empty = try people.people.allSatisfy { try $0.store.outbox().isEmpty }
-            settled = done && empty
-            if !settled { try await Task.sleep(for: .milliseconds(100)) }
+            return done && empty
         }
         if !settled {
             let logs = [alicePeer, bobPeer, carolPeer].map { "--- \($0.label)\n\($0.output.suffix(6000))" }

@@ -202,11 +202,8 @@ import ThaliSSDP
 @Suite(.timeLimit(.minutes(1))) struct LinkWakeSignalTests {
     /// Returns once a wait is blocked on `signal` (or `ended` holds: the wait returned instead).
     func waitUntilBlocked(_ signal: LinkWakeSignal, or ended: () -> Bool = { false }) async throws {
-        let deadline = ContinuousClock.now + .seconds(10)
-        while !signal.isWaiting, !ended() {
-            try #require(ContinuousClock.now < deadline, "the wait never blocked")
-            try await Task.sleep(for: .milliseconds(1))
-        }
+        let blocked = try await waitUntil(timeout: .seconds(10), every: .milliseconds(1)) { signal.isWaiting || ended() }
+        try #require(blocked, "the wait never blocked")
     }
 
     @Test func aSignalGivenBeforeOrDuringTheWaitEndsIt() async throws {

@@ -102,12 +102,9 @@ extension DeliveryChannelTests {
         try await server.executeThenClose { connections in
             for try await connection in connections {
                 // The session takes nothing until the reads stop (no new byte for 150 ms).
-                var readAhead = -1, rounds = 0
-                while readAhead != counter.bytes.withLockedValue({ $0 }), rounds < 100 {
-                    readAhead = counter.bytes.withLockedValue { $0 }
-                    rounds += 1
-                    try await Task.sleep(for: .milliseconds(150))
-                }
+                let readAhead = try await waitUntilSettled(quiet: .milliseconds(150), timeout: .seconds(15)) {
+                    counter.bytes.withLockedValue { $0 }
+                }.value
                 if inboundFrames == 4 {
                     #expect(readAhead <= 8 * frameBytes, "read \(readAhead) bytes ahead of the session")
                 } else {
@@ -155,9 +152,8 @@ struct DeliverySessionClaimTests {
             async let firstSession: (any Error)? = { do { _ = try await receiver.run(on: one); return nil } catch { return error } }()
             // Wait until the running session holds the claim (polling without claiming: a probe that
             // claimed could itself make the first session's claim fail).
-            let deadline = ContinuousClock.now + .seconds(30)
-            while !pair.bob.hasSession(.receiving, with: pair.aliceAtBob) && ContinuousClock.now < deadline {
-                try await Task.sleep(for: .milliseconds(5))
+            _ = try await waitUntil(timeout: .seconds(30), every: .milliseconds(5)) {
+                pair.bob.hasSession(.receiving, with: pair.aliceAtBob)
             }
             #expect(pair.bob.hasSession(.receiving, with: pair.aliceAtBob))
             await #expect(throws: NodeError.sessionInProgress(contact: "alice", role: "receiving")) {
@@ -204,6 +200,7 @@ struct DeliverySessionClaimTests {
 
 /// Blocks the calling thread (in a task: one of the concurrency pool's threads).
 private func holdThisThread(for seconds: TimeInterval) {
+    // A sleep, kept: holding the pool's threads is the load the test plays; nothing waits for a result.
     Thread.sleep(forTimeInterval: seconds)
 }
 

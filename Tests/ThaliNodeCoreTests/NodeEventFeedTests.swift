@@ -56,7 +56,12 @@ struct NodeEventFeedTests {
     }
 
     private func waitFor(_ condition: () -> Bool) async throws {
-        for _ in 0..<200 where !condition() { try await Task.sleep(for: .milliseconds(25)) }
+        _ = try await waitUntil(timeout: .seconds(5), every: .milliseconds(25), condition)
+    }
+
+    /// Returns once every loop of the group the feeds run on has run what was queued to it before.
+    private func eventLoopsDrained() async throws {
+        for loop in MultiThreadedEventLoopGroup.singleton.makeIterator() { try await loop.submit {}.get() }
     }
 
     @Test("every follower gets every line published while it follows; a closed feed ends them and removes its socket")
@@ -92,7 +97,9 @@ struct NodeEventFeedTests {
         while feed.droppedFollowers == 0 && published < 16 << 10 {
             feed.publish(line)
             published += 1
-            if published % 64 == 0 { try await Task.sleep(for: .milliseconds(1)) }
+            // Every 64 lines, until the loops have run what was queued to them: the writes, and with them the
+            // follower's writability (the drop happens on the next publish to a follower not writable).
+            if published % 64 == 0 { try await eventLoopsDrained() }
         }
         #expect(feed.droppedFollowers == 1, "after \(published) lines")
         #expect(feed.followerCount == 0)

@@ -1,4 +1,5 @@
 import Foundation
+import NIOConcurrencyHelpers
 import Testing
 @testable import ThaliNodeCore
 
@@ -41,21 +42,15 @@ struct OutboxWatchTests {
         try await alice.start()
         let other = try NodeStore(home: try people["alice"].home)
         _ = try other.enqueueText("from send", to: "bob", expiresAt: Date().addingTimeInterval(1.5))
-        let watching = Task {
-            var advertised: [[String]] = []
+        let advertised = NIOLockedValueBox<[[String]]>([])
+        _ = try await withTimeout(.seconds(10)) {
             for await event in events {
                 guard case .advertising(let contacts) = event else { continue }
-                advertised.append(contacts)
-                if contacts.isEmpty, advertised.count > 1 { break }
+                let count = advertised.withLockedValue { $0.append(contacts); return $0.count }
+                if contacts.isEmpty, count > 1 { break }
             }
-            return advertised
         }
-        let timeout = Task {
-            try await Task.sleep(for: .seconds(10))
-            watching.cancel()
-        }
-        let seen = await watching.value
-        timeout.cancel()
+        let seen = advertised.withLockedValue { $0 }
         await alice.stop()
         #expect(seen.first == ["bob"], "the queued item is advertised: \(seen)")
         #expect(seen.last == [], "and withdrawn once it expired, with no commit in between: \(seen)")

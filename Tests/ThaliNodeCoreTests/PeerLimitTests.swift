@@ -178,13 +178,13 @@ struct DiscoveryAttackTests {
                 for i in range(20):
                     s.sendto(alive("http://%s:%d/NotificationBeacons" % (source, 1024 + sent % 60000), uuid.uuid4()), ("239.255.255.250", port))
                     sent += 1
-                time.sleep(0.01)
+                time.sleep(0.01)  # kept: paces the flood at its rate; nothing waits for a result
             else:
                 count = 150 if mode == "usns" else 20
                 for i in range(count):
                     s.sendto(alive("http://%s:%d/NotificationBeacons" % (source, 40000 + i), "%08d-0000-4000-8000-000000000000" % i), ("239.255.255.250", port))
                     sent += 1
-                time.sleep(0.5)
+                time.sleep(0.5)  # kept: paces the announcements at twice a second; nothing waits for a result
             if sent and not started:
                 print("attacking", flush=True)
                 started = True
@@ -204,7 +204,8 @@ struct DiscoveryAttackTests {
         let bobsEvents = bob.events()
         try await alice.start()
         try await bob.start()
-        // A sleep: the attack runs a while before alice sends; an ignored source leaves no trace in status to wait on.
+        // A sleep, kept: the property under test is that the attack, running this long beside both peers, does
+        // not switch discovery off before alice sends; an ignored source leaves no trace in status to wait on.
         try await Task.sleep(for: .seconds(1))
         let item = try await alice.send(text: "through the \(mode)", to: "bob")
         var received: UUID?

@@ -47,7 +47,7 @@ struct PeerPortTests {
                     held.append(s)
                 except OSError:
                     pass
-            time.sleep(1.5)
+            time.sleep(1.5)  # kept: a held connection is one the peer has not closed after this long
             alive = 0
             for s in held:
                 s.setblocking(False)
@@ -58,7 +58,7 @@ struct PeerPortTests {
                 except OSError:
                     pass
             print("held %d" % alive, flush=True)
-            time.sleep(30)
+            sys.stdin.read()  # holds the connections until the test ends (closes the input or exits)
         """
 
     private func peer(_ person: TestPeople.Person, ssdpPort: Int) throws -> ThaliPeer {
@@ -75,12 +75,11 @@ struct PeerPortTests {
         #expect(try await flood.waitForExit(timeout: .seconds(30)) == 0, "\(flood.output)")
         // Every connect that got an answer reaches the gate (a refused one right after its accept).
         let answered = 400 - (Self.timedOut(in: flood.output) ?? 400)
-        let deadline = ContinuousClock.now + .seconds(10)
         func seen() async -> Int {
             let admission = await alice.status().port.admission
             return admission.admitted + admission.refused
         }
-        while await seen() < answered, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(10)) }
+        _ = try await waitUntil(timeout: .seconds(10), every: .milliseconds(10)) { await seen() >= answered }
         let afterFlood = await alice.status().port.admission
 
         // The source is in its refusal period: its SYNs are dropped before an accept, the gate sees none.

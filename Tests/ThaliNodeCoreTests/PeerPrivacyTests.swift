@@ -24,16 +24,16 @@ struct PeerPrivacyTests {
         for peer in peers { try await peer.start() }
         let clock = ContinuousClock()
         let end = clock.now + .seconds(15)
-        while clock.now < end, try !people["bob"].store.inboxContains(item.id, from: people["bob"].store.contact(named: "alice")) {
-            try await Task.sleep(for: .milliseconds(50))
+        _ = try await waitUntil(timeout: .seconds(15), every: .milliseconds(50)) {
+            try people["bob"].store.inboxContains(item.id, from: people["bob"].store.contact(named: "alice"))
         }
         // Mallory hears the same announcements: wait until she has read Alice's beacons (only Alice
         // announces, she alone has an item), so that the silence asserted below follows a real read.
-        var malloryFetches = 0
-        while clock.now < end + .seconds(10), malloryFetches == 0 {
-            malloryFetches = await peers[2].status().discovery.beaconFetches
-            if malloryFetches == 0 { try await Task.sleep(for: .milliseconds(50)) }
-        }
+        let mallory = peers[2]
+        let malloryFetches = try await waitForValue(timeout: end + .seconds(10) - clock.now, every: .milliseconds(50)) {
+            let fetches = await mallory.status().discovery.beaconFetches
+            return fetches > 0 ? fetches : nil
+        } ?? 0
         for peer in peers { await peer.stop() }
         #expect(malloryFetches >= 1, "Mallory never read Alice's beacons: the test would prove nothing")
 

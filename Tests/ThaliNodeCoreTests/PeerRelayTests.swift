@@ -40,19 +40,14 @@ struct PeerRelayTests {
         for peer in peers { try await peer.start() }
 
         // Bob finds Alice's beacon, connects, and offers a local port for Alice's app.
-        let clock = ContinuousClock()
-        let end = clock.now + .seconds(15)
-        var relayPort: Int?
-        while clock.now < end, relayPort == nil {
-            relayPort = events.withLockedValue { list in
+        let port = try await Self.waitUntil(seconds: 15) {
+            events.withLockedValue { list in
                 list.lazy.compactMap { who, event -> Int? in
                     if who == "bob", case .relayListening("alice", let port) = event { return port }
                     return nil
                 }.first
             }
-            if relayPort == nil { try await Task.sleep(for: .milliseconds(50)) }
         }
-        let port = try #require(relayPort)
         let status = await peers[1].status()
         #expect(status.matchedContacts.contains { $0.name == "alice" && $0.relayPort == port && $0.state == .connected })
 
@@ -124,13 +119,8 @@ struct PeerRelayTests {
     /// Polls `check` every 20 ms until it returns a value, for up to `seconds`; the test fails if none comes.
     fileprivate static func waitUntil<Value>(seconds: Int, sourceLocation: SourceLocation = #_sourceLocation,
                                          _ check: () async -> Value?) async throws -> Value {
-        let clock = ContinuousClock()
-        let end = clock.now + .seconds(seconds)
-        while clock.now < end {
-            if let value = await check() { return value }
-            try await Task.sleep(for: .milliseconds(20))
-        }
-        return try #require(await check(), "nothing came within \(seconds) s", sourceLocation: sourceLocation)
+        try #require(try await waitForValue(timeout: .seconds(seconds), check), "nothing came within \(seconds) s",
+                     sourceLocation: sourceLocation)
     }
 
     /// An async channel to 127.0.0.1:`port`.

@@ -69,22 +69,13 @@ struct PeerStreamsTests {
     /// Polls `check` every 20 ms until it returns a value, for up to `seconds`; the test fails if none comes.
     static func waitUntil<Value>(seconds: Int, sourceLocation: SourceLocation = #_sourceLocation,
                                  _ check: () async -> Value?) async throws -> Value {
-        let end = ContinuousClock.now + .seconds(seconds)
-        while ContinuousClock.now < end {
-            if let value = await check() { return value }
-            try await Task.sleep(for: .milliseconds(20))
-        }
-        return try #require(await check(), "nothing came within \(seconds) s", sourceLocation: sourceLocation)
+        try #require(try await waitForValue(timeout: .seconds(seconds), check), "nothing came within \(seconds) s",
+                     sourceLocation: sourceLocation)
     }
 
     /// `body`'s result, or a failure after `seconds`: a stream that never answers fails the test, not hangs it.
     static func within<Value: Sendable>(seconds: Int = 20, _ body: @escaping @Sendable () async throws -> Value) async throws -> Value {
-        try await withThrowingTaskGroup(of: Value?.self) { group in
-            group.addTask { try await body() }
-            group.addTask { try? await Task.sleep(for: .seconds(seconds)); return nil }
-            defer { group.cancelAll() }
-            return try #require(try await group.next() ?? nil, "no answer within \(seconds) s")
-        }
+        try #require(try await withTimeout(.seconds(seconds), body), "no answer within \(seconds) s")
     }
 
     /// Sends `message` to 127.0.0.1:`port` and reads until as many bytes came back (or the end).

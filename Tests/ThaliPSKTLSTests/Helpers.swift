@@ -44,10 +44,7 @@ enum Fixtures {
 func expectNoLeaks(_ body: () async throws -> Void, sourceLocation: SourceLocation = #_sourceLocation) async throws {
     let before = try await settledLiveObjects()
     try await body()
-    let deadline = ContinuousClock.now + .seconds(5)
-    while !PSKTLSDiagnostics.liveObjects.isWithin(before) && ContinuousClock.now < deadline {
-        try await Task.sleep(for: .milliseconds(20))
-    }
+    _ = try await waitUntil(timeout: .seconds(5)) { PSKTLSDiagnostics.liveObjects.isWithin(before) }
     #expect(PSKTLSDiagnostics.liveObjects.isWithin(before), "live OpenSSL objects before: \(before)",
             sourceLocation: sourceLocation)
 }
@@ -63,15 +60,7 @@ func expectNoLeaksNow(_ body: () throws -> Void, sourceLocation: SourceLocation 
 
 /// The live-object counts once they have stopped changing for 100 ms (at most 5 s).
 func settledLiveObjects() async throws -> PSKTLSDiagnostics.LiveObjects {
-    let deadline = ContinuousClock.now + .seconds(5)
-    var last = PSKTLSDiagnostics.liveObjects
-    while ContinuousClock.now < deadline {
-        try await Task.sleep(for: .milliseconds(100))
-        let now = PSKTLSDiagnostics.liveObjects
-        if now == last { return now }
-        last = now
-    }
-    return last
+    try await waitUntilSettled(quiet: .milliseconds(100), timeout: .seconds(5)) { PSKTLSDiagnostics.liveObjects }.value
 }
 
 extension PSKTLSDiagnostics.LiveObjects {
@@ -84,12 +73,7 @@ extension PSKTLSDiagnostics.LiveObjects {
 /// Polls `condition` until it holds or `timeout` passes (for state another thread updates, such as a
 /// server's counters after its side of a connection closed); returns whether it held.
 func eventually(timeout: Duration = .seconds(5), _ condition: () -> Bool) async throws -> Bool {
-    let deadline = ContinuousClock.now + timeout
-    while !condition() {
-        guard ContinuousClock.now < deadline else { return false }
-        try await Task.sleep(for: .milliseconds(10))
-    }
-    return true
+    try await waitUntil(timeout: timeout, every: .milliseconds(10), condition)
 }
 
 /// Waits for `ACCEPT host:port` from `openssl s_server` and returns the port.

@@ -4,6 +4,7 @@ import NIOPosix
 import Testing
 import ThaliAdmission
 import ThaliPSKTLS
+import ThaliTestSupport
 
 /// Our client against our server over loopback sockets.
 extension PSKTLSTests {
@@ -122,8 +123,7 @@ extension PSKTLSTests {
                     try? await channel.writeAndFlush(ByteBuffer(bytes: [0x16, 0x03, 0x01, 0x00, 0x2F])).get()
                     stalled.append(channel)
                 }
-                let deadline = ContinuousClock.now + .seconds(5)
-                while stalled.allSatisfy(\.isActive) && ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(20)) }
+                _ = try await waitUntil(timeout: .seconds(5)) { !stalled.allSatisfy(\.isActive) }
                 #expect(stalled.filter { !$0.isActive }.count == 1, "the third from one source is refused")
                 #expect(server.admissionCounters.refusedSourceUnauthenticated == 1)
                 // 127.0.0.1 is another source: its handshake completes.
@@ -268,13 +268,8 @@ extension PSKTLSTests {
                     var received = try #require(try await iterator.next()).readableBytes
                     // Stop reading: the server's writes must come to a halt far short of the total. (Wait until
                     // the count stays put for 300 ms, however long a busy machine takes to get there.)
-                    var stalledAt = -1
-                    let deadline = ContinuousClock.now + .seconds(20)
-                    while written.value != stalledAt && ContinuousClock.now < deadline {
-                        stalledAt = written.value
-                        try await Task.sleep(for: .milliseconds(300))
-                    }
-                    #expect(written.value == stalledAt, "the writer kept going while nobody read")
+                    let (stalledAt, settled) = try await waitUntilSettled(quiet: .milliseconds(300), timeout: .seconds(20)) { written.value }
+                    #expect(settled && written.value == stalledAt, "the writer kept going while nobody read")
                     #expect(stalledAt < total / 4, "wrote \(stalledAt) bytes to a reader that was not reading")
                     // Then read everything: all of it arrives intact, and the stream ends with close_notify.
                     while let buffer = try await iterator.next() {

@@ -23,8 +23,7 @@ extension PSKTLSTests {
                                                       admission: admission, lookup: Self.lookup)
             for _ in 0..<4 { #expect(await connect(from: "127.0.0.2", port: server.port) == .connected) }
             // The fourth was refused after its accept; the filter follows on the listener's event loop.
-            let deadline = ContinuousClock.now + .seconds(5)
-            while server.filteredSources.isEmpty, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(5)) }
+            _ = try await waitUntil(timeout: .seconds(5), every: .milliseconds(5)) { !server.filteredSources.isEmpty }
             #expect(server.filteredSources == ["127.0.0.2"])
             let before = server.statistics
 
@@ -33,8 +32,7 @@ extension PSKTLSTests {
                                                               identity: Fixtures.identity192, psk: Fixtures.psk)
             try await connection.executeThenClose { _, outbound in outbound.finish() }
             // The server counts the handshake on its own event loop, possibly after the client saw it complete.
-            let established = ContinuousClock.now + .seconds(5)
-            while server.statistics.established == 0, ContinuousClock.now < established { try await Task.sleep(for: .milliseconds(5)) }
+            _ = try await waitUntil(timeout: .seconds(5), every: .milliseconds(5)) { server.statistics.established > 0 }
             #expect(server.statistics.established == 1)
             #expect(server.statistics.refused == before.refused, "the refused source reached the server: \(server.statistics)")
             #expect(server.statistics.accepted == before.accepted + 1)

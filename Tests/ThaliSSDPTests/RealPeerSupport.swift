@@ -19,11 +19,6 @@ func discoverLines(_ child: ChildProcess) -> [[String: Any]] {
 @discardableResult
 func waitForLine(_ child: ChildProcess, timeout: Duration = .seconds(5), _ what: String,
                  _ predicate: ([String: Any]) -> Bool) async throws -> [String: Any] {
-    let deadline = ContinuousClock.now + timeout
-    while ContinuousClock.now < deadline {
-        if let line = discoverLines(child).first(where: predicate) { return line }
-        try await Task.sleep(for: .milliseconds(20))
-    }
-    let found = discoverLines(child).first(where: predicate)
+    let found = try await waitForValue(timeout: timeout) { discoverLines(child).first(where: predicate) }
     return try #require(found, "timed out waiting for \(what); output:\n\(child.output)")
 }

@@ -158,7 +158,7 @@ struct SSDPDiscoveryServiceTests {
         let alives = Task {
             while !Task.isCancelled {
                 for (raw, alive) in hosts { try? await raw.send(alive) }
-                try? await Task.sleep(for: .milliseconds(50))
+                try? await Task.sleep(for: .milliseconds(50))  // paces the announcing hosts; nothing waits for a result
             }
         }
         defer { alives.cancel() }
@@ -167,7 +167,7 @@ struct SSDPDiscoveryServiceTests {
             let client = BeaconHTTPClient(group: group)
             while !Task.isCancelled {
                 _ = try? await client.fetch(location)
-                try? await Task.sleep(for: .milliseconds(50))
+                try? await Task.sleep(for: .milliseconds(50))  // paces the fetching peer; nothing waits for a result
             }
         }
         defer { reaching.cancel() }

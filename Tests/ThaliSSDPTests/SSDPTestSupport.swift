@@ -2,6 +2,7 @@ import Foundation
 import NIOCore
 import NIOPosix
 import Testing
+import ThaliTestSupport
 
 @testable import ThaliSSDP
 
@@ -27,12 +28,7 @@ final class EventLog: @unchecked Sendable {
     @discardableResult
     func wait(timeout: Duration = .seconds(5), _ what: String = "event",
               _ predicate: (SSDPDiscoveryEvent) -> Bool) async throws -> SSDPDiscoveryEvent {
-        let deadline = ContinuousClock.now + timeout
-        while ContinuousClock.now < deadline {
-            if let event = events.first(where: predicate) { return event }
-            try await Task.sleep(for: .milliseconds(20))
-        }
-        let found = events.first(where: predicate)
+        let found = try await waitForValue(timeout: timeout) { events.first(where: predicate) }
         return try #require(found, "timed out waiting for \(what); events: \(events)")
     }
 }
@@ -45,12 +41,7 @@ struct NotIPv4: Error, CustomStringConvertible {
 
 /// Polls `condition` until true or `timeout`.
 func eventually(timeout: Duration = .seconds(5), _ what: String, _ condition: () async -> Bool) async throws {
-    let deadline = ContinuousClock.now + timeout
-    while ContinuousClock.now < deadline {
-        if await condition() { return }
-        try await Task.sleep(for: .milliseconds(20))
-    }
-    let held = await condition()
+    let held = try await waitUntil(timeout: timeout, condition)
     try #require(held, "timed out waiting for \(what)")
 }
 

@@ -1,5 +1,6 @@
 import Foundation
 import ThaliNodeCore
+import ThaliTestSupport
 
 /// A long-running `thali-node run` (or `thali-node events`) started as a ``ChildProcess``, whose standard
 /// output is read as event lines (``NodeEvent``). Killed and reaped on `kill` and on deinit.
@@ -66,15 +67,17 @@ public final class RunningPeer: Sendable {
     /// not decode as an event.
     @discardableResult
     public func waitForLine(_ what: String, timeout: Duration = .seconds(20), _ predicate: (Line) -> Bool) async throws -> Line {
-        let clock = ContinuousClock()
-        let end = clock.now + timeout
-        while true {
-            let (lines, undecodable) = read
-            if let bad = undecodable.first { throw NotSeen(description: "\(label): a line that is no event: \(bad)") }
-            if let line = lines.first(where: predicate) { return line }
-            if clock.now >= end || hasExited { break }
-            try await Task.sleep(for: .milliseconds(50))
-        }
+        struct Exited: Error {}
+        do {
+            let found = try await waitForValue(timeout: timeout, every: .milliseconds(50)) { () throws -> Line? in
+                let (lines, undecodable) = read
+                if let bad = undecodable.first { throw NotSeen(description: "\(label): a line that is no event: \(bad)") }
+                if let line = lines.first(where: predicate) { return line }
+                if hasExited { throw Exited() }  // nothing more will come
+                return nil
+            }
+            if let found { return found }
+        } catch is Exited {}
         if let line = read.lines.first(where: predicate) { return line }
         throw NotSeen(description: "\(label): no \(what) within \(timeout); output:\n\(output)")
     }
@@ -83,6 +86,23 @@ public final class RunningPeer: Sendable {
     @discardableResult
     public func waitFor(_ what: String, timeout: Duration = .seconds(20), _ predicate: (NodeEvent) -> Bool) async throws -> NodeEvent {
         try await waitForLine(what, timeout: timeout) { predicate($0.event) }.event
+    }
+
+    /// Waits for a whole line of output (readable, not an event) that contains `text`, and returns it.
+    @discardableResult
+    public func waitForOutputLine(containing text: String, timeout: Duration = .seconds(30)) async throws -> Substring {
+        struct Exited: Error {}
+        func line() -> Substring? { output.split(separator: "\n").first { $0.contains(text) } }
+        do {
+            let found = try await waitForValue(timeout: timeout, every: .milliseconds(50)) { () throws -> Substring? in
+                if let found = line() { return found }
+                if hasExited { throw Exited() }  // nothing more will come
+                return nil
+            }
+            if let found { return found }
+        } catch is Exited {}
+        if let found = line() { return found }
+        throw NotSeen(description: "\(label): no line with \(text) within \(timeout); output:\n\(output)")
     }
 
     /// Whether the process has exited (reaps it).
