@@ -1,4 +1,5 @@
 import Foundation
+import Testing
 @testable import ThaliNodeCore
 
 /// At least one ``PeerEvent`` of every case, and of every delivery event, with their optional parts
@@ -120,4 +121,20 @@ enum PeerEventSamples {
 
     /// Every sample, in the order of ``Kind/allCases``.
     static var all: [PeerEvent] { Kind.allCases.flatMap(samples(of:)) }
+}
+
+/// The sample table itself: every kind has samples, and each sample is of the kind it is listed under, so
+/// that the round-trip tests over ``PeerEventSamples/all`` cover every case.
+@Suite struct PeerEventSamplesTests {
+    @Test("every kind has a sample, each of its own kind, and no two samples are alike")
+    func everyKindIsSampled() {
+        for kind in PeerEventSamples.Kind.allCases {
+            let samples = PeerEventSamples.samples(of: kind)
+            #expect(!samples.isEmpty, "\(kind) has no sample")
+            for sample in samples { #expect(PeerEventSamples.kind(of: sample) == kind, "\(sample) is listed under \(kind)") }
+        }
+        let all = PeerEventSamples.all
+        #expect(Set(all.map(PeerEventSamples.kind(of:))).count == PeerEventSamples.Kind.allCases.count)
+        #expect(Set(all).count == all.count, "a repeated sample tests nothing more")
+    }
 }

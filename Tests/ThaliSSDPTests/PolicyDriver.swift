@@ -1,4 +1,5 @@
 import NIOCore
+import Testing
 import ThaliTestSupport
 
 @testable import ThaliSSDP
@@ -204,4 +205,24 @@ let refused = SSDPDiscoveryPolicy.FetchOutcome.failed(BeaconFetchFailure(.noConn
 func usn(_ index: Int) -> String {
     let digits = String(index)
     return "uuid:00000000-0000-4000-8000-" + String(repeating: "0", count: max(0, 12 - digits.count)) + digits
+}
+
+/// The driver's clock: what the value tests take for "time passes" must fire ticks and armed timers at
+/// their deadlines, in order, and a stall must fire what fell due only once, late.
+@Suite struct PolicyDriverTests {
+    @Test("time passing fires the periodic ticks at their intervals; a stall fires what fell due once")
+    func ticksFireAtTheirDeadlines() {
+        var driver = PolicyDriver(advertising: true)
+        let start = driver.now
+        let interval = driver.policy.aliveInterval
+        let alivesAtStart = driver.alivesSent
+        driver.advance(by: interval * 3)
+        #expect(driver.now == start + interval * 3)
+        #expect(driver.alivesSent - alivesAtStart >= 3, "an alive tick at each interval")
+        let before = driver.alivesSent
+        driver.stall(for: interval * 5)
+        #expect(driver.now == start + interval * 8)
+        #expect(driver.alivesSent - before <= 2, "a starved loop runs a due tick once, not once per interval missed")
+        #expect(driver.alivesSent > before)
+    }
 }
