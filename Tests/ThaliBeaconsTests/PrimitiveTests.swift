@@ -75,14 +75,14 @@ import ThaliTestSupport
     /// receiver derives, and the receiver's path opens it; a flag changed in any byte does not open.
     @Test func gcmFlagSealerMatchesSwiftCryptoAndOpens() throws {
         var random = SplitMix64(state: 0x4743_4d53)
-        let sealer = GCMFlagSealer()
+        let sealer = try GCMFlagSealer()
         for _ in 0..<200 {
             let expiration = UInt64.random(in: 0...UInt64.max, using: &random).bigEndianBytes[...]
             let derivation = ExpirationDerivation(profile: .spec, expiration: expiration)
             let sey = (0..<32).map { _ in UInt8.random(in: 0...255, using: &random) }
             let keyId = (0..<16).map { _ in UInt8.random(in: 0...255, using: &random) }
             var flag: [UInt8] = [0xAA]
-            BeaconProfile.spec.sealFlag(keyId, sey: sey, derivation: derivation, using: sealer, into: &flag)
+            try BeaconProfile.spec.sealFlag(keyId, sey: sey, derivation: derivation, using: sealer, into: &flag)
             #expect(flag.first == 0xAA && flag.count == 33, "appended after what the stream held")
             let material = derivation.derive(secret: sey, count: 32)
             let box = try AES.GCM.seal(keyId, using: SymmetricKey(data: material[16..<32]), nonce: AES.GCM.Nonce(data: material[0..<12]))

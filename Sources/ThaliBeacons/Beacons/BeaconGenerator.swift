@@ -81,13 +81,13 @@ public final class BeaconGenerator: Sendable {
         stream.reserveCapacity(profile.streamLength(beaconCount: receivers.count))
 
         let derivation = ExpirationDerivation(profile: profile, expiration: expirationBytes)
-        let sealer = GCMFlagSealer()
+        let sealer = try GCMFlagSealer()
         var secretsOfReceivers: [[UInt8]] = []
         secretsOfReceivers.reserveCapacity(receivers.count)
         for receiver in receivers {
             let sey = ephemeralKey.sharedSecret(with: receiver)
             let sxy = sharedSecret(with: receiver)
-            profile.sealFlag(ourKeyId, sey: sey, derivation: derivation, using: sealer, into: &stream)
+            try profile.sealFlag(ourKeyId, sey: sey, derivation: derivation, using: sealer, into: &stream)
             profile.appendBeaconHmac(sxy: sxy, derivation: derivation, to: &stream)
             secretsOfReceivers.append(sxy)
         }

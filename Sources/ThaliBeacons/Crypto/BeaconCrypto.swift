@@ -124,7 +124,7 @@ extension BeaconProfile {
     /// the key `flagKey(sey:derivation:)` gives, without making one (`spec` seals with `sealer`, its
     /// key material on the stack).
     func sealFlag(_ keyId: [UInt8], sey: [UInt8], derivation: ExpirationDerivation, using sealer: GCMFlagSealer,
-                  into stream: inout [UInt8]) {
+                  into stream: inout [UInt8]) throws(BeaconGenerationError) {
         switch self {
         case .spec:
             derivation.withDerivedKey(secret: sey) { material in
@@ -133,9 +133,12 @@ extension BeaconProfile {
             }
         case .cordova:
             let (key, iv) = cbcKeyAndIV(sey: sey, derivation: derivation)
-            // Cannot fire: CBC encryption throws only for a key other than 16, 24 or 32 bytes (this one is an
-            // MD5 digest, 16) or a failing cipher context; `keyId` is our own 16 bytes, never a peer's.
-            stream.append(contentsOf: try! AES._CBC.encrypt(keyId, using: key, iv: iv))
+            // The key is an MD5 digest (16 bytes), but the cipher context can still fail to be made.
+            do {
+                stream.append(contentsOf: try AES._CBC.encrypt(keyId, using: key, iv: iv))
+            } catch {
+                throw BeaconGenerationError("AES-128-CBC of a flag failed: \(error)")
+            }
         }
     }
 

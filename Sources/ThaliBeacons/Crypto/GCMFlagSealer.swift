@@ -12,17 +12,17 @@ final class GCMFlagSealer {
 
     private let context: OpaquePointer
 
-    init() {
-        guard let cipher = AES128GCM.shared.cipher, let context = EVP_CIPHER_CTX_new() else {
-            // Cannot fire on any input: no argument reaches here. Only a libcrypto built without AES-GCM
-            // (which Debian's libssl3 is not, and PSK-TLS's suite needs too) or an allocation failure would.
-            fatalError("OpenSSL: AES-128-GCM is not available")
+    /// Throws when libcrypto offers no AES-128-GCM or cannot set up a cipher context (out of memory).
+    init() throws(BeaconGenerationError) {
+        guard let cipher = AES128GCM.shared.cipher else {
+            throw BeaconGenerationError("OpenSSL: AES-128-GCM is not available")
+        }
+        guard let context = EVP_CIPHER_CTX_new() else {
+            throw BeaconGenerationError("OpenSSL: no cipher context (EVP_CIPHER_CTX_new failed)")
         }
         guard EVP_EncryptInit_ex2(context, cipher, nil, nil, nil) == 1 else {
             EVP_CIPHER_CTX_free(context)
-            // Cannot fire on any input: the cipher is fixed, no key or IV is given yet; only an
-            // allocation failure inside OpenSSL fails this call.
-            fatalError("OpenSSL: EVP_EncryptInit_ex2(AES-128-GCM) failed")
+            throw BeaconGenerationError("OpenSSL: EVP_EncryptInit_ex2(AES-128-GCM) failed")
         }
         self.context = context
     }

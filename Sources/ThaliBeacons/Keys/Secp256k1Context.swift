@@ -9,12 +9,18 @@ final class Secp256k1Context: @unchecked Sendable {
     static let shared = Secp256k1Context()
 
     let pointer: OpaquePointer
+    /// The context's memory, allocated by Swift: libsecp256k1 then allocates nothing itself.
+    private let memory: UnsafeMutableRawPointer
 
     private init() {
-        guard let context = secp256k1_context_create(UInt32(SECP256K1_CONTEXT_NONE)) else {
-            // Cannot fire on any input: the flags are a constant, and libsecp256k1 fails this call only when
-            // its allocation fails; nothing in the suite can work without the context.
-            fatalError("libsecp256k1: secp256k1_context_create failed")
+        let flags = UInt32(SECP256K1_CONTEXT_NONE)
+        // Swift allocates the context (and traps on exhaustion as every allocation does); the library's own
+        // `secp256k1_context_create` could fail on its malloc and leave nothing to run with.
+        memory = .allocate(byteCount: secp256k1_context_preallocated_size(flags), alignment: 16)
+        guard let context = secp256k1_context_preallocated_create(memory, flags) else {
+            // Cannot fire: preallocated_create allocates nothing and fails only for illegal flags, and these
+            // are the constant SECP256K1_CONTEXT_NONE; no input reaches here.
+            preconditionFailure("libsecp256k1 refused SECP256K1_CONTEXT_NONE")
         }
         // Blinding protects the scalar multiplications against side channels; a failure only loses
         // the extra protection, so the result is deliberately not fatal.
@@ -24,7 +30,8 @@ final class Secp256k1Context: @unchecked Sendable {
     }
 
     deinit {
-        secp256k1_context_destroy(pointer)
+        secp256k1_context_preallocated_destroy(pointer)
+        memory.deallocate()
     }
 
     /// Parses a SEC1 encoded point (33 or 65 bytes), rejecting points not on the curve.
