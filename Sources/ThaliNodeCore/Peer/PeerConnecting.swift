@@ -159,8 +159,7 @@ extension ThaliPeer {
         let appPort = configuration.appPort
         let close = state.withLockedValue { state -> Bool in
             if marked && (appPort != nil || state.appStreamsWanted) { return false }
-            state.streamSessions[contact.publicKey]?.removeValue(forKey: ObjectIdentifier(session))
-            if state.streamSessions[contact.publicKey]?.isEmpty == true { state.streamSessions.removeValue(forKey: contact.publicKey) }
+            state.forgetMarkedSession(ObjectIdentifier(session), of: contact.publicKey)
             return true
         }
         if close { try? await session.close().get() }

@@ -80,6 +80,12 @@ public final class ThaliPeer: Sendable {
         var relayConnections = 0
         /// Marked sessions up now, by contact public key (either role): where app streams are opened.
         var streamSessions: [String: [ObjectIdentifier: MarkedSession]] = [:]
+
+        /// Takes a session out of the ones app streams are opened on.
+        mutating func forgetMarkedSession(_ id: ObjectIdentifier, of contactKey: String) {
+            streamSessions[contactKey]?.removeValue(forKey: id)
+            if streamSessions[contactKey]?.isEmpty == true { streamSessions.removeValue(forKey: contactKey) }
+        }
         /// ``ThaliPeer/openStream(to:protocol:timeout:)`` calls waiting for a session, with its contact's key.
         var sessionWaiters: [UUID: (key: String, wake: LinkWakeSignal)] = [:]
         /// ``ThaliPeer/handleStreams(protocol:)`` sequences, by app protocol.

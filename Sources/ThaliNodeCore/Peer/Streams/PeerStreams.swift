@@ -165,10 +165,7 @@ extension ThaliPeer {
     /// Takes a session out of the ones ``openStream(to:protocol:timeout:)`` picks from: it closed, or it
     /// answered GoAway.
     private func forgetMarkedSession(_ id: ObjectIdentifier, of contactKey: String) {
-        state.withLockedValue { state in
-            state.streamSessions[contactKey]?.removeValue(forKey: id)
-            if state.streamSessions[contactKey]?.isEmpty == true { state.streamSessions.removeValue(forKey: contactKey) }
-        }
+        state.withLockedValue { $0.forgetMarkedSession(id, of: contactKey) }
     }
 
     /// Ends every ``handleStreams(protocol:)`` sequence (the peer stops).
