@@ -335,10 +335,12 @@ extension MultiplexerSessionStateMachine {
 
     // MARK: Shared input handling
 
-    /// A reset frame for a refusal or a reset, counted against the control backlog.
+    /// A reset frame for a refusal or a reset, counted against the control backlog by its size on the
+    /// wire in this framing (yamux sends no message; `thali-multiplex` a varint header and the message).
     mutating func sendReset(streamID: UInt64, locallyInitiated: Bool, message: String?) -> ByteBuffer {
-        core.countControlFrame(bytes: YamuxHeader.size + (message?.utf8.count ?? 0))
-        return resetFrame(streamID: streamID, locallyInitiated: locallyInitiated, message: message)
+        let frame = resetFrame(streamID: streamID, locallyInitiated: locallyInitiated, message: message)
+        core.countControlFrame(bytes: frame.readableBytes)
+        return frame
     }
 
     /// The peer opens a stream: accepted (an `.accept` action) unless a limit refuses it (a reset frame).

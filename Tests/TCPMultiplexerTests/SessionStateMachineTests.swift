@@ -319,6 +319,33 @@ func joined(_ frames: OutboundFrames) -> ByteBuffer {
         }
     }
 
+    /// Each refusal counts against the backlog by the reset frame's own size in its framing: 12 bytes in
+    /// yamux (no message), the varint header and "refused" in `thali-multiplex`.
+    @Test func refusalsCountTheirOwnFramingsBytesAgainstTheBacklog() throws {
+        // The same stream id each time (a refused stream never enters the table), so every reset has one size.
+        func refusalsBeforeTheLimit<Machine: MultiplexerSessionStateMachine>(_ machine: inout Machine, _ open: ByteBuffer) -> Int? {
+            for index in 0..<20_000 {
+                do {
+                    _ = try drive(&machine, open, writable: false)
+                } catch {
+                    return error == .controlFrameBacklog(limit: MultiplexerHandler.maxControlBacklog) ? index : nil
+                }
+            }
+            return nil
+        }
+        var yamuxRefusing = yamuxMachine(.server, accepts: false)
+        let yamuxReset = yamuxRefusing.resetFrame(streamID: 1, locallyInitiated: false, message: "refused").readableBytes
+        let yamuxCount = refusalsBeforeTheLimit(&yamuxRefusing, yamux(.windowUpdate, .syn, id: 1, length: 0))
+        var thaliRefusing = thaliMachine(.server, accepts: false)
+        let thaliReset = thaliRefusing.resetFrame(streamID: 1, locallyInitiated: false, message: "refused").readableBytes
+        let thaliCount = refusalsBeforeTheLimit(&thaliRefusing, thali(.open, id: 1))
+        #expect(yamuxReset == YamuxHeader.size)
+        #expect(thaliReset == 2 + "refused".utf8.count)
+        // The backlog ends the session on the refusal that takes it past the limit.
+        #expect(yamuxCount == MultiplexerHandler.maxControlBacklog / yamuxReset)
+        #expect(thaliCount == MultiplexerHandler.maxControlBacklog / thaliReset)
+    }
+
     @Test func keepalivePingsAreTrackedUntilAnswered() throws {
         var machine = yamuxMachine(.client) { $0.keepAliveInterval = .seconds(30) }
         #expect(machine.keepAliveInterval == .seconds(30))
