@@ -118,7 +118,7 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
         let streams = pendingDelivery
         pendingDelivery.removeAll(keepingCapacity: true)
         for stream in streams {
-            stream.isQueuedForDelivery = false
+            stream.channelState.dequeuedForDelivery()
             stream.deliverIfReadPending()
         }
         flushDeferred -= 1
@@ -308,10 +308,7 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
     }
 
     func streamHasOutput(_ stream: MultiplexerStreamChannel) {
-        if !stream.isQueuedForWrite {
-            stream.isQueuedForWrite = true
-            readyToWrite.append(stream)
-        }
+        if stream.channelState.queueForWrite() { readyToWrite.append(stream) }
         writePending()
     }
 
@@ -339,8 +336,7 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
     /// The stream is over on the wire: forget its id at once (`thali-multiplex` peers reuse an id as
     /// soon as both sides closed it), even if its channel still has buffered bytes to hand out.
     private func detach(_ stream: MultiplexerStreamChannel) {
-        guard !stream.isDetached else { return }
-        stream.isDetached = true
+        guard stream.channelState.detach() else { return }
         if streams[stream.ref.key] === stream { streams.removeValue(forKey: stream.ref.key) }
         stateMachine.detach(stream.ref)
         if streams.isEmpty { scheduleIdleTimeout() }
@@ -353,9 +349,7 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
     }
 
     private func queueDelivery(_ stream: MultiplexerStreamChannel) {
-        guard !stream.isQueuedForDelivery else { return }
-        stream.isQueuedForDelivery = true
-        pendingDelivery.append(stream)
+        if stream.channelState.queueForDelivery() { pendingDelivery.append(stream) }
     }
 
     // MARK: Output
@@ -369,11 +363,8 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
         guard let context, !hasEnded else { return }
         flushDeferred += 1
         while context.channel.isWritable, let stream = readyToWrite.popFirst() {
-            stream.isQueuedForWrite = false
-            if emitFrames(for: stream) {
-                stream.isQueuedForWrite = true
-                readyToWrite.append(stream)
-            }
+            stream.channelState.dequeuedForWrite()
+            if emitFrames(for: stream), stream.channelState.queueForWrite() { readyToWrite.append(stream) }
         }
         flushDeferred -= 1
         flushIfNeeded()
@@ -394,7 +385,7 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
             let promise = done ? stream.pending[index].promise : nil
             if done { stream.pending.removeFirst() }
             if allowed > 0 || promise != nil {
-                let withFIN = done && stream.pending.isEmpty && stream.finRequested && stream.state.canSend
+                let withFIN = done && stream.pending.isEmpty && stream.channelState.isFINQueued && stream.state.canSend
                 writeFrames(stateMachine.dataFrames(stream.ref, payload: slice, fin: withFIN), promise: promise)
                 if withFIN { finSent(stream) }
             }
@@ -405,7 +396,7 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
             bytesSentOnStreams += sent
             stream.didSend(bytes: sent)
         }
-        if stream.pending.isEmpty && stream.finRequested && stream.state.canSend && !stream.tornDown {
+        if stream.pending.isEmpty && stream.channelState.isFINQueued && stream.state.canSend && !stream.tornDown {
             writeFrames(stateMachine.dataFrames(stream.ref, payload: ByteBuffer(), fin: true), promise: nil)
             finSent(stream)
         }
@@ -414,10 +405,7 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
 
     private func finSent(_ stream: MultiplexerStreamChannel) {
         let finished = stateMachine.sentFIN(stream.ref)
-        stream.finRequested = false
-        stream.finPromise?.succeed(())
-        stream.finPromise = nil
-        if stream.closeAfterFINRequested {
+        if stream.finSent() {
             stream.tearDown(error: nil)
         } else if finished {
             // Over on the wire; but the peer's last bytes and its end may still wait for a read (they can
@@ -498,10 +486,10 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
         // Streams already over on the wire are no longer the session's: what they received (their end
         // included, perhaps in the same read as the session's end) is still theirs to hand on. Dropped,
         // a stream whose end was queued here never ended.
-        let finished = pendingDelivery.filter { $0.isDetached && !$0.tornDown }
+        let finished = pendingDelivery.filter { $0.channelState.isDetached && !$0.tornDown }
         pendingDelivery.removeAll()
         for stream in finished {
-            stream.isQueuedForDelivery = false
+            stream.channelState.dequeuedForDelivery()
             stream.deliverIfReadPending()
         }
     }

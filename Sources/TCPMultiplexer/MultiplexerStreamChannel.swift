@@ -46,22 +46,19 @@ public final class MultiplexerStreamChannel: Channel, ChannelCore, @unchecked Se
     /// The stream in the session's state machine.
     let ref: StreamRef
 
-    // MARK: State shared with the session (event loop only)
+    // MARK: State (event loop only)
     /// The stream's protocol state, kept by the session's state machine.
     var state: StreamStateMachine { session?.streamState(self) ?? StreamStateMachine(state: .reset) }
-    /// Whether the channel has been activated (its initializer completed).
-    private(set) var activated = false
+    /// The channel's own state: its lifecycle, how its output ends, the peer's end, the session's bookkeeping.
+    /// The session changes it only through its transitions.
+    var channelState = StreamChannelStateMachine()
     /// Whether the channel has been torn down.
-    private(set) var tornDown = false
+    var tornDown: Bool { channelState.isTornDown }
 
     // Inbound
     private var inbound = CircularBuffer<ByteBuffer>(initialCapacity: 8)
     /// Received bytes not yet handed to the pipeline.
     private(set) var inboundBytes = 0
-    private var readPending = false
-    private var delivering = false
-    private var remoteEndPending = false
-    var isQueuedForDelivery = false
 
     // Outbound
     struct PendingWrite {
@@ -72,15 +69,10 @@ public final class MultiplexerStreamChannel: Channel, ChannelCore, @unchecked Se
     var pending = CircularBuffer<PendingWrite>(initialCapacity: 8)
     /// Bytes written by the pipeline and not yet handed to the parent channel.
     private(set) var pendingBytes = 0
-    /// FIN requested by `close(mode: .output)` (or a graceful close), sent once `pending` drains.
-    var finRequested = false
-    var finPromise: EventLoopPromise<Void>?
-    /// Tear the channel down once FIN is out (graceful `close()`).
-    var closeAfterFIN: EventLoopPromise<Void>?
-    var closeAfterFINRequested = false
-    var isQueuedForWrite = false
-    /// The session has forgotten the stream's id (it is over on the wire).
-    var isDetached = false
+    /// Completed when FIN is out (`close(mode: .output)`'s promise).
+    private var finPromise: EventLoopPromise<Void>?
+    /// Completed when a graceful `close()` has sent FIN and ended the channel.
+    private var gracefulClosePromise: EventLoopPromise<Void>?
 
     // Options
     private var autoRead = true
@@ -184,7 +176,7 @@ public final class MultiplexerStreamChannel: Channel, ChannelCore, @unchecked Se
 
     public func write0(_ data: NIOAny, promise: EventLoopPromise<Void>?) {
         guard !tornDown else { promise?.fail(ChannelError.ioOnClosedChannel); return }
-        guard state.canSend, !finRequested else { promise?.fail(MultiplexerError.outputClosed); return }
+        guard state.canSend, channelState.acceptsOutput else { promise?.fail(MultiplexerError.outputClosed); return }
         let buffer = unwrapData(data, as: ByteBuffer.self)
         unflushed.append(PendingWrite(data: buffer, promise: promise))
         pendingBytes += buffer.readableBytes
@@ -198,18 +190,16 @@ public final class MultiplexerStreamChannel: Channel, ChannelCore, @unchecked Se
     }
 
     public func read0() {
-        guard !tornDown, !readPending else { return }
-        readPending = true
-        if activated && !delivering && (!inbound.isEmpty || remoteEndPending) { deliverPendingReads() }
+        guard channelState.requestRead() else { return }
+        if channelState.mayDeliver && hasUndeliveredInput { deliverPendingReads() }
     }
 
     public func close0(error: Error, mode: CloseMode, promise: EventLoopPromise<Void>?) {
         guard !tornDown else { promise?.fail(ChannelError.alreadyClosed); return }
         switch mode {
         case .output:
-            guard state.canSend, !finRequested else { promise?.fail(ChannelError.outputClosed); return }
+            guard state.canSend, channelState.requestFIN() else { promise?.fail(ChannelError.outputClosed); return }
             flush0()
-            finRequested = true
             finPromise = promise
             session?.streamHasOutput(self)
         case .input:
@@ -220,10 +210,13 @@ public final class MultiplexerStreamChannel: Channel, ChannelCore, @unchecked Se
                 promise?.succeed(())
             } else if !state.canReceive {
                 // The peer is done: finish our side cleanly, then go.
+                guard channelState.requestGracefulClose() else {
+                    // Already closing: this close completes with the first.
+                    if let promise { closePromise.futureResult.cascade(to: promise) }
+                    return
+                }
                 flush0()
-                closeAfterFINRequested = true
-                closeAfterFIN = promise
-                if state.canSend && !finRequested { finRequested = true }
+                gracefulClosePromise = promise
                 session?.streamHasOutput(self)
             } else {
                 session?.resetStream(self, message: nil, error: nil)
@@ -259,12 +252,11 @@ public final class MultiplexerStreamChannel: Channel, ChannelCore, @unchecked Se
 
     /// The initializer completed: the stream goes live.
     func activate() {
-        guard !tornDown, !activated else { return }
-        activated = true
+        guard channelState.activate() else { return }
         activeBox.withLockedValue { $0 = true }
         pipeline.fireChannelActive()
         if autoRead { pipeline.read() }
-        if readPending && (!inbound.isEmpty || remoteEndPending) { deliverPendingReads() }
+        if channelState.mayDeliver && hasUndeliveredInput { deliverPendingReads() }
     }
 
     /// Received payload bytes (already checked against the window/buffer limits).
@@ -275,23 +267,22 @@ public final class MultiplexerStreamChannel: Channel, ChannelCore, @unchecked Se
 
     /// The peer half-closed: delivered once the buffered bytes have been read.
     func receiveEnd() {
-        remoteEndPending = true
+        channelState.receiveEnd()
     }
 
     /// Whether received bytes or the peer's end still wait for the pipeline to read them.
-    var hasUndeliveredInput: Bool { !inbound.isEmpty || remoteEndPending }
+    var hasUndeliveredInput: Bool { !inbound.isEmpty || channelState.hasPendingInputEnd }
 
     /// Hands buffered bytes (and a pending end) to the pipeline if a read is pending.
     func deliverIfReadPending() {
-        if activated && readPending && !delivering { deliverPendingReads() }
+        if channelState.mayDeliver { deliverPendingReads() }
     }
 
     private func deliverPendingReads() {
-        delivering = true
-        defer { delivering = false }
+        channelState.beginDelivery(hasBytes: !inbound.isEmpty)
+        defer { channelState.endDelivery() }
         var delivered = 0
         if !inbound.isEmpty {
-            readPending = false
             while let bytes = inbound.popFirst(), !tornDown {
                 inboundBytes -= bytes.readableBytes
                 delivered += bytes.readableBytes
@@ -300,8 +291,7 @@ public final class MultiplexerStreamChannel: Channel, ChannelCore, @unchecked Se
             session?.streamConsumed(self, bytes: delivered)
             pipeline.fireChannelReadComplete()
         }
-        if remoteEndPending && inbound.isEmpty && !tornDown {
-            remoteEndPending = false
+        if inbound.isEmpty && !tornDown && channelState.takeInputEnd() {
             if allowRemoteHalfClosure {
                 pipeline.fireUserInboundEventTriggered(ChannelEvent.inputClosed)
                 if state.isFinished { tearDown(error: nil) }
@@ -309,7 +299,15 @@ public final class MultiplexerStreamChannel: Channel, ChannelCore, @unchecked Se
                 close0(error: ChannelError.eof, mode: .all, promise: nil)
             }
         }
-        if autoRead && !tornDown && activated && delivered > 0 { pipeline.read() }
+        if autoRead && channelState.isActive && delivered > 0 { pipeline.read() }
+    }
+
+    /// FIN went out: completes `close(mode: .output)`'s promise. Returns whether the channel must now
+    /// end (a graceful `close()` asked for the FIN).
+    func finSent() -> Bool {
+        finPromise?.succeed(())
+        finPromise = nil
+        return channelState.finSent()
     }
 
     /// Counts bytes handed to the parent and updates writability.
@@ -324,26 +322,24 @@ public final class MultiplexerStreamChannel: Channel, ChannelCore, @unchecked Se
         let nowWritable = wasWritable ? pendingBytes <= limit : pendingBytes <= limit / 2
         guard nowWritable != wasWritable else { return }
         writableBox.withLockedValue { $0 = nowWritable }
-        if activated { pipeline.fireChannelWritabilityChanged() }
+        if channelState.isActive { pipeline.fireChannelWritabilityChanged() }
     }
 
     /// Ends the channel: fails queued writes, fires `error` (if any), inactive and unregistered, and
     /// leaves the session's table.
     func tearDown(error: Error?) {
-        guard !tornDown else { return }
-        tornDown = true
+        guard let wasActive = channelState.tearDown() else { return }
         let failure: Error = error ?? ChannelError.ioOnClosedChannel
         while let write = unflushed.popFirst() { write.promise?.fail(failure) }
         while let write = pending.popFirst() { write.promise?.fail(failure) }
         pendingBytes = 0
         finPromise?.fail(failure)
         finPromise = nil
-        closeAfterFIN?.succeed(())
-        closeAfterFIN = nil
+        gracefulClosePromise?.succeed(())
+        gracefulClosePromise = nil
         session?.streamTornDown(self)
         inbound.removeAll()
         inboundBytes = 0
-        let wasActive = activated
         activeBox.withLockedValue { $0 = false }
         if let error, wasActive { pipeline.fireErrorCaught(error) }
         if wasActive { pipeline.fireChannelInactive() }

@@ -1,3 +1,4 @@
+import NIOConcurrencyHelpers
 import NIOCore
 import NIOEmbedded
 import Testing
@@ -30,6 +31,37 @@ import Testing
         #expect(hex(try channel.drainOutbound())
                 == hex(yamux(.data, id: 1, length: 3, payload: Array("bye".utf8))) + hex(yamux(.windowUpdate, .fin, id: 1, length: 0)))
         try stream.channel.closeFuture.wait()  // FIN both ways: the stream is finished
+    }
+
+    /// Two `close()` calls after the peer's FIN, while ours waits behind queued bytes: both complete when
+    /// the FIN is out and the channel ends (the second used to replace the first's promise, which then
+    /// never completed).
+    @Test func aSecondGracefulCloseCompletesWithTheFirst() throws {
+        let accepted = AcceptedStreams(halfClosure: true)
+        let (channel, _) = try serverSession(accepted)
+        try channel.writeInbound(yamux(.windowUpdate, .syn, id: 1, length: 0))
+        try channel.writeInbound(yamux(.data, .fin, id: 1, length: 2, payload: Array("hi".utf8)))
+        let stream = try #require(accepted.all.first)
+        _ = try channel.drainOutbound()
+        let window = YamuxHeader.initialWindowSize
+        stream.channel.write(ByteBuffer(repeating: 7, count: window + 10), promise: nil)
+        let first = stream.channel.close()
+        let second = stream.channel.close()
+        let done = NIOLockedValueBox((first: false, second: false))
+        first.whenSuccess { done.withLockedValue { $0.first = true } }
+        second.whenSuccess { done.withLockedValue { $0.second = true } }
+        channel.embeddedEventLoop.run()
+        #expect(done.withLockedValue { !$0.first && !$0.second }, "the FIN waits for the window")
+        _ = try channel.drainOutbound()
+        try channel.writeInbound(yamux(.windowUpdate, id: 1, length: UInt32(window)))
+        var sent = try channel.drainOutbound()
+        #expect(sent.readableBytes == YamuxHeader.size + 10)
+        #expect(try YamuxHeader.read(from: &sent)?.flags.contains(.fin) == true)
+        channel.embeddedEventLoop.run()
+        #expect(done.withLockedValue { $0.first && $0.second })
+        try first.wait()
+        try second.wait()
+        try stream.channel.closeFuture.wait()
     }
 
     @Test func answersPingsAndRefusesWrongParityWithGoAway() throws {
