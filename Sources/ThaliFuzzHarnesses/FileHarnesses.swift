@@ -30,7 +30,12 @@ enum NodeConfigurationHarness {
 
     static let harness = FuzzHarness(name: name, summary: "config.json and its error locations", seeds: seeds) {
         (input: inout FuzzInput) throws(FuzzInvariantViolation) in
-        let data = Data(input.rest())
+        let bytes = input.rest()
+        let data = Data(bytes)
+        if let error = JSONSyntaxLocator.firstError(in: bytes) {
+            try check(error.offset <= bytes.count && error.line >= 1 && error.column >= 1 && error.column <= error.offset + 1,
+                      name, "a syntax error placed outside the text: \(error) of \(bytes.count) bytes")
+        }
         let configuration: NodeConfiguration
         do {
             configuration = try NodeConfiguration.parse(data, path: "config.json")

@@ -186,32 +186,7 @@ public struct NodeConfiguration: Sendable, Hashable {
     /// Where the JSON text `data` first goes wrong, as "line L, column C: what", or nil when the
     /// syntax is fine (the problem is then the shape, which the decoder's message describes).
     static func syntaxErrorLocation(in data: Data) -> String? {
-        do {
-            _ = try JSONSerialization.jsonObject(with: data, options: [.fragmentsAllowed])
-            return nil
-        } catch {
-            let description = ((error as NSError).userInfo[NSDebugDescriptionErrorKey] as? String) ?? "\(error)"
-            // Foundation says "... around character N." (a byte offset); people count lines and columns.
-            guard let range = description.range(of: #"around (line \d+, column \d+|character \d+)\.?"#, options: .regularExpression) else {
-                if description.lowercased().contains("end of file") {
-                    let text = String(decoding: data, as: UTF8.self)
-                    let lines = text.split(separator: "\n", omittingEmptySubsequences: false)
-                    return "line \(lines.count), column \((lines.last?.count ?? 0) + 1): unexpected end of the file"
-                }
-                return "invalid JSON: \(description)"
-            }
-            let what = description[..<range.lowerBound].trimmingCharacters(in: .whitespaces).lowercased()
-            let place = description[range]
-            if let digits = place.split(separator: " ").last.map({ $0.trimmingCharacters(in: CharacterSet(charactersIn: ".")) }),
-               place.contains("character"), let offset = Int(digits) {
-                let before = data.prefix(max(0, min(offset, data.count)))
-                let line = before.filter { $0 == UInt8(ascii: "\n") }.count + 1
-                let lineStart = before.lastIndex(of: UInt8(ascii: "\n")).map { $0 + 1 } ?? before.startIndex
-                let column = String(decoding: before[lineStart...], as: UTF8.self).count + 1
-                return "line \(line), column \(column): \(what)"
-            }
-            return "\(place.dropFirst("around ".count).trimmingCharacters(in: CharacterSet(charactersIn: "."))): \(what)"
-        }
+        JSONSyntaxLocator.firstError(in: Array(data)).map(\.description)
     }
 
     /// The configuration as the JSON object a `config.json` would hold (every key, with its value).
