@@ -131,11 +131,18 @@ struct PeerRelayTests {
     }
 
     /// A port nothing listens on (bound once, then closed).
+    /// A loopback port nothing listens on, below the kernel's ephemeral range (32768 and up here): a
+    /// port bound to 0 and closed is ephemeral, and the peers' own outgoing connections in the same
+    /// test may take it as their source port, so a test that expects it free then finds it used.
     private static func deadPort() async throws -> Int {
-        let channel = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton).bind(host: "127.0.0.1", port: 0).get()
-        let port = try #require(channel.localAddress?.port)
-        try await channel.close()
-        return port
+        for _ in 0..<100 {
+            let port = Int.random(in: 20_000..<32_768)
+            guard let channel = try? await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+                .bind(host: "127.0.0.1", port: port).get() else { continue }
+            try await channel.close()
+            return port
+        }
+        throw ChannelError.unknownLocalAddress
     }
 
     static func echoServer() async throws -> Channel {

@@ -358,8 +358,8 @@ struct PeerStreamsTests {
         // (hers and his). Bob sends GoAway on the one Alice would pick first.
         let first = try await Self.waitUntil(seconds: 30) { () -> MarkedSession? in
             alice.state.withLockedValue { state in
-                guard let sessions = state.streamSessions[bobKey], sessions.count == 2 else { return nil }
-                return sessions.first?.value
+                guard state.appStreams.sessions[bobKey]?.count == 2 else { return nil }
+                return state.appStreams.session(for: bobKey)?.session
             }
         }
         // Bob's end of the same connection: its remote address is Alice's local one (a role alone could
@@ -367,7 +367,7 @@ struct PeerStreamsTests {
         let end = first.session.channel.localAddress
         let counterpart = try await Self.waitUntil(seconds: 30) { () -> MultiplexerSession? in
             bob.state.withLockedValue { state in
-                state.streamSessions[aliceKey]?.values.first { $0.role != first.role && $0.session.channel.remoteAddress == end }?.session
+                state.appStreams.sessions[aliceKey]?.map(\.session).first { $0.role != first.role && $0.session.channel.remoteAddress == end }?.session
             }
         }
         counterpart.goAway()

@@ -156,14 +156,12 @@ extension ThaliPeer {
     /// the ones ``openStream(to:protocol:timeout:)`` picks from, so that no app stream is opened on a
     /// session that is closing: before, one opened just as its delivery ended failed with "session closed".
     private func closeUnlessKept(_ session: MultiplexerSession, contact: Contact, marked: Bool) async -> Bool {
-        let appPort = configuration.appPort
-        let close = state.withLockedValue { state -> Bool in
-            if marked && (appPort != nil || state.appStreamsWanted) { return false }
-            state.forgetMarkedSession(ObjectIdentifier(session), of: contact.publicKey)
-            return true
+        let relaying = configuration.appPort != nil
+        let kept = state.withLockedValue {
+            $0.appStreams.keepsAfterDelivery(ObjectIdentifier(session), contactKey: contact.publicKey, marked: marked, relaying: relaying)
         }
-        if close { try? await session.close().get() }
-        return !close
+        if !kept { try? await session.close().get() }
+        return kept
     }
 
     /// The delivery receiver on a stream this side opens. The session is closed when delivery ends,

@@ -78,20 +78,9 @@ public final class ThaliPeer: Sendable {
         var relayPorts: [String: Int] = [:]
         /// Relay mode: relayed TCP connections open now (both roles).
         var relayConnections = 0
-        /// Marked sessions up now, by contact public key (either role): where app streams are opened.
-        var streamSessions: [String: [ObjectIdentifier: MarkedSession]] = [:]
-
-        /// Takes a session out of the ones app streams are opened on.
-        mutating func forgetMarkedSession(_ id: ObjectIdentifier, of contactKey: String) {
-            streamSessions[contactKey]?.removeValue(forKey: id)
-            if streamSessions[contactKey]?.isEmpty == true { streamSessions.removeValue(forKey: contactKey) }
-        }
-        /// ``ThaliPeer/openStream(to:protocol:timeout:)`` calls waiting for a session, with its contact's key.
-        var sessionWaiters: [UUID: (key: String, wake: LinkWakeSignal)] = [:]
-        /// ``ThaliPeer/handleStreams(protocol:)`` sequences, by app protocol.
-        var streamHandlers: [String: AsyncStream<PeerStream>.Continuation] = [:]
-        /// Whether the app uses streams: every contact is advertised to and sessions stay open.
-        var appStreamsWanted = false
+        /// App streams: the marked sessions they are opened on, the opens waiting for one, the
+        /// ``ThaliPeer/handleStreams(protocol:)`` sequences, whether the app uses streams.
+        var appStreams = AppStreamRegistry<MarkedSession, LinkWakeSignal, AsyncStream<PeerStream>.Continuation>()
         /// Whether the peer runs; what start and stop do.
         var lifecycle = PeerLifecycle()
         /// The peer's timers: announcement rotation, store checks, link backoffs, the port's reopening.

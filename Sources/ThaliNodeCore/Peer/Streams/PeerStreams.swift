@@ -51,16 +51,14 @@ extension ThaliPeer {
                                                             bufferingPolicy: .bufferingOldest(Self.maximumWaitingStreams))
         let refusal = state.withLockedValue { state -> PeerStreamError? in
             if state.stopped { return .stopped }
-            if state.streamHandlers[name] != nil { return .alreadyHandled(protocol: name) }
-            state.streamHandlers[name] = continuation
-            return nil
+            return state.appStreams.addHandler(continuation, for: name).map { _ in .alreadyHandled(protocol: name) }
         }
         if let refusal {
             continuation.finish()
             throw refusal
         }
         continuation.onTermination = { [weak self] _ in
-            _ = self?.state.withLockedValue { $0.streamHandlers.removeValue(forKey: name) }
+            self?.state.withLockedValue { $0.appStreams.removeHandler(for: name) }
         }
         wantAppStreams()
         return stream
@@ -82,14 +80,14 @@ extension ThaliPeer {
         let deadline = ContinuousClock.now + waited
         let wake = LinkWakeSignal()
         let waiterID = UUID()
-        state.withLockedValue { $0.sessionWaiters[waiterID] = (found.publicKey, wake) }
-        defer { _ = state.withLockedValue { $0.sessionWaiters.removeValue(forKey: waiterID) } }
+        state.withLockedValue { $0.appStreams.addWaiter(waiterID, contactKey: found.publicKey, wake: wake) }
+        defer { state.withLockedValue { $0.appStreams.removeWaiter(waiterID) } }
         while true {
             if isStopped { throw PeerStreamError.stopped }
-            let usable = state.withLockedValue { $0.streamSessions[found.publicKey]?.first }
-            if let (id, marked) = usable {
+            if let usable = state.withLockedValue({ $0.appStreams.session(for: found.publicKey) }) {
+                let id = usable.id
                 do {
-                    return try await openAppStream(kind, to: found, over: marked)
+                    return try await openAppStream(kind, to: found, over: usable.session)
                 } catch MultiplexerError.sessionClosed {
                     continue  // it closed meanwhile; another may be up, or come
                 } catch MultiplexerError.goingAway {
@@ -129,11 +127,7 @@ extension ThaliPeer {
     /// From the first ``handleStreams(protocol:)`` or ``openStream(to:protocol:timeout:)`` on: advertise to
     /// every contact and keep sessions open.
     private func wantAppStreams() {
-        let first = state.withLockedValue { state -> Bool in
-            defer { state.appStreamsWanted = true }
-            return !state.appStreamsWanted
-        }
-        guard first else { return }
+        guard state.withLockedValue({ $0.appStreams.wantStreams() }) else { return }
         spawn { [self] in
             guard !bindings.isEmpty, !isStopped else { return }
             try? await refreshAdvertisement()
@@ -143,7 +137,7 @@ extension ThaliPeer {
     /// Whether sessions stay open after delivery and every contact is advertised to: relay mode, or an
     /// app that uses streams.
     var keepsSessionsOpen: Bool {
-        configuration.appPort != nil || state.withLockedValue { $0.appStreamsWanted }
+        configuration.appPort != nil || state.withLockedValue { $0.appStreams.streamsWanted }
     }
 
     // MARK: Sessions
@@ -152,9 +146,8 @@ extension ThaliPeer {
     /// wakes the opens that wait for one.
     func registerMarkedSession(_ session: MultiplexerSession, contact: Contact, role: PeerEvent.Role) {
         let id = ObjectIdentifier(session)
-        let waiting = state.withLockedValue { state -> [LinkWakeSignal] in
-            state.streamSessions[contact.publicKey, default: [:]][id] = MarkedSession(session: session, role: role)
-            return state.sessionWaiters.values.filter { $0.key == contact.publicKey }.map(\.wake)
+        let waiting = state.withLockedValue {
+            $0.appStreams.sessionUp(id, MarkedSession(session: session, role: role), contactKey: contact.publicKey)
         }
         for wake in waiting { wake.signal() }
         session.channel.closeFuture.whenComplete { [weak self] _ in
@@ -165,15 +158,12 @@ extension ThaliPeer {
     /// Takes a session out of the ones ``openStream(to:protocol:timeout:)`` picks from: it closed, or it
     /// answered GoAway.
     private func forgetMarkedSession(_ id: ObjectIdentifier, of contactKey: String) {
-        state.withLockedValue { $0.forgetMarkedSession(id, of: contactKey) }
+        state.withLockedValue { $0.appStreams.forgetSession(id, contactKey: contactKey) }
     }
 
     /// Ends every ``handleStreams(protocol:)`` sequence (the peer stops).
     func finishStreamHandlers() {
-        let handlers = state.withLockedValue { state -> [AsyncStream<PeerStream>.Continuation] in
-            defer { state.streamHandlers.removeAll() }
-            return Array(state.streamHandlers.values)
-        }
+        let handlers = state.withLockedValue { $0.appStreams.takeHandlers() }
         for handler in handlers { handler.finish() }
     }
 
@@ -237,7 +227,7 @@ extension ThaliPeer {
             guard let name = kind.appProtocol else {
                 return loop.makeSucceededFuture(.refused(StreamRefusal(.unknownKind, reason: "unknown stream kind \(kind.name)")))
             }
-            let handler = state.withLockedValue { $0.streamHandlers[name] }
+            let handler = state.withLockedValue { $0.appStreams.handlers[name] }
             guard let handler else {
                 return loop.makeSucceededFuture(.refused(StreamRefusal(.notServed, reason: "app protocol \(name) is not served here")))
             }
