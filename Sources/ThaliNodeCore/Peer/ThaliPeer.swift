@@ -409,6 +409,7 @@ public final class ThaliPeer: Sendable {
         case .startTask: spawn { [self] in await runLink(contact) }
         case .wake: wakeLink(contact)
         case .deliverOverSession: link?.deliveryWanted?.signal()
+        case .sessionMoved(let old): closeSessions(to: old)
         case .none: break
         }
     }

@@ -1,4 +1,5 @@
 import NIOCore
+import ThaliSSDP
 
 /// Roaming: a peer that follows its interface (``PeerConfiguration/followsInterface``) moves when the
 /// interface's address changes — its port, SSDP and outgoing connections — as ``InterfaceAddressPlan``
@@ -33,6 +34,19 @@ extension ThaliPeer {
             watcher?.stop()
             watcher = nil
         }
+    }
+
+    /// Closes the sessions this peer opened to `location`: a contact that was there moved (its beacons
+    /// came from another location), and the sessions cannot be answered there any more; their links
+    /// reconnect at the new location at once rather than after the keepalive's minute.
+    func closeSessions(to location: BeaconLocation) {
+        let stale = state.withLockedValue { state in
+            state.channels.values.filter { $0.remoteAddress?.ipAddress == location.host && $0.remoteAddress?.port == location.port }
+        }
+        if !stale.isEmpty {
+            logger.notice("a contact moved: closing the sessions with its old location", metadata: ["location": "\(location)"])
+        }
+        for channel in stale { channel.close(promise: nil) }
     }
 
     /// The followed interface's addresses are now `addresses`: the plan's action.
