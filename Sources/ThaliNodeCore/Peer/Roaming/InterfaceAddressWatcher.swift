@@ -48,9 +48,10 @@ final class InterfaceAddressWatcher: Sendable {
         return seen
     }
 
-    /// Starts watching `interface`: `changed` gets each new address set (never the one it started with),
-    /// on the watcher's thread, until ``stop()``. Reads the set at least every `recheckInterval`.
-    init(interface: String, recheckInterval: Duration, changed: @escaping @Sendable ([String]) -> Void) {
+    /// Starts watching `interface`, whose addresses were `initial`: `changed` gets each set that differs
+    /// from the one before (the first from `initial`), on the watcher's thread, until ``stop()``. Reads
+    /// the set at least every `recheckInterval`.
+    init(interface: String, initial: [String], recheckInterval: Duration, changed: @escaping @Sendable ([String]) -> Void) {
         self.interface = interface
         netlink = Self.openNetlinkSocket()
         var fds: [Int32] = [-1, -1]
@@ -58,7 +59,6 @@ final class InterfaceAddressWatcher: Sendable {
             for fd in fds { _ = fcntl(fd, F_SETFD, FD_CLOEXEC) }
         }
         wake = (fds[0], fds[1])
-        let initial = Self.addresses(of: interface)
         let milliseconds = Int32(clamping: max(1, recheckInterval.components.seconds * 1000
             + recheckInterval.components.attoseconds / 1_000_000_000_000_000))
         let (netlink, wakeRead) = (self.netlink, wake.read)

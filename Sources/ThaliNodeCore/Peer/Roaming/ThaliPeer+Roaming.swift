@@ -9,12 +9,13 @@ extension ThaliPeer {
     func startFollowingInterface() {
         guard configuration.wifi, let interface = configuration.followsInterface, !isStopped else { return }
         let bound = boundAddress
-        state.withLockedValue {
-            $0.addressPlan = InterfaceAddressPlan(bound: bound, addresses: InterfaceAddressWatcher.addresses(of: interface))
-        }
+        // The plan and the watcher start from the same set: a change between two reads is not lost.
+        let addresses = InterfaceAddressWatcher.addresses(of: interface)
+        state.withLockedValue { $0.addressPlan = InterfaceAddressPlan(bound: bound, addresses: addresses) }
         // One change at a time, in order; a set superseded while a move runs is skipped for the newest.
         let (changes, continuation) = AsyncStream.makeStream(of: [String].self, bufferingPolicy: .bufferingNewest(1))
-        let watcher = InterfaceAddressWatcher(interface: interface, recheckInterval: configuration.interfaceRecheckInterval) {
+        let watcher = InterfaceAddressWatcher(interface: interface, initial: addresses,
+                                              recheckInterval: configuration.interfaceRecheckInterval) {
             continuation.yield($0)
         }
         addressWatcher.withLockedValue { $0 = watcher }
