@@ -18,7 +18,7 @@ struct Run: AsyncParsableCommand {
         abstract: "Keep the peer on the network: discover contacts, deliver the outbox, receive into the inbox.",
         discussion: """
             Human-readable lines by default; --json prints one JSON object per line (event: started, \
-            advertising, peer_appeared, peer_left, matched, connecting, connected, connection_failed, \
+            location_changed, advertising, peer_appeared, peer_left, matched, connecting, connected, connection_failed, \
             offered, transfer_started, progress, delivered, refused, deferred, refused_offer, rejected, discarded, received, duplicate, \
             session_ended, disconnected, relay_listening, relay_reopened, relay_closed, relay_port_unavailable, \
             relay_app_unreachable, limit_triggered, binding_unavailable, expired, status, stopped). \
@@ -31,9 +31,9 @@ struct Run: AsyncParsableCommand {
     static let standInEnvironmentKey = "THALI_BLUETOOTH_STANDIN"
 
     @OptionGroup var options: NodeOptions
-    @Option(help: ArgumentHelp("Network interface to use (default: the configuration's, else the first up with IPv4).", valueName: "name"))
+    @Option(help: ArgumentHelp("Network interface to use, following its IPv4 address as it changes (default: the configuration's, else the first up with IPv4).", valueName: "name"))
     var interface: String?
-    @Option(help: ArgumentHelp("IPv4 address of the interface to pin to instead (127.0.0.1 for loopback).", valueName: "ip"))
+    @Option(help: ArgumentHelp("IPv4 address to pin to instead, kept fixed (127.0.0.1 for loopback).", valueName: "ip"))
     var address: String?
     @Option(help: "SSDP multicast port (default: the configuration's ssdpPort).") var ssdpPort: Int?
     @Option(help: "SSDP multicast group (default: the configuration's ssdpMulticastAddress).") var ssdpGroup: String?

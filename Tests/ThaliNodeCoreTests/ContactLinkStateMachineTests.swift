@@ -174,6 +174,33 @@ import ThaliSSDP
         #expect(machine.matched(Self.route(.wifi, identity: "psk-7")) == .none)
     }
 
+    @Test func aMatchFromAnotherWiFiLocationDuringASessionSaysTheContactMoved() {
+        var machine = Self.machine()
+        _ = machine.matched(Self.route(.wifi, port: 5000))
+        _ = machine.nextAction()
+        // Still connecting: the attempt's failure takes the new route up (matched during the attempt).
+        #expect(machine.matched(Self.route(.wifi, identity: "psk-2", port: 5000)) == .none)
+        machine.connected()
+        machine.sessionKeptOpen()
+        // The same location: a delivery over the session; another: the contact moved.
+        #expect(machine.matched(Self.route(.wifi, identity: "psk-3", port: 5000)) == .deliverOverSession)
+        #expect(machine.matched(Self.route(.wifi, identity: "psk-3", port: 6000))
+                    == .sessionMoved(from: BeaconLocation(host: "10.0.0.2", port: 5000)))
+        #expect(machine.matched(Self.route(.wifi, identity: "psk-4", port: 6000)) == .deliverOverSession)
+        // The closed session's end is retried at the new location at once.
+        #expect(machine.attemptFailed(.retryable) == .zero)
+        guard case .connect(let route, _) = machine.nextAction() else {
+            Issue.record("no connect")
+            return
+        }
+        #expect(route.location == BeaconLocation(host: "10.0.0.2", port: 6000))
+        // A Bluetooth peer's relay port changes with every reach: no move.
+        machine.connected()
+        machine.sessionKeptOpen()
+        #expect(machine.matched(Self.route(.bluetooth, port: 7001)) == .deliverOverSession)
+        #expect(machine.matched(Self.route(.bluetooth, port: 7002)) == .deliverOverSession)
+    }
+
     @Test func aMatchDuringBackoffWakesTheLinkAndStartsAfresh() {
         var machine = Self.machine()
         _ = machine.matched(Self.route(.wifi))

@@ -10,6 +10,7 @@ import Testing
     static let lines = [
         #"{"event":"started","location":"http://10.0.0.2:4000/NotificationBeacons"}"#,
         #"{"event":"started","location":"bluetooth:00:AA:01:00:00:01"}"#,
+        #"{"event":"location_changed","location":"http://10.0.0.9:4000/NotificationBeacons","previous":"http://10.0.0.2:4000/NotificationBeacons"}"#,
         #"{"contacts":[],"event":"advertising"}"#,
         #"{"contacts":["bob","carol"],"event":"advertising"}"#,
         #"{"binding":"wifi","event":"peer_appeared","location":"http://10.0.0.2:4000/NotificationBeacons"}"#,

@@ -8,7 +8,7 @@ import Testing
 enum PeerEventSamples {
     /// Every case of ``PeerEvent``, and of ``DeliveryEvent`` inside ``PeerEvent/delivery(contact:_:)``.
     enum Kind: CaseIterable {
-        case started, advertising, peerAppeared, peerLeft, beaconMatched, connecting, connected, connectionFailed
+        case started, locationChanged, advertising, peerAppeared, peerLeft, beaconMatched, connecting, connected, connectionFailed
         case disconnected, sessionEnded, limitTriggered, relayListening, relayReopened, relayClosed, relayPortUnavailable
         case relayAppUnreachable, streamRefused, bindingUnavailable, stopped
         case offered, transferStarted, progress, delivered, refused, deferred, refusedOffer, rejected, discarded
@@ -18,6 +18,7 @@ enum PeerEventSamples {
     static func kind(of event: PeerEvent) -> Kind {
         switch event {
         case .started: .started
+        case .locationChanged: .locationChanged
         case .advertising: .advertising
         case .peerAppeared: .peerAppeared
         case .peerLeft: .peerLeft
@@ -68,6 +69,7 @@ enum PeerEventSamples {
     static func samples(of kind: Kind) -> [PeerEvent] {
         switch kind {
         case .started: [.started(location: wifi), .started(location: bluetooth)]
+        case .locationChanged: [.locationChanged(location: PeerLocation("http://10.0.0.9:4000/NotificationBeacons")!, previous: wifi)]
         case .advertising: [.advertising(contacts: []), .advertising(contacts: ["bob", "carol"])]
         case .peerAppeared: [.peerAppeared(location: wifi), .peerAppeared(location: lora)]
         case .peerLeft: [.peerLeft(location: wifi, reason: .byebye), .peerLeft(location: bluetooth, reason: .narrowed)]

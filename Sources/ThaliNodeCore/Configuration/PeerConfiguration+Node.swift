@@ -55,7 +55,8 @@ extension PeerConfiguration {
 
     /// The peer configuration of a node: `node`'s values (read from `configurationPath`, named in
     /// errors) with `overrides` on top, the interface resolved (the named one, else the configuration's,
-    /// else the first up with IPv4; Bluetooth alone pins to 127.0.0.1), and the one-port rule: beacons
+    /// else the first up with IPv4, whose address the peer then follows: ``followsInterface``; an address
+    /// given stays fixed; Bluetooth alone pins to 127.0.0.1), and the one-port rule: beacons
     /// and PSK-TLS share one port, which `deliveryPort` or `beaconPort` may name, not two different ones.
     /// With Bluetooth asked for too, an interface that is missing, down or without IPv4 (Wi-Fi off, no
     /// network) does not stop the node: Wi-Fi is left out with the reason in ``wifiUnavailableReason``
@@ -82,12 +83,14 @@ extension PeerConfiguration {
         }
         var interfaceAddress = overrides.address ?? "127.0.0.1"
         var wifiUnavailableReason: String?
+        var followed: String?
         if useWiFi {
             if let address = overrides.address {
                 try NodeInterface.validateLocalAddress(address)
             } else {
                 do {
-                    interfaceAddress = try NodeInterface.select(configured: overrides.interface ?? node.interface).ipv4Address
+                    let selected = try NodeInterface.select(configured: overrides.interface ?? node.interface)
+                    (interfaceAddress, followed) = (selected.ipv4Address, selected.name)
                 } catch let error as NodeError where useBluetooth {
                     guard case .noUsableInterface = error else { throw error }
                     wifiUnavailableReason = "\(error)"
@@ -96,6 +99,8 @@ extension PeerConfiguration {
         }
         self.init(interfaceAddress: interfaceAddress)
         self.wifiUnavailableReason = wifiUnavailableReason
+        // An interface chosen by name (or by default) is followed; an address given is kept.
+        followsInterface = followed
         ssdpGroup = overrides.ssdpGroup ?? node.ssdpMulticastAddress
         ssdpPort = overrides.ssdpPort ?? node.ssdpPort
         let (delivery, beacon) = (node.deliveryPort, node.beaconPort)

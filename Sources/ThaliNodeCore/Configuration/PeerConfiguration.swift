@@ -36,6 +36,17 @@ public struct PeerConfiguration: Sendable {
 
     /// IPv4 address of the interface the peer is pinned to (SSDP, the single TCP port, LOCATION).
     public var interfaceAddress: String
+    /// The interface whose IPv4 address the peer follows (roaming: `run --interface`, or the interface
+    /// `config.json` names or the first one up), or nil to stay on `interfaceAddress` (`run --address`).
+    /// When the interface loses that address (a phone joined another access point), the peer moves to
+    /// the interface's new one: its port rebinds there, SSDP says byebye for the old location where it
+    /// still can and announces the new one at once, searches again, and reports
+    /// ``PeerEvent/locationChanged(location:previous:)`` (``InterfaceAddressPlan``, spec/node.md "Roaming").
+    public var followsInterface: String?
+    /// How often a peer that follows its interface reads the interface's addresses even without the
+    /// kernel's notice of a change (rtnetlink): the bound on how late a change is seen where the notice
+    /// cannot be had, and the repair of a notice lost.
+    public var interfaceRecheckInterval: Duration = .seconds(2)
     /// Whether the Wi-Fi binding (SSDP discovery on `interfaceAddress`) runs; false with an extra binding
     /// (Bluetooth) runs that alone (the single port then best sits on 127.0.0.1, reachable through its
     /// relay only).

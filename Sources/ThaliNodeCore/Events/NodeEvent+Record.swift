@@ -7,6 +7,8 @@ extension NodeEvent {
         switch self {
         case .started(let location):
             record.location = location.description
+        case .locationChanged(let location, let previous):
+            (record.location, record.previous) = (location.description, previous.description)
         case .advertising(let contacts):
             record.contacts = contacts
         case .peerAppeared(let location):
@@ -80,6 +82,8 @@ extension NodeEvent {
         switch record.event {
         case "started":
             self = .started(location: try line.location())
+        case "location_changed":
+            self = .locationChanged(location: try line.location(), previous: try line.parsed(\.previous, "previous", PeerLocation.init))
         case "advertising":
             self = .advertising(contacts: try line.required(\.contacts, "contacts"))
         case "peer_appeared":

@@ -22,6 +22,8 @@ import Foundation
 public enum NodeEvent: Sendable, Hashable {
     /// `started`: ``PeerEvent/started(location:)``.
     case started(location: PeerLocation)
+    /// `location_changed`: ``PeerEvent/locationChanged(location:previous:)``.
+    case locationChanged(location: PeerLocation, previous: PeerLocation)
     /// `advertising`: ``PeerEvent/advertising(contacts:)``.
     case advertising(contacts: [String])
     /// `peer_appeared`: ``PeerEvent/peerAppeared(location:)``.
@@ -186,6 +188,7 @@ public enum NodeEvent: Sendable, Hashable {
     public init?(_ event: PeerEvent) {
         switch event {
         case .started(let location): self = .started(location: location)
+        case .locationChanged(let location, let previous): self = .locationChanged(location: location, previous: previous)
         case .advertising(let contacts): self = .advertising(contacts: contacts)
         case .peerAppeared(let location): self = .peerAppeared(location: location)
         case .peerLeft(let location, let reason): self = .peerLeft(location: location, reason: reason)
@@ -220,6 +223,7 @@ public enum NodeEvent: Sendable, Hashable {
     public var name: String {
         switch self {
         case .started: "started"
+        case .locationChanged: "location_changed"
         case .advertising: "advertising"
         case .peerAppeared: "peer_appeared"
         case .peerLeft: "peer_left"
@@ -253,7 +257,7 @@ public enum NodeEvent: Sendable, Hashable {
              .relayClosed(let contact, _), .relayPortUnavailable(let contact, _, _, _), .relayAppUnreachable(let contact, _, _),
              .streamRefused(let contact, _, _, _, _):
             contact
-        case .started, .advertising, .peerAppeared, .peerLeft, .limitTriggered, .bindingUnavailable, .status, .expired, .stopped:
+        case .started, .locationChanged, .advertising, .peerAppeared, .peerLeft, .limitTriggered, .bindingUnavailable, .status, .expired, .stopped:
             nil
         }
     }

@@ -17,6 +17,9 @@ public enum PeerEvent: Sendable, Hashable {
     /// Listening; peers find us at `location` over the first binding running (over Wi-Fi the SSDP
     /// LOCATION: beacons and PSK-TLS on one port).
     case started(location: PeerLocation)
+    /// The peer moved: the interface it follows lost its address (roaming), and peers now find it at
+    /// `location` instead of `previous` (``PeerConfiguration/followsInterface``).
+    case locationChanged(location: PeerLocation, previous: PeerLocation)
     /// Advertising beacons for these contacts (empty: nothing announced).
     case advertising(contacts: [String])
     /// A peer was heard on the network (by its location).

@@ -74,6 +74,8 @@ public struct PeerEventRecord: Codable, Sendable, Hashable {
     public var t: Double?
     /// A peer's location (SSDP `LOCATION` or `bluetooth:` and an address), or ours.
     public var location: String?
+    /// `location_changed`: where peers found this node before it moved.
+    public var previous: String?
     /// `advertising`: the contacts announced for.
     public var contacts: [String]?
     /// The contact the event concerns.
@@ -153,7 +155,7 @@ public struct PeerEventRecord: Codable, Sendable, Hashable {
     public var summary: String = ""
 
     enum CodingKeys: String, CodingKey {
-        case event, t, location, contacts, contact, binding, attempt, role, remote, reason, clean
+        case event, t, location, previous, contacts, contact, binding, attempt, role, remote, reason, clean
         case retryInMs = "retry_in_ms"
         case error, kind, effect
         case periodSeconds = "period_s"
@@ -191,6 +193,8 @@ public struct PeerEventRecord: Codable, Sendable, Hashable {
         switch event {
         case .started(let location):
             "listening at \(location) (beacons and PSK-TLS)"
+        case .locationChanged(let location, let previous):
+            "moved to \(location) (the interface's address changed; was \(previous))"
         case .advertising(let contacts):
             contacts.isEmpty ? "nothing to announce" : "advertising beacons for \(contacts.joined(separator: ", "))"
         case .peerAppeared(let location):

@@ -88,7 +88,7 @@ extension ThaliPeer {
         var bootstrap = ClientBootstrap(group: group)
         // A Bluetooth peer's port appears on 127.0.0.1 (its relay): that one is reached from loopback.
         if route.binding == .wifi {
-            bootstrap = bootstrap.bind(to: try SocketAddress(ipAddress: configuration.interfaceAddress, port: 0))
+            bootstrap = bootstrap.bind(to: try SocketAddress(ipAddress: boundAddress, port: 0))
         }
         // A route holds an address (SSDP's LOCATION must name its sender's; Bluetooth's relay is on
         // loopback): connected to directly, not resolved by name and raced Happy-Eyeballs style.

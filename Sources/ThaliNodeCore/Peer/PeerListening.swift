@@ -24,7 +24,8 @@ extension ThaliPeer {
     /// global) before a byte is read, and a source in its refusal period is dropped by the kernel
     /// before it is accepted (``ListenerSourceFilter``); its first byte sends it to the beacon server (HTTP) or to PSK-TLS.
     /// Returns the bound port.
-    func bindPort() async throws -> Int {
+    /// `port` (nil: the one bound before, else the configuration's) on ``boundAddress``.
+    func bindPort(port requested: Int? = nil) async throws -> Int {
         let channel = try await ServerBootstrap(group: group)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
             .serverChannelOption(.backlog, value: 256)
@@ -32,7 +33,7 @@ extension ThaliPeer {
                 guard let self else { return channel.close() }
                 return self.admitConnection(channel)
             }
-            .bind(host: configuration.interfaceAddress, port: state.withLockedValue { $0.boundPort } ?? configuration.port).get()
+            .bind(host: boundAddress, port: requested ?? state.withLockedValue { $0.boundPort } ?? configuration.port).get()
         // Sources in their refusal period are refused by the kernel too: no accept, no close.
         ListenerSourceFilter.attach(to: channel, admission: admission)
         let port = channel.localAddress?.port ?? configuration.port

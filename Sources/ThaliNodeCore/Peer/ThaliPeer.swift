@@ -100,6 +100,11 @@ public final class ThaliPeer: Sendable {
         /// The single port's listening socket (nil while closed for an overload) and its number.
         var listener: Channel?
         var boundPort: Int?
+        /// The address the port, SSDP and outgoing connections are bound to: the configuration's, until
+        /// the followed interface moves (``PeerConfiguration/followsInterface``).
+        var address = ""
+        /// What to do when the followed interface's addresses change.
+        var addressPlan: InterfaceAddressPlan?
     }
 
     /// The node's store.
@@ -130,6 +135,12 @@ public final class ThaliPeer: Sendable {
     /// Every contact by its normalised public key, as of the last ``refreshAddressBook()``: what the
     /// PSK-TLS server resolves an advertised beacon's contact with, on the event loop, without the store.
     let contactsByKey = NIOLockedValueBox<[String: Contact]>([:])
+    /// Watches the followed interface's addresses while the peer runs (``PeerConfiguration/followsInterface``).
+    let addressWatcher = NIOLockedValueBox<InterfaceAddressWatcher?>(nil)
+
+    /// The address the peer is bound to now: ``PeerConfiguration/interfaceAddress`` until the followed
+    /// interface loses it.
+    var boundAddress: String { state.withLockedValue { $0.address } }
 
     /// A peer for the node whose store and identity are given; `events` receives everything it does,
     /// synchronously on the peer's tasks and event loops (keep it short; or use
@@ -173,6 +184,7 @@ public final class ThaliPeer: Sendable {
             throw StartError.setup("\(error)")
         }
         overloadTarget.withLockedValue { $0.peer = self }
+        state.withLockedValue { $0.address = configuration.interfaceAddress }
     }
 
     private struct WeakPeer: Sendable { weak var peer: ThaliPeer? }
@@ -213,6 +225,7 @@ public final class ThaliPeer: Sendable {
             throw NodeError.mapBindError(error, host: configuration.interfaceAddress, port: configuration.port)
         }
         try await startBindings(port: port)
+        startFollowingInterface()
         try await refreshAdvertisement()
         // More contacts than one announcement holds: the announcements are served in turn.
         arm(.rotateAnnouncement, after: configuration.announcementRotationInterval)
@@ -232,7 +245,7 @@ public final class ThaliPeer: Sendable {
         var started: [any PeerBindingService] = []
         for (index, binding) in planned.enumerated() {
             do {
-                try await binding.start(nodeHost: configuration.interfaceAddress, nodePort: port) { [weak self] event in
+                try await binding.start(nodeHost: boundAddress, nodePort: port) { [weak self] event in
                     self?.bindingEvent(event)
                 }
                 started.append(binding)
@@ -385,6 +398,7 @@ public final class ThaliPeer: Sendable {
         case .startTask: spawn { [self] in await runLink(contact) }
         case .wake: wakeLink(contact)
         case .deliverOverSession: link?.deliveryWanted?.signal()
+        case .sessionMoved(let old): closeSessions(to: old)
         case .none: break
         }
     }

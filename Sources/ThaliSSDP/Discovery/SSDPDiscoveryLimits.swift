@@ -168,6 +168,10 @@ public struct SSDPDiscoveryCounters: Hashable, Sendable {
     public var alivesSent = 0
     /// Byebye announcements sent.
     public var byebyesSent = 0
+    /// Times discovery moved to a new interface address (``SSDPDiscoveryService/move(to:port:)``).
+    public var interfaceMoves = 0
+    /// Byebyes for the old location that could not leave because the old address was gone already.
+    public var byebyesUnsent = 0
     /// Beacon fetches that returned a body (or 204).
     public var beaconFetchesSucceeded = 0
     /// Beacon fetches that failed after their retries.

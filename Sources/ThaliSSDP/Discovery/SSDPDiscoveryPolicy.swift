@@ -183,6 +183,26 @@ struct SSDPDiscoveryPolicy {
         return (actions, true)
     }
 
+    /// The interface's address changed to `location`'s host (roaming, `spec/ssdp.md` §4.3): returns the
+    /// byebye for our USN, to send from the old socket while that can still reach the segment (nil when
+    /// not announcing). Call ``moved(now:)`` once the new sockets are open.
+    mutating func moving(to location: BeaconLocation) -> SSDPMessage? {
+        announcer.location = location
+        counters.interfaceMoves += 1
+        guard announcer.isAnnouncing, let name = announcer.serviceName else { return nil }
+        return announcer.byebye(name)
+    }
+
+    /// The sockets are open on the new address at `now`: the alive for the same USN at the new LOCATION
+    /// at once (listeners move the USN's entry there and drop the old location), and a search, as on
+    /// joining a network (the search interval starts over).
+    mutating func moved(now: NIODeadline) -> [Action] {
+        guard !isStopped else { return [] }
+        searcher = SSDPSearcher(interval: configuration.searchInterval)
+        let alive: [Action] = announcer.isAnnouncing ? announcer.serviceName.map { [.send(announcer.alive($0), to: nil)] } ?? [] : []
+        return alive + searchDue(now: now)
+    }
+
     /// The beacons fetched from `host` matched one of the app's contacts.
     mutating func markContact(host: String) {
         table.markContact(host: host)

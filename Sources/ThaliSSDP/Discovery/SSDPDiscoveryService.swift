@@ -46,7 +46,8 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
     private let logger: Logger
     private let consumer: BeaconConsumer
     private let eventSink: AsyncStream<SSDPDiscoveryEvent>.Continuation
-    private let client: BeaconHTTPClient
+    /// The beacon client, its source the pinned address (replaced by ``move(to:port:)``; loop-confined).
+    private var client: BeaconHTTPClient
     private let server: BeaconHTTPServer
     /// Connections from peers that an app serving the beacons itself reported (``noteInboundUnicast()``).
     private let inboundUnicastReported = NIOLockedValueBox(0)
@@ -150,6 +151,72 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
         try? await eventLoop.submit {
             guard self.started, !self.policy.isStopped else { return }
             self.perform(self.policy.advertise(beacons != nil))
+        }.get()
+    }
+
+    /// Errors of ``move(to:port:)``.
+    public enum MoveError: Error, Hashable, Sendable {
+        /// The service serves its beacons itself (``SSDPDiscoveryConfiguration/BeaconServer/builtIn``),
+        /// whose server stays on the old address: only an app serving them moves (it rebinds its port).
+        case builtInServer
+        /// The service is not running.
+        case notRunning
+    }
+
+    /// The interface's address changed (a phone joined another access point): discovery moves to
+    /// `address` and keeps its USN. The byebye for the USN leaves from the old socket first, where the
+    /// old address still reaches the segment (counted in `byebyesUnsent` when it cannot); the sockets
+    /// reopen on `address` (the group joined there); the alive for the same USN at the new LOCATION goes
+    /// out at once, so listeners move the USN's entry and drop the old location (`spec/ssdp.md` §4.3);
+    /// and a search goes out, as on joining. The port announced stays the one the app serves on
+    /// (``SSDPDiscoveryConfiguration/BeaconServer/external(port:)``), or `port` when given (the app's
+    /// port moved too). Throws ``StartError/noInterface(address:)`` when no interface has `address`.
+    public func move(to address: String, port: Int? = nil) async throws {
+        guard IPv4Text(Substring(address)) != nil else { throw StartError.invalidAddress(address) }
+        guard case .external = configuration.beaconServer else { throw MoveError.builtInServer }
+        guard LocalAddress.isLocal(address) else { throw StartError.noInterface(address: address) }
+        let device = try SocketAddress(ipAddress: address, port: 0)
+        let moved = { var moved = self.configuration; moved.interfaceAddress = address; return moved }()
+        let (old, byebyeSent) = try await eventLoop.submit { () throws -> ([Channel], EventLoopFuture<Void>?) in
+            guard self.started, !self.policy.isStopped else { throw MoveError.notRunning }
+            let location = BeaconLocation(host: address, port: port ?? self.policy.location.port)
+            let byebye = self.policy.moving(to: location).map { self.send($0) }
+            let old = [self.multicastChannel, self.unicastChannel].compactMap { $0 }
+            (self.multicastChannel, self.unicastChannel) = (nil, nil)
+            self.device = device
+            var clientConfiguration = moved.client
+            if clientConfiguration.sourceAddress == nil || clientConfiguration.sourceAddress == self.configuration.interfaceAddress {
+                clientConfiguration.sourceAddress = address
+            }
+            self.client = BeaconHTTPClient(configuration: clientConfiguration, group: self.group)
+            return (old, byebye)
+        }.get()
+        do {
+            try await byebyeSent?.get()
+        } catch {
+            // The old address is gone (EADDRNOTAVAIL/EINVAL): the alive for the same USN at the new
+            // LOCATION, below, is what drops the old location at listeners.
+            _ = try? await eventLoop.submit { self.policy.counters.byebyesUnsent += 1 }.get()
+        }
+        for channel in old { try? await channel.close() }
+        let unicast = try await SSDPSockets.openUnicast(configuration: moved, on: eventLoop) { [self] envelope in received(envelope) }.get()
+        let keep = try await eventLoop.submit { () -> Bool in
+            guard !self.policy.isStopped else { return false }
+            self.unicastChannel = unicast
+            if self.policy.isReadingPaused { unicast.setOption(ChannelOptions.autoRead, value: false).whenFailure { _ in } }
+            return true
+        }.get()
+        guard keep else {
+            try? await unicast.close()
+            return
+        }
+        // Discovery switched off by a flood rejoins when its cool-down ends; otherwise now.
+        let discoveryOff = try await eventLoop.submit { self.policy.isDiscoveryOff }.get()
+        if !discoveryOff { try await joinGroup().get() }
+        try await eventLoop.submit {
+            self.perform(self.policy.moved(now: .now()))
+            // The alive timer starts over: the next periodic alive follows the one just sent.
+            self.scheduleAlives()
         }.get()
     }
 

@@ -54,11 +54,19 @@ public protocol PeerBindingService: AnyObject, Sendable {
     /// Stops: announcements withdrawn, connections closed.
     func stop() async
 
+    /// The node's address moved to `host` (the followed interface lost the old one) and its one port
+    /// listens there on `nodePort`: a binding that uses the address moves to it (Wi-Fi: SSDP's sockets
+    /// and LOCATION).
+    func interfaceAddressChanged(to host: String, nodePort: Int) async
+
     /// SSDP discovery's health, for ``PeerStatus`` (the Wi-Fi binding's; nil for others).
     func ssdpHealth() async -> PeerSSDPHealth?
 }
 
 extension PeerBindingService {
+    /// Nothing to move: a binding that does not use the node's address ignores it.
+    public func interfaceAddressChanged(to host: String, nodePort: Int) async {}
+
     /// Nothing to keep: a binding that does not narrow ignores it.
     public func contactMatched(at location: BeaconLocation) {}
 

@@ -78,6 +78,17 @@ final class PeerWiFiBinding: PeerBindingService {
 
     func hasEnded(_ location: BeaconLocation) -> Bool { false }
 
+    /// SSDP moves to `host`, keeping its USN (``SSDPDiscoveryService/move(to:port:)``): byebye from the
+    /// old socket where it still can, the alive at the new LOCATION at once, and a search.
+    func interfaceAddressChanged(to host: String, nodePort: Int) async {
+        guard let service = service.withLockedValue({ $0 }) else { return }
+        do {
+            try await service.move(to: host, port: nodePort)
+        } catch {
+            logger.error("SSDP could not move to the new address", metadata: ["address": "\(host)", "error": "\(error)"])
+        }
+    }
+
     func ssdpHealth() async -> PeerSSDPHealth? {
         guard let service = service.withLockedValue({ $0 }) else { return nil }
         return PeerSSDPHealth(await service.counters())

@@ -133,15 +133,25 @@ struct ContactLinkStateMachine: Sendable {
         /// Deliver over the session that is up: it stays open (relay, app streams), so new beacons
         /// (perhaps new items) get a delivery stream on it rather than waiting for it to end.
         case deliverOverSession
+        /// The contact's beacons came from another Wi-Fi location than the one the session that is up
+        /// connected to: its node moved (roaming) or restarted, and the session with `from` can never be
+        /// answered again. Close it; the link reconnects at the new location.
+        case sessionMoved(from: BeaconLocation)
     }
 
     /// A contact's beacons matched over `route.binding`; it replaces that binding's older route.
     mutating func matched(_ route: ContactRoute) -> MatchOutcome {
+        let previous = routes[route.binding]
         routes[route.binding] = route
         lastOrigin = route.origin
         failedThisRound.remove(route.binding)
         var outcome = MatchOutcome.none
         switch state {
+        case .connected(let binding) where binding == route.binding && binding == .wifi
+            && previous.map({ $0.location != route.location }) == true:
+            // A Bluetooth peer's relay port changes with every reach: only Wi-Fi locations say "moved".
+            matchedDuringAttempt.insert(route.binding)
+            outcome = .sessionMoved(from: previous?.location ?? route.location)
         case .connected where sessionStaysOpen:
             matchedDuringAttempt.insert(route.binding)
             outcome = .deliverOverSession

@@ -101,6 +101,7 @@ extension ThaliPeer {
             }
             finishStreamHandlers()
         case .stopBindings:
+            stopFollowingInterface()
             for binding in bindings { await binding.stop() }
         case .closePort:
             await closePort()
