@@ -31,7 +31,8 @@ struct BenchRelay: AsyncParsableCommand {
             private sshd on a loopback port with generated keys, -c aes256-gcm@openssh.com, one connection) and the \
             relay, and adds --gets small HTTP/1.1 keep-alive GETs on one connection (CouchDB replication's shape) and \
             the CPU of each path's forwarding processes (user+sys from /proc/PID/stat: both stunnels; ssh and sshd \
-            with its children; both nodes). A path whose program is not installed is reported absent. --json then \
+            with its children; both nodes). A path whose program is not installed is reported absent (an error under \
+            THALI_REQUIRE_PEERS=1, the test suite's promise that every peer is installed). --json then \
             prints one object: paths (direct, stunnel, ssh, relay), each with present (false with absent_reason when \
             its program is missing), single_mb_s, parallel_mb_s, round_trip_median_ms, round_trip_p99_ms, \
             added_round_trip_median_ms and added_round_trip_p99_ms (minus direct's), gets_s (the GETs' total \
