@@ -6,7 +6,10 @@
 #              gssdp-discover (SSDP), Go + hashicorp/yamux (multiplexer interop), dbus (BlueZ mock bus),
 #              curl, iproute2 (network namespaces), strace (a delivery receiver's system calls), QEMU
 #              with Debian's kernel, BlueZ and btvirt (the real-Bluetooth guest of scripts/bt-vm/run.sh),
-#              and a Python venv (.venv-test) with python-dbusmock and async-upnp-client; chromium (the
+#              stunnel4 and openssh-server/-client (the peers `bench relay --peers` measures the relay beside:
+#              it starts its own sshd on a loopback port; the system's ssh service, when this script installed
+#              it, is disabled and stopped), and a Python venv (.venv-test) with python-dbusmock and
+#              async-upnp-client; chromium (the
 #              conformance HTML report as headless Chromium lays it out); and what --package needs plus the
 #              package test's: debootstrap (its fresh root), systemd (systemd-analyze), man-db.
 #   --package  also what scripts/package.sh needs: dpkg-dev (dpkg-shlibdeps, dpkg-deb), binutils, git.
@@ -24,7 +27,7 @@ if [[ "${1:-}" == "--test" ]]; then
     packages+=(gnutls-bin gupnp-tools golang-go golang-github-hashicorp-yamux-dev dbus curl iproute2 strace
                python3 python3-venv python3-dbus
                qemu-system-x86 linux-image-amd64 bluez bluez-test-tools busybox-static cpio kmod xz-utils zstd
-               chromium)
+               chromium stunnel4 openssh-server openssh-client)
 fi
 
 missing=()
@@ -36,6 +39,11 @@ if (( ${#missing[@]} )); then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     apt-get install -y -qq "${missing[@]}" >/dev/null
+    # A freshly installed openssh-server must not leave a system sshd running: the bench starts its own.
+    if [[ " ${missing[*]} " == *" openssh-server "* ]]; then
+        if command -v systemctl >/dev/null; then systemctl disable --now ssh >/dev/null 2>&1 || true; fi
+        if command -v service >/dev/null; then service ssh stop >/dev/null 2>&1 || true; fi
+    fi
 fi
 
 if [[ "${1:-}" == "--test" ]]; then

@@ -25,6 +25,22 @@ struct BenchRelay: AsyncParsableCommand {
             (relayed parallel throughput over direct), added_latency_ms (median round trip through the relay minus \
             direct), relay_parallel_mb_s, direct_parallel_mb_s, relay_latency_ms, direct_latency_ms, verified_bytes \
             (bytes checked against the pattern, both paths), mib, parallel, parallel_mib, requests.
+
+            --peers measures the same workloads, one path after the other, through direct loopback, stunnel (Debian's \
+            stunnel4: two stunnels, TLS 1.2 with a generated pre-shared key, DHE-PSK-AES256-GCM-SHA384), ssh -L (a \
+            private sshd on a loopback port with generated keys, -c aes256-gcm@openssh.com, one connection) and the \
+            relay, and adds --gets small HTTP/1.1 keep-alive GETs on one connection (CouchDB replication's shape) and \
+            the CPU of each path's forwarding processes (user+sys from /proc/PID/stat: both stunnels; ssh and sshd \
+            with its children; both nodes). A path whose program is not installed is reported absent (an error under \
+            THALI_REQUIRE_PEERS=1, the test suite's promise that every peer is installed). --json then \
+            prints one object: paths (direct, stunnel, ssh, relay), each with present (false with absent_reason when \
+            its program is missing), single_mb_s, parallel_mb_s, round_trip_median_ms, round_trip_p99_ms, \
+            added_round_trip_median_ms and added_round_trip_p99_ms (minus direct's), gets_s (the GETs' total \
+            time), cpu_s_per_gb (CPU seconds per 10^9 bytes of the two bulk transfers), cpu_ms_per_1000_round_trips, \
+            cpu_ms_per_1000_gets (null for direct), verified_bytes, processes (forwarding processes counted); ratios: \
+            relay_vs_stunnel and relay_vs_ssh (null when either is absent), each the relay's figure over the peer's \
+            for every figure above from single_mb_s to cpu_ms_per_1000_gets (null when the peer's is 0); and mib, \
+            parallel, parallel_mib, requests, response_bytes, gets.
             """)
 
     @Option(help: "MiB of the single-stream transfer.") var mib = 64
@@ -32,6 +48,8 @@ struct BenchRelay: AsyncParsableCommand {
     @Option(help: "MiB each parallel stream carries.") var parallelMib = 8
     @Option(help: "Small request/response round trips timed (after 10% more as warm-up).") var requests = 500
     @Option(help: "Bytes of each small response.") var responseBytes = 64
+    @Option(help: "Keep-alive GETs timed on one connection (after one more), with --peers.") var gets = 2000
+    @Flag(help: "Measure stunnel (PSK) and ssh -L beside direct loopback and the relay.") var peers = false
     @Option(help: "Give up when the nodes have not set the relay up within this many seconds.") var timeout = 30.0
     @Flag(help: "Print one JSON object instead of lines.") var json = false
 
@@ -41,6 +59,7 @@ struct BenchRelay: AsyncParsableCommand {
         guard parallelMib >= 1, parallelMib <= 4096 else { throw ValidationError("--parallel-mib must be in 1...4096") }
         guard requests >= 1, requests <= 1_000_000 else { throw ValidationError("--requests must be in 1...1000000") }
         guard responseBytes >= 1, responseBytes <= 1 << 20 else { throw ValidationError("--response-bytes must be in 1...1048576") }
+        guard gets >= 1, gets <= 1_000_000 else { throw ValidationError("--gets must be in 1...1000000") }
         guard timeout > 0 else { throw ValidationError("--timeout must be positive") }
     }
 
@@ -53,6 +72,7 @@ struct BenchRelay: AsyncParsableCommand {
     }
 
     func run() async throws {
+        if peers { return try await runPeers() }
         let app = try RelayBenchApp()
         defer { app.stop() }
         let direct = try measure(port: app.port)
@@ -65,10 +85,10 @@ struct BenchRelay: AsyncParsableCommand {
     private func measure(port: Int) throws -> PathFigures {
         let single = try RelayBenchApp.transfer(port: port, bytes: mib << 20, streams: 1)
         let parallelRun = try RelayBenchApp.transfer(port: port, bytes: parallelMib << 20, streams: parallel)
-        let latency = try RelayBenchApp.medianRoundTrip(port: port, responseBytes: responseBytes,
-                                                        requests: requests, warmUp: max(1, requests / 10))
+        let latency = try RelayBenchApp.roundTrips(port: port, responseBytes: responseBytes,
+                                                   requests: requests, warmUp: max(1, requests / 10))
         return PathFigures(singleMBs: single.megabytesPerSecond, parallelMBs: parallelRun.megabytesPerSecond,
-                           latencyMs: latency.medianMs, verifiedBytes: single.bytes + parallelRun.bytes + latency.bytes)
+                           latencyMs: latency.sortedMs[latency.sortedMs.count / 2], verifiedBytes: single.bytes + parallelRun.bytes + latency.bytes)
     }
 
     private func print(figures direct: PathFigures, _ relayed: PathFigures) {
@@ -123,6 +143,9 @@ final class RelayBenchNodes: Sendable {
         self.pair = pair
         relayPort = port
     }
+
+    /// The nodes' process ids (a's first).
+    var pids: [pid_t] { pair.pids }
 
     /// Stops both nodes and removes their data directories.
     func stop() { pair.stop() }
@@ -192,6 +215,10 @@ final class RelayBenchApp: Sendable {
         setNoDelay(connection)
         var request = [UInt8](repeating: 0, count: 8)
         while receiveExactly(connection, &request) {
+            if request.starts(with: httpMethod) {
+                serveHTTP(connection, received: request)
+                return
+            }
             var remaining = Int(request.reduce(UInt64(0)) { $0 << 8 | UInt64($1) } & 0xFFFF_FFFF_FFFF)
             var offset = 0
             while remaining > 0 {
@@ -228,8 +255,9 @@ final class RelayBenchApp: Sendable {
         return Transfer(bytes: bytes * streams, seconds: seconds)
     }
 
-    /// The median round trip of `requests` small requests on one connection, after `warmUp` untimed ones.
-    static func medianRoundTrip(port: Int, responseBytes: Int, requests: Int, warmUp: Int) throws -> (medianMs: Double, bytes: Int) {
+    /// The round trips of `requests` small requests on one connection, after `warmUp` untimed ones, in
+    /// milliseconds, sorted.
+    static func roundTrips(port: Int, responseBytes: Int, requests: Int, warmUp: Int) throws -> (sortedMs: [Double], bytes: Int) {
         let connection = try connect(port: port)
         defer { Glibc.close(connection) }
         var buffer = [UInt8](repeating: 0, count: readSize)
@@ -241,7 +269,7 @@ final class RelayBenchApp: Sendable {
             if index >= warmUp { times.append((ContinuousClock.now - start).seconds * 1000) }
         }
         times.sort()
-        return (times[times.count / 2], responseBytes * (warmUp + requests))
+        return (times, responseBytes * (warmUp + requests))
     }
 
     /// Asks for `bytes` on `connection` and reads them, comparing each with the pattern: nil when all
@@ -278,7 +306,7 @@ final class RelayBenchApp: Sendable {
         }
     }
 
-    private static func receiveExactly(_ connection: Int32, _ buffer: inout [UInt8]) -> Bool {
+    static func receiveExactly(_ connection: Int32, _ buffer: inout [UInt8]) -> Bool {
         var received = 0
         while received < buffer.count {
             let count = buffer.withUnsafeMutableBytes { recv(connection, $0.baseAddress! + received, $0.count - received, 0) }
@@ -289,7 +317,7 @@ final class RelayBenchApp: Sendable {
         return true
     }
 
-    private static func connect(port: Int) throws -> Int32 {
+    static func connect(port: Int) throws -> Int32 {
         let connection = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         guard connection >= 0 else { throw failure("socket") }
         var address = loopback(port: port)
@@ -305,12 +333,12 @@ final class RelayBenchApp: Sendable {
         return connection
     }
 
-    private static func setNoDelay(_ connection: Int32) {
+    static func setNoDelay(_ connection: Int32) {
         var on: Int32 = 1
         setsockopt(connection, Int32(IPPROTO_TCP), TCP_NODELAY, &on, socklen_t(MemoryLayout<Int32>.size))
     }
 
-    private static func loopback(port: Int) -> sockaddr_in {
+    static func loopback(port: Int) -> sockaddr_in {
         var address = sockaddr_in()
         address.sin_family = sa_family_t(AF_INET)
         address.sin_port = in_port_t(UInt16(port).bigEndian)
@@ -318,7 +346,7 @@ final class RelayBenchApp: Sendable {
         return address
     }
 
-    private static func failure(_ what: String) -> ValidationError {
+    static func failure(_ what: String) -> ValidationError {
         ValidationError("\(what) failed: \(String(cString: strerror(errno)))")
     }
 }
