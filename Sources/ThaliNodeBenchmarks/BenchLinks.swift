@@ -3,6 +3,7 @@ import Foundation
 import NIOConcurrencyHelpers
 import ThaliNetLab
 import ThaliNodeCore
+import ThaliProcess
 
 #if canImport(Glibc)
 import Glibc
@@ -26,7 +27,7 @@ struct BenchLinks: AsyncParsableCommand {
             be measured (nothing arrived in time) is null.
             """)
 
-    @Option(help: "The link profile.") var profile = "home-wifi"
+    @OptionGroup var link: LinkProfileOptions
     @Option(help: "MiB of the plain TCP bulk transfer.") var tcpMib = 16
     @Option(help: "MiB of the file delivered between the nodes (0: skip it).") var fileMib = 16
     @Option(help: "Texts queued before the nodes start.") var texts = 200
@@ -35,15 +36,17 @@ struct BenchLinks: AsyncParsableCommand {
     var requests = 200
     @Option(help: "Give up on each phase (texts, relay set-up, file) after this many seconds.") var timeout = 120.0
     @Option(help: "Seed of the wire's random draws (default: random).") var seed: UInt64?
+    @Flag(help: """
+        Also measure plain TCP over a bare veth pair between two namespaces (no wire): what the wire itself \
+        adds (keys veth_tcp_mb_s, veth_tcp_rtt_ms, wire_added_rtt_ms; meaningful with --profile unshaped).
+        """)
+    var vethReference = false
     @Flag(help: "Print one JSON object instead of lines.") var json = false
 
     /// Bytes of each small response (plain TCP and relay round trips).
     static let responseBytes = 64
 
     func validate() throws {
-        guard LinkProfile.named(profile) != nil else {
-            throw ValidationError("unknown profile \(profile); one of \(LinkProfile.named.map(\.name).joined(separator: ", "))")
-        }
         guard (1...4096).contains(tcpMib) else { throw ValidationError("--tcp-mib must be in 1...4096") }
         guard (0...4096).contains(fileMib) else { throw ValidationError("--file-mib must be in 0...4096") }
         guard (1...100_000).contains(texts) else { throw ValidationError("--texts must be in 1...100000") }
@@ -75,6 +78,8 @@ struct BenchLinks: AsyncParsableCommand {
         var fileMiB: Int
         var relayMiB: Int
         var requests: Int
+        var vethTCPMBs: Double?
+        var vethTCPRTTMs: Double?
 
         enum CodingKeys: String, CodingKey {
             case profile, texts, requests
@@ -85,6 +90,7 @@ struct BenchLinks: AsyncParsableCommand {
             case lostItems = "lost_items", duplicatedItems = "duplicated_items"
             case wireDroppedFrames = "wire_dropped_frames", wireOutages = "wire_outages"
             case tcpMiB = "tcp_mib", fileMiB = "file_mib", relayMiB = "relay_mib"
+            case vethTCPMBs = "veth_tcp_mb_s", vethTCPRTTMs = "veth_tcp_rtt_ms", wireAddedRTTMs = "wire_added_rtt_ms"
         }
 
         func encode(to encoder: Encoder) throws {
@@ -112,11 +118,16 @@ struct BenchLinks: AsyncParsableCommand {
             try container.encode(fileMiB, forKey: .fileMiB)
             try container.encode(relayMiB, forKey: .relayMiB)
             try container.encode(requests, forKey: .requests)
+            if let vethTCPMBs, let vethTCPRTTMs {
+                try container.encode(rounded(vethTCPMBs), forKey: .vethTCPMBs)
+                try container.encode(rounded(vethTCPRTTMs), forKey: .vethTCPRTTMs)
+                try container.encode(rounded(tcpRTTMs - vethTCPRTTMs), forKey: .wireAddedRTTMs)
+            }
         }
     }
 
     func run() async throws {
-        guard let linkProfile = LinkProfile.named(profile) else { throw ValidationError("unknown profile \(profile)") }
+        let linkProfile = try link.resolved()
         let lab = try NetLab(hostCount: 2, profile: linkProfile, seed: seed ?? UInt64.random(in: 0...UInt64.max))
         // Nodes running now, stopped by a signal too (a deleted namespace does not end its processes).
         let running = NIOLockedValueBox<[BenchNodePair]>([])
@@ -151,6 +162,10 @@ struct BenchLinks: AsyncParsableCommand {
         if fileMib > 0 { try await measureFile(hosts: hosts, running: running, into: &figures) }
         let tcpMBs = figures.tcpMBs
         figures.fileTCPRatio = figures.fileMBs.map { $0 / tcpMBs }
+        if vethReference {
+            let veth = try VethReference(warmUp: warmUp, bench: self)
+            (figures.vethTCPMBs, figures.vethTCPRTTMs) = (veth.megabytesPerSecond, veth.medianRTTMs)
+        }
         let counters = lab.counters
         figures.wireDroppedFrames = counters.droppedTotal
         figures.wireOutages = lab.outages
@@ -169,7 +184,7 @@ struct BenchLinks: AsyncParsableCommand {
         let sender = try NodeStore(home: pair.homes[0])
         var expected = Set<UUID>()
         for index in 0..<texts {
-            expected.insert(try sender.enqueueText("text \(index) over \(profile)", to: BenchNodePair.names[1], expiresAt: expiry).id)
+            expected.insert(try sender.enqueueText("text \(index) over \(link.profile)", to: BenchNodePair.names[1], expiresAt: expiry).id)
         }
         let marks = NIOLockedValueBox(TextMarks())
         let started = ContinuousClock.now
@@ -286,8 +301,52 @@ struct BenchLinks: AsyncParsableCommand {
         print("  file of \(fileMib) MiB: \(text(figures.fileMBs)) MB/s (\(text(figures.fileTCPRatio)) of TCP)")
         print("  \(texts) texts: first delivery \(text(figures.firstDeliverySeconds)) s after start, \(text(figures.textsPerSecond, "%.1f")) texts/s")
         print("  relay: \(text(figures.relayMBs)) MB/s, round trip median \(text(figures.relayRTTMs)) ms, p99 \(text(figures.relayRTTP99Ms)) ms")
+        if let vethRTT = figures.vethTCPRTTMs {
+            print("  bare veth reference: plain TCP \(text(figures.vethTCPMBs)) MB/s, round trip median \(text(vethRTT, "%.3f")) ms; "
+                + "the wire adds \(text(figures.tcpRTTMs - vethRTT, "%.3f")) ms to a round trip")
+        }
         print("  items lost \(figures.lostItems), duplicated \(figures.duplicatedItems); wire dropped \(figures.wireDroppedFrames) frames, "
             + "\(figures.wireOutages) outages")
+    }
+}
+
+/// Plain TCP between two namespaces joined by a bare veth pair (no wire, no TAP): the reference the
+/// wire is measured against (``BenchLinks/vethReference``), with an app of its own in the first
+/// namespace; the namespaces are deleted before this returns.
+struct VethReference {
+    var megabytesPerSecond: Double
+    var medianRTTMs: Double
+
+    init(warmUp: Int, bench: BenchLinks) throws {
+        let names = ["a", "b"].map { "\(NetLab.namePrefix)\(getpid())-veth\($0)" }
+        defer { for name in names { _ = try? Self.ip(["netns", "del", name]) } }
+        for name in names { try Self.ip(["netns", "add", name]) }
+        try Self.ip(["link", "add", "tlabveth\(getpid() % 100_000)", "netns", names[0], "type", "veth", "peer", "name", "eth0", "netns", names[1]])
+        try Self.ip(["-n", names[0], "link", "set", "tlabveth\(getpid() % 100_000)", "name", "eth0"])
+        for (index, name) in names.enumerated() {
+            try Self.ip(["-n", name, "addr", "add", "\(NetLab.subnet).\(index + 1)/24", "dev", "eth0"])
+            try Self.ip(["-n", name, "link", "set", "eth0", "up"])
+            try Self.ip(["-n", name, "link", "set", "lo", "up"])
+        }
+        let app = try NetLab.withNetworkNamespace(named: names[0]) { try RelayBenchApp(anyAddress: true) }
+        defer { app.stop() }
+        let server: UInt32 = 0x0A4D_0001
+        let bulk = try NetLab.withNetworkNamespace(named: names[1]) {
+            try RelayBenchApp.transfer(host: server, port: app.port, bytes: bench.tcpMib << 20, streams: 1)
+        }
+        let times = try NetLab.withNetworkNamespace(named: names[1]) {
+            try RelayBenchApp.roundTrips(host: server, port: app.port, responseBytes: BenchLinks.responseBytes,
+                                         requests: bench.requests, warmUp: warmUp).sortedMs
+        }
+        megabytesPerSecond = bulk.megabytesPerSecond
+        medianRTTMs = BenchLinks.median(times)
+    }
+
+    @discardableResult
+    private static func ip(_ arguments: [String]) throws -> String {
+        let result = try ChildProcess.run("ip", arguments, timeout: .seconds(10))
+        guard result.status == 0 else { throw ValidationError("ip \(arguments.joined(separator: " ")) failed: \(result.output)") }
+        return result.output
     }
 }
 

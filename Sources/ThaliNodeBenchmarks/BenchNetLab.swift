@@ -22,7 +22,7 @@ struct BenchNetLab: AsyncParsableCommand {
             `ip netns exec NAME ...` while the lab is held open. The wire's counters go to standard error at the end.
             """)
 
-    @Option(help: "The link profile.") var profile = "home-wifi"
+    @OptionGroup var link: LinkProfileOptions
     @Option(help: "Hosts on the segment (2...8).") var hosts = 2
     @Option(help: "The host (0-based) COMMAND runs in.") var host = 0
     @Option(help: "The longest the lab stays up (the command is killed then), in seconds.") var seconds = 600.0
@@ -30,16 +30,13 @@ struct BenchNetLab: AsyncParsableCommand {
     @Argument(parsing: .postTerminator, help: "The command to run in the host (after --).") var command: [String] = []
 
     func validate() throws {
-        guard LinkProfile.named(profile) != nil else {
-            throw ValidationError("unknown profile \(profile); one of \(LinkProfile.named.map(\.name).joined(separator: ", "))")
-        }
         guard NetLab.hostCounts.contains(hosts) else { throw ValidationError("--hosts must be in \(NetLab.hostCounts)") }
         guard (0..<hosts).contains(host) else { throw ValidationError("--host must be below --hosts") }
         guard seconds > 0, seconds <= 86_400 else { throw ValidationError("--seconds must be in (0, 86400]") }
     }
 
     func run() async throws {
-        guard let linkProfile = LinkProfile.named(profile) else { throw ValidationError("unknown profile \(profile)") }
+        let linkProfile = try link.resolved()
         let lab = try NetLab(hostCount: hosts, profile: linkProfile, seed: seed ?? UInt64.random(in: 0...UInt64.max))
         let child = NIOLockedValueBox<ChildProcess?>(nil)
         let guardian = NetLabSignalGuard {
