@@ -81,7 +81,8 @@ public final class WireStage: @unchecked Sendable {
         finished.wait()
     }
 
-    /// What the stage did so far, every direction summed (updated after each batch of frames).
+    /// What the stage did so far, every direction summed (updated after each batch of frames). A frame whose
+    /// release falls in an outage counts as passed by its direction and as dropped (`link_down`) by the stage.
     public var counters: LinkCounters { lock.withLock { published } }
     /// Outages (flaps) the stage has applied so far.
     public var outages: Int { lock.withLock { publishedOutages } }
