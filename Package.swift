@@ -154,7 +154,7 @@ let package = Package(
             name: "ThaliNodeBenchmarks",
             dependencies: [
                 "ThaliAdmission", "ThaliBeacons", "ThaliPSKTLS", "ThaliSSDP", "TCPMultiplexer", "ThaliBLEBinding",
-                "ThaliNodeCore", "ThaliProcess",
+                "ThaliNodeCore", "ThaliProcess", "ThaliNetLab",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -216,12 +216,21 @@ let package = Package(
             name: "ThaliFuzzHarnesses",
             dependencies: [
                 "ThaliBeacons", "ThaliSSDP", "ThaliPSKTLS", "TCPMultiplexer", "ThaliBLEBinding", "ThaliNodeCore",
-                "ThaliConformance",
+                "ThaliConformance", "ThaliNetLab",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "Crypto", package: "swift-crypto"),
             ]),
+
+        /// The TAP ioctl, ppoll with a nanosecond timeout, setns and the timer slack, for ThaliNetLab: Glibc
+        /// imports neither `TUNSETIFF` (a macro) nor the TUN flags.
+        .target(name: "CNetLabTap"),
+        /// The lab of real-looking links (issue 38): hosts in network namespaces joined by a user-space wire
+        /// over TAP devices that adds delay, jitter, loss, multicast loss, a rate and flaps (`NetLab`,
+        /// `WireStage`), with its scheduler sans I/O (`LinkDirection`, `FlapSchedule`). A test and
+        /// benchmark fixture (`thali-node bench netlab`, `bench links`), not an API for applications.
+        .target(name: "ThaliNetLab", dependencies: ["CNetLabTap", "ThaliProcess"]),
 
         /// Child processes started with posix_spawn, inheriting no descriptor beyond 0–2 and killed and
         /// reaped on every exit path: the CLI's demo and benchmark peers, and the tests' independent peers.
@@ -337,6 +346,8 @@ let package = Package(
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Crypto", package: "swift-crypto"),
             ]),
+        /// The lab's scheduler on a virtual clock, and its wire between two real network namespaces.
+        .testTarget(name: "ThaliNetLabTests", dependencies: ["ThaliNetLab", "ThaliSupport", "ThaliTestSupport"]),
         /// Replays every committed fuzz corpus file (`Fuzz/Corpus/<harness>/`) through its harness.
         .testTarget(name: "ThaliFuzzHarnessesTests", dependencies: ["ThaliFuzzHarnesses", "ThaliTestSupport"]),
         /// Runs the examples (`Examples/`) as an app author would and checks what they print.

@@ -35,6 +35,7 @@ let harnesses: [(name: String, target: String)] = [
     ("adapter-events", "FuzzAdapterEvents"),
     ("raw-yamux-input", "FuzzRawYamuxInput"),
     ("node-events", "FuzzNodeEvents"),
+    ("ethernet-header", "FuzzEthernetHeader"),
 ]
 
 let package = Package(

@@ -84,6 +84,7 @@ public enum FuzzHarnesses {
         AdapterEventsHarness.harness,
         RawYamuxInputHarness.harness,
         NodeEventHarness.harness,
+        EthernetHeaderHarness.harness,
     ]
 
     /// The harness called `name`, if any.

@@ -7,7 +7,7 @@ public struct Bench: AsyncParsableCommand {
     /// The `bench` command and its subcommands, one per layer or scenario.
     public static let configuration = CommandConfiguration(
         abstract: "Measure the speed of the suite's layers.",
-        subcommands: [BenchBeacons.self, BenchSSDP.self, BenchMux.self, BenchTLS.self, BenchBLE.self, BenchDelivery.self, BenchCrowd.self, BenchHall.self, BenchFlood.self, BenchRelay.self, BenchSend.self]
+        subcommands: [BenchBeacons.self, BenchSSDP.self, BenchMux.self, BenchTLS.self, BenchBLE.self, BenchDelivery.self, BenchCrowd.self, BenchHall.self, BenchFlood.self, BenchRelay.self, BenchSend.self, BenchLinks.self, BenchNetLab.self]
     )
 
     /// `bench` without a subcommand: prints its help.

@@ -43,15 +43,24 @@ final class BenchNodePair: Sendable {
     }
 
     /// Starts both nodes with `arguments` added to their `run` command; `onRecord` gets every JSON
-    /// record either prints, with the node's name, on the thread reading that node's output.
-    func start(arguments: [String], onRecord: @escaping @Sendable (String, [String: Any]) -> Void) throws {
+    /// record either prints, with the node's name, on the thread reading that node's output. With
+    /// `hosts`, node `i` runs inside network namespace `hosts[i].namespace` (`ip netns exec`) on its
+    /// interface there, instead of on 127.0.0.1.
+    func start(arguments: [String], hosts: [(namespace: String, interface: String)]? = nil,
+               onRecord: @escaping @Sendable (String, [String: Any]) -> Void) throws {
         let ssdpPort = Int.random(in: 20000...60000)
         do {
             let executable = try SpawnedPeer.ownExecutable()
-            for (name, home) in zip(Self.names, homes) {
-                let run = ["run", "--home", home.path, "--json", "--address", "127.0.0.1", "--ssdp-port", String(ssdpPort),
+            for (index, (name, home)) in zip(Self.names, homes).enumerated() {
+                let place = hosts.map { ["--interface", $0[index].interface] } ?? ["--address", "127.0.0.1"]
+                var run = ["run", "--home", home.path, "--json"] + place + ["--ssdp-port", String(ssdpPort),
                            "--per-source-limit", "1000"] + arguments
-                let peer = try SpawnedPeer(name: name, executable: executable, arguments: run,
+                var launcher = executable
+                if let hosts {
+                    launcher = "ip"
+                    run = ["netns", "exec", hosts[index].namespace, executable] + run
+                }
+                let peer = try SpawnedPeer(name: name, executable: launcher, arguments: run,
                                            stderrPath: home.path + "/run.log") { line in
                     guard let record = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any] else { return }
                     onRecord(name, record)
@@ -82,9 +91,14 @@ final class BenchNodePair: Sendable {
         return found()
     }
 
+    /// Stops both nodes (their data directories stay until ``stop()``).
+    func stopNodes() {
+        for peer in peers.withLockedValue({ $0 }) { peer.terminate(grace: 2) }
+    }
+
     /// Stops both nodes and removes their data directories.
     func stop() {
-        for peer in peers.withLockedValue({ $0 }) { peer.terminate(grace: 2) }
+        stopNodes()
         try? FileManager.default.removeItem(atPath: root)
     }
 }

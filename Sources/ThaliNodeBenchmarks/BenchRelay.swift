@@ -171,7 +171,9 @@ final class RelayBenchApp: Sendable {
     let port: Int
     private let listener: Int32
 
-    init() throws {
+    /// Listens on 127.0.0.1, or with `anyAddress` on every address of the network namespace the calling
+    /// thread is in (`bench links` reaches it across the lab's link and through the relay).
+    init(anyAddress: Bool = false) throws {
         // Made now, so that no timed transfer pays for it.
         _ = Self.pattern.count
         let listener = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
@@ -179,6 +181,7 @@ final class RelayBenchApp: Sendable {
         var on: Int32 = 1
         setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &on, socklen_t(MemoryLayout<Int32>.size))
         var address = Self.loopback(port: 0)
+        if anyAddress { address.sin_addr.s_addr = 0 }
         let bound = withUnsafePointer(to: &address) {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(listener, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
         }
@@ -234,10 +237,10 @@ final class RelayBenchApp: Sendable {
 
     /// `streams` connections at once, each asking for `bytes` and checking every byte; the time is from
     /// the first request to the last byte.
-    static func transfer(port: Int, bytes: Int, streams: Int) throws -> Transfer {
+    static func transfer(host: UInt32 = RelayBenchApp.loopbackAddress, port: Int, bytes: Int, streams: Int) throws -> Transfer {
         var connections: [Int32] = []
         defer { for connection in connections { Glibc.close(connection) } }
-        for _ in 0..<streams { connections.append(try connect(port: port)) }
+        for _ in 0..<streams { connections.append(try connect(host: host, port: port)) }
         let failures = NIOLockedValueBox<[String]>([])
         let done = DispatchGroup()
         let start = ContinuousClock.now
@@ -255,10 +258,11 @@ final class RelayBenchApp: Sendable {
         return Transfer(bytes: bytes * streams, seconds: seconds)
     }
 
-    /// The round trips of `requests` small requests on one connection, after `warmUp` untimed ones, in
-    /// milliseconds, sorted.
-    static func roundTrips(port: Int, responseBytes: Int, requests: Int, warmUp: Int) throws -> (sortedMs: [Double], bytes: Int) {
-        let connection = try connect(port: port)
+    /// The round trips (sorted, in milliseconds) of `requests` small requests on one connection to
+    /// `host` (IPv4, host byte order), after `warmUp` untimed ones, and the bytes checked.
+    static func roundTrips(host: UInt32 = RelayBenchApp.loopbackAddress, port: Int, responseBytes: Int, requests: Int,
+                           warmUp: Int) throws -> (sortedMs: [Double], bytes: Int) {
+        let connection = try connect(host: host, port: port)
         defer { Glibc.close(connection) }
         var buffer = [UInt8](repeating: 0, count: readSize)
         var times: [Double] = []
@@ -317,15 +321,19 @@ final class RelayBenchApp: Sendable {
         return true
     }
 
-    static func connect(port: Int) throws -> Int32 {
+    /// 127.0.0.1 in host byte order.
+    static let loopbackAddress: UInt32 = 0x7F00_0001
+
+    static func connect(host: UInt32 = RelayBenchApp.loopbackAddress, port: Int) throws -> Int32 {
         let connection = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         guard connection >= 0 else { throw failure("socket") }
         var address = loopback(port: port)
+        address.sin_addr.s_addr = in_addr_t(host.bigEndian)
         let connected = withUnsafePointer(to: &address) {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { Glibc.connect(connection, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
         }
         guard connected == 0 else {
-            let error = failure("connecting to 127.0.0.1:\(port)")
+            let error = failure("connecting to \(host >> 24).\(host >> 16 & 0xFF).\(host >> 8 & 0xFF).\(host & 0xFF):\(port)")
             Glibc.close(connection)
             throw error
         }

@@ -1,0 +1,58 @@
+import Foundation
+import Testing
+import ThaliTestSupport
+
+/// `thali-node bench links --json` (issue 38) in its short form: one profile (home-wifi), small sizes, two
+/// hosts in network namespaces joined by the lab's wire, two real `run` processes. Figures are printed,
+/// never asserted as speeds; what is asserted is that every item arrived exactly once, that every key
+/// scripts read is there, and that the figures are sane for the link (a round trip cannot beat twice the
+/// one-way delay less the jitter; nothing moves faster than the link's rate).
+@Suite("thali-node bench links", .serialized)
+struct BenchLinksTests {
+    static let labAvailable = TestEnvironment.available(TestEnvironment.canUseNetworkNamespaces
+                                                        && FileManager.default.fileExists(atPath: "/dev/net/tun"))
+
+    @Test("a short home-wifi run: items arrive exactly once, every key present, figures within the link's bounds",
+          .enabled(if: labAvailable), .timeLimit(.minutes(2)))
+    func shortHomeWifiRun() async throws {
+        let executable = CommandLineTests.executable
+        let arguments = ["bench", "links", "--profile", "home-wifi", "--json", "--tcp-mib", "2", "--file-mib", "1", "--texts", "200",
+                         "--relay-mib", "1", "--requests", "40", "--timeout", "40", "--seed", "38"]
+        let result = try await Task.detached { try ChildProcess.run(executable, arguments, timeout: .seconds(110)) }.value
+        #expect(result.status == 0, "\(result.output)")
+        let line = try #require(result.output.split(separator: "\n").last)
+        let object = try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any], "\(result.output)")
+        for key in ["profile", "tcp_mb_s", "tcp_rtt_ms", "file_mb_s", "texts_per_s", "relay_mb_s", "relay_rtt_ms", "relay_rtt_p99_ms",
+                    "first_delivery_s", "lost_items", "duplicated_items"] {
+            #expect(object.keys.contains(key), "\(key) missing: \(line)")
+        }
+        #expect(object["profile"] as? String == "home-wifi")
+        #expect(object["lost_items"] as? Int == 0, "\(line)")
+        #expect(object["duplicated_items"] as? Int == 0, "\(line)")
+        // 4 ms each way with 1 ms of jitter: no round trip under 6 ms, through the relay or not.
+        for key in ["tcp_rtt_ms", "relay_rtt_ms"] {
+            let value = try #require(object[key] as? Double, "\(key): \(line)")
+            #expect(value >= 6, "\(key) \(value) ms on a link of 4 ± 1 ms each way")
+        }
+        #expect((object["relay_rtt_p99_ms"] as? Double ?? 0) >= (object["relay_rtt_ms"] as? Double ?? .infinity))
+        // 40 Mbit/s is 5 MB/s: no transfer beats it; every one moved something.
+        for key in ["tcp_mb_s", "file_mb_s", "relay_mb_s"] {
+            let value = try #require(object[key] as? Double, "\(key): \(line)")
+            #expect(value > 0 && value <= 5.0, "\(key) \(value) MB/s on a 40 Mbit/s link")
+        }
+        #expect((object["texts_per_s"] as? Double ?? 0) > 0)
+        let firstDelivery = try #require(object["first_delivery_s"] as? Double, "\(line)")
+        #expect(firstDelivery > 0 && firstDelivery < 40)
+        // The lab is gone: every lab namespace left belongs to a process still running (another lab).
+        let listing = try runCommand("ip", ["netns", "list"])
+        #expect(Self.leftoversBelongToLiveProcesses(listing), "\(listing)")
+    }
+
+    /// Whether every lab namespace listed belongs to a process still running (another test's lab).
+    static func leftoversBelongToLiveProcesses(_ listing: String) -> Bool {
+        listing.split(separator: "\n").allSatisfy { line in
+            guard line.hasPrefix("tlab-"), let pid = Int32(line.dropFirst(5).prefix { $0 != "-" }) else { return true }
+            return kill(pid, 0) == 0
+        }
+    }
+}
