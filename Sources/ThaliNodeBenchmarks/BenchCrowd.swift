@@ -37,7 +37,7 @@ struct BenchCrowd: AsyncParsableCommand {
         }
         BenchNamespace.runningInside()
         BenchNamespace.raiseOpenFileLimit()
-        let root = FileManager.default.temporaryDirectory.appendingPathComponent("thali-crowd-\(getpid())").path
+        let root = BenchNamespace.scratchPath("thali-crowd-\(getpid())")
         defer { try? FileManager.default.removeItem(atPath: root) }
         // THALI_CROWD_DEBUG: each peer's failures and its notices (limits, ignored sources) on standard output.
         let debug = ProcessInfo.processInfo.environment["THALI_CROWD_DEBUG"] != nil

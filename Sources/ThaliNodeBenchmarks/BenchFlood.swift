@@ -86,7 +86,7 @@ struct BenchFlood: AsyncParsableCommand {
 
     /// Runs one attack against a fresh victim and honest peer.
     private func measure(_ attack: String) async throws -> Measurement {
-        let root = FileManager.default.temporaryDirectory.appendingPathComponent("thali-flood-\(getpid())-\(attack)").path
+        let root = BenchNamespace.scratchPath("thali-flood-\(getpid())-\(attack)")
         defer { try? FileManager.default.removeItem(atPath: root) }
         let victimHome = NodeHome(path: root + "/victim")
         let honestHome = NodeHome(path: root + "/honest")

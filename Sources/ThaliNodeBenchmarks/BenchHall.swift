@@ -52,7 +52,7 @@ struct BenchHall: AsyncParsableCommand {
         BenchNamespace.runningInside()
         BenchNamespace.raiseOpenFileLimit()
         try HallSimulator.addAnyIPRange()
-        let root = FileManager.default.temporaryDirectory.appendingPathComponent("thali-hall-\(getpid())").path
+        let root = BenchNamespace.scratchPath("thali-hall-\(getpid())")
         defer { try? FileManager.default.removeItem(atPath: root) }
         let debug = ProcessInfo.processInfo.environment["THALI_HALL_DEBUG"] != nil
         let ssdpPort = Int.random(in: 20000...60000)

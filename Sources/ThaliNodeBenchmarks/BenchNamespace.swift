@@ -10,6 +10,17 @@ enum BenchNamespace {
 
     /// The hidden flag a re-executed benchmark gets, telling it that it already runs inside.
     static let insideFlag = "--inside-namespace"
+    /// The environment variable naming the directory the benchmark inside keeps its files in. The
+    /// process outside makes it and removes it after the child ends, however the child ends: a child
+    /// stopped by a signal runs none of its own clean-up.
+    static let scratchVariable = "THALI_BENCH_SCRATCH"
+
+    /// Where a benchmark keeps its nodes' files: `label` inside the scratch directory of the process
+    /// that made the namespace, or in the temporary directory when run outside one.
+    static func scratchPath(_ label: String) -> String {
+        if let scratch = ProcessInfo.processInfo.environment[scratchVariable], !scratch.isEmpty { return scratch + "/" + label }
+        return FileManager.default.temporaryDirectory.appendingPathComponent(label).path
+    }
 
     /// The `index`-th host address (0-based): 127.0.1.1 ... 127.0.1.250, then 127.0.2.1 ...
     static func address(_ index: Int) -> String {
@@ -32,9 +43,13 @@ enum BenchNamespace {
         let commands = ["link set lo up"] + (0..<addressCount).map { "addr add \(address($0))/8 dev lo" }
         try (commands.joined(separator: "\n") + "\n").write(toFile: batch, atomically: true, encoding: .utf8)
         try tool(ip, ["-n", name, "-batch", batch])
+        let scratch = FileManager.default.temporaryDirectory.appendingPathComponent("\(name).files").path
+        try FileManager.default.createDirectory(atPath: scratch, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+        defer { try? FileManager.default.removeItem(atPath: scratch) }
         let child = Process()
         child.executableURL = URL(fileURLWithPath: ip)
         child.arguments = ["netns", "exec", name, CommandLine.arguments[0]] + arguments + [insideFlag]
+        child.environment = ProcessInfo.processInfo.environment.merging([scratchVariable: scratch]) { $1 }
         // The child's standard input is a pipe only we write to: it reads end of file when we end,
         // however we end (see ``runningInside()``).
         let lifeline = Pipe()

@@ -40,9 +40,14 @@ struct CrowdTests {
         try await bench.waitForOutput(containing: "peers started", timeout: .seconds(30))
         let namespace = "thali-bench-\(bench.pid)"
         #expect(try ChildProcess.run("/usr/sbin/ip", ["netns", "list"]).output.contains(namespace))
+        // The crowd's data directories live in the outer process's scratch directory while it runs.
+        let scratch = FileManager.default.temporaryDirectory.appendingPathComponent("\(namespace).files").path
+        let during = (try? FileManager.default.contentsOfDirectory(atPath: scratch)) ?? []
+        #expect(during.contains { $0.hasPrefix("thali-crowd-") }, "the crowd keeps its files in \(scratch): \(during)")
         #expect(bench.terminate() != 0, "stopped while the crowd still ran: \(bench.output)")
         let inside = try ChildProcess.run("/usr/bin/pgrep", ["-f", "bench crowd --peers 30 --contacts"])
         #expect(inside.output.isEmpty, "the crowd inside the namespace ended too")
         #expect(!(try ChildProcess.run("/usr/sbin/ip", ["netns", "list"]).output.contains(namespace)), "the namespace is gone")
+        #expect(!FileManager.default.fileExists(atPath: scratch), "the crowd's data directories are gone")
     }
 }

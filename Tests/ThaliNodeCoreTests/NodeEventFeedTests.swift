@@ -55,6 +55,11 @@ struct NodeEventFeedTests {
         return directory + "/events.sock"
     }
 
+    /// Removes the directory ``path(_:)`` made (the feed removes only its socket).
+    private func removeDirectory(of socketPath: String) {
+        try? FileManager.default.removeItem(atPath: (socketPath as NSString).deletingLastPathComponent)
+    }
+
     private func waitFor(_ condition: () -> Bool) async throws {
         _ = try await waitUntil(timeout: .seconds(5), every: .milliseconds(25), condition)
     }
@@ -67,6 +72,7 @@ struct NodeEventFeedTests {
     @Test("every follower gets every line published while it follows; a closed feed ends them and removes its socket")
     func linesReachEveryFollower() async throws {
         let socketPath = path("lines")
+        defer { removeDirectory(of: socketPath) }
         let feed = try await NodeEventFeed.start(at: socketPath, group: MultiThreadedEventLoopGroup.singleton)
         let first = try Follower(socketPath), second = try Follower(socketPath)
         try await waitFor { feed.followerCount == 2 }
@@ -86,6 +92,7 @@ struct NodeEventFeedTests {
     @Test("a follower that stops reading is dropped once its queue passes the bound; the feed goes on for others")
     func slowFollowerIsDropped() async throws {
         let socketPath = path("slow")
+        defer { removeDirectory(of: socketPath) }
         var limits = NodeEventFeed.Limits()
         limits.maxPendingBytesPerFollower = 64 << 10
         let feed = try await NodeEventFeed.start(at: socketPath, limits: limits, group: MultiThreadedEventLoopGroup.singleton)
@@ -116,6 +123,7 @@ struct NodeEventFeedTests {
     @Test("followers beyond the limit are closed as they connect")
     func followersBeyondTheLimit() async throws {
         let socketPath = path("limit")
+        defer { removeDirectory(of: socketPath) }
         var limits = NodeEventFeed.Limits()
         limits.maxFollowers = 1
         let feed = try await NodeEventFeed.start(at: socketPath, limits: limits, group: MultiThreadedEventLoopGroup.singleton)
