@@ -230,7 +230,7 @@ let package = Package(
         /// over TAP devices that adds delay, jitter, loss, multicast loss, a rate and flaps (`NetLab`,
         /// `WireStage`), with its scheduler sans I/O (`LinkDirection`, `FlapSchedule`). A test and
         /// benchmark fixture (`thali-node bench netlab`, `bench links`), not an API for applications.
-        .target(name: "ThaliNetLab", dependencies: ["CNetLabTap", "ThaliProcess"]),
+        .target(name: "ThaliNetLab", dependencies: ["CNetLabTap", "ThaliProcess", "ThaliSupport"]),
 
         /// Child processes started with posix_spawn, inheriting no descriptor beyond 0–2 and killed and
         /// reaped on every exit path: the CLI's demo and benchmark peers, and the tests' independent peers.
@@ -242,7 +242,7 @@ let package = Package(
         /// chosen source address, a seeded random generator, snake_case JSON keys.
         .target(
             name: "ThaliTestSupport",
-            dependencies: ["ThaliProcess", .product(name: "NIOCore", package: "swift-nio"), .product(name: "NIOPosix", package: "swift-nio")]),
+            dependencies: ["ThaliProcess", "ThaliSupport", .product(name: "NIOCore", package: "swift-nio"), .product(name: "NIOPosix", package: "swift-nio")]),
         /// Helpers for the tests of the peer and of what drives it (ThaliTestSupport re-exported): `Node/`:
         /// data directories and people with identities and contacts, a loopback peer, an announcement copied to
         /// another port; `Beacons/`: a deliberately broken beacon server. Links ThaliNodeCore, so only the

@@ -1,4 +1,5 @@
 import ThaliNetLab
+import ThaliSupport
 
 /// The lab wire's only read of a frame (``EthernetHeader``, `Sources/ThaliNetLab`): any bytes a host
 /// writes to its TAP device, then through one ``LinkDirection`` as the wire would.
@@ -28,7 +29,7 @@ enum EthernetHeaderHarness {
         try check(header.isMulticast == (bytes[0] & 1 == 1 && bytes.prefix(6) != [0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF]), name,
                   "multicast \(header.isMulticast) for destination \(bytes.prefix(6))")
         var direction = LinkDirection(profile: .unshaped)
-        var random = NetLabRandom(seed: 1)
+        var random = SplitMix64(state: 1)
         let verdict = direction.admit(bytes: bytes.count, multicast: header.isMulticast, linkDown: false, now: 7, using: &random)
         try check(verdict == .deliver(at: 7), name, "an unshaped link gave \(verdict)")
     }

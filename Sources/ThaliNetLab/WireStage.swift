@@ -1,4 +1,5 @@
 import CNetLabTap
+import ThaliSupport
 import Foundation
 
 #if canImport(Glibc)
@@ -116,7 +117,7 @@ public final class WireStage: @unchecked Sendable {
 
     private func forward() {
         _ = cnetlab_set_timer_slack(UInt(Self.timerSlackNanoseconds))
-        var random = NetLabRandom(seed: seed)
+        var random = SplitMix64(state: seed)
         let count = ports.count
         var directions = (0..<count).map { _ in (0..<count).map { _ in LinkDirection(profile: profile) } }
         var waiting = (0..<count).map { _ in (0..<count).map { _ in Waiting() } }

@@ -1,20 +1,5 @@
-/// A seeded random number generator (SplitMix64), so that a test's random draws can be replayed: the
-/// same seed gives the same sequence on every run and platform.
-public struct SplitMix64: RandomNumberGenerator {
-    /// The generator's state; the seed before the first draw.
-    public var state: UInt64
+import ThaliSupport
 
-    /// A generator seeded with `state`.
-    public init(state: UInt64) {
-        self.state = state
-    }
-
-    /// The next 64 random bits.
-    public mutating func next() -> UInt64 {
-        state &+= 0x9e37_79b9_7f4a_7c15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xbf58_476d_1ce4_e5b9
-        z = (z ^ (z >> 27)) &* 0x94d0_49bb_1331_11eb
-        return z ^ (z >> 31)
-    }
-}
+/// The seeded generator tests draw from, under the name they know (it lives in ThaliSupport, which the
+/// network lab shares).
+public typealias SplitMix64 = ThaliSupport.SplitMix64

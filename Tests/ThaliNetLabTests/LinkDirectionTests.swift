@@ -1,5 +1,6 @@
 import Testing
 import ThaliNetLab
+import ThaliSupport
 
 /// The wire's scheduler on a virtual clock (nanoseconds), with seeded random draws: what a direction of a
 /// lab link does to frames, without a device or a thread.
@@ -15,7 +16,7 @@ struct LinkDirectionTests {
 
     @Test("a fixed delay releases every frame exactly that much later; unshaped releases at once")
     func delay() {
-        var random = NetLabRandom(seed: 1)
+        var random = SplitMix64(state: 1)
         var delayed = LinkDirection(profile: profile(delayMs: 4))
         for index in 0..<34 {
             let arrival = Int64(index) * 3 * Self.millisecond
@@ -29,7 +30,7 @@ struct LinkDirectionTests {
 
     @Test("jitter spreads the delay over delay ± jitter and never reorders a direction")
     func jitterKeepsOrder() {
-        var random = NetLabRandom(seed: 2)
+        var random = SplitMix64(state: 2)
         var direction = LinkDirection(profile: profile(delayMs: 20, jitterMs: 10))
         var previous = Int64.min
         var added: [Int64] = []
@@ -63,7 +64,7 @@ struct LinkDirectionTests {
 
     @Test("loss and multicast loss hit their rates within statistical bounds (seeded)")
     func lossRates() {
-        var random = NetLabRandom(seed: 3)
+        var random = SplitMix64(state: 3)
         var direction = LinkDirection(profile: profile(loss: 0.02, multicastLoss: 0.30))
         let frames = 20_000
         var lostUnicast = 0, lostMulticast = 0
@@ -86,7 +87,7 @@ struct LinkDirectionTests {
 
     @Test("a rate serialises frames back to back: 1250 bytes at 10 Mbit/s take 1 ms each")
     func rate() {
-        var random = NetLabRandom(seed: 4)
+        var random = SplitMix64(state: 4)
         var direction = LinkDirection(profile: profile(rate: 10_000_000, delayMs: 5))
         #expect(direction.serialisationNanoseconds(bytes: 1250) == Self.millisecond)
         for index in 1...10 {
@@ -102,7 +103,7 @@ struct LinkDirectionTests {
 
     @Test("the transmit queue holds at most its bound and drops at the tail")
     func queueBound() {
-        var random = NetLabRandom(seed: 5)
+        var random = SplitMix64(state: 5)
         // 1000-byte frames at 8 Mbit/s: 1 ms each; 5000 bytes of queue.
         var direction = LinkDirection(profile: profile(rate: 8_000_000, queueBytes: 5_000))
         let verdicts = (0..<8).map { _ in direction.admit(bytes: 1000, multicast: false, linkDown: false, now: 0, using: &random) }
@@ -117,7 +118,7 @@ struct LinkDirectionTests {
 
     @Test("a flapping link is down 2-8 s every 10-30 s, and a down link drops everything")
     func flaps() {
-        var random = NetLabRandom(seed: 6)
+        var random = SplitMix64(state: 6)
         let second: Int64 = 1_000_000_000
         guard let pattern = LinkProfile.flapping.flaps else {
             Issue.record("the flapping profile has no flaps")
