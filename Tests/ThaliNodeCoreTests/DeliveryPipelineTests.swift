@@ -35,6 +35,44 @@ struct DeliveryPipelineTests {
         #expect(try pair.alice.outbox().isEmpty)
     }
 
+    /// On a slow link one batch per round trip caps texts (64 per 120 ms): the sender writes the next
+    /// batches while the receiver commits and answers the first. A file between texts waits for every
+    /// answer before its offer; nothing is delivered twice or lost.
+    @Test("the sender writes further batches before the first is answered; a file waits for their answers; each item arrives once")
+    func batchesGoOutBeforeTheirAnswers() async throws {
+        var limits = Self.limits
+        limits.maxBatchItems = 4
+        limits.batchesInFlight = 3
+        let pair = try NodePair(limits: limits)
+        let expiry = Date().addingTimeInterval(3600)
+        for index in 0..<30 { try pair.alice.enqueueText("first \(index)", to: "bob", expiresAt: expiry) }
+        let source = pair.aliceHome.home.path + "/between.bin"
+        try Data(randomBytes(100_000)).write(to: URL(fileURLWithPath: source))
+        let file = try pair.alice.enqueueFile(at: source, to: "bob", expiresAt: expiry)
+        for index in 0..<10 { try pair.alice.enqueueText("second \(index)", to: "bob", expiresAt: expiry) }
+        let events = NIOLockedValueBox<[DeliveryEvent]>([])
+        let outcome = try await deliverOverTCP(pair, limits: limits, senderEvents: { event in
+            switch event {
+            case .offered, .delivered: events.withLockedValue { $0.append(event) }
+            default: break
+            }
+        })
+        let summary = try outcome.sender.get()
+        #expect(summary.delivered.count == 41 && Set(summary.delivered).count == 41)
+        #expect(try outcome.receiver.get().received.count == 41)
+        let seen = events.withLockedValue { $0 }
+        // Three batches of four went out before the first answer came back.
+        let offeredBeforeFirstAnswer = seen.prefix { if case .delivered = $0 { false } else { true } }.count
+        #expect(offeredBeforeFirstAnswer == 12, "\(offeredBeforeFirstAnswer) items offered before the first answer")
+        // The file was offered only once every text before it was answered.
+        let fileOffered = try #require(seen.firstIndex { if case .offered(let offer) = $0 { offer.id == file.id } else { false } })
+        let deliveredBeforeFile = seen[..<fileOffered].filter { if case .delivered = $0 { true } else { false } }.count
+        #expect(deliveredBeforeFile == 30)
+        let texts = try pair.bob.inbox().compactMap(\.text)
+        #expect(texts.count == 40 && Set(texts).count == 40)
+        #expect(try pair.alice.outbox().isEmpty)
+    }
+
     @Test("progress events never exceed what the receiver has written of the file")
     func progressFollowsTheReceiver() async throws {
         let pair = try NodePair(limits: Self.limits)

@@ -404,6 +404,32 @@ struct DeliveryStateMachineTests {
         #expect(throws: DeliveryProtocolError.self) { try short.offerBatch([(texts[0], ByteBuffer(string: "h"))]) }
     }
 
+    @Test("version 3 sender: a batch may follow batches not answered yet; all answers come in the order the items went")
+    func senderPipelinesBatches() throws {
+        var sender = try Self.progressSender()
+        let texts = (0..<5).map { _ in Self.offer(kind: .text, size: 2, name: "") }
+        let content = ByteBuffer(string: "hi")
+        let first = try sender.offerBatch(texts[0..<2].map { ($0, content) })
+        let second = try sender.offerBatch(texts[2..<5].map { ($0, content) })
+        // Each batch marks its own last item.
+        #expect(first.last == .item(texts[1], content: content, endsBatch: true))
+        #expect(second == texts[2..<5].indices.map { .item(texts[$0], content: content, endsBatch: $0 == 4) })
+        #expect(sender.state == .awaitingBatchAnswers(texts))
+        #expect(try sender.receive(.ack(id: texts[0].id)) == .delivered(texts[0], alreadyStored: false))
+        // A third batch while answers are still owed goes behind them.
+        let sixth = Self.offer(kind: .text, size: 2, name: "")
+        _ = try sender.offerBatch([(sixth, content)])
+        #expect(sender.state == .awaitingBatchAnswers(Array(texts[1...]) + [sixth]))
+        #expect(throws: DeliveryProtocolError.itemMismatch(expected: texts[1].id, received: texts[2].id)) {
+            try sender.receive(.ack(id: texts[2].id))
+        }
+        // Nothing but a batch may go while answers are owed: no offer of a file, no done.
+        var owing = try Self.progressSender()
+        _ = try owing.offerBatch([(texts[0], content)])
+        #expect(throws: DeliveryProtocolError.self) { try owing.offer(Self.offer(size: 10)) }
+        #expect(throws: DeliveryProtocolError.self) { try owing.finish() }
+    }
+
     @Test("version 3 sender: progress reports move forward within the item and the transfer; a version 2 receiver sends none")
     func senderProgress() throws {
         let offer = Self.offer(size: 100)

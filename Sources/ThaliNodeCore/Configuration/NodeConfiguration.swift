@@ -41,7 +41,7 @@ public struct NodeConfiguration: Sendable, Hashable {
     /// 6 ms per handshake at 2048 bits, 17 ms at 3072), and the PSK, not the group, authenticates.
     public var dhGroup: DHGroup
     /// `maxFramePayloadBytes`, `chunkBytes`, `maxNameBytes`, `maxItemBytes`, `maxTextBytes`, `blockBytes`,
-    /// `writebackBytes`, `readAheadBlocks`, `inboundFrames`, `directWrites`, `progressWindowBytes`, `writeIntervalMs`, `maxBatchItems`, `idleTimeoutSeconds`, `partialRetentionSeconds`, `minimumFreeBytes`, `noSpaceRetrySeconds`, `noSpaceRetryMaxSeconds`: the delivery limits (see ``DeliveryLimits`` for their defaults and meaning).
+    /// `writebackBytes`, `readAheadBlocks`, `inboundFrames`, `directWrites`, `progressWindowBytes`, `writeIntervalMs`, `maxBatchItems`, `batchesInFlight`, `idleTimeoutSeconds`, `partialRetentionSeconds`, `minimumFreeBytes`, `noSpaceRetrySeconds`, `noSpaceRetryMaxSeconds`: the delivery limits (see ``DeliveryLimits`` for their defaults and meaning).
     public var limits: DeliveryLimits
     /// `wifi`: whether `run` uses the Wi-Fi binding (SSDP on `interface`). Default `true`; `false` needs
     /// `bluetooth` (`run --no-wifi`).
@@ -81,7 +81,7 @@ public struct NodeConfiguration: Sendable, Hashable {
         "interface", "deliveryPort", "beaconPort", "ssdpMulticastAddress", "ssdpPort", "beaconProfile",
         "beaconValiditySeconds", "defaultItemExpirySeconds", "logLevel", "dhGroup", "maxFramePayloadBytes", "chunkBytes",
         "maxNameBytes", "maxItemBytes", "maxTextBytes", "blockBytes", "writebackBytes", "readAheadBlocks", "inboundFrames", "directWrites", "progressWindowBytes",
-        "writeIntervalMs", "maxBatchItems",
+        "writeIntervalMs", "maxBatchItems", "batchesInFlight",
         "idleTimeoutSeconds", "partialRetentionSeconds", "minimumFreeBytes", "noSpaceRetrySeconds", "noSpaceRetryMaxSeconds",
         "wifi", "bluetooth", "bluetoothAdapter", "bluetoothMakeConnectable",
     ]
@@ -156,6 +156,7 @@ public struct NodeConfiguration: Sendable, Hashable {
         let writeInterval = try fields.integer("writeIntervalMs", default: Int(defaults.writeInterval.wholeMilliseconds),
                                                range: 1...10_000)
         let batch = try fields.integer("maxBatchItems", default: defaults.maxBatchItems, range: 1...4096)
+        let batchesInFlight = try fields.integer("batchesInFlight", default: defaults.batchesInFlight, range: 1...64)
         let idle = try fields.integer("idleTimeoutSeconds", default: 60, range: 1...86400)
         let retention = try fields.integer("partialRetentionSeconds", default: 7 * 24 * 3600, range: 60...Int(Int32.max))
         let reserve = try fields.integer("minimumFreeBytes", default: Int(defaults.minimumFreeBytes), range: 0...Int.max)
@@ -169,7 +170,7 @@ public struct NodeConfiguration: Sendable, Hashable {
                                               directWrites: direct,
                                               progressWindowBytes: window,
                                               writeInterval: .milliseconds(Int64(writeInterval)),
-                                              maxBatchItems: batch, idleTimeout: .seconds(Int64(idle)),
+                                              maxBatchItems: batch, batchesInFlight: batchesInFlight, idleTimeout: .seconds(Int64(idle)),
                                               partialRetention: .seconds(Int64(retention)),
                                               minimumFreeBytes: UInt64(reserve),
                                               noSpaceRetryBase: .seconds(Int64(retryBase)), noSpaceRetryCap: .seconds(Int64(retryCap)))
@@ -203,6 +204,7 @@ public struct NodeConfiguration: Sendable, Hashable {
             "writebackBytes": limits.writebackBytes, "readAheadBlocks": limits.readAheadBlocks, "inboundFrames": limits.inboundFrames,
             "directWrites": limits.directWrites, "progressWindowBytes": limits.progressWindowBytes,
             "writeIntervalMs": limits.writeInterval.wholeMilliseconds, "maxBatchItems": limits.maxBatchItems,
+            "batchesInFlight": limits.batchesInFlight,
             "idleTimeoutSeconds": limits.idleTimeout.components.seconds,
             "partialRetentionSeconds": limits.partialRetention.components.seconds,
             "minimumFreeBytes": limits.minimumFreeBytes, "noSpaceRetrySeconds": limits.noSpaceRetryBase.components.seconds,

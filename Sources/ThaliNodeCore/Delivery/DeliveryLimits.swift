@@ -93,6 +93,13 @@ public struct DeliveryLimits: Sendable, Hashable {
     /// and the items an interruption leaves unanswered. Default 64.
     public var maxBatchItems: Int
 
+    /// The most batches of texts a sender has written and not yet had answered: it writes the next batch
+    /// while the receiver commits and answers the one before, so that texts are not capped at one batch
+    /// per round trip on a slow link (64 texts per 120 ms). Bounds what an interruption leaves unanswered
+    /// (`batchesInFlight × maxBatchItems` items, offered again next session) and the answers the
+    /// receiver's side may queue. 1 waits for each batch's answers, as before. Default 4.
+    public var batchesInFlight: Int
+
     /// How long a delivery session may go without reading or writing anything before it is closed, so a
     /// silent or stalled peer cannot hold a session (and its partial file) open forever. Default 60 s.
     public var idleTimeout: Duration
@@ -141,6 +148,7 @@ public struct DeliveryLimits: Sendable, Hashable {
         progressWindowBytes: Int = 16 << 20,
         writeInterval: Duration = .milliseconds(100),
         maxBatchItems: Int = 64,
+        batchesInFlight: Int = 4,
         idleTimeout: Duration = .seconds(60),
         partialRetention: Duration = .seconds(7 * 24 * 3600),
         minimumFreeBytes: UInt64 = 32 << 20,
@@ -162,6 +170,7 @@ public struct DeliveryLimits: Sendable, Hashable {
         self.requestedProgressWindowBytes = progressWindowBytes
         self.writeInterval = writeInterval
         self.maxBatchItems = max(maxBatchItems, 1)
+        self.batchesInFlight = min(max(batchesInFlight, 1), 64)
         self.idleTimeout = idleTimeout
         self.partialRetention = partialRetention
         self.minimumFreeBytes = minimumFreeBytes

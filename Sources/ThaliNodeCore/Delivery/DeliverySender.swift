@@ -133,6 +133,8 @@ package struct DeliverySender: Sendable {
         // Items are fetched a batch at a time; an empty batch is refetched once, so items queued during
         // the session go out too. `handled` keeps an item from being offered twice in one session.
         var batch: [OutboxItem] = []
+        // The item counts of the batches written and not yet answered, oldest first.
+        var unanswered: [Int] = []
         while true {
             if batch.isEmpty {
                 batch = try await blocking { [handled] in
@@ -153,9 +155,16 @@ package struct DeliverySender: Sendable {
                     handled.insert(next.id)
                     texts.append(text)
                 }
-                try await sendBatch(texts, &frames, outbound, &machine, &summary)
+                // Written now, answered later: the next batch goes out while the receiver commits this one.
+                try await writeBatch(texts, outbound, &machine, &summary)
+                unanswered.append(texts.count)
+                if unanswered.count >= limits.batchesInFlight {
+                    try await settleBatch(of: unanswered.removeFirst(), &frames, &machine, &summary)
+                }
                 continue
             }
+            // Anything but a text waits for the answers of every batch before it.
+            while !unanswered.isEmpty { try await settleBatch(of: unanswered.removeFirst(), &frames, &machine, &summary) }
             guard let content = ItemContent(item) else {
                 logger.error("content of queued item is missing", metadata: ["item": "\(item.id)"])
                 try await blocking { try store.recordProblem(item.id, "the node's copy of the file is missing or changed size") }
@@ -210,6 +219,7 @@ package struct DeliverySender: Sendable {
                 break
             }
         }
+        while !unanswered.isEmpty { try await settleBatch(of: unanswered.removeFirst(), &frames, &machine, &summary) }
         try await outbound.write(machine.finish())
         // The receiver closes after `done`; waiting for that lets `done` arrive before our close. How the
         // stream ends (a clean EOF, or a reset as some multiplexers close) no longer matters: every item
@@ -231,17 +241,23 @@ package struct DeliverySender: Sendable {
         return (item.offer, ByteBuffer(string: text))
     }
 
-    /// Sends `texts` as one batch of `item` frames, then reads their answers in order and settles them:
-    /// the delivered ones leave the outbox in one transaction.
-    private func sendBatch(_ texts: [(offer: ItemOffer, content: ByteBuffer)],
-                           _ frames: inout NIOAsyncChannelInboundStream<DeliveryFrame>.AsyncIterator,
-                           _ outbound: NIOAsyncChannelOutboundWriter<DeliveryFrame>,
-                           _ machine: inout DeliverySenderStateMachine, _ summary: inout Summary) async throws {
+    /// Writes `texts` as one batch of `item` frames; their answers are read by ``settleBatch(of:_:_:_:)``.
+    private func writeBatch(_ texts: [(offer: ItemOffer, content: ByteBuffer)],
+                            _ outbound: NIOAsyncChannelOutboundWriter<DeliveryFrame>,
+                            _ machine: inout DeliverySenderStateMachine, _ summary: inout Summary) async throws {
         for text in texts { events?(.offered(text.offer)) }
         try await outbound.write(contentsOf: machine.offerBatch(texts))
+        summary.bytesSent += texts.reduce(0) { $0 + UInt64($1.content.readableBytes) }
+    }
+
+    /// Reads the answers to the oldest unanswered batch, `count` items, in order and settles them: the
+    /// delivered ones leave the outbox in one transaction.
+    private func settleBatch(of count: Int,
+                             _ frames: inout NIOAsyncChannelInboundStream<DeliveryFrame>.AsyncIterator,
+                             _ machine: inout DeliverySenderStateMachine, _ summary: inout Summary) async throws {
         var delivered: [(id: UUID, alreadyStored: Bool)] = []
         var others: [DeliverySenderStateMachine.Action] = []
-        for _ in texts {
+        for _ in 0..<count {
             let action = try machine.receive(try await next(&frames, &machine))
             switch action {
             case .delivered(let offer, let alreadyStored): delivered.append((offer.id, alreadyStored))
@@ -250,12 +266,11 @@ package struct DeliverySender: Sendable {
         }
         let store = self.store, ids = delivered.map(\.id)
         try await blocking { try store.markDelivered(ids) }
-        summary.bytesSent += texts.reduce(0) { $0 + UInt64($1.content.readableBytes) }
         for (id, alreadyStored) in delivered {
             if alreadyStored { summary.alreadyStored.append(id) } else { summary.delivered.append(id) }
             events?(.delivered(id: id, alreadyStored: alreadyStored))
         }
-        logger.debug("delivered a batch", metadata: ["items": "\(delivered.count)", "of": "\(texts.count)"])
+        logger.debug("delivered a batch", metadata: ["items": "\(delivered.count)", "of": "\(count)"])
         for action in others { try await settle(action, &summary) }
     }
 

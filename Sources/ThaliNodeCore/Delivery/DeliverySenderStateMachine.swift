@@ -101,10 +101,17 @@ public struct DeliverySenderStateMachine: Sendable {
     /// Offers a batch of texts whole (version 3), each with its content: the `item` frames to send, the
     /// last one marked. Their answers come in the same order.
     package mutating func offerBatch(_ items: [(offer: ItemOffer, content: ByteBuffer)]) throws -> [DeliveryFrame] {
-        guard state == .ready, receiverSpeaksProgress, !items.isEmpty,
+        // A batch may follow others not answered yet: their answers come in the order the items went.
+        let unanswered: [ItemOffer]
+        switch state {
+        case .ready: unanswered = []
+        case .awaitingBatchAnswers(let offers): unanswered = offers
+        default: return try fail(.unexpectedFrame(frame: "item", state: stateName))
+        }
+        guard receiverSpeaksProgress, !items.isEmpty,
               items.allSatisfy({ $0.offer.kind == .text && UInt64($0.content.readableBytes) == $0.offer.size })
         else { return try fail(.unexpectedFrame(frame: "item", state: stateName)) }
-        state = .awaitingBatchAnswers(items.map(\.offer))
+        state = .awaitingBatchAnswers(unanswered + items.map(\.offer))
         return items.indices.map { .item(items[$0].offer, content: items[$0].content, endsBatch: $0 == items.count - 1) }
     }
 
