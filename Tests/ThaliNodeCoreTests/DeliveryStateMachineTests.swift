@@ -430,6 +430,16 @@ struct DeliveryStateMachineTests {
         #expect(throws: DeliveryProtocolError.self) { try owing.finish() }
     }
 
+    @Test("batches in flight are bounded so that their answers fit in a stream's window")
+    func batchesInFlightAreBounded() {
+        #expect(DeliveryLimits().batchesInFlight == 4)
+        #expect(DeliveryLimits(maxBatchItems: 64, batchesInFlight: 1000).batchesInFlight == DeliveryLimits.maxUnansweredItems / 64)
+        #expect(DeliveryLimits(maxBatchItems: 4096, batchesInFlight: 8).batchesInFlight == 1)
+        #expect(DeliveryLimits(batchesInFlight: 0).batchesInFlight == 1)
+        // An answer is at most an id, a code and a short reason: the worst case still fits the window.
+        #expect(DeliveryLimits.maxUnansweredItems * 64 <= 256 * 1024)
+    }
+
     @Test("version 3 sender: progress reports move forward within the item and the transfer; a version 2 receiver sends none")
     func senderProgress() throws {
         let offer = Self.offer(size: 100)

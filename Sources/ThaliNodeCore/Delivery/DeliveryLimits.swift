@@ -97,7 +97,8 @@ public struct DeliveryLimits: Sendable, Hashable {
     /// while the receiver commits and answers the one before, so that texts are not capped at one batch
     /// per round trip on a slow link (64 texts per 120 ms). Bounds what an interruption leaves unanswered
     /// (`batchesInFlight × maxBatchItems` items, offered again next session) and the answers the
-    /// receiver's side may queue. 1 waits for each batch's answers, as before. Default 4.
+    /// receiver's side may queue. 1 waits for each batch's answers, as before. Default 4; at most
+    /// ``maxUnansweredItems`` / ``maxBatchItems`` (and at least 1).
     public var batchesInFlight: Int
 
     /// How long a delivery session may go without reading or writing anything before it is closed, so a
@@ -170,7 +171,7 @@ public struct DeliveryLimits: Sendable, Hashable {
         self.requestedProgressWindowBytes = progressWindowBytes
         self.writeInterval = writeInterval
         self.maxBatchItems = max(maxBatchItems, 1)
-        self.batchesInFlight = min(max(batchesInFlight, 1), 64)
+        self.batchesInFlight = min(max(batchesInFlight, 1), max(1, DeliveryLimits.maxUnansweredItems / self.maxBatchItems))
         self.idleTimeout = idleTimeout
         self.partialRetention = partialRetention
         self.minimumFreeBytes = minimumFreeBytes
@@ -186,6 +187,12 @@ public struct DeliveryLimits: Sendable, Hashable {
     /// The smallest accepted `maxFramePayloadBytes`: room for an offer with a 255-byte name. Every
     /// receiver accepts frames this large, and a `welcome` announcing less is a protocol error.
     public static let minimumFramePayloadBytes = 1024
+
+    /// The most texts a sender has written and not yet had answered, across its batches in flight. While
+    /// it writes, their answers wait in its stream; this many answers (about 40 bytes each with the
+    /// frame's length) fit in a yamux stream's initial window (256 KiB), so the receiver can always write
+    /// them and go on reading: the two sides cannot both wait for the other's window.
+    public static let maxUnansweredItems = 4096
 
     /// The default limits.
     public static let `default` = DeliveryLimits()
