@@ -24,8 +24,7 @@ struct BenchRelay: AsyncParsableCommand {
             relay. Rates in MB/s (10^6 bytes). --json prints one object: relay_mb_s, direct_mb_s, parallel_ratio \
             (relayed parallel throughput over direct), added_latency_ms (median round trip through the relay minus \
             direct), relay_parallel_mb_s, direct_parallel_mb_s, relay_latency_ms, direct_latency_ms, verified_bytes \
-            (bytes checked against the pattern, both paths), mib, parallel, parallel_mib, requests.
-
+            (bytes checked against the pattern, both paths), mib, parallel, parallel_mib, requests. \
             --peers measures the same workloads, one path after the other, through direct loopback, stunnel (Debian's \
             stunnel4: two stunnels, TLS 1.2 with a generated pre-shared key, DHE-PSK-AES256-GCM-SHA384), ssh -L (a \
             private sshd on a loopback port with generated keys, -c aes256-gcm@openssh.com, one connection) and the \
