@@ -17,7 +17,7 @@ enum MultiplexerPairHarness {
     static let thaliMultiplex = harness(.thaliMultiplex)
     /// `FUZZ_TRACE=1` prints each operation as it runs: for reading a finding.
     static let tracing = ProcessInfo.processInfo.environment["FUZZ_TRACE"] != nil
-    static func trace(_ line: @autoclosure () -> String) { if tracing { FileHandle.standardError.write(Data((line() + "\n").utf8)) } }
+    static func trace(_ line: @autoclosure () -> String) { if tracing { try? FileHandle.standardError.write(contentsOf: Data((line() + "\n").utf8)) } }
 
     /// One logical stream as both ends see it.
     final class Pair: @unchecked Sendable {

@@ -48,11 +48,11 @@ struct BenchNetLab: AsyncParsableCommand {
             lab.close()
         }
         for (index, labHost) in lab.hosts.enumerated() {
-            FileHandle.standardError.write(Data("netlab: host \(index) \(labHost.namespace) \(labHost.address) (\(labHost.interface)), profile \(linkProfile.name)\n".utf8))
+            NetLabLog.write("netlab: host \(index) \(labHost.namespace) \(labHost.address) (\(labHost.interface)), profile \(linkProfile.name)\n")
         }
         var status: Int32 = 0
         if command.isEmpty {
-            FileHandle.standardError.write(Data("netlab: holding the lab open for \(seconds) s (Ctrl-C ends it)\n".utf8))
+            NetLabLog.write("netlab: holding the lab open for \(seconds) s (Ctrl-C ends it)\n")
             let deadline = ContinuousClock.now + .milliseconds(Int64(seconds * 1000))
             while ContinuousClock.now < deadline { try? await Task.sleep(for: .milliseconds(200)) }
         } else {
@@ -65,14 +65,22 @@ struct BenchNetLab: AsyncParsableCommand {
             do {
                 status = try await process.waitForExit(timeout: .milliseconds(Int64(seconds * 1000)))
             } catch {
-                FileHandle.standardError.write(Data("netlab: the command ran past --seconds; stopping it\n".utf8))
+                NetLabLog.write("netlab: the command ran past --seconds; stopping it\n")
                 status = process.terminate()
             }
         }
         let counters = lab.counters
         let drops = LinkDrop.allCases.compactMap { reason in counters.dropped[reason].map { "\(reason.rawValue) \($0)" } }
-        FileHandle.standardError.write(Data(("netlab: wire offered \(counters.offered) frames, passed \(counters.passed), dropped "
-            + (drops.isEmpty ? "none" : drops.joined(separator: ", ")) + ", outages \(lab.outages)\n").utf8))
+        NetLabLog.write(("netlab: wire offered \(counters.offered) frames, passed \(counters.passed), dropped "
+            + (drops.isEmpty ? "none" : drops.joined(separator: ", ")) + ", outages \(lab.outages)\n"))
         if status != 0 { throw ExitCode(status) }
+    }
+}
+
+/// The lab's notices on standard error. A closed or broken standard error (the reader went away) loses
+/// the notice instead of ending the process: the lab must still be taken down.
+private enum NetLabLog {
+    static func write(_ text: String) {
+        try? FileHandle.standardError.write(contentsOf: Data(text.utf8))
     }
 }
