@@ -208,10 +208,10 @@ struct DiscoveryPolicyTests {
         let ours = try #require(driver.policy.serviceName)
         try driver.search("upnp:rootdevice")
         try driver.search(searcher: ours)
-        #expect(driver.timers.isEmpty)
+        #expect(driver.searchAnswerTimers.isEmpty)
         #expect(driver.policy.counters.foreignMessagesIgnored == 1 && driver.policy.counters.ownMessagesIgnored == 1)
         try driver.search("ssdp:all", mx: 1, from: "10.0.0.9")
-        let deadline = try #require(driver.timers.first?.deadline)
+        let deadline = try #require(driver.searchAnswerTimers.first?.deadline)
         #expect(deadline < driver.now + .seconds(1))
         driver.advance(by: .seconds(1))
         let (message, destination) = try #require(driver.sent.last { if case .searchResponse = $0.message { true } else { false } })
@@ -223,10 +223,10 @@ struct DiscoveryPolicyTests {
         #expect(String(decoding: message.serialize(), as: UTF8.self).contains("\r\nEXT:\r\n"), "an empty header without a trailing space")
         // Our own NT is answered too; a peer advertising nothing answers nobody.
         try driver.search(ThaliServiceName.notificationType)
-        #expect(driver.timers.count == 1)
+        #expect(driver.searchAnswerTimers.count == 1)
         var silent = PolicyDriver()
         try silent.search()
-        #expect(silent.timers.isEmpty)
+        #expect(silent.searchAnswerTimers.isEmpty)
         #expect(SSDPDiscoveryService.httpDate().hasSuffix(" GMT"))
     }
 
@@ -234,7 +234,7 @@ struct DiscoveryPolicyTests {
     func answerDelayIsCapped() throws {
         var driver = PolicyDriver(configuration { $0.limits.maxPendingSearchResponses = 100 }, advertising: true)
         for _ in 0..<50 { try driver.search(mx: 120) }
-        let delays = driver.timers.map { $0.deadline - driver.now }
+        let delays = driver.searchAnswerTimers.map { $0.deadline - driver.now }
         #expect(delays.count == 50)
         #expect(delays.allSatisfy { $0 >= .zero && $0 < .seconds(5) })
         #expect(delays.contains { $0 >= .seconds(1) }, "spread over the capped window, not MX 1")
@@ -244,11 +244,11 @@ struct DiscoveryPolicyTests {
     func searchAnswersAreBounded() throws {
         var driver = PolicyDriver(configuration { $0.limits.maxPendingSearchResponses = 2 }, advertising: true)
         for _ in 0..<6 { try driver.search(mx: 2) }
-        #expect(driver.timers.count == 2 && driver.policy.counters.searchResponsesDropped == 4)
+        #expect(driver.searchAnswerTimers.count == 2 && driver.policy.counters.searchResponsesDropped == 4)
         driver.advance(by: .seconds(2))
         #expect(driver.sent.filter { if case .searchResponse = $0.message { true } else { false } }.count == 2)
         try driver.search(mx: 2)
-        #expect(driver.timers.count == 1 && driver.policy.counters.searchResponsesDropped == 4)
+        #expect(driver.searchAnswerTimers.count == 1 && driver.policy.counters.searchResponsesDropped == 4)
     }
 
     @Test("background mode slows the alives to its interval; foreground restores them")
@@ -277,7 +277,7 @@ struct DiscoveryPolicyTests {
                                                                    notificationType: ThaliServiceName.notificationType,
                                                                    uniqueServiceName: ours)))
         try driver.search()
-        #expect(driver.timers.isEmpty, "no answers while paused")
+        #expect(driver.searchAnswerTimers.isEmpty, "no answers while paused")
         let before = driver.alivesSent
         driver.advance(by: .milliseconds(1900))
         #expect(driver.alivesSent == before)

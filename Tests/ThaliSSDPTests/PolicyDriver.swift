@@ -5,8 +5,8 @@ import ThaliTestSupport
 @testable import ThaliSSDP
 
 /// Drives an `SSDPDiscoveryPolicy` in virtual time as `SSDPDiscoveryService` does over sockets: the
-/// periodic alive, search and housekeeping ticks and the timers the policy arms fire in time order as the
-/// test lets time pass; fetches wait until the test finishes them; a rejoin succeeds at once. No sockets,
+/// timers the policy arms (its periodic alive, search and housekeeping ticks among them) fire in time
+/// order as the test lets time pass; fetches wait until the test finishes them; a rejoin succeeds at once. No sockets,
 /// no clock, no sleeps: a test of minutes of discovery runs in milliseconds.
 struct PolicyDriver {
     typealias Action = SSDPDiscoveryPolicy.Action
@@ -27,9 +27,6 @@ struct PolicyDriver {
     var inboundUnicast = 0
     /// Where our beacons are served.
     let ourLocation: BeaconLocation
-    private var nextHousekeeping: NIODeadline
-    private var nextAlive: NIODeadline
-    private var nextSearch: NIODeadline
 
     init(_ configuration: SSDPDiscoveryConfiguration = SSDPDiscoveryConfiguration(interfaceAddress: "10.0.0.1"),
          advertising: Bool = false, seed: UInt64 = 1) {
@@ -37,9 +34,6 @@ struct PolicyDriver {
         policy = SSDPDiscoveryPolicy(configuration: configuration, random: SplitMix64(state: seed))
         ourLocation = BeaconLocation(host: configuration.interfaceAddress, port: 4242)
         policy.serve(at: ourLocation)
-        nextHousekeeping = now + configuration.housekeepingInterval
-        nextAlive = now + policy.aliveInterval
-        nextSearch = now + configuration.searchInterval
         record(policy.start(advertising: advertising, now: now))
     }
 
@@ -100,7 +94,7 @@ struct PolicyDriver {
 
     /// Switches background mode; the alive timer is rearmed when the interval changed.
     mutating func setBackground(_ background: Bool) {
-        if policy.setBackground(background) { nextAlive = now + policy.aliveInterval }
+        record(policy.setBackground(background, now: now))
     }
 
     // MARK: Time
@@ -122,27 +116,11 @@ struct PolicyDriver {
     }
 
     private func nextDue() -> (NIODeadline, (inout PolicyDriver) -> Void)? {
-        var candidates: [(NIODeadline, (inout PolicyDriver) -> Void)] = [
-            (nextHousekeeping, { driver in
-                driver.nextHousekeeping = driver.now + driver.configuration.housekeepingInterval
-                driver.record(driver.policy.housekeeping(now: driver.now))
-            }),
-            (nextAlive, { driver in
-                driver.nextAlive = driver.now + driver.policy.aliveInterval
-                driver.record(driver.policy.aliveDue(now: driver.now))
-            }),
-            (nextSearch, { driver in
-                driver.nextSearch = driver.now + driver.configuration.searchInterval
-                driver.record(driver.policy.searchDue(now: driver.now))
-            }),
-        ]
-        if let (index, armed) = timers.enumerated().min(by: { $0.element.deadline < $1.element.deadline }) {
-            candidates.append((armed.deadline, { driver in
-                driver.timers.remove(at: index)
-                driver.record(driver.policy.timerFired(armed.timer, now: driver.now, date: { "Thu, 01 Jan 2026 00:00:00 GMT" }))
-            }))
-        }
-        return candidates.min { $0.0 < $1.0 }
+        guard let (index, armed) = timers.enumerated().min(by: { $0.element.deadline < $1.element.deadline }) else { return nil }
+        return (armed.deadline, { driver in
+            driver.timers.remove(at: index)
+            driver.record(driver.policy.timerFired(armed.timer, now: driver.now, date: { "Thu, 01 Jan 2026 00:00:00 GMT" }))
+        })
     }
 
     // MARK: Outputs
@@ -188,6 +166,10 @@ struct PolicyDriver {
     /// The USNs whose fetch started so far, in order.
     var fetchesStarted: [String] {
         actions.compactMap { if case .startFetch(_, let serviceName) = $0 { serviceName } else { nil } }
+    }
+    /// The search answers armed now, waiting for their random delay.
+    var searchAnswerTimers: [(timer: SSDPDiscoveryPolicy.Timer, deadline: NIODeadline)] {
+        timers.filter { if case .searchAnswer = $0.timer { true } else { false } }
     }
     /// The timers armed now for `location`'s fetch.
     func spreadTimers(of location: BeaconLocation) -> [NIODeadline] {

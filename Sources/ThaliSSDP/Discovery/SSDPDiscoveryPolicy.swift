@@ -36,9 +36,15 @@ struct SSDPDiscoveryPolicy {
         case log(Logger.Level, Logger.Message, Logger.Metadata)
     }
 
-    /// The one-shot timers the policy arms (the periodic alive, search and housekeeping ticks are the
-    /// service's: ``aliveDue(now:)``, ``searchDue(now:)``, ``housekeeping(now:)``).
+    /// The timers the policy arms, each firing once: a periodic tick (alive, search, housekeeping) arms
+    /// its next one as it fires, so the service has one mechanism for time, and a test driver the same.
     enum Timer: Hashable {
+        /// The periodic alive of arming `round`: a round armed since (a new rate, a move) makes it stale.
+        case alive(round: UInt64)
+        /// The periodic search (``searchDue(now:)``, sent if `searchInterval` allows).
+        case search
+        /// The housekeeping tick (``housekeeping(now:)``).
+        case housekeeping
         /// The window of a read pause ended.
         case readingResumes
         /// The flood cool-down ended.
@@ -90,6 +96,8 @@ struct SSDPDiscoveryPolicy {
     private(set) var isStopped = false
     /// Whether the app set background mode (nil: the configuration's).
     private var background: Bool?
+    /// The round of the alive timer armed last; an older one fires as stale and does nothing.
+    private var aliveRound: UInt64 = 0
     var random: any RandomNumberGenerator
 
     /// A policy for `configuration`, drawing its random waits from `random`.
@@ -136,9 +144,18 @@ struct SSDPDiscoveryPolicy {
         announcer.location = location
     }
 
-    /// The sockets are open at `now`: the first alive (when `advertising`), and the search on join.
+    /// The sockets are open at `now`: the first alive (when `advertising`), the search on join, and the
+    /// periodic ticks armed.
     mutating func start(advertising: Bool, now: NIODeadline) -> [Action] {
         (advertising ? advertise(true) : []) + searchDue(now: now)
+            + [.arm(.housekeeping, at: now + configuration.housekeepingInterval), rearmAlive(now: now),
+               .arm(.search, at: now + configuration.searchInterval)]
+    }
+
+    /// Arms a new round of the alive timer, one interval from `now`; the round armed before goes stale.
+    private mutating func rearmAlive(now: NIODeadline) -> Action {
+        aliveRound &+= 1
+        return .arm(.alive(round: aliveRound), at: now + aliveInterval)
     }
 
     /// New beacons (or none when `advertising` is false): the byebye for the old USN, the alive for a new one.
@@ -157,11 +174,12 @@ struct SSDPDiscoveryPolicy {
         return [.send(SSDPSearcher.request(configuration, searcher: announcer.serviceName), to: nil)]
     }
 
-    /// Switches background mode; true when the alive interval changed (rearm the alive timer).
-    mutating func setBackground(_ background: Bool) -> Bool {
-        guard background != self.background else { return false }
+    /// Switches background mode at `now`: when the alive interval changed, the alive timer starts over at
+    /// the new one (before ``start(advertising:now:)`` the actions may be dropped: it arms its own).
+    mutating func setBackground(_ background: Bool, now: NIODeadline) -> [Action] {
+        guard background != self.background else { return [] }
         self.background = background
-        return true
+        return isStopped ? [] : [rearmAlive(now: now)]
     }
 
     /// A limit pauses announcing for `period` from `now` (byebye now, alives again after it), reported as
@@ -200,7 +218,8 @@ struct SSDPDiscoveryPolicy {
         guard !isStopped else { return [] }
         searcher = SSDPSearcher(interval: configuration.searchInterval)
         let alive: [Action] = announcer.isAnnouncing ? announcer.serviceName.map { [.send(announcer.alive($0), to: nil)] } ?? [] : []
-        return alive + searchDue(now: now)
+        // The alive timer starts over: the next periodic alive follows the one just sent.
+        return alive + searchDue(now: now) + [rearmAlive(now: now)]
     }
 
     /// The beacons fetched from `host` matched one of the app's contacts.
@@ -231,6 +250,15 @@ struct SSDPDiscoveryPolicy {
     /// `timer` fired at `now`; `date` gives the RFC 1123 date of a search answer's DATE header.
     mutating func timerFired(_ timer: Timer, now: NIODeadline, date: () -> String) -> [Action] {
         switch timer {
+        case .alive(let round):
+            guard round == aliveRound, !isStopped else { return [] }
+            return aliveDue(now: now) + [.arm(timer, at: now + aliveInterval)]
+        case .search:
+            guard !isStopped else { return [] }
+            return searchDue(now: now) + [.arm(.search, at: now + configuration.searchInterval)]
+        case .housekeeping:
+            guard !isStopped else { return [] }
+            return housekeeping(now: now) + [.arm(.housekeeping, at: now + configuration.housekeepingInterval)]
         case .readingResumes:
             readBudget.readingResumed()
             return isStopped ? [] : [.pauseReading(false)]

@@ -3,12 +3,6 @@ import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
 
-#if canImport(Glibc)
-import Glibc
-#elseif canImport(Darwin)
-import Darwin
-#endif
-
 /// Thali Wi-Fi discovery: announces this peer's beacon location over SSDP, answers searches, tracks the
 /// peers it hears, fetches each peer's beacons once per USN and hands them to a consumer, and serves its
 /// own beacons at `/NotificationBeacons`. Beacons are opaque bytes here; the app plugs in their parser.
@@ -18,20 +12,6 @@ import Darwin
 /// fetch and limit is decided by a value with no I/O (`SSDPDiscoveryPolicy`, tested in virtual time); this
 /// class feeds it datagrams, fetch outcomes and timers with the time, and does the I/O its actions ask for.
 public final class SSDPDiscoveryService: @unchecked Sendable {
-    /// Errors raised by `start`.
-    public enum StartError: Error, Hashable, Sendable {
-        /// No interface carries `interfaceAddress`.
-        case noInterface(address: String)
-        /// `interfaceAddress` or `groupAddress` is not an IPv4 address of the right kind.
-        case invalidAddress(String)
-        /// `start` was called twice.
-        case alreadyStarted
-        /// The datagram channel does not expose socket options (not a POSIX socket).
-        case socketOptionsUnavailable
-        /// A timer or limit of the configuration is zero or negative where it must be positive.
-        case invalidConfiguration(String)
-    }
-
     /// The beacon consumer: called once per fetched USN with the peer and its stream bytes.
     public typealias BeaconConsumer = @Sendable (SSDPPeer, [UInt8]) async -> Void
 
@@ -60,9 +40,9 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
     /// The pinned interface address (for the group join).
     private var device: SocketAddress?
     private var groupSocketAddress: SocketAddress?
-    private var aliveTask: RepeatedTask?
-    private var housekeepingTask: RepeatedTask?
-    private var searchTask: RepeatedTask?
+    /// The policy's timers not fired yet, cancelled at stop (so that none keeps the service alive).
+    private var armed: [UInt64: Scheduled<Void>] = [:]
+    private var nextTimerID: UInt64 = 0
 
     /// A service with `configuration`, running on one loop of `group`; `consumer` receives fetched beacons.
     public init(configuration: SSDPDiscoveryConfiguration, group: EventLoopGroup,
@@ -133,16 +113,7 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
             await server.stop()
             throw error
         }
-        try await eventLoop.submit {
-            self.perform(self.policy.start(advertising: beacons != nil, now: .now()))
-            self.scheduleAlives()
-            self.housekeepingTask = self.eventLoop.scheduleRepeatedTask(
-                initialDelay: self.configuration.housekeepingInterval, delay: self.configuration.housekeepingInterval
-            ) { _ in self.perform(self.policy.housekeeping(now: .now())) }
-            self.searchTask = self.eventLoop.scheduleRepeatedTask(
-                initialDelay: self.configuration.searchInterval, delay: self.configuration.searchInterval
-            ) { _ in self.perform(self.policy.searchDue(now: .now())) }
-        }.get()
+        try await eventLoop.submit { _ = self.perform(self.policy.start(advertising: beacons != nil, now: .now())) }.get()
     }
 
     /// Advertises a new beacon stream (nil: none). Sends byebye for the old USN, then alive for a new one.
@@ -152,15 +123,6 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
             guard self.started, !self.policy.isStopped else { return }
             self.perform(self.policy.advertise(beacons != nil))
         }.get()
-    }
-
-    /// Errors of ``move(to:port:)``.
-    public enum MoveError: Error, Hashable, Sendable {
-        /// The service serves its beacons itself (``SSDPDiscoveryConfiguration/BeaconServer/builtIn``),
-        /// whose server stays on the old address: only an app serving them moves (it rebinds its port).
-        case builtInServer
-        /// The service is not running.
-        case notRunning
     }
 
     /// The interface's address changed (a phone joined another access point): discovery moves to
@@ -213,11 +175,7 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
         // Discovery switched off by a flood rejoins when its cool-down ends; otherwise now.
         let discoveryOff = try await eventLoop.submit { self.policy.isDiscoveryOff }.get()
         if !discoveryOff { try await joinGroup().get() }
-        try await eventLoop.submit {
-            self.perform(self.policy.moved(now: .now()))
-            // The alive timer starts over: the next periodic alive follows the one just sent.
-            self.scheduleAlives()
-        }.get()
+        try await eventLoop.submit { _ = self.perform(self.policy.moved(now: .now())) }.get()
     }
 
     /// Stops announcing for `period` (byebye now, alive again after it), reported as
@@ -230,8 +188,8 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
     /// Switches between the foreground (500 ms) and background (60 s) announcement rates.
     public func setBackground(_ background: Bool) async {
         try? await eventLoop.submit {
-            guard self.policy.setBackground(background) else { return }
-            if self.started && !self.policy.isStopped { self.scheduleAlives() }
+            let actions = self.policy.setBackground(background, now: .now())
+            if self.started { self.perform(actions) }  // before start, start arms the alive timer itself
         }.get()
     }
 
@@ -241,9 +199,8 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
             guard self.started, !self.policy.isStopped else { return ([], nil) }
             let (byebye, actions) = self.policy.stop(now: .now())
             let byebyeSent = byebye.map { self.send($0) }
-            self.aliveTask?.cancel()
-            self.housekeepingTask?.cancel()
-            self.searchTask?.cancel()
+            for timer in self.armed.values { timer.cancel() }
+            self.armed = [:]
             self.perform(actions)
             let channels = [self.multicastChannel, self.unicastChannel].compactMap { $0 }
             self.multicastChannel = nil
@@ -258,12 +215,12 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
 
     /// The peers tracked now.
     public func peers() async -> [SSDPPeer] {
-        (try? await eventLoop.submit { self.policy.peers }.get()) ?? []
+        await read([]) { $0.peers }
     }
 
     /// What discovery has counted so far.
     public func counters() async -> SSDPDiscoveryCounters {
-        (try? await eventLoop.submit { self.policy.counters }.get()) ?? SSDPDiscoveryCounters()
+        await read(SSDPDiscoveryCounters()) { $0.counters }
     }
 
     /// Tells discovery that the beacons fetched from `location` matched one of the app's contacts: its
@@ -278,23 +235,22 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
 
     /// Where this peer's beacons are served (port 0 before `start`).
     public func location() async -> BeaconLocation {
-        (try? await eventLoop.submit { self.policy.location }.get())
-            ?? BeaconLocation(host: configuration.interfaceAddress, port: 0)
+        await read(BeaconLocation(host: configuration.interfaceAddress, port: 0)) { $0.location }
     }
 
     /// This peer's current USN, if it advertises.
     public func uniqueServiceName() async -> String? {
-        try? await eventLoop.submit { self.policy.serviceName }.get()
+        await read(nil) { $0.serviceName }
     }
 
     /// Whether discovery is currently switched off by a flood.
     public func isDiscoveryOff() async -> Bool {
-        (try? await eventLoop.submit { self.policy.isDiscoveryOff }.get()) ?? false
+        await read(false) { $0.isDiscoveryOff }
     }
 
     /// Whether announcements are currently paused by a limit.
     public func isAnnouncingPaused() async -> Bool {
-        (try? await eventLoop.submit { self.policy.isAnnouncingPaused }.get()) ?? false
+        await read(false) { $0.isAnnouncingPaused }
     }
 
     /// Tells discovery that a peer on the network reached this one over unicast: for an app that serves
@@ -304,6 +260,11 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
     /// own fetches fail (a crowd that saturates this device). Cheap: a lock and an addition.
     public func noteInboundUnicast() {
         inboundUnicastReported.withLockedValue { $0 &+= 1 }
+    }
+
+    /// Reads `value` of the policy on the loop (`fallback` once the loop is gone).
+    private func read<Value: Sendable>(_ fallback: Value, _ value: @escaping @Sendable (SSDPDiscoveryPolicy) -> Value) async -> Value {
+        (try? await eventLoop.submit { value(self.policy) }.get()) ?? fallback
     }
 
     // MARK: Sockets
@@ -341,7 +302,10 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
             case .startFetch(let location, let serviceName): fetch(location, serviceName: serviceName)
             case .deliver(let peer, let bytes): deliveries.append((peer, bytes))
             case .arm(let timer, let deadline):
-                eventLoop.scheduleTask(deadline: deadline) { [self] in
+                let id = nextTimerID
+                nextTimerID &+= 1
+                armed[id] = eventLoop.scheduleTask(deadline: deadline) { [self] in
+                    armed[id] = nil
                     perform(policy.timerFired(timer, now: .now(), date: Self.httpDate))
                 }
             case .pauseReading(let paused):
@@ -375,14 +339,6 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
         return channel.writeAndFlush(AddressedEnvelope(remoteAddress: target, data: buffer))
     }
 
-    private func scheduleAlives() {
-        aliveTask?.cancel()
-        let interval = policy.aliveInterval
-        aliveTask = eventLoop.scheduleRepeatedTask(initialDelay: interval, delay: interval) { [self] _ in
-            perform(policy.aliveDue(now: .now()))
-        }
-    }
-
     private func received(_ envelope: AddressedEnvelope<ByteBuffer>) {
         perform(policy.received(datagram: envelope.data.readableBytesView, from: envelope.remoteAddress, now: .now()))
     }
@@ -414,15 +370,5 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
             guard started, !policy.isStopped else { return }
             perform(policy.pauseAnnouncing(for: period, kind: .httpOverload, now: .now()))
         }
-    }
-
-    /// RFC 1123 date for the DATE header.
-    static func httpDate() -> String {
-        var now = time(nil)
-        var parts = tm()
-        gmtime_r(&now, &parts)
-        var buffer = [CChar](repeating: 0, count: 64)
-        let length = strftime(&buffer, buffer.count, "%a, %d %b %Y %H:%M:%S GMT", &parts)
-        return String(decoding: buffer.prefix(length).map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }
 }
