@@ -49,8 +49,8 @@ struct MultiHostTests {
         }
         var locations: [String] = []
         for peer in peers {
-            let started = try await waitForLine(peer, "started") { $0["event"] as? String == "started" }
-            locations.append(try #require(started["location"] as? String))
+            let started = try await waitForLine(peer, "started") { $0.event == "started" }
+            locations.append(try #require(started.location))
         }
         #expect(locations.enumerated().allSatisfy { $0.element.hasPrefix("http://\(network.addresses[$0.offset]):") })
 
@@ -58,8 +58,8 @@ struct MultiHostTests {
         for (index, peer) in peers.enumerated() {
             for other in 0..<3 where other != index {
                 try await waitForLine(peer, timeout: .seconds(2), "peer \(index) fetches \(other)") {
-                    $0["event"] as? String == "beacons" && $0["location"] as? String == locations[other]
-                        && $0["beacons_hex"] as? String == beacons[other]
+                    $0.event == "beacons" && $0.location == locations[other]
+                        && $0.beaconsHex == beacons[other]
                 }
             }
         }
@@ -68,8 +68,8 @@ struct MultiHostTests {
         peers[0].write("stop\n")
         for index in [1, 2] {
             try await waitForLine(peers[index], timeout: .seconds(2), "peer \(index) sees 0 say byebye") {
-                $0["event"] as? String == "left" && $0["location"] as? String == locations[0]
-                    && $0["reason"] as? String == "byebye"
+                $0.event == "left" && $0.location == locations[0]
+                    && $0.reason == "byebye"
             }
         }
         try await peers[0].waitForExit()
@@ -77,13 +77,13 @@ struct MultiHostTests {
         // SIGKILL peer 2: no byebye; peer 1 forgets it when max-age (2 s) runs out.
         peers[2].terminate(signal: SIGKILL)
         let left = try await waitForLine(peers[1], timeout: .seconds(4), "peer 1 sees 2 expire") {
-            $0["event"] as? String == "left" && $0["location"] as? String == locations[2]
+            $0.event == "left" && $0.location == locations[2]
         }
-        #expect(left["reason"] as? String == "expired")
+        #expect(left.reason == "expired")
 
         peers[1].write("stop\n")
-        let stopped = try await waitForLine(peers[1], "peer 1 stops") { $0["event"] as? String == "stopped" }
-        let counters = try #require(stopped["counters"] as? [String: Int])
+        let stopped = try await waitForLine(peers[1], "peer 1 stops") { $0.event == "stopped" }
+        let counters = try #require(stopped.counters)
         #expect(counters["spoofed_locations_ignored"] == 0 && counters["malformed_datagrams"] == 0)
         #expect(counters["beacon_fetches_succeeded"] == 2)  // once per USN, despite an alive every 500 ms
     }

@@ -18,9 +18,9 @@ struct RealPeerTests {
         let namespace = try NetworkNamespace("thali-ssdp-\(getpid())-g1")
         let node = try namespace.spawn(try #require(thaliNodePath()),
                                        ["discover", "--interface-address", "127.0.0.1", "--beacons-hex", "0102"])
-        let started = try await waitForLine(node, "started") { $0["event"] as? String == "started" }
-        let usn = try #require(started["usn"] as? String)
-        let location = try #require(started["location"] as? String)
+        let started = try await waitForLine(node, "started") { $0.event == "started" }
+        let usn = try #require(started.usn)
+        let location = try #require(started.location)
         let gssdp = try namespace.spawn("gssdp-discover", ["-i", "lo", "-t", Self.nt, "-m", "all", "-n", "6"])
         try await gssdp.waitForOutput(containing: "USN:      \(usn)", timeout: .seconds(3))
         #expect(gssdp.output.contains("resource available"))
@@ -37,14 +37,14 @@ struct RealPeerTests {
         // Background mode: one alive at start, the next only after 60 s; gssdp starts after the first.
         let node = try namespace.spawn(try #require(thaliNodePath()),
                                        ["discover", "--interface-address", "127.0.0.1", "--beacons-hex", "0102", "--background"])
-        let started = try await waitForLine(node, "started") { $0["event"] as? String == "started" }
-        let usn = try #require(started["usn"] as? String)
+        let started = try await waitForLine(node, "started") { $0.event == "started" }
+        let usn = try #require(started.usn)
         // `started` is printed once start() returned, by when its one alive is on the wire: gssdp misses it.
         let gssdp = try namespace.spawn("gssdp-discover", ["-i", "lo", "-t", Self.nt, "-n", "6"])
         try await gssdp.waitForOutput(containing: "USN:      \(usn)", timeout: .seconds(6))
         node.write("stop\n")
-        let stopped = try await waitForLine(node, "stopped") { $0["event"] as? String == "stopped" }
-        let counters = try #require(stopped["counters"] as? [String: Int])
+        let stopped = try await waitForLine(node, "stopped") { $0.event == "stopped" }
+        let counters = try #require(stopped.counters)
         #expect(counters["search_responses_sent"] ?? 0 >= 1)
         #expect(counters["alives_sent"] == 1)  // so gssdp learnt of us from the search answer
     }
