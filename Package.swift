@@ -327,7 +327,7 @@ let package = Package(
             name: "ThaliNodeBluetoothTests",
             dependencies: [
                 "ThaliNodeBluetooth", "ThaliNodeCore", "ThaliBLEBinding", "ThaliSupport", "ThaliBeacons", "ThaliSSDP",
-                "ThaliBluetoothTestSupport",
+                "ThaliBluetoothTestSupport", "ThaliNodeTestSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),

@@ -211,7 +211,7 @@ struct Demo: AsyncParsableCommand {
             case .peer(let person, let event):
                 let stamp = String(format: "+%6.2fs", seconds(elapsed))
                 let who = pad(person, 6)
-                let contact = event.contact.map { $0.prefix(1).uppercased() + $0.dropFirst() } ?? "?"
+                let contact = event.contact.map { $0.name.prefix(1).uppercased() + $0.name.dropFirst() } ?? "?"
                 switch event {
                 case .started(let location):
                     say("\(stamp)  \(who) listening at \(location)")

@@ -9,6 +9,7 @@ import ThaliNodeBluetooth
 import ThaliNodeCore
 import ThaliSSDP
 import ThaliBluetoothTestSupport
+import ThaliNodeTestSupport
 @testable import ThaliBLEBinding
 
 /// Two `ThaliPeer`s with only the Bluetooth binding, on python-dbusmock's BlueZ (two adapters on one

@@ -86,7 +86,7 @@ struct HeadOfLineTests {
         #expect(problem.hasPrefix("bob cannot hold it now: not enough space; offered again in "), "\(problem)")
         #expect(try alice.store.outboxItem(id: text.id) == nil)
         #expect(try people.inbox(of: "bob").map(\.id) == [text.id])
-        let summary = PeerEventRecord(.delivery(contact: "bob", .deferred(
+        let summary = PeerEventRecord(.delivery(contact: .sample("bob"), .deferred(
             ItemOffer(id: file.id, kind: .file, size: 50 << 20, sha256: Array(repeating: 0, count: 32), createdMilliseconds: 0,
                       expiresMilliseconds: 1, name: "big.iso"), .noSpace, retryIn: .seconds(30))))?.summary
         #expect(summary == #"bob cannot hold "big.iso" (50.0 MiB) now: not enough space; offered again in 30 s"#)

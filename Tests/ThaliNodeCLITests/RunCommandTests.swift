@@ -34,7 +34,7 @@ struct RunCommandTests {
         let alicePeer = try run(alice, port: port), bobPeer = try run(bob, port: port, ["--status-interval", "0.5"])
         let started = try await alicePeer.waitFor("started") { $0.isStarted }
         #expect(started.startedLocation?.description.hasPrefix("http://127.0.0.1:") == true)
-        try await bobPeer.waitFor("the file") { $0.receivedItem?.id == file.id && $0.contact == "alice" }
+        try await bobPeer.waitFor("the file") { $0.receivedItem?.id == file.id && $0.contact?.name == "alice" }
         try await bobPeer.waitFor("the text") { $0.receivedItem?.id == toBob.id && $0.receivedItem?.text == "hello bob" }
         try await alicePeer.waitFor("bob's text") { $0.receivedItem?.id == toAlice.id }
         try await alicePeer.waitFor("the file acknowledged") { $0.deliveredID == file.id }
@@ -311,7 +311,7 @@ struct RunSessionTests {
             "run", "--home", bob.home.path, "--address", "127.0.0.1", "--ssdp-port", ssdpPort,
         ])
         defer { bobPeer.kill() }
-        try await alicePeer.waitFor("the transfer") { $0.progress != nil && $0.contact == "bob" }
+        try await alicePeer.waitFor("the transfer") { $0.progress != nil && $0.contact?.name == "bob" }
         #expect(bobPeer.kill(signal: SIGTERM) == 0)
         let lines = bobPeer.output.split(separator: "\n")
         // Bob's stop cancels the session (or closes its connection first): either way, said in words.

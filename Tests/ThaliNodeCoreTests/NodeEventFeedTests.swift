@@ -150,7 +150,7 @@ struct NodeEventFeedTests {
     func jsonLinesAreTerminalSafe() throws {
         let text = "a\u{7F}b\u{9B}31mc\u{202E}d\u{2066}e é"
         let id = UUID()
-        let event = NodeEvent.delivery(contact: "bob", .received(NodeEvent.Item(id: id, kind: .text, size: 15, text: text)))
+        let event = NodeEvent.delivery(contact: .sample("bob"), .received(NodeEvent.Item(id: id, kind: .text, size: 15, text: text)))
         let line = try event.jsonLine()
         let printed = String(decoding: line, as: UTF8.self)
         #expect(printed.unicodeScalars.allSatisfy { !(0x7F...0x9F).contains($0.value) && $0.value != 0x202E && $0.value != 0x2066 })

@@ -50,6 +50,6 @@ import ThaliSSDP
         let denied = PeerConnectionError(IOError(errnoCode: EACCES, reason: "connect"), connectingTo: location)
         #expect(denied.reason == .other && denied.description == "connection to 127.0.0.5:40000 failed: Permission denied")
         // Printing an event shows the words, not the type.
-        #expect("\(PeerEvent.connectionFailed(contact: "bob", reason: alert, retryIn: nil))".contains("unknown_psk_identity"))
+        #expect("\(PeerEvent.connectionFailed(contact: .sample("bob"), reason: alert, retryIn: nil))".contains("unknown_psk_identity"))
     }
 }

@@ -14,18 +14,18 @@ import Testing
 
     @Test func eventsCarryTheirFieldsAndNothingElse() throws {
         let refused = PeerConnectionError(.refused, address: "10.0.0.2:4000")
-        #expect(try Self.line(PeerEventRecord(.connectionFailed(contact: "bob", reason: refused, retryIn: .milliseconds(1500))))
-            == #"{"contact":"bob","event":"connection_failed","reason":"connection refused by 10.0.0.2:4000","retry_in_ms":1500}"#)
-        #expect(try Self.line(PeerEventRecord(.connectionFailed(contact: "bob", reason: refused, retryIn: nil)))
-            == #"{"contact":"bob","event":"connection_failed","reason":"connection refused by 10.0.0.2:4000"}"#)
-        #expect(try Self.line(PeerEventRecord(.beaconMatched(contact: "bob", location: Self.wifiPeer)))
-            == #"{"binding":"wifi","contact":"bob","event":"matched","location":"http://10.0.0.2:4000/NotificationBeacons"}"#)
+        #expect(try Self.line(PeerEventRecord(.connectionFailed(contact: .sample("bob"), reason: refused, retryIn: .milliseconds(1500))))
+            == #"{"contact":"bob","contact_key":"\#(ContactIdentity.sample("bob").publicKey)","event":"connection_failed","reason":"connection refused by 10.0.0.2:4000","retry_in_ms":1500}"#)
+        #expect(try Self.line(PeerEventRecord(.connectionFailed(contact: .sample("bob"), reason: refused, retryIn: nil)))
+            == #"{"contact":"bob","contact_key":"\#(ContactIdentity.sample("bob").publicKey)","event":"connection_failed","reason":"connection refused by 10.0.0.2:4000"}"#)
+        #expect(try Self.line(PeerEventRecord(.beaconMatched(contact: .sample("bob"), location: Self.wifiPeer)))
+            == #"{"binding":"wifi","contact":"bob","contact_key":"\#(ContactIdentity.sample("bob").publicKey)","event":"matched","location":"http://10.0.0.2:4000/NotificationBeacons"}"#)
         #expect(try Self.line(PeerEventRecord(.peerAppeared(location: Self.bluetoothPeer)))
             == #"{"binding":"bluetooth","event":"peer_appeared","location":"bluetooth:00:AA:01:00:00:01"}"#)
-        #expect(try Self.line(PeerEventRecord(.connected(contact: "bob", role: .accepting, binding: .bluetooth, remote: "127.0.0.1:40001")))
-            == #"{"binding":"bluetooth","contact":"bob","event":"connected","remote":"127.0.0.1:40001","role":"accepting"}"#)
-        #expect(try Self.line(PeerEventRecord(.disconnected(contact: "bob", role: .connecting, binding: .wifi, remote: "10.0.0.2:4000", reason: nil)))
-            == #"{"binding":"wifi","clean":true,"contact":"bob","event":"disconnected","reason":"closed","remote":"10.0.0.2:4000","role":"connecting"}"#)
+        #expect(try Self.line(PeerEventRecord(.connected(contact: .sample("bob"), role: .accepting, binding: .bluetooth, remote: "127.0.0.1:40001")))
+            == #"{"binding":"bluetooth","contact":"bob","contact_key":"\#(ContactIdentity.sample("bob").publicKey)","event":"connected","remote":"127.0.0.1:40001","role":"accepting"}"#)
+        #expect(try Self.line(PeerEventRecord(.disconnected(contact: .sample("bob"), role: .connecting, binding: .wifi, remote: "10.0.0.2:4000", reason: nil)))
+            == #"{"binding":"wifi","clean":true,"contact":"bob","contact_key":"\#(ContactIdentity.sample("bob").publicKey)","event":"disconnected","reason":"closed","remote":"10.0.0.2:4000","role":"connecting"}"#)
         // Slashes stay readable.
         #expect(String(decoding: try #require(PeerEventRecord(.started(location: Self.wifiPeer))).jsonLine(), as: UTF8.self)
             .contains("http://10.0.0.2:4000/NotificationBeacons"))
@@ -49,8 +49,8 @@ import Testing
 
     @Test func deliveryAndStatusRecords() throws {
         let id = UUID()
-        #expect(try Self.line(PeerEventRecord(.delivery(contact: "bob", .progress(id: id, bytes: 10, total: 20))))
-            == #"{"bytes":10,"contact":"bob","event":"progress","id":"\#(id.uuidString)","total":20}"#)
+        #expect(try Self.line(PeerEventRecord(.delivery(contact: .sample("bob"), .progress(id: id, bytes: 10, total: 20))))
+            == #"{"bytes":10,"contact":"bob","contact_key":"\#(ContactIdentity.sample("bob").publicKey)","event":"progress","id":"\#(id.uuidString)","total":20}"#)
         let status = PeerStatus(location: Self.bluetoothPeer, advertisingFor: ["bob"], peersSeen: [],
                                 matchedContacts: [.init(name: "bob", state: .backoff, location: nil, binding: .wifi, relayPort: 7000)],
                                 sessionsInFlight: 1, inboxCount: 2, outboxCount: 3)
@@ -70,22 +70,22 @@ import Testing
         func line(_ record: PeerEventRecord?) throws -> String {
             String(decoding: try #require(record).jsonLine(), as: UTF8.self)
         }
-        #expect(try line(PeerEventRecord(.connecting(contact: "bob", location: Self.bluetoothPeer, attempt: 2)))
-            == #"{"attempt":2,"binding":"bluetooth","contact":"bob","event":"connecting","location":"bluetooth:00:AA:01:00:00:01"}"#)
+        #expect(try line(PeerEventRecord(.connecting(contact: .sample("bob"), location: Self.bluetoothPeer, attempt: 2)))
+            == #"{"attempt":2,"binding":"bluetooth","contact":"bob","contact_key":"\#(ContactIdentity.sample("bob").publicKey)","event":"connecting","location":"bluetooth:00:AA:01:00:00:01"}"#)
         #expect(try line(PeerEventRecord(.peerLeft(location: Self.wifiPeer, reason: .byebye)))
             == #"{"binding":"wifi","event":"peer_left","location":"http://10.0.0.2:4000/NotificationBeacons","reason":"byebye"}"#)
-        #expect(try line(PeerEventRecord(.sessionEnded(contact: "bob", role: .accepting, error: nil)))
-            == #"{"contact":"bob","event":"session_ended","role":"accepting"}"#)
+        #expect(try line(PeerEventRecord(.sessionEnded(contact: .sample("bob"), role: .accepting, error: nil)))
+            == #"{"contact":"bob","contact_key":"\#(ContactIdentity.sample("bob").publicKey)","event":"session_ended","role":"accepting"}"#)
         let cutShort = PeerConnectionError(CancellationError(), address: "10.0.0.2:4000")
-        #expect(try line(PeerEventRecord(.sessionEnded(contact: "bob", role: .connecting, error: cutShort)))
-            == #"{"contact":"bob","error":"connection with 10.0.0.2:4000 closed: this peer stopped","event":"session_ended","role":"connecting"}"#)
+        #expect(try line(PeerEventRecord(.sessionEnded(contact: .sample("bob"), role: .connecting, error: cutShort)))
+            == #"{"contact":"bob","contact_key":"\#(ContactIdentity.sample("bob").publicKey)","error":"connection with 10.0.0.2:4000 closed: this peer stopped","event":"session_ended","role":"connecting"}"#)
         #expect(try line(PeerEventRecord(.bindingUnavailable(binding: .wifi, reason: "no usable network interface")))
             == #"{"binding":"wifi","event":"binding_unavailable","reason":"no usable network interface"}"#)
-        #expect(try line(PeerEventRecord(.disconnected(contact: "bob", role: .accepting, binding: .bluetooth, remote: nil, reason: nil)))
-            == #"{"binding":"bluetooth","clean":true,"contact":"bob","event":"disconnected","reason":"closed","role":"accepting"}"#)
+        #expect(try line(PeerEventRecord(.disconnected(contact: .sample("bob"), role: .accepting, binding: .bluetooth, remote: nil, reason: nil)))
+            == #"{"binding":"bluetooth","clean":true,"contact":"bob","contact_key":"\#(ContactIdentity.sample("bob").publicKey)","event":"disconnected","reason":"closed","role":"accepting"}"#)
         let reset = PeerConnectionError(.reset, address: "10.0.0.2:4000")
-        #expect(try line(PeerEventRecord(.disconnected(contact: "bob", role: .connecting, binding: .wifi, remote: nil, reason: reset)))
-            == #"{"binding":"wifi","clean":false,"contact":"bob","event":"disconnected","reason":"connection to 10.0.0.2:4000 reset by the other side","role":"connecting"}"#)
+        #expect(try line(PeerEventRecord(.disconnected(contact: .sample("bob"), role: .connecting, binding: .wifi, remote: nil, reason: reset)))
+            == #"{"binding":"wifi","clean":false,"contact":"bob","contact_key":"\#(ContactIdentity.sample("bob").publicKey)","event":"disconnected","reason":"connection to 10.0.0.2:4000 reset by the other side","role":"connecting"}"#)
         let report = PeerLimitReport(kind: .announcementFlood, effect: .discoveryOff, period: .seconds(30), detail: "too many")
         #expect(try line(PeerEventRecord(.limitTriggered(report)))
             == #"{"detail":"too many","effect":"discovery-off","event":"limit_triggered","kind":"announcementFlood","period_s":30}"#)
@@ -105,12 +105,12 @@ import Testing
             + #""tls_connections":0},"relay_connections":0,"sessions_in_flight":0}"#)
         #expect(PeerEventRecord(status).summary.hasSuffix("limits fired: announcementFlood ×1, narrowed ×2; beacons read 0, fetches failed 0"))
         // Printing an event or a status gives words, not type names.
-        #expect("\(PeerEvent.connected(contact: "bob", role: .connecting, binding: .wifi, remote: "10.0.0.2:4000"))"
+        #expect("\(PeerEvent.connected(contact: .sample("bob"), role: .connecting, binding: .wifi, remote: "10.0.0.2:4000"))"
             == "PSK-TLS session with bob up over wifi (we connected)")
         #expect("\(PeerEvent.Role.connecting)" == "connecting")
         #expect("\(PeerEvent.peerLeft(location: Self.wifiPeer, reason: .expired))"
             == "peer at http://10.0.0.2:4000/NotificationBeacons left: its announcement expired")
-        #expect("\(PeerEvent.sessionEnded(contact: "bob", role: .connecting, error: cutShort))"
+        #expect("\(PeerEvent.sessionEnded(contact: .sample("bob"), role: .connecting, error: cutShort))"
             == "session with bob ended: connection with 10.0.0.2:4000 closed: this peer stopped")
         #expect("\(status)".hasPrefix("status: 1 peer(s) seen; advertising for []; matched contacts [bob gave-up]"))
     }

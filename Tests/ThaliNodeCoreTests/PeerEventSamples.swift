@@ -73,51 +73,51 @@ enum PeerEventSamples {
         case .advertising: [.advertising(contacts: []), .advertising(contacts: ["bob", "carol"])]
         case .peerAppeared: [.peerAppeared(location: wifi), .peerAppeared(location: lora)]
         case .peerLeft: [.peerLeft(location: wifi, reason: .byebye), .peerLeft(location: bluetooth, reason: .narrowed)]
-        case .beaconMatched: [.beaconMatched(contact: "bob", location: bluetooth)]
-        case .connecting: [.connecting(contact: "bob", location: wifi, attempt: 3)]
-        case .connected: [.connected(contact: "bob", role: .connecting, binding: .wifi, remote: "10.0.0.2:4000"),
-                          .connected(contact: "bob", role: .accepting, binding: .bluetooth, remote: nil)]
-        case .connectionFailed: [.connectionFailed(contact: "bob", reason: refusedConnection, retryIn: .milliseconds(1500)),
-                                 .connectionFailed(contact: "bob", reason: reset, retryIn: nil)]
-        case .disconnected: [.disconnected(contact: "bob", role: .accepting, binding: .wifi, remote: "10.0.0.2:4000", reason: nil),
-                             .disconnected(contact: "bob", role: .connecting, binding: .bluetooth, remote: nil, reason: reset)]
-        case .sessionEnded: [.sessionEnded(contact: "bob", role: .accepting, error: nil),
-                             .sessionEnded(contact: "bob", role: .connecting, error: PeerConnectionError(CancellationError(), address: "10.0.0.2:4000"))]
+        case .beaconMatched: [.beaconMatched(contact: .sample("bob"), location: bluetooth)]
+        case .connecting: [.connecting(contact: .sample("bob"), location: wifi, attempt: 3)]
+        case .connected: [.connected(contact: .sample("bob"), role: .connecting, binding: .wifi, remote: "10.0.0.2:4000"),
+                          .connected(contact: .sample("bob"), role: .accepting, binding: .bluetooth, remote: nil)]
+        case .connectionFailed: [.connectionFailed(contact: .sample("bob"), reason: refusedConnection, retryIn: .milliseconds(1500)),
+                                 .connectionFailed(contact: .sample("bob"), reason: reset, retryIn: nil)]
+        case .disconnected: [.disconnected(contact: .sample("bob"), role: .accepting, binding: .wifi, remote: "10.0.0.2:4000", reason: nil),
+                             .disconnected(contact: .sample("bob"), role: .connecting, binding: .bluetooth, remote: nil, reason: reset)]
+        case .sessionEnded: [.sessionEnded(contact: .sample("bob"), role: .accepting, error: nil),
+                             .sessionEnded(contact: .sample("bob"), role: .connecting, error: PeerConnectionError(CancellationError(), address: "10.0.0.2:4000"))]
         case .limitTriggered: [.limitTriggered(PeerLimitReport(kind: .httpOverload, effect: .portClosed, period: .milliseconds(30_250),
                                                                detail: "1001 connections within 5 s"))]
-        case .relayListening: [.relayListening(contact: "bob", port: 7000)]
-        case .relayReopened: [.relayReopened(contact: "bob", port: 7000)]
-        case .relayClosed: [.relayClosed(contact: "bob", port: 7000)]
-        case .relayPortUnavailable: [.relayPortUnavailable(contact: "bob", port: 7000, reason: "address in use", instead: 7001),
-                                     .relayPortUnavailable(contact: "bob", port: 7000, reason: "address in use", instead: nil)]
-        case .relayAppUnreachable: [.relayAppUnreachable(contact: "bob", role: .accepting,
+        case .relayListening: [.relayListening(contact: .sample("bob"), port: 7000)]
+        case .relayReopened: [.relayReopened(contact: .sample("bob"), port: 7000)]
+        case .relayClosed: [.relayClosed(contact: .sample("bob"), port: 7000)]
+        case .relayPortUnavailable: [.relayPortUnavailable(contact: .sample("bob"), port: 7000, reason: "address in use", instead: 7001),
+                                     .relayPortUnavailable(contact: .sample("bob"), port: 7000, reason: "address in use", instead: nil)]
+        case .relayAppUnreachable: [.relayAppUnreachable(contact: .sample("bob"), role: .accepting,
                                                          error: PeerConnectionError(.refused, address: "127.0.0.1:8080")),
-                                    .relayAppUnreachable(contact: "bob", role: .connecting, error: nil)]
-        case .streamRefused: [.streamRefused(contact: "bob", role: .accepting, kind: "app/chat",
+                                    .relayAppUnreachable(contact: .sample("bob"), role: .connecting, error: nil)]
+        case .streamRefused: [.streamRefused(contact: .sample("bob"), role: .accepting, kind: "app/chat",
                                              refusal: StreamRefusal(.notServed, reason: "no handler: for app/chat"), byThisNode: true),
-                              .streamRefused(contact: "bob", role: .connecting, kind: nil,
+                              .streamRefused(contact: .sample("bob"), role: .connecting, kind: nil,
                                              refusal: StreamRefusal(.init(rawValue: 9), reason: "late"), byThisNode: false)]
         case .bindingUnavailable: [.bindingUnavailable(binding: .bluetooth, reason: "no adapter hci0")]
         case .stopped: [.stopped]
-        case .offered: [.delivery(contact: "bob", .offered(text)), .delivery(contact: "bob", .offered(file))]
-        case .transferStarted: [.delivery(contact: "bob", .transferStarted(id: id, offset: 4096, total: 52_428_800))]
-        case .progress: [.delivery(contact: "bob", .progress(id: id, bytes: 10, total: 20))]
-        case .delivered: [.delivery(contact: "bob", .delivered(id: id, alreadyStored: false)),
-                          .delivery(contact: "bob", .delivered(id: id, alreadyStored: true))]
-        case .refused: [.delivery(contact: "bob", .refused(file, .tooLarge)), .delivery(contact: "bob", .refused(text, .expired))]
-        case .deferred: [.delivery(contact: "bob", .deferred(file, .noSpace, retryIn: .seconds(300)))]
-        case .refusedOffer: [.delivery(contact: "alice", .refusedOffer(file, .noSpace, reason: "not enough space: 1.0 MiB free"))]
-        case .rejected: [.delivery(contact: "bob", .rejected(id: id, .digestMismatch))]
-        case .discarded: [.delivery(contact: "alice", .discarded(id: id, .invalidText))]
+        case .offered: [.delivery(contact: .sample("bob"), .offered(text)), .delivery(contact: .sample("bob"), .offered(file))]
+        case .transferStarted: [.delivery(contact: .sample("bob"), .transferStarted(id: id, offset: 4096, total: 52_428_800))]
+        case .progress: [.delivery(contact: .sample("bob"), .progress(id: id, bytes: 10, total: 20))]
+        case .delivered: [.delivery(contact: .sample("bob"), .delivered(id: id, alreadyStored: false)),
+                          .delivery(contact: .sample("bob"), .delivered(id: id, alreadyStored: true))]
+        case .refused: [.delivery(contact: .sample("bob"), .refused(file, .tooLarge)), .delivery(contact: .sample("bob"), .refused(text, .expired))]
+        case .deferred: [.delivery(contact: .sample("bob"), .deferred(file, .noSpace, retryIn: .seconds(300)))]
+        case .refusedOffer: [.delivery(contact: .sample("alice"), .refusedOffer(file, .noSpace, reason: "not enough space: 1.0 MiB free"))]
+        case .rejected: [.delivery(contact: .sample("bob"), .rejected(id: id, .digestMismatch))]
+        case .discarded: [.delivery(contact: .sample("alice"), .discarded(id: id, .invalidText))]
         case .received: [
-            .delivery(contact: "alice", .received(InboxItem(itemID: id, fromContact: "alice", fromPublicKey: "02ab", kind: .text,
+            .delivery(contact: .sample("alice"), .received(InboxItem(itemID: id, fromContact: "alice", fromPublicKey: "02ab", kind: .text,
                                                             text: "hello\u{85} bob \u{202E}", filePath: nil, fileName: nil, size: 12,
                                                             sha256: Data(repeating: 3, count: 32), createdAtMs: 1, receivedAtMs: 2))),
-            .delivery(contact: "alice", .received(InboxItem(itemID: id, fromContact: "alice", fromPublicKey: "02ab", kind: .file,
+            .delivery(contact: .sample("alice"), .received(InboxItem(itemID: id, fromContact: "alice", fromPublicKey: "02ab", kind: .file,
                                                             text: nil, filePath: "/tmp/inbox/x", fileName: "photo.jpg", size: 300_000,
                                                             sha256: Data(repeating: 3, count: 32), createdAtMs: 1, receivedAtMs: 2))),
         ]
-        case .duplicate: [.delivery(contact: "alice", .duplicate(id: id))]
+        case .duplicate: [.delivery(contact: .sample("alice"), .duplicate(id: id))]
         }
     }
 

@@ -207,7 +207,7 @@ struct PeerRelayTests {
         }
         let bob = try #require(pair.peers["bob"])
         #expect(await bob.status().matchedContacts.contains { $0.name == "alice" && $0.relayPort == port })
-        #expect(PeerEventRecord(.relayClosed(contact: "alice", port: port))?.summary
+        #expect(PeerEventRecord(.relayClosed(contact: .sample("alice"), port: port))?.summary
                 == "relay: the session with alice ended; 127.0.0.1:\(port) is closed until alice is reached again, then it reopens on the same port")
         await pair.stopAll()
         try await echo.close()
@@ -297,13 +297,13 @@ struct PeerRelayTests {
             if case .relayAppUnreachable("bob", .accepting, let error?) = event { return error } else { return nil }
         }
         #expect(accepting.reason == .refused && accepting.address == "127.0.0.1:\(dead)")
-        let acceptingRecord = try #require(PeerEventRecord(.relayAppUnreachable(contact: "bob", role: .accepting, error: accepting)))
+        let acceptingRecord = try #require(PeerEventRecord(.relayAppUnreachable(contact: .sample("bob"), role: .accepting, error: accepting)))
         #expect(acceptingRecord.summary == "relay: app port 127.0.0.1:\(dead) refused the connection; the relayed connection from bob was closed")
         #expect(acceptingRecord.event == "relay_app_unreachable" && acceptingRecord.reason == "connection refused by 127.0.0.1:\(dead)")
         _ = try await pair.wait(for: "bob") { event -> Bool? in
             if case .relayAppUnreachable("alice", .connecting, .none) = event { return true } else { return nil }
         }
-        let connectingRecord = try #require(PeerEventRecord(.relayAppUnreachable(contact: "alice", role: .connecting, error: nil)))
+        let connectingRecord = try #require(PeerEventRecord(.relayAppUnreachable(contact: .sample("alice"), role: .connecting, error: nil)))
         #expect(connectingRecord.summary.contains("alice's node closed a relayed connection before any reply"))
         await pair.stopAll()
         try await echo.close()

@@ -37,7 +37,7 @@ struct PeerServiceTests {
         for await event in bobsEvents {
             if case .started = event { sawStarted = true }
             if case .delivery(let contact, .received(let received)) = event {
-                #expect(contact == "alice")
+                #expect(contact.name == "alice")
                 receivedID = received.itemID
                 break
             }

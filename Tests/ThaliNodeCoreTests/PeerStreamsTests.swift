@@ -145,7 +145,7 @@ struct PeerStreamsTests {
         }
         #expect(connecting == accepting)
         #expect(connecting.code == .notServed && connecting.reason == "relay is not served: this node has no app port")
-        let record = try #require(PeerEventRecord(.streamRefused(contact: "bob", role: .connecting, kind: "relay", refusal: connecting, byThisNode: false)))
+        let record = try #require(PeerEventRecord(.streamRefused(contact: .sample("bob"), role: .connecting, kind: "relay", refusal: connecting, byThisNode: false)))
         #expect(record.summary == "stream: bob's node refused a relay stream: relay is not served: this node has no app port (not-served)")
         // One event each: no retry storm.
         let refusals = { (who: String) in pair.picked(who) { event -> Bool? in if case .streamRefused = event { true } else { nil } }.count }

@@ -11,27 +11,27 @@ struct RelayStatusRecordTests {
     }
 
     @Test func relayListenerLifecycleRecords() throws {
-        #expect(try line(PeerEventRecord(.relayReopened(contact: "alice", port: 6984)))
-            == #"{"contact":"alice","event":"relay_reopened","port":6984}"#)
-        #expect(try line(PeerEventRecord(.relayClosed(contact: "alice", port: 6984)))
-            == #"{"contact":"alice","event":"relay_closed","port":6984}"#)
-        let kept = PeerEventRecord(.relayPortUnavailable(contact: "alice", port: 6984,
+        #expect(try line(PeerEventRecord(.relayReopened(contact: .sample("alice"), port: 6984)))
+            == #"{"contact":"alice","contact_key":"\#(ContactIdentity.sample("alice").publicKey)","event":"relay_reopened","port":6984}"#)
+        #expect(try line(PeerEventRecord(.relayClosed(contact: .sample("alice"), port: 6984)))
+            == #"{"contact":"alice","contact_key":"\#(ContactIdentity.sample("alice").publicKey)","event":"relay_closed","port":6984}"#)
+        let kept = PeerEventRecord(.relayPortUnavailable(contact: .sample("alice"), port: 6984,
                                                         reason: "port 6984 on 127.0.0.1 is in use by another process", instead: 41000))
-        #expect(try line(kept) == #"{"contact":"alice","event":"relay_port_unavailable","instead":41000,"port":6984,"#
+        #expect(try line(kept) == #"{"contact":"alice","contact_key":"\#(ContactIdentity.sample("alice").publicKey)","event":"relay_port_unavailable","instead":41000,"port":6984,"#
             + #""reason":"port 6984 on 127.0.0.1 is in use by another process"}"#)
         #expect(kept?.summary == "relay: port 6984 for alice cannot be opened (port 6984 on 127.0.0.1 is in use by another process); "
             + "connections to 127.0.0.1:41000 reach alice's app instead")
-        let pinned = PeerEventRecord(.relayPortUnavailable(contact: "alice", port: 6984, reason: "in use", instead: nil))
+        let pinned = PeerEventRecord(.relayPortUnavailable(contact: .sample("alice"), port: 6984, reason: "in use", instead: nil))
         #expect(pinned?.summary.hasSuffix("the session is closed and the node tries again") == true)
     }
 
     @Test func deadAppPortRecords() throws {
         let timedOut = PeerConnectionError(.timedOut, address: "127.0.0.1:40000")
-        let record = try #require(PeerEventRecord(.relayAppUnreachable(contact: "bob", role: .accepting, error: timedOut)))
+        let record = try #require(PeerEventRecord(.relayAppUnreachable(contact: .sample("bob"), role: .accepting, error: timedOut)))
         #expect(record.summary == "relay: app port 127.0.0.1:40000 could not be reached (no connection to 127.0.0.1:40000 within "
             + "the connect timeout); the relayed connection from bob was closed")
-        #expect(try line(PeerEventRecord(.relayAppUnreachable(contact: "alice", role: .connecting, error: nil)))
-            == #"{"contact":"alice","event":"relay_app_unreachable","reason":"closed by alice's node before any reply","role":"connecting"}"#)
+        #expect(try line(PeerEventRecord(.relayAppUnreachable(contact: .sample("alice"), role: .connecting, error: nil)))
+            == #"{"contact":"alice","contact_key":"\#(ContactIdentity.sample("alice").publicKey)","event":"relay_app_unreachable","reason":"closed by alice's node before any reply","role":"connecting"}"#)
     }
 
     @Test func statusCountsRelayedConnectionsAndAdmissions() throws {

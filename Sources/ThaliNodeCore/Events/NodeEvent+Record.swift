@@ -16,35 +16,35 @@ extension NodeEvent {
         case .peerLeft(let location, let reason):
             (record.location, record.reason, record.binding) = (location.description, reason.rawValue, location.binding.rawValue)
         case .beaconMatched(let contact, let location):
-            (record.contact, record.location, record.binding) = (contact, location.description, location.binding.rawValue)
+            (record.location, record.binding) = (location.description, location.binding.rawValue)
         case .connecting(let contact, let location, let attempt):
-            (record.contact, record.location, record.attempt) = (contact, location.description, attempt)
+            (record.location, record.attempt) = (location.description, attempt)
             record.binding = location.binding.rawValue
         case .connected(let contact, let role, let binding, let remote):
-            (record.contact, record.role, record.binding, record.remote) = (contact, role.rawValue, binding.rawValue, remote)
+            (record.role, record.binding, record.remote) = (role.rawValue, binding.rawValue, remote)
         case .connectionFailed(let contact, let reason, let retryIn):
-            (record.contact, record.reason) = (contact, reason)
+            record.reason = reason
             record.retryInMs = retryIn.map { Int($0.components.seconds * 1000 + $0.components.attoseconds / 1_000_000_000_000_000) }
         case .delivery(let contact, let delivery):
             delivery.fill(&record, contact: contact)
         case .disconnected(let contact, let role, let binding, let remote, let reason):
-            (record.contact, record.role, record.binding, record.remote) = (contact, role.rawValue, binding.rawValue, remote)
+            (record.role, record.binding, record.remote) = (role.rawValue, binding.rawValue, remote)
             (record.reason, record.clean) = (reason ?? "closed", reason == nil)
         case .sessionEnded(let contact, let role, let error):
-            (record.contact, record.role, record.error) = (contact, role.rawValue, error)
+            (record.role, record.error) = (role.rawValue, error)
         case .limitTriggered(let kind, let effect, let periodSeconds, let detail):
             (record.kind, record.effect, record.detail, record.periodSeconds) = (kind.rawValue, effect.rawValue, detail, periodSeconds)
         case .relayListening(let contact, let port), .relayReopened(let contact, let port), .relayClosed(let contact, let port):
-            (record.contact, record.port) = (contact, port)
+            record.port = port
         case .relayPortUnavailable(let contact, let port, let reason, let instead):
-            (record.contact, record.port, record.reason, record.instead) = (contact, port, reason, instead)
+            (record.port, record.reason, record.instead) = (port, reason, instead)
         case .relayAppUnreachable(let contact, let role, let error):
-            (record.contact, record.role) = (contact, role.rawValue)
-            record.reason = error ?? Self.closedBeforeAnyReply(contact)
+            record.role = role.rawValue
+            record.reason = error ?? Self.closedBeforeAnyReply(contact.name)
         case .streamRefused(let contact, let role, let kind, let refusal, let byThisNode):
-            (record.contact, record.role, record.kind) = (contact, role.rawValue, kind)
+            (record.role, record.kind) = (role.rawValue, kind)
             record.reason = "\(refusal.code): \(refusal.reason)"
-            record.detail = byThisNode ? Self.refusedHere : Self.refusedThere(contact)
+            record.detail = byThisNode ? Self.refusedHere : Self.refusedThere(contact.name)
         case .bindingUnavailable(let binding, let reason):
             (record.binding, record.reason) = (binding.rawValue, reason)
         case .status(let status):
@@ -64,6 +64,7 @@ extension NodeEvent {
         case .stopped(let reason):
             record.reason = reason
         }
+        if let contact { (record.contact, record.contactKey) = (contact.name, contact.publicKey) }
         return record
     }
 
@@ -124,11 +125,11 @@ extension NodeEvent {
         case "relay_app_unreachable":
             let contact = try line.contact()
             let reason = try line.required(\.reason, "reason")
-            self = .relayAppUnreachable(contact: contact, role: try line.role(), error: reason == Self.closedBeforeAnyReply(contact) ? nil : reason)
+            self = .relayAppUnreachable(contact: contact, role: try line.role(), error: reason == Self.closedBeforeAnyReply(contact.name) ? nil : reason)
         case "stream_refused":
             let contact = try line.contact()
             let detail = try line.required(\.detail, "detail")
-            guard detail == Self.refusedHere || detail == Self.refusedThere(contact) else {
+            guard detail == Self.refusedHere || detail == Self.refusedThere(contact.name) else {
                 throw line.invalid("detail", detail)
             }
             self = .streamRefused(contact: contact, role: try line.role(), kind: record.kind,
@@ -154,9 +155,9 @@ extension NodeEvent {
 
 extension NodeEvent.Delivery {
     /// Fills in the fields of this event with `contact`.
-    func fill(_ record: inout PeerEventRecord, contact: String) {
+    func fill(_ record: inout PeerEventRecord, contact: ContactIdentity) {
         func item(_ item: NodeEvent.Item) { record.fill(item) }
-        record.contact = contact
+        (record.contact, record.contactKey) = (contact.name, contact.publicKey)
         switch self {
         case .offered(let offered):
             item(offered)
@@ -168,10 +169,10 @@ extension NodeEvent.Delivery {
             (record.id, record.alreadyStored) = (id.uuidString, alreadyStored)
         case .refused(let offer, let refusal):
             item(offer)
-            (record.refusal, record.reason) = (refusal.code, refusal.explanation(receiver: contact))
+            (record.refusal, record.reason) = (refusal.code, refusal.explanation(receiver: contact.name))
         case .deferred(let offer, let refusal, let retryIn):
             item(offer)
-            (record.refusal, record.reason) = (refusal.code, refusal.explanation(receiver: contact))
+            (record.refusal, record.reason) = (refusal.code, refusal.explanation(receiver: contact.name))
             record.retryInMs = Int(retryIn.components.seconds * 1000 + retryIn.components.attoseconds / 1_000_000_000_000_000)
         case .refusedOffer(let offer, let refusal, let reason):
             item(offer)
@@ -274,7 +275,9 @@ extension NodeEvent {
             return value
         }
 
-        func contact() throws(NodeEventDecodingError) -> String { try required(\.contact, "contact") }
+        func contact() throws(NodeEventDecodingError) -> ContactIdentity {
+            ContactIdentity(name: try required(\.contact, "contact"), publicKey: try required(\.contactKey, "contact_key"))
+        }
         func location() throws(NodeEventDecodingError) -> PeerLocation { try parsed(\.location, "location", PeerLocation.init) }
         func role() throws(NodeEventDecodingError) -> PeerEvent.Role { try parsed(\.role, "role", PeerEvent.Role.init(rawValue:)) }
         func binding() throws(NodeEventDecodingError) -> PeerBindingKind {

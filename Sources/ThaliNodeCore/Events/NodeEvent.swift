@@ -31,36 +31,36 @@ public enum NodeEvent: Sendable, Hashable {
     /// `peer_left`: ``PeerEvent/peerLeft(location:reason:)``.
     case peerLeft(location: PeerLocation, reason: PeerDepartureReason)
     /// `matched`: ``PeerEvent/beaconMatched(contact:location:)``.
-    case beaconMatched(contact: String, location: PeerLocation)
+    case beaconMatched(contact: ContactIdentity, location: PeerLocation)
     /// `connecting`: ``PeerEvent/connecting(contact:location:attempt:)``.
-    case connecting(contact: String, location: PeerLocation, attempt: Int)
+    case connecting(contact: ContactIdentity, location: PeerLocation, attempt: Int)
     /// `connected`: ``PeerEvent/connected(contact:role:binding:remote:)``.
-    case connected(contact: String, role: PeerEvent.Role, binding: PeerBindingKind, remote: String?)
+    case connected(contact: ContactIdentity, role: PeerEvent.Role, binding: PeerBindingKind, remote: String?)
     /// `connection_failed`: ``PeerEvent/connectionFailed(contact:reason:retryIn:)``, the reason in words
     /// and the delay in whole milliseconds.
-    case connectionFailed(contact: String, reason: String, retryIn: Duration?)
+    case connectionFailed(contact: ContactIdentity, reason: String, retryIn: Duration?)
     /// A delivery event with a contact: ``PeerEvent/delivery(contact:_:)``.
-    case delivery(contact: String, Delivery)
+    case delivery(contact: ContactIdentity, Delivery)
     /// `disconnected`: ``PeerEvent/disconnected(contact:role:binding:remote:reason:)``, the error in words
     /// (nil: the session ended cleanly, `clean` true).
-    case disconnected(contact: String, role: PeerEvent.Role, binding: PeerBindingKind, remote: String?, reason: String?)
+    case disconnected(contact: ContactIdentity, role: PeerEvent.Role, binding: PeerBindingKind, remote: String?, reason: String?)
     /// `session_ended`: ``PeerEvent/sessionEnded(contact:role:error:)``, the error in words.
-    case sessionEnded(contact: String, role: PeerEvent.Role, error: String?)
+    case sessionEnded(contact: ContactIdentity, role: PeerEvent.Role, error: String?)
     /// `limit_triggered`: ``PeerEvent/limitTriggered(_:)``, the period in seconds.
     case limitTriggered(kind: PeerLimitKind, effect: PeerLimitReport.Effect, periodSeconds: Double, detail: String)
     /// `relay_listening`: ``PeerEvent/relayListening(contact:port:)``.
-    case relayListening(contact: String, port: Int)
+    case relayListening(contact: ContactIdentity, port: Int)
     /// `relay_reopened`: ``PeerEvent/relayReopened(contact:port:)``.
-    case relayReopened(contact: String, port: Int)
+    case relayReopened(contact: ContactIdentity, port: Int)
     /// `relay_closed`: ``PeerEvent/relayClosed(contact:port:)``.
-    case relayClosed(contact: String, port: Int)
+    case relayClosed(contact: ContactIdentity, port: Int)
     /// `relay_port_unavailable`: ``PeerEvent/relayPortUnavailable(contact:port:reason:instead:)``.
-    case relayPortUnavailable(contact: String, port: Int, reason: String, instead: Int?)
+    case relayPortUnavailable(contact: ContactIdentity, port: Int, reason: String, instead: Int?)
     /// `relay_app_unreachable`: ``PeerEvent/relayAppUnreachable(contact:role:error:)``, the error in words
     /// (nil: the contact's node closed the relayed connection before any reply).
-    case relayAppUnreachable(contact: String, role: PeerEvent.Role, error: String?)
+    case relayAppUnreachable(contact: ContactIdentity, role: PeerEvent.Role, error: String?)
     /// `stream_refused`: ``PeerEvent/streamRefused(contact:role:kind:refusal:byThisNode:)``.
-    case streamRefused(contact: String, role: PeerEvent.Role, kind: String?, refusal: StreamRefusal, byThisNode: Bool)
+    case streamRefused(contact: ContactIdentity, role: PeerEvent.Role, kind: String?, refusal: StreamRefusal, byThisNode: Bool)
     /// `binding_unavailable`: ``PeerEvent/bindingUnavailable(binding:reason:)``.
     case bindingUnavailable(binding: PeerBindingKind, reason: String)
     /// `status`: a ``PeerStatus`` snapshot as `run` prints it.
@@ -249,7 +249,7 @@ public enum NodeEvent: Sendable, Hashable {
     }
 
     /// The contact the event concerns, if any.
-    public var contact: String? {
+    public var contact: ContactIdentity? {
         switch self {
         case .beaconMatched(let contact, _), .connecting(let contact, _, _), .connected(let contact, _, _, _),
              .connectionFailed(let contact, _, _), .delivery(let contact, _), .disconnected(let contact, _, _, _, _),

@@ -27,44 +27,44 @@ public enum PeerEvent: Sendable, Hashable {
     /// A peer left (it said byebye, its announcement expired, or discovery stopped).
     case peerLeft(location: PeerLocation, reason: PeerDepartureReason)
     /// A peer's beacons named us, from this contact.
-    case beaconMatched(contact: String, location: PeerLocation)
+    case beaconMatched(contact: ContactIdentity, location: PeerLocation)
     /// Connecting to a contact (attempt ≥ 1) found at `location` (its binding is the location's).
-    case connecting(contact: String, location: PeerLocation, attempt: Int)
+    case connecting(contact: ContactIdentity, location: PeerLocation, attempt: Int)
     /// A PSK-TLS session with a contact is up, over `binding`; `remote` is the other side's TCP endpoint
     /// (`host:port`), which tells one session from another.
-    case connected(contact: String, role: Role, binding: PeerBindingKind, remote: String?)
+    case connected(contact: ContactIdentity, role: Role, binding: PeerBindingKind, remote: String?)
     /// A connection or delivery failed; `retryIn` is the delay before the next attempt, nil when giving up.
-    case connectionFailed(contact: String, reason: PeerConnectionError, retryIn: Duration?)
+    case connectionFailed(contact: ContactIdentity, reason: PeerConnectionError, retryIn: Duration?)
     /// Delivery progress with a contact.
-    case delivery(contact: String, DeliveryEvent)
+    case delivery(contact: ContactIdentity, DeliveryEvent)
     /// An authenticated connection with a contact over `binding` ended (every
     /// ``connected(contact:role:binding:remote:)`` gets one, with the same `remote`): `reason` is the first
     /// error on it (TLS, a multiplexer protocol error), nil when it simply closed.
-    case disconnected(contact: String, role: Role, binding: PeerBindingKind, remote: String?, reason: PeerConnectionError?)
+    case disconnected(contact: ContactIdentity, role: Role, binding: PeerBindingKind, remote: String?, reason: PeerConnectionError?)
     /// A delivery session ended (`error` nil: it completed).
-    case sessionEnded(contact: String, role: Role, error: PeerConnectionError?)
+    case sessionEnded(contact: ContactIdentity, role: Role, error: PeerConnectionError?)
     /// A DoS limit fired and this peer switched something off for a while: the last resort of that limit.
     case limitTriggered(PeerLimitReport)
     /// Relay mode: the contact's relay listener opened: connections to 127.0.0.1:`port` reach the
     /// contact's app.
-    case relayListening(contact: String, port: Int)
+    case relayListening(contact: ContactIdentity, port: Int)
     /// Relay mode: the contact was reached again and its relay listener reopened on the same port.
-    case relayReopened(contact: String, port: Int)
+    case relayReopened(contact: ContactIdentity, port: Int)
     /// Relay mode: the session with the contact ended and its relay listener on `port` closed; it
     /// reopens on the same port once the contact is reached again.
-    case relayClosed(contact: String, port: Int)
+    case relayClosed(contact: ContactIdentity, port: Int)
     /// Relay mode: the contact's pinned or kept relay port could not be bound (`reason` in words).
     /// `instead`: the free port used instead (a kept port); nil for a pinned port, when the session is
     /// closed and the link retries.
-    case relayPortUnavailable(contact: String, port: Int, reason: String, instead: Int?)
+    case relayPortUnavailable(contact: ContactIdentity, port: Int, reason: String, instead: Int?)
     /// Relay mode: a relayed connection with the contact could not reach the app and was closed. On
     /// the accepting side `error` is the failure to connect to the app port; on the connecting side it is
     /// nil: the contact's node reset the stream before any reply, as it does when its app port refuses.
-    case relayAppUnreachable(contact: String, role: Role, error: PeerConnectionError?)
+    case relayAppUnreachable(contact: ContactIdentity, role: Role, error: PeerConnectionError?)
     /// A marked stream with the contact was not served (``StreamRefusal``: a kind the refusing node does
     /// not serve, a bad or late header or answer): reported once by each node, `byThisNode` telling which
     /// refused, `role` being this node's side of the session; `kind` is nil when no header could be read.
-    case streamRefused(contact: String, role: Role, kind: String?, refusal: StreamRefusal, byThisNode: Bool)
+    case streamRefused(contact: ContactIdentity, role: Role, kind: String?, refusal: StreamRefusal, byThisNode: Bool)
     /// A binding that was asked for cannot run; the others go on.
     case bindingUnavailable(binding: PeerBindingKind, reason: String)
     /// The peer stopped.

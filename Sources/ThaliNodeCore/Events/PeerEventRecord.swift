@@ -80,6 +80,8 @@ public struct PeerEventRecord: Codable, Sendable, Hashable {
     public var contacts: [String]?
     /// The contact the event concerns.
     public var contact: String?
+    /// The public key of the contact the event concerns (``ContactIdentity/publicKey``), beside its name.
+    public var contactKey: String?
     /// `wifi` or `bluetooth`: the binding a peer was found over (from the location), a connection runs
     /// over (`connecting`, `connected`, `disconnected`), or a `binding_unavailable` names.
     public var binding: String?
@@ -156,6 +158,7 @@ public struct PeerEventRecord: Codable, Sendable, Hashable {
 
     enum CodingKeys: String, CodingKey {
         case event, t, location, previous, contacts, contact, binding, attempt, role, remote, reason, clean
+        case contactKey = "contact_key"
         case retryInMs = "retry_in_ms"
         case error, kind, effect
         case periodSeconds = "period_s"
@@ -211,7 +214,7 @@ public struct PeerEventRecord: Codable, Sendable, Hashable {
             "connection with \(contact) failed: \(reason)"
                 + (retryIn.map { "; retrying in \($0)" } ?? "; giving up until the next announcement")
         case .delivery(let contact, let delivery):
-            summary(of: delivery, contact: contact)
+            summary(of: delivery, contact: contact.name)
         case .disconnected(let contact, _, let binding, _, let error):
             "PSK-TLS session with \(contact) over \(binding.rawValue) ended: \(error?.description ?? "closed")"
         case .sessionEnded(let contact, _, let error):

@@ -32,7 +32,7 @@ extension ThaliPeer {
             server.peer.and(server.handshake).whenSuccess { [self] contact, parameters in
                 onAuthenticated()
                 if Self.isMarked(parameters) { registerMarkedSession(server.session, contact: contact, role: .accepting) }
-                emit(.connected(contact: contact.name, role: .accepting, binding: binding, remote: address))
+                emit(.connected(contact: contact.identity, role: .accepting, binding: binding, remote: address))
                 // In relay mode the session itself is the work in flight (its streams come and go).
                 if configuration.appPort != nil {
                     sessionStarted()
@@ -42,7 +42,7 @@ extension ThaliPeer {
             // Reported only for a connection that authenticated a contact.
             try channel.pipeline.syncOperations.addHandler(ConnectionEndRecorder { error in
                 server.peer.whenSuccess { contact in
-                    emit(.disconnected(contact: contact.name, role: .accepting, binding: binding, remote: address,
+                    emit(.disconnected(contact: contact.identity, role: .accepting, binding: binding, remote: address,
                                        reason: error.map { PeerConnectionError($0, address: address) }))
                 }
             })
@@ -80,11 +80,11 @@ extension ThaliPeer {
                 defer { sessionFinished() }
                 do {
                     _ = try await DeliverySender(store: store, authenticatedPeer: contact, limits: limits,
-                                                 events: { [emit] in emit(.delivery(contact: contact.name, $0)) },
+                                                 events: { [emit] in emit(.delivery(contact: contact.identity, $0)) },
                                                  logger: logger).run(on: frames)
-                    emit(.sessionEnded(contact: contact.name, role: role, error: nil))
+                    emit(.sessionEnded(contact: contact.identity, role: role, error: nil))
                 } catch {
-                    emit(.sessionEnded(contact: contact.name, role: role, error: sessionEndError(error, address: address)))
+                    emit(.sessionEnded(contact: contact.identity, role: role, error: sessionEndError(error, address: address)))
                 }
             }
         }
@@ -99,7 +99,7 @@ extension ThaliPeer {
         MultiplexerBridge.connectingInitializer(host: "127.0.0.1", port: port)(stream).map { [weak self] in
             self?.relayConnectionOpened(stream)
         }.flatMapErrorThrowing { [emit] error in
-            emit(.relayAppUnreachable(contact: contact.name, role: .accepting,
+            emit(.relayAppUnreachable(contact: contact.identity, role: .accepting,
                                       error: PeerConnectionError(error, address: "127.0.0.1:\(port)")))
             throw error
         }

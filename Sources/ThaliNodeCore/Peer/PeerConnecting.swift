@@ -36,7 +36,7 @@ extension ThaliPeer {
                 lifetime.wake(at: now + delay)
                 return
             case .connect(let route, let attempt):
-                emit(.connecting(contact: contact.name, location: route.origin, attempt: attempt))
+                emit(.connecting(contact: contact.identity, location: route.origin, attempt: attempt))
                 do {
                     try await connect(contact, route)
                     updateLink(contact) { $0.sessionCompleted() }
@@ -51,7 +51,7 @@ extension ThaliPeer {
                     let spent = route.match.expiration <= nowMs || Self.isUnknownIdentity(error)
                         || bindings.contains { $0.kind == route.binding && $0.hasEnded(route.location) }
                     let retryIn = updateLink(contact) { $0.attemptFailed(spent ? .routeSpent : .retryable) } ?? nil
-                    emit(.connectionFailed(contact: contact.name, reason: PeerConnectionError(error, connectingTo: route.location),
+                    emit(.connectionFailed(contact: contact.identity, reason: PeerConnectionError(error, connectingTo: route.location),
                                            retryIn: retryIn))
                 }
             }
@@ -110,7 +110,7 @@ extension ThaliPeer {
                         // Reported only once the handshake authenticated the contact.
                         try channel.pipeline.syncOperations.addHandler(ConnectionEndRecorder { error in
                             client.handshake.whenSuccess { _ in
-                                emit(.disconnected(contact: contact.name, role: .connecting, binding: route.binding,
+                                emit(.disconnected(contact: contact.identity, role: .connecting, binding: route.binding,
                                                    remote: "\(location.host):\(location.port)", reason: error.map { PeerConnectionError($0, connectingTo: location) }))
                             }
                         })
@@ -126,7 +126,7 @@ extension ThaliPeer {
             try? await session.channel.close()
             throw error
         }
-        emit(.connected(contact: contact.name, role: .connecting, binding: route.binding, remote: "\(location.host):\(location.port)"))
+        emit(.connected(contact: contact.identity, role: .connecting, binding: route.binding, remote: "\(location.host):\(location.port)"))
         updateLink(contact) { $0.connected() }
         if marked { registerMarkedSession(session, contact: contact, role: .connecting) }
         if configuration.opensRelayListeners {
@@ -179,15 +179,15 @@ extension ThaliPeer {
                 if let writer { try stream.pipeline.syncOperations.addHandler(writer()) }
             }
             _ = try await DeliveryReceiver(store: store, authenticatedPeer: contact, limits: limits,
-                                           events: { [emit] in emit(.delivery(contact: contact.name, $0)) },
+                                           events: { [emit] in emit(.delivery(contact: contact.identity, $0)) },
                                            logger: logger).run(on: frames)
-            emit(.sessionEnded(contact: contact.name, role: .connecting, error: nil))
+            emit(.sessionEnded(contact: contact.identity, role: .connecting, error: nil))
             return keepingSession ? true : await closeUnlessKept(session, contact: contact, marked: marked)
         } catch {
             if Mutant.streamsRetryRefused.isActive, marked, session.channel.isActive, !isStopped, !Task.isCancelled {
                 return try await receive(from: contact, over: session, at: location, marked: marked, keepingSession: keepingSession)
             }
-            emit(.sessionEnded(contact: contact.name, role: .connecting, error: sessionEndError(error, address: "\(location.host):\(location.port)")))
+            emit(.sessionEnded(contact: contact.identity, role: .connecting, error: sessionEndError(error, address: "\(location.host):\(location.port)")))
             if !keepingSession { _ = await closeUnlessKept(session, contact: contact, marked: marked) }
             throw error
         }
@@ -243,7 +243,7 @@ extension ThaliPeer {
         try? await listener.close()
         sessionFinished()
         setRelayPort(contact, nil)
-        emit(.relayClosed(contact: contact.name, port: port))
+        emit(.relayClosed(contact: contact.identity, port: port))
         throw PeerConnectionError(.relayClosed, address: address)
     }
 
@@ -270,7 +270,7 @@ extension ThaliPeer {
                 // relay listens on a free port until the next reconnect finds its own port free again.
                 let reason = "\(NodeError.mapBindError(error, host: "127.0.0.1", port: wanted))"
                 listener = try await listen(0)
-                emit(.relayPortUnavailable(contact: contact.name, port: wanted, reason: reason,
+                emit(.relayPortUnavailable(contact: contact.identity, port: wanted, reason: reason,
                                            instead: listener.localAddress?.port ?? 0))
             }
         } else {
@@ -282,7 +282,7 @@ extension ThaliPeer {
             return state.relayPorts[contact.publicKey] == port
         }
         setRelayPort(contact, port)
-        emit(reopened ? .relayReopened(contact: contact.name, port: port) : .relayListening(contact: contact.name, port: port))
+        emit(reopened ? .relayReopened(contact: contact.identity, port: port) : .relayListening(contact: contact.identity, port: port))
         return listener
     }
 
@@ -298,7 +298,7 @@ extension ThaliPeer {
                 self.relayConnectionOpened(stream)
                 if let writer { return try stream.pipeline.syncOperations.addHandler(writer()) }
                 try stream.pipeline.syncOperations.addHandler(RelayStreamObserver { [weak self] in
-                    self?.emit(.relayAppUnreachable(contact: contact.name, role: .connecting, error: nil))
+                    self?.emit(.relayAppUnreachable(contact: contact.identity, role: .connecting, error: nil))
                 })
             }
         }

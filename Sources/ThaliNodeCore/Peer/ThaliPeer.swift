@@ -380,7 +380,7 @@ public final class ThaliPeer: Sendable {
         // On the binding's event loop: the contacts as of the last refresh, not the store.
         guard let contact = contactsByKey.withLockedValue({ $0[match.sender.hexString(compressed: true)] }) else { return }
         bindings.first { $0.kind == origin.binding }?.contactMatched(at: location)
-        emit(.beaconMatched(contact: contact.name, location: origin))
+        emit(.beaconMatched(contact: contact.identity, location: origin))
         let route = ContactRoute(origin: origin, location: location, match: match)
         let retry = configuration.retry
         let (outcome, link) = state.withLockedValue { state -> (ContactLinkStateMachine.MatchOutcome, Link?) in

@@ -184,9 +184,9 @@ extension ThaliPeer {
             StreamHeaderWriter(header: StreamHeader(kind: kind), timeout: timeout) { error in
                 let refusal = error as? StreamRefusal ?? StreamRefusal(.badHeader, reason: "\(error)")
                 if kind == .relay, refusal.code == .appUnreachable {
-                    emit(.relayAppUnreachable(contact: contact.name, role: role, error: nil))
+                    emit(.relayAppUnreachable(contact: contact.identity, role: role, error: nil))
                 } else {
-                    emit(.streamRefused(contact: contact.name, role: role, kind: kind.name, refusal: refusal, byThisNode: false))
+                    emit(.streamRefused(contact: contact.identity, role: role, kind: kind.name, refusal: refusal, byThisNode: false))
                 }
             }
         }
@@ -202,7 +202,7 @@ extension ThaliPeer {
                 refused: { kind, refusal in
                     // A relay whose app port is dead was reported as relayAppUnreachable already.
                     guard refusal.code != .appUnreachable else { return }
-                    emit(.streamRefused(contact: contact.name, role: role, kind: kind?.name, refusal: refusal, byThisNode: true))
+                    emit(.streamRefused(contact: contact.identity, role: role, kind: kind?.name, refusal: refusal, byThisNode: true))
                 }))
         }
     }
