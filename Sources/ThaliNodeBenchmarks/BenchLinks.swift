@@ -23,7 +23,7 @@ struct BenchLinks: AsyncParsableCommand {
             Profiles: \(LinkProfile.named.map(\.name).joined(separator: ", ")). Rates in MB/s (10^6 bytes); round \
             trips in ms. --json prints one object: profile, tcp_mb_s, tcp_rtt_ms, tcp_rtt_p99_ms, file_mb_s, file_s, \
             file_tcp_ratio, texts, texts_per_s, first_delivery_s, relay_mb_s, relay_rtt_ms, relay_rtt_p99_ms, \
-            lost_items, duplicated_items, wire_dropped_frames, wire_outages, and the sizes; a figure that could not \
+            lost_items, duplicated_items, wire_dropped_frames, wire_outages, address_changes, and the sizes; a figure that could not \
             be measured (nothing arrived in time) is null.
             """)
 
@@ -74,6 +74,7 @@ struct BenchLinks: AsyncParsableCommand {
         var duplicatedItems: Int
         var wireDroppedFrames: Int
         var wireOutages: Int
+        var addressChanges = 0
         var tcpMiB: Int
         var fileMiB: Int
         var relayMiB: Int
@@ -88,7 +89,7 @@ struct BenchLinks: AsyncParsableCommand {
             case textsPerSecond = "texts_per_s", firstDeliverySeconds = "first_delivery_s"
             case relayMBs = "relay_mb_s", relayRTTMs = "relay_rtt_ms", relayRTTP99Ms = "relay_rtt_p99_ms"
             case lostItems = "lost_items", duplicatedItems = "duplicated_items"
-            case wireDroppedFrames = "wire_dropped_frames", wireOutages = "wire_outages"
+            case wireDroppedFrames = "wire_dropped_frames", wireOutages = "wire_outages", addressChanges = "address_changes"
             case tcpMiB = "tcp_mib", fileMiB = "file_mib", relayMiB = "relay_mib"
             case vethTCPMBs = "veth_tcp_mb_s", vethTCPRTTMs = "veth_tcp_rtt_ms", wireAddedRTTMs = "wire_added_rtt_ms"
         }
@@ -114,6 +115,7 @@ struct BenchLinks: AsyncParsableCommand {
             try container.encode(duplicatedItems, forKey: .duplicatedItems)
             try container.encode(wireDroppedFrames, forKey: .wireDroppedFrames)
             try container.encode(wireOutages, forKey: .wireOutages)
+            try container.encode(addressChanges, forKey: .addressChanges)
             try container.encode(tcpMiB, forKey: .tcpMiB)
             try container.encode(fileMiB, forKey: .fileMiB)
             try container.encode(relayMiB, forKey: .relayMiB)
@@ -140,7 +142,8 @@ struct BenchLinks: AsyncParsableCommand {
             lab.close()
         }
         let hosts = lab.hosts.map { (namespace: $0.namespace, interface: $0.interface) }
-        let serverAddress: UInt32 = 0x0A4D_0001  // 10.77.0.1, host a
+        // Host a's address now (a roaming profile changes it later: the reference is measured first).
+        let serverAddress = lab.address(ofHost: 0).split(separator: ".").reduce(UInt32(0)) { $0 << 8 | (UInt32($1) ?? 0) }
         let app = try lab.inHost(0) { try RelayBenchApp(anyAddress: true) }
         defer { app.stop() }
         let warmUp = max(1, requests / 10)
@@ -169,6 +172,7 @@ struct BenchLinks: AsyncParsableCommand {
         let counters = lab.counters
         figures.wireDroppedFrames = counters.droppedTotal
         figures.wireOutages = lab.outages
+        figures.addressChanges = lab.addressChanges.count
         report(figures)
     }
 
@@ -306,7 +310,7 @@ struct BenchLinks: AsyncParsableCommand {
                 + "the wire adds \(text(figures.tcpRTTMs - vethRTT, "%.3f")) ms to a round trip")
         }
         print("  items lost \(figures.lostItems), duplicated \(figures.duplicatedItems); wire dropped \(figures.wireDroppedFrames) frames, "
-            + "\(figures.wireOutages) outages")
+            + "\(figures.wireOutages) outages, \(figures.addressChanges) address changes")
     }
 }
 
