@@ -53,6 +53,14 @@ final class LabNodes: @unchecked Sendable {
         lock.withLock { running }.map { "--- \($0.label)\n" + String($0.output.suffix(6000)) }.joined(separator: "\n")
     }
 
+    /// With `THALI_LAB_TRACE=FILE` in the environment, writes every process's whole output there (for
+    /// reading a run's timeline).
+    func writeTrace() {
+        guard let path = ProcessInfo.processInfo.environment["THALI_LAB_TRACE"] else { return }
+        let text = lock.withLock { running }.map { "===== \($0.label)\n" + $0.output }.joined(separator: "\n")
+        try? text.write(toFile: path, atomically: false, encoding: .utf8)
+    }
+
     /// Stops every process (SIGTERM, then SIGKILL after 5 s) and deletes the lab. Idempotent.
     func close() {
         let peers = lock.withLock { () -> [RunningPeer] in

@@ -68,9 +68,7 @@ struct LinkFlapTests {
         }
         let bobLines = bobPeer.events
         let aliceLines = alicePeer.events
-        if let trace = ProcessInfo.processInfo.environment["THALI_LAB_TRACE"] {
-            try? (alicePeer.output + "\n=====BOB\n" + bobPeer.output).write(toFile: trace, atomically: false, encoding: .utf8)
-        }
+        nodes.writeTrace()
         let failed = !fileArrived() || !textsArrived
         if failed { Issue.record("the file arrived: \(fileArrived()); the texts: \(textsArrived)\n\(nodes.report())") }
         nodes.close()

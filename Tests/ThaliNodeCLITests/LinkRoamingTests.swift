@@ -68,6 +68,7 @@ struct LinkRoamingTests {
                 seen.append((made.address, moved, appeared, since()))
             }
         } catch {
+            nodes.writeTrace()
             Issue.record("\(error)\n\(nodes.report())")
             throw error
         }
@@ -80,6 +81,7 @@ struct LinkRoamingTests {
         let aliceEvents = alicePeer.events
         let bobEvents = bobPeer.events
         let changes = nodes.lab.addressChanges.count
+        nodes.writeTrace()
         nodes.close()
 
         // Texts: each exactly once.
