@@ -340,7 +340,7 @@ let package = Package(
             name: "ThaliNodeCLITests",
             dependencies: [
                 "ThaliNodeCore", "ThaliBLEBinding", "ThaliBeacons", "ThaliSSDP", "ThaliPSKTLS", "ThaliConformance",
-                "ThaliProcess", "ThaliNodeTestSupport", "ThaliBluetoothTestSupport",
+                "ThaliProcess", "ThaliNodeTestSupport", "ThaliBluetoothTestSupport", "ThaliNetLab",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),

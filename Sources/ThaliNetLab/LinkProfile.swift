@@ -1,7 +1,8 @@
 /// What one link of the lab does to the frames that cross it, in each direction on its own: a one-way
 /// delay with jitter, random loss (higher for multicast frames, which Wi-Fi sends at a basic rate without
 /// link-layer retransmission), a rate with a bounded queue, and, optionally, flaps (the link down for a
-/// few seconds now and then). Times are in nanoseconds; the named profiles are issue 38's.
+/// few seconds now and then) and, applied by ``NetLab`` rather than the wire, a host's address replaced
+/// now and then (roaming). Times are in nanoseconds; the named profiles are issue 38's.
 public struct LinkProfile: Sendable, Equatable {
     /// The profile's name (`--profile`).
     public var name: String
@@ -18,6 +19,9 @@ public struct LinkProfile: Sendable, Equatable {
     public var multicastLoss: Double
     /// When set, the link goes down (every frame dropped) now and then.
     public var flaps: FlapPattern?
+    /// When set, one host's address is replaced by another now and then (`ip addr del`, then `add`): a
+    /// phone that joined another access point. ``NetLab`` applies it; the wire forwards frames as before.
+    public var addressChanges: AddressChangePattern?
     /// The most bytes a direction's transmit queue holds (frames waiting for the rate); a frame that
     /// does not fit is dropped at the tail, as a NIC's queue drops. Only meaningful with a rate.
     public var queueBytes: Int
@@ -28,7 +32,8 @@ public struct LinkProfile: Sendable, Equatable {
 
     /// A profile; rates in bits per second, times in nanoseconds.
     public init(name: String, rateBitsPerSecond: Int? = nil, delayNanoseconds: Int64 = 0, jitterNanoseconds: Int64 = 0,
-                loss: Double = 0, multicastLoss: Double = 0, flaps: FlapPattern? = nil, queueBytes: Int = defaultQueueBytes) {
+                loss: Double = 0, multicastLoss: Double = 0, flaps: FlapPattern? = nil, addressChanges: AddressChangePattern? = nil,
+                queueBytes: Int = defaultQueueBytes) {
         self.name = name
         self.rateBitsPerSecond = rateBitsPerSecond
         self.delayNanoseconds = delayNanoseconds
@@ -36,13 +41,14 @@ public struct LinkProfile: Sendable, Equatable {
         self.loss = loss
         self.multicastLoss = multicastLoss
         self.flaps = flaps
+        self.addressChanges = addressChanges
         self.queueBytes = queueBytes
     }
 
-    /// True when the profile changes nothing: frames are forwarded as they come.
+    /// True when the profile changes nothing: frames are forwarded as they come, and addresses stay.
     public var isUnshaped: Bool {
         rateBitsPerSecond == nil && delayNanoseconds == 0 && jitterNanoseconds == 0 && loss == 0 && multicastLoss == 0
-            && flaps == nil
+            && flaps == nil && addressChanges == nil
     }
 
     /// Nothing added: the stage measured against itself.
@@ -64,8 +70,16 @@ public struct LinkProfile: Sendable, Equatable {
         return profile
     }()
 
+    /// `home-wifi` with the first host's address replaced by another every 30 s (``AddressChangePattern``).
+    public static let roaming: LinkProfile = {
+        var profile = homeWifi
+        profile.name = "roaming"
+        profile.addressChanges = AddressChangePattern(periodNanoseconds: 30_000_000_000, host: 0)
+        return profile
+    }()
+
     /// Every named profile, in the order `--help` lists them.
-    public static let named: [LinkProfile] = [unshaped, homeWifi, crowdedHall, farLink, flapping]
+    public static let named: [LinkProfile] = [unshaped, homeWifi, crowdedHall, farLink, flapping, roaming]
 
     /// The named profile called `name`, if any.
     public static func named(_ name: String) -> LinkProfile? { named.first { $0.name == name } }
@@ -83,5 +97,23 @@ public struct FlapPattern: Sendable, Equatable {
     public init(downNanoseconds: ClosedRange<Int64>, upNanoseconds: ClosedRange<Int64>) {
         self.downNanoseconds = downNanoseconds
         self.upNanoseconds = upNanoseconds
+    }
+}
+
+/// How a host of the lab roams: every `periodNanoseconds` from the lab's start, host `host`'s address is
+/// removed and another added in its place (``NetLab/address(ofHost:afterChanges:)`` says which).
+public struct AddressChangePattern: Sendable, Equatable {
+    /// How long each address holds, in nanoseconds.
+    public var periodNanoseconds: Int64
+    /// The host (0-based) whose address changes.
+    public var host: Int
+
+    /// The shortest period a lab accepts: an address change takes a few `ip` commands.
+    public static let minimumPeriodNanoseconds: Int64 = 500_000_000
+
+    /// A pattern; the period in nanoseconds.
+    public init(periodNanoseconds: Int64, host: Int = 0) {
+        self.periodNanoseconds = periodNanoseconds
+        self.host = host
     }
 }

@@ -9,7 +9,8 @@ import Glibc
 /// A lab of hosts on one shaped segment: each host a network namespace (`tlab-<pid>-<n><letter>`) with
 /// loopback and one TAP device named `eth0` holding `10.77.0.<i+1>/24` (an address that exists only inside
 /// it) and a multicast route; the TAP devices are opened here, in the caller's namespace, moved into the
-/// hosts (the descriptors stay attached) and joined by a ``WireStage`` applying the profile. IPv6 is off in
+/// hosts (the descriptors stay attached) and joined by a ``WireStage`` applying the profile; a profile with
+/// ``LinkProfile/addressChanges`` has one host's address replaced on a timer of its own. IPv6 is off in
 /// the hosts so that only the traffic under test crosses the wire. ``close()`` (also on deinit) stops the
 /// stage and deletes the namespaces; a lab left by a process that died is deleted by the next lab made.
 ///
@@ -19,7 +20,7 @@ public final class NetLab: @unchecked Sendable {
     public struct Host: Sendable {
         /// The network namespace (`ip netns`).
         public let namespace: String
-        /// The host's IPv4 address on the segment.
+        /// The host's IPv4 address on the segment when the lab was built (``NetLab/address(ofHost:)``: now).
         public let address: String
         /// The host's interface on the segment.
         public var interface: String { NetLab.interfaceName }
@@ -35,6 +36,20 @@ public final class NetLab: @unchecked Sendable {
     public static let namePrefix = "tlab-"
     /// The longest an `ip` command of the lab may take.
     public static let commandTimeout: Duration = .seconds(10)
+    /// How many distinct addresses a roaming host goes through before it comes back to one it had.
+    public static let roamingAddresses = 24
+
+    /// One address change the lab made (roaming).
+    public struct AddressChange: Sendable {
+        /// The host whose address changed.
+        public var host: Int
+        /// The address removed.
+        public var previous: String
+        /// The address added in its place.
+        public var address: String
+        /// When the new address was added (after the `ip addr add` returned).
+        public var at: ContinuousClock.Instant
+    }
 
     /// The hosts, in order.
     public let hosts: [Host]
@@ -44,6 +59,11 @@ public final class NetLab: @unchecked Sendable {
     private let taps: [Int32]
     private let lock = NSLock()
     private var closed = false
+    private var changes: [AddressChange] = []
+    private var changeFailures: [String] = []
+    private let changing = NSLock()  // one address change at a time
+    private let roamingStop = DispatchSemaphore(value: 0)
+    private let roamingFinished = DispatchSemaphore(value: 0)
     private static let counter = NSLock()
     nonisolated(unsafe) private static var made = 0
 
@@ -52,6 +72,12 @@ public final class NetLab: @unchecked Sendable {
         guard Self.hostCounts.contains(hostCount) else { throw NetLabError.unavailable("a lab has \(Self.hostCounts) hosts") }
         guard geteuid() == 0 else { throw NetLabError.unavailable("the lab needs root (it creates network namespaces)") }
         guard ChildProcess.which("ip") != nil else { throw NetLabError.unavailable("the lab needs ip (iproute2)") }
+        if let roaming = profile.addressChanges {
+            guard (0..<hostCount).contains(roaming.host) else { throw NetLabError.unavailable("the roaming host is not in the lab") }
+            guard roaming.periodNanoseconds >= AddressChangePattern.minimumPeriodNanoseconds else {
+                throw NetLabError.unavailable("an address change period is at least \(AddressChangePattern.minimumPeriodNanoseconds) ns")
+            }
+        }
         Self.removeLeftovers()
         let serial = Self.counter.withLock { () -> Int in
             Self.made += 1
@@ -89,8 +115,70 @@ public final class NetLab: @unchecked Sendable {
         }
         self.taps = taps
         self.profile = profile
-        hosts = names.enumerated().map { Host(namespace: $1, address: "\(Self.subnet).\($0 + 1)") }
+        hosts = names.enumerated().map { Host(namespace: $1, address: Self.address(ofHost: $0, afterChanges: 0)) }
         stage.start()
+        if let roaming = profile.addressChanges { startRoaming(roaming) }
+    }
+
+    /// The address host `index` holds after `changes` address changes: `.index+1` at first, then in turn
+    /// ``roamingAddresses`` others from `.32` on, 8 apart so that no two hosts ever share one.
+    public static func address(ofHost index: Int, afterChanges changes: Int) -> String {
+        guard changes > 0 else { return "\(subnet).\(index + 1)" }
+        return "\(subnet).\(32 + ((changes - 1) % roamingAddresses) * 8 + index)"
+    }
+
+    /// The address host `index` holds now.
+    public func address(ofHost index: Int) -> String {
+        lock.withLock { changes.last { $0.host == index }?.address } ?? hosts[index].address
+    }
+
+    /// The address changes made so far, oldest first.
+    public var addressChanges: [AddressChange] { lock.withLock { changes } }
+    /// Address changes that failed (the `ip` command's error), oldest first.
+    public var addressChangeFailures: [String] { lock.withLock { changeFailures } }
+
+    /// Replaces host `index`'s address with its next one (``address(ofHost:afterChanges:)``): `ip addr del`,
+    /// then `ip addr add`, as a phone that joined another access point sees it. The profile's roaming
+    /// calls it on its timer; a test may call it too.
+    @discardableResult
+    public func replaceAddress(ofHost index: Int) throws -> AddressChange {
+        try changing.withLock {
+            let (previous, count) = lock.withLock { () -> (String?, Int) in
+                let mine = changes.filter { $0.host == index }
+                return (mine.last?.address, mine.count)
+            }
+            let old = previous ?? hosts[index].address
+            let new = Self.address(ofHost: index, afterChanges: count + 1)
+            let namespace = hosts[index].namespace
+            try Self.ip(["-n", namespace, "addr", "del", "\(old)/24", "dev", Self.interfaceName])
+            try Self.ip(["-n", namespace, "addr", "add", "\(new)/24", "dev", Self.interfaceName])
+            let change = AddressChange(host: index, previous: old, address: new, at: .now)
+            lock.withLock { changes.append(change) }
+            return change
+        }
+    }
+
+    /// Runs the profile's address changes on a thread of their own until ``close()``.
+    private func startRoaming(_ pattern: AddressChangePattern) {
+        let (stop, finished) = (roamingStop, roamingFinished)
+        // Weakly: a lab nobody closes is still closed (and its namespaces deleted) by its deinit.
+        let thread = Thread { [weak self] in
+            let period = Double(pattern.periodNanoseconds) / 1e9
+            var next = Date().addingTimeInterval(period)
+            // Waits for the next change, or for close (which signals the semaphore).
+            while stop.wait(timeout: .now() + max(0, next.timeIntervalSinceNow)) == .timedOut {
+                guard let lab = self else { break }
+                do {
+                    try lab.replaceAddress(ofHost: pattern.host)
+                } catch {
+                    lab.lock.withLock { lab.changeFailures.append("\(error)") }
+                }
+                next = next.addingTimeInterval(period)
+            }
+            finished.signal()
+        }
+        thread.name = "netlab roaming"
+        thread.start()
     }
 
     deinit { close() }
@@ -101,6 +189,10 @@ public final class NetLab: @unchecked Sendable {
             defer { closed = true }
             return !closed
         }) else { return }
+        if profile.addressChanges != nil {
+            roamingStop.signal()
+            roamingFinished.wait()
+        }
         stage.stop()
         for descriptor in taps { Glibc.close(descriptor) }
         for host in hosts { _ = try? Self.ip(["netns", "del", host.namespace]) }

@@ -23,7 +23,8 @@ struct BenchLinks: AsyncParsableCommand {
             Profiles: \(LinkProfile.named.map(\.name).joined(separator: ", ")). Rates in MB/s (10^6 bytes); round \
             trips in ms. --json prints one object: profile, tcp_mb_s, tcp_rtt_ms, tcp_rtt_p99_ms, file_mb_s, file_s, \
             file_tcp_ratio, texts, texts_per_s, first_delivery_s, relay_mb_s, relay_rtt_ms, relay_rtt_p99_ms, \
-            lost_items, duplicated_items, wire_dropped_frames, wire_outages, and the sizes; a figure that could not \
+            lost_items, duplicated_items, wire_dropped_frames, wire_outages, address_changes, file_resumes and \
+            file_restarts (the file's transfers begun again at an offset, and from zero), and the sizes; a figure that could not \
             be measured (nothing arrived in time) is null.
             """)
 
@@ -74,6 +75,9 @@ struct BenchLinks: AsyncParsableCommand {
         var duplicatedItems: Int
         var wireDroppedFrames: Int
         var wireOutages: Int
+        var addressChanges = 0
+        var fileResumes = 0
+        var fileRestarts = 0
         var tcpMiB: Int
         var fileMiB: Int
         var relayMiB: Int
@@ -88,7 +92,8 @@ struct BenchLinks: AsyncParsableCommand {
             case textsPerSecond = "texts_per_s", firstDeliverySeconds = "first_delivery_s"
             case relayMBs = "relay_mb_s", relayRTTMs = "relay_rtt_ms", relayRTTP99Ms = "relay_rtt_p99_ms"
             case lostItems = "lost_items", duplicatedItems = "duplicated_items"
-            case wireDroppedFrames = "wire_dropped_frames", wireOutages = "wire_outages"
+            case wireDroppedFrames = "wire_dropped_frames", wireOutages = "wire_outages", addressChanges = "address_changes"
+            case fileResumes = "file_resumes", fileRestarts = "file_restarts"
             case tcpMiB = "tcp_mib", fileMiB = "file_mib", relayMiB = "relay_mib"
             case vethTCPMBs = "veth_tcp_mb_s", vethTCPRTTMs = "veth_tcp_rtt_ms", wireAddedRTTMs = "wire_added_rtt_ms"
         }
@@ -114,6 +119,9 @@ struct BenchLinks: AsyncParsableCommand {
             try container.encode(duplicatedItems, forKey: .duplicatedItems)
             try container.encode(wireDroppedFrames, forKey: .wireDroppedFrames)
             try container.encode(wireOutages, forKey: .wireOutages)
+            try container.encode(addressChanges, forKey: .addressChanges)
+            try container.encode(fileResumes, forKey: .fileResumes)
+            try container.encode(fileRestarts, forKey: .fileRestarts)
             try container.encode(tcpMiB, forKey: .tcpMiB)
             try container.encode(fileMiB, forKey: .fileMiB)
             try container.encode(relayMiB, forKey: .relayMiB)
@@ -140,7 +148,8 @@ struct BenchLinks: AsyncParsableCommand {
             lab.close()
         }
         let hosts = lab.hosts.map { (namespace: $0.namespace, interface: $0.interface) }
-        let serverAddress: UInt32 = 0x0A4D_0001  // 10.77.0.1, host a
+        // Host a's address now (a roaming profile changes it later: the reference is measured first).
+        let serverAddress = lab.address(ofHost: 0).split(separator: ".").reduce(UInt32(0)) { $0 << 8 | (UInt32($1) ?? 0) }
         let app = try lab.inHost(0) { try RelayBenchApp(anyAddress: true) }
         defer { app.stop() }
         let warmUp = max(1, requests / 10)
@@ -169,6 +178,7 @@ struct BenchLinks: AsyncParsableCommand {
         let counters = lab.counters
         figures.wireDroppedFrames = counters.droppedTotal
         figures.wireOutages = lab.outages
+        figures.addressChanges = lab.addressChanges.count
         report(figures)
     }
 
@@ -240,12 +250,16 @@ struct BenchLinks: AsyncParsableCommand {
         let item = try NodeStore(home: pair.homes[0]).enqueueFile(at: source, to: BenchNodePair.names[1],
                                                                   expiresAt: Date().addingTimeInterval(3600))
         let marks = NIOLockedValueBox<(offered: ContinuousClock.Instant?, received: ContinuousClock.Instant?)>((nil, nil))
+        let starts = NIOLockedValueBox<[Int]>([])  // b's transfer_started offsets for the file
         try pair.start(arguments: [], hosts: hosts) { name, record in
             let event = record["event"] as? String
             guard record["id"] as? String == item.id.uuidString else { return }
             marks.withLockedValue { marks in
                 if name == "a", event == "offered", marks.offered == nil { marks.offered = .now }
                 if name == "b", event == "received", marks.received == nil { marks.received = .now }
+            }
+            if name == "b", event == "transfer_started", let offset = record["offset"] as? Int {
+                starts.withLockedValue { $0.append(offset) }
             }
         }
         let done = await pair.wait(seconds: timeout) { () -> (ContinuousClock.Instant, ContinuousClock.Instant)? in
@@ -254,6 +268,9 @@ struct BenchLinks: AsyncParsableCommand {
             return (offered, received)
         }
         pair.stopNodes()
+        let offsets = starts.withLockedValue { $0 }
+        figures.fileResumes = offsets.dropFirst().filter { $0 > 0 }.count
+        figures.fileRestarts = offsets.dropFirst().filter { $0 == 0 }.count
         let inbox = try NodeStore(home: pair.homes[1]).inbox()
         let (lost, duplicated) = Self.tally(expected: [item.id], inbox: inbox)
         figures.lostItems += lost
@@ -298,7 +315,8 @@ struct BenchLinks: AsyncParsableCommand {
         func text(_ value: Double?, _ format: String = "%.2f") -> String { value.map { String(format: format, $0) } ?? "-" }
         print("links over \(figures.profile): plain TCP \(text(figures.tcpMBs)) MB/s, \(Self.responseBytes)-byte round trip "
             + "median \(text(figures.tcpRTTMs)) ms, p99 \(text(figures.tcpRTTP99Ms)) ms")
-        print("  file of \(fileMib) MiB: \(text(figures.fileMBs)) MB/s (\(text(figures.fileTCPRatio)) of TCP)")
+        print("  file of \(fileMib) MiB: \(text(figures.fileMBs)) MB/s (\(text(figures.fileTCPRatio)) of TCP), "
+            + "resumed \(figures.fileResumes) times, restarted \(figures.fileRestarts)")
         print("  \(texts) texts: first delivery \(text(figures.firstDeliverySeconds)) s after start, \(text(figures.textsPerSecond, "%.1f")) texts/s")
         print("  relay: \(text(figures.relayMBs)) MB/s, round trip median \(text(figures.relayRTTMs)) ms, p99 \(text(figures.relayRTTP99Ms)) ms")
         if let vethRTT = figures.vethTCPRTTMs {
@@ -306,7 +324,7 @@ struct BenchLinks: AsyncParsableCommand {
                 + "the wire adds \(text(figures.tcpRTTMs - vethRTT, "%.3f")) ms to a round trip")
         }
         print("  items lost \(figures.lostItems), duplicated \(figures.duplicatedItems); wire dropped \(figures.wireDroppedFrames) frames, "
-            + "\(figures.wireOutages) outages")
+            + "\(figures.wireOutages) outages, \(figures.addressChanges) address changes")
     }
 }
 

@@ -72,7 +72,8 @@ struct BenchNetLab: AsyncParsableCommand {
         let counters = lab.counters
         let drops = LinkDrop.allCases.compactMap { reason in counters.dropped[reason].map { "\(reason.rawValue) \($0)" } }
         NetLabLog.write(("netlab: wire offered \(counters.offered) frames, passed \(counters.passed), dropped "
-            + (drops.isEmpty ? "none" : drops.joined(separator: ", ")) + ", outages \(lab.outages)\n"))
+            + (drops.isEmpty ? "none" : drops.joined(separator: ", ")) + ", outages \(lab.outages)"
+            + ", address changes \(lab.addressChanges.count)\n"))
         if status != 0 { throw ExitCode(status) }
     }
 }

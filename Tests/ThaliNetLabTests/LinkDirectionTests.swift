@@ -156,12 +156,35 @@ struct LinkDirectionTests {
 
     @Test("the named profiles are issue 38's")
     func namedProfiles() {
-        #expect(LinkProfile.named.map(\.name) == ["unshaped", "home-wifi", "crowded-hall", "far-link", "flapping"])
+        #expect(LinkProfile.named.map(\.name) == ["unshaped", "home-wifi", "crowded-hall", "far-link", "flapping", "roaming"])
         let far = LinkProfile.named("far-link")
         #expect(far?.rateBitsPerSecond == 5_000_000 && far?.delayNanoseconds == 60 * Self.millisecond
                 && far?.jitterNanoseconds == 20 * Self.millisecond && far?.loss == 0.03 && far?.multicastLoss == 0.5)
         #expect(LinkProfile.unshaped.isUnshaped && !LinkProfile.homeWifi.isUnshaped)
-        #expect(LinkProfile.named("roaming") == nil)
+        // roaming: home-wifi's link, and host 0's address replaced every 30 s.
+        let roaming = LinkProfile.named("roaming")
+        #expect(roaming?.addressChanges == AddressChangePattern(periodNanoseconds: 30_000_000_000, host: 0))
+        #expect(roaming?.rateBitsPerSecond == LinkProfile.homeWifi.rateBitsPerSecond && roaming?.flaps == nil && roaming?.isUnshaped == false)
+    }
+
+    @Test("a roaming host goes through 24 distinct addresses, none another host's, then comes back to the first of them")
+    func roamingAddresses() {
+        let hosts = 0..<NetLab.hostCounts.upperBound
+        #expect(NetLab.address(ofHost: 0, afterChanges: 0) == "10.77.0.1" && NetLab.address(ofHost: 2, afterChanges: 0) == "10.77.0.3")
+        let cycle = 1...NetLab.roamingAddresses
+        var taken: [String: Int] = [:]
+        for host in hosts {
+            for change in [0] + Array(cycle) {
+                let address = NetLab.address(ofHost: host, afterChanges: change)
+                let holder = taken.updateValue(host, forKey: address)
+                #expect(holder == nil || holder == host, "\(address) shared by hosts \(holder ?? -1) and \(host)")
+                let last = Int(address.split(separator: ".").last ?? "") ?? 0
+                #expect((1...254).contains(last), "\(address)")
+            }
+            let own = Set(cycle.map { NetLab.address(ofHost: host, afterChanges: $0) })
+            #expect(own.count == NetLab.roamingAddresses && !own.contains(NetLab.address(ofHost: host, afterChanges: 0)))
+            #expect(NetLab.address(ofHost: host, afterChanges: NetLab.roamingAddresses + 1) == NetLab.address(ofHost: host, afterChanges: 1))
+        }
     }
 
     @Test("the Ethernet header: addresses, EtherType, multicast without broadcast, and a typed error when short")

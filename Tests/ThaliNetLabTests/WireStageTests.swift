@@ -199,3 +199,32 @@ enum Sockets {
         return true
     }
 }
+
+/// The lab's roaming (``LinkProfile/addressChanges``) between two real namespaces.
+@Suite("Lab roaming between two namespaces", .serialized)
+struct NetLabRoamingTests {
+    @Test("a roaming host's address is really replaced on the profile's period, and close stops the changes",
+          .enabled(if: WireStageTests.labAvailable), .timeLimit(.minutes(1)))
+    func addressesChange() async throws {
+        var profile = LinkProfile.unshaped
+        profile.addressChanges = AddressChangePattern(periodNanoseconds: 600_000_000, host: 1)
+        let lab = try NetLab(hostCount: 2, profile: profile, seed: 9)
+        defer { lab.close() }
+        #expect(try await waitUntil(timeout: .seconds(10)) { lab.addressChanges.count >= 2 }, "\(lab.addressChangeFailures)")
+        let changes = lab.addressChanges
+        #expect(changes.allSatisfy { $0.host == 1 })
+        #expect(changes[0].previous == "10.77.0.2" && changes[0].address == NetLab.address(ofHost: 1, afterChanges: 1))
+        #expect(changes[1].previous == changes[0].address && changes[1].address == NetLab.address(ofHost: 1, afterChanges: 2))
+        #expect(lab.address(ofHost: 0) == "10.77.0.1")
+        // The host holds exactly its current address (read while no change is due: just after one).
+        #expect(try await waitUntil(timeout: .seconds(5)) { lab.addressChanges.count >= 3 })
+        let current = lab.address(ofHost: 1)
+        let shown = try runCommand("ip", ["-n", lab.hosts[1].namespace, "-4", "-o", "addr", "show", "dev", NetLab.interfaceName])
+        #expect(shown.contains(" \(current)/24") && !shown.contains(" 10.77.0.2/24"), "\(shown) (current \(current))")
+        lab.close()
+        let after = lab.addressChanges.count
+        #expect(lab.addressChangeFailures.isEmpty, "\(lab.addressChangeFailures)")
+        // Over two periods, no change comes after close.
+        #expect(try await !waitUntil(timeout: .milliseconds(1300)) { lab.addressChanges.count != after })
+    }
+}

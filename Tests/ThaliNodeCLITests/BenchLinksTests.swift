@@ -23,12 +23,13 @@ struct BenchLinksTests {
         let line = try #require(result.output.split(separator: "\n").last)
         let object = try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any], "\(result.output)")
         for key in ["profile", "tcp_mb_s", "tcp_rtt_ms", "file_mb_s", "texts_per_s", "relay_mb_s", "relay_rtt_ms", "relay_rtt_p99_ms",
-                    "first_delivery_s", "lost_items", "duplicated_items"] {
+                    "first_delivery_s", "lost_items", "duplicated_items", "address_changes", "file_resumes", "file_restarts"] {
             #expect(object.keys.contains(key), "\(key) missing: \(line)")
         }
         #expect(object["profile"] as? String == "home-wifi")
         #expect(object["lost_items"] as? Int == 0, "\(line)")
         #expect(object["duplicated_items"] as? Int == 0, "\(line)")
+        #expect(object["file_restarts"] as? Int == 0, "\(line)")
         // 4 ms each way with 1 ms of jitter: no round trip under 6 ms, through the relay or not.
         for key in ["tcp_rtt_ms", "relay_rtt_ms"] {
             let value = try #require(object[key] as? Double, "\(key): \(line)")

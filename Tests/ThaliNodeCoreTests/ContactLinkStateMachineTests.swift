@@ -96,6 +96,33 @@ import ThaliSSDP
         #expect(machine.attemptFailed(.retryable) == .milliseconds(100))
     }
 
+    /// A flapping link (issue 38): each session authenticates, moves part of a file, then drops. Before,
+    /// the sixth such drop (here the third) made the link rest 60 s in the middle of the transfer.
+    @Test func aSessionThatMovedAnItemForwardStartsANewRunOfFailures() {
+        var machine = Self.machine(maxAttempts: 3)
+        _ = machine.matched(Self.route(.wifi))
+        for round in 0..<10 {
+            // The failure of a session that progressed is the first of its run: the retry is attempt 2.
+            guard case .connect(_, let attempt) = machine.nextAction() else { Issue.record("expected connect"); return }
+            #expect(attempt == (round == 0 ? 1 : 2))
+            machine.connected()
+            machine.sessionProgressed()
+            #expect(machine.attemptFailed(.retryable) == .milliseconds(100))
+            machine.backoffEnded()
+        }
+        // Sessions that drop without moving anything still add to the run, and earn the rest at 3.
+        for expected: Duration in [.milliseconds(200), .seconds(60)] {
+            _ = machine.nextAction()
+            machine.connected()
+            #expect(machine.attemptFailed(.retryable) == expected)
+            machine.backoffEnded()
+        }
+        // Progress reported before the session is up counts for nothing.
+        _ = machine.nextAction()
+        machine.sessionProgressed()
+        #expect(machine.attemptFailed(.retryable) == .milliseconds(100))
+    }
+
     @Test func aNewMatchCutsTheRestShort() {
         var machine = Self.machine(maxAttempts: 1)
         _ = machine.matched(Self.route(.wifi))

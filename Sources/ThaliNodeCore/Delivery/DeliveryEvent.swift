@@ -44,3 +44,14 @@ public enum DeliveryEvents {
         return (stream, { event in continuation.yield(event) }, continuation)
     }
 }
+
+extension DeliveryEvent {
+    /// Whether the event says an item moved forward on the receiving side: bytes of it were stored
+    /// (`progress`) or it was committed (`received`).
+    var movesAnItemForward: Bool {
+        switch self {
+        case .progress, .received: true
+        default: false
+        }
+    }
+}

@@ -31,6 +31,9 @@ extension ThaliPeer {
         }).flatMapThrowing { [self, emit] server in
             server.peer.and(server.handshake).whenSuccess { [self] contact, parameters in
                 onAuthenticated()
+                if binding == .wifi, let host = channel.remoteAddress?.ipAddress {
+                    acceptedWiFiConnection(channel, from: host, contact: contact)
+                }
                 if Self.isMarked(parameters) { registerMarkedSession(server.session, contact: contact, role: .accepting) }
                 emit(.connected(contact: contact.identity, role: .accepting, binding: binding, remote: address))
                 // In relay mode the session itself is the work in flight (its streams come and go).

@@ -1,4 +1,5 @@
 import Foundation
+import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
 import TCPMultiplexer
@@ -178,8 +179,16 @@ extension ThaliPeer {
             let frames = try await DeliveryChannel.openStream(on: session, limits: limits) { stream in
                 if let writer { try stream.pipeline.syncOperations.addHandler(writer()) }
             }
+            // The first item moved forward tells the link (once per session): its failure then starts a
+            // new run of failures (ContactLinkStateMachine.sessionProgressed).
+            let progressed = NIOLockedValueBox(false)
             _ = try await DeliveryReceiver(store: store, authenticatedPeer: contact, limits: limits,
-                                           events: { [emit] in emit(.delivery(contact: contact.identity, $0)) },
+                                           events: { [emit, weak self] event in
+                                               emit(.delivery(contact: contact.identity, event))
+                                               guard event.movesAnItemForward,
+                                                     progressed.withLockedValue({ seen in defer { seen = true }; return !seen }) else { return }
+                                               self?.updateLink(contact) { $0.sessionProgressed() }
+                                           },
                                            logger: logger).run(on: frames)
             emit(.sessionEnded(contact: contact.identity, role: .connecting, error: nil))
             return keepingSession ? true : await closeUnlessKept(session, contact: contact, marked: marked)

@@ -97,6 +97,9 @@ public final class ThaliPeer: Sendable {
         /// Whether a stop began: nothing new starts.
         var stopped: Bool { lifecycle.isStopping }
         var channels: [ObjectIdentifier: Channel] = [:]
+        /// Wi-Fi connections accepted from contacts, open now: the contact (public key) and the source host
+        /// (``ThaliPeer/acceptedWiFiConnection(_:from:contact:)``).
+        var acceptedWiFi: [ObjectIdentifier: (contactKey: String, host: String, channel: Channel)] = [:]
         /// The single port's listening socket (nil while closed for an overload) and its number.
         var listener: Channel?
         var boundPort: Int?

@@ -1,4 +1,5 @@
 import NIOCore
+import ThaliPSKTLS
 import ThaliSSDP
 
 /// Roaming: a peer that follows its interface (``PeerConfiguration/followsInterface``) moves when the
@@ -48,6 +49,42 @@ extension ThaliPeer {
             logger.notice("a contact moved: closing the sessions with its old location", metadata: ["location": "\(location)"])
         }
         for channel in stale { channel.close(promise: nil) }
+    }
+
+    /// A contact authenticated on a Wi-Fi connection accepted from `host`. Its connections accepted from
+    /// another address are from before it moved (roaming): its node closed them as it moved, but their
+    /// close could not leave an address that was gone, so here they would last until a timeout (the
+    /// delivery idle timeout, 60 s) and hold the contact's one sending session, refusing the delivery of
+    /// every new connection ("a sending session with alice is already running") until then. They are
+    /// closed now, at once: below TLS, since TLS's orderly close would wait `closeTimeout` (5 s) for a
+    /// close_notify that cannot reach a peer gone from that address. The contact's next delivery stream
+    /// finds the session free.
+    func acceptedWiFiConnection(_ channel: Channel, from host: String, contact: Contact) {
+        let id = ObjectIdentifier(channel)
+        let stale = state.withLockedValue { state -> [Channel] in
+            let stale = state.acceptedWiFi.filter { $0.key != id && $0.value.contactKey == contact.publicKey && $0.value.host != host }
+            for key in stale.keys { state.acceptedWiFi[key] = nil }
+            state.acceptedWiFi[id] = (contact.publicKey, host, channel)
+            return stale.values.map(\.channel)
+        }
+        channel.closeFuture.whenComplete { [weak self] _ in _ = self?.state.withLockedValue { $0.acceptedWiFi.removeValue(forKey: id) } }
+        if !stale.isEmpty {
+            logger.notice("a contact connected from a new address: closing its connections from the old one",
+                          metadata: ["contact": "\(contact.name)", "address": "\(host)"])
+        }
+        for old in stale { Self.closeBelowTLS(old) }
+    }
+
+    /// Closes `channel` at once: from the PSK-TLS handler toward the socket, without the close_notify
+    /// TLS would first try to send (and wait for); a channel without that handler is closed as usual.
+    static func closeBelowTLS(_ channel: Channel) {
+        channel.eventLoop.execute {
+            if let context = try? channel.pipeline.syncOperations.context(handlerType: PSKTLSHandler.self) {
+                context.close(promise: nil)
+            } else {
+                channel.close(promise: nil)
+            }
+        }
     }
 
     /// The followed interface's addresses are now `addresses`: the plan's action.

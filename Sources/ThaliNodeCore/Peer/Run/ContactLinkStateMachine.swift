@@ -27,7 +27,9 @@ struct ContactRoute: Sendable {
 ///   session stays open (relay, app streams), a delivery stream on that session at once. Delivery itself
 ///   is exactly-once, so a redundant session costs a connection, never a duplicate.
 /// - `maxAttempts` failures in a row (over any binding) make the link rest (a long backoff) before it
-///   tries the routes it holds again, `maxAttempts` at a time, for as long as they can succeed.
+///   tries the routes it holds again, `maxAttempts` at a time, for as long as they can succeed. A session
+///   that moved an item forward before it failed (``sessionProgressed()``) ends the run: its failure is
+///   the first of a new one, so a link that drops now and then (a flap, a roam) does not earn the rest.
 /// - A route that cannot succeed again (the contact no longer holds the PSK, its relay ended, its match
 ///   expired) is dropped; with no route left the link gives up until the next match.
 struct ContactLinkStateMachine: Sendable {
@@ -98,6 +100,8 @@ struct ContactLinkStateMachine: Sendable {
     private var failuresInARow = 0
     /// Whether the session that is up stays open after its first delivery (``sessionKeptOpen()``).
     private var sessionStaysOpen = false
+    /// Whether the session that is up moved an item forward (``sessionProgressed()``).
+    private var progressedThisSession = false
     private let maxAttempts: Int
     private let rest: Duration
     private let delay: @Sendable (Int) -> Duration
@@ -176,6 +180,17 @@ struct ContactLinkStateMachine: Sendable {
     mutating func connected() {
         guard case .connecting(let binding, _) = state else { return }
         state = .connected(binding)
+        progressedThisSession = false
+    }
+
+    /// The session that is up moved an item forward: bytes of a file were stored, or an item was
+    /// received. If it then fails, that failure starts a new run instead of adding to the run before
+    /// it: on a link that drops every few seconds, a transfer that resumes in each new session is a
+    /// contact that is reached, not one that cannot be, and the rest after `maxAttempts` (60 s by
+    /// default) would only stall it. A session that fails without moving anything still counts.
+    mutating func sessionProgressed() {
+        guard case .connected = state else { return }
+        progressedThisSession = true
     }
 
     /// The session that is up stays open after its first delivery (a relay, app streams): a match
@@ -188,6 +203,7 @@ struct ContactLinkStateMachine: Sendable {
     /// The session ran to its end: routes it served are done with.
     mutating func sessionCompleted() {
         sessionStaysOpen = false
+        progressedThisSession = false
         let served = state.binding.flatMap { routes[$0]?.match.pskIdentity }
         routes = routes.filter { binding, route in
             matchedDuringAttempt.contains(binding) && route.match.pskIdentity != served
@@ -203,6 +219,8 @@ struct ContactLinkStateMachine: Sendable {
     mutating func attemptFailed(_ failure: Failure) -> Duration? {
         sessionStaysOpen = false
         guard let binding = state.binding else { return nil }
+        if progressedThisSession { failuresInARow = 0 }
+        progressedThisSession = false
         failuresInARow += 1
         // A route matched anew during the attempt is worth trying again even if the old one was spent.
         let renewed = matchedDuringAttempt.contains(binding)
