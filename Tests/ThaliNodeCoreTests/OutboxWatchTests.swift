@@ -41,7 +41,9 @@ struct OutboxWatchTests {
         let events = alice.events()
         try await alice.start()
         let other = try NodeStore(home: try people["alice"].home)
-        _ = try other.enqueueText("from send", to: "bob", expiresAt: Date().addingTimeInterval(1.5))
+        // The item lives 3 s: the peer must read the store (every 100 ms here) before it expires, which a
+        // loaded machine delayed past 1.5 s once.
+        _ = try other.enqueueText("from send", to: "bob", expiresAt: Date().addingTimeInterval(3))
         let advertised = NIOLockedValueBox<[[String]]>([])
         _ = try await withTimeout(.seconds(10)) {
             for await event in events {

@@ -87,6 +87,10 @@ public final class ThaliPeer: Sendable {
         var schedule = PeerSchedule<ContinuousClock.Instant>()
         /// The store's change stamp as of its last read (nil: read it at the next check).
         var lastStoreStamp: NodeStore.ChangeStamp?
+        /// A refresh of the announcement asked for by ``ThaliPeer/send(text:to:expiresIn:)`` runs; and
+        /// whether another was asked for meanwhile (it runs once the first ends: sends at once share one).
+        var advertisementRefreshRunning = false
+        var advertisementRefreshWanted = false
         var limitsTriggered: [PeerLimitKind: Int] = [:]
         var discovery = PeerDiscoveryCounters()
         /// When the first pending item expires (ms since 1970), as of the last read of the outbox.
