@@ -8,7 +8,8 @@ import NIOCore
 /// through ``MultiplexerSession``.
 ///
 /// Data moves without copies: received payloads are slices of the channel's reads, and queued writes
-/// are sent as slices behind a 12-byte (yamux) or varint (`thali-multiplex`) header. Frames are
+/// are sent as slices behind a 12-byte (yamux) or varint (`thali-multiplex`) header, except that a yamux
+/// payload of at most 1 KiB is copied behind its header into one buffer (one write instead of two). Frames are
 /// written stream by stream in turns of ``MultiplexerConfiguration/sendChunkSize`` while the channel
 /// is writable, and flushed once per batch.
 public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHandler {
