@@ -15,28 +15,28 @@ extension NodeEvent {
             (record.location, record.binding) = (location.description, location.binding.rawValue)
         case .peerLeft(let location, let reason):
             (record.location, record.reason, record.binding) = (location.description, reason.rawValue, location.binding.rawValue)
-        case .beaconMatched(let contact, let location):
+        case .beaconMatched(_, let location):
             (record.location, record.binding) = (location.description, location.binding.rawValue)
-        case .connecting(let contact, let location, let attempt):
+        case .connecting(_, let location, let attempt):
             (record.location, record.attempt) = (location.description, attempt)
             record.binding = location.binding.rawValue
-        case .connected(let contact, let role, let binding, let remote):
+        case .connected(_, let role, let binding, let remote):
             (record.role, record.binding, record.remote) = (role.rawValue, binding.rawValue, remote)
-        case .connectionFailed(let contact, let reason, let retryIn):
+        case .connectionFailed(_, let reason, let retryIn):
             record.reason = reason
             record.retryInMs = retryIn.map { Int($0.components.seconds * 1000 + $0.components.attoseconds / 1_000_000_000_000_000) }
         case .delivery(let contact, let delivery):
             delivery.fill(&record, contact: contact)
-        case .disconnected(let contact, let role, let binding, let remote, let reason):
+        case .disconnected(_, let role, let binding, let remote, let reason):
             (record.role, record.binding, record.remote) = (role.rawValue, binding.rawValue, remote)
             (record.reason, record.clean) = (reason ?? "closed", reason == nil)
-        case .sessionEnded(let contact, let role, let error):
+        case .sessionEnded(_, let role, let error):
             (record.role, record.error) = (role.rawValue, error)
         case .limitTriggered(let kind, let effect, let periodSeconds, let detail):
             (record.kind, record.effect, record.detail, record.periodSeconds) = (kind.rawValue, effect.rawValue, detail, periodSeconds)
-        case .relayListening(let contact, let port), .relayReopened(let contact, let port), .relayClosed(let contact, let port):
+        case .relayListening(_, let port), .relayReopened(_, let port), .relayClosed(_, let port):
             record.port = port
-        case .relayPortUnavailable(let contact, let port, let reason, let instead):
+        case .relayPortUnavailable(_, let port, let reason, let instead):
             (record.port, record.reason, record.instead) = (port, reason, instead)
         case .relayAppUnreachable(let contact, let role, let error):
             record.role = role.rawValue
