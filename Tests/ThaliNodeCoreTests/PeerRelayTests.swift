@@ -69,6 +69,9 @@ struct PeerRelayTests {
             }
             #expect(echoed == message)
         }
+        // The app's connections went over the session: the contact was reached and used, so the session's end
+        // starts a new run of failures rather than adding to one (a relay session never completes).
+        #expect(peers[1].state.withLockedValue { $0.links.values.first { $0.contact.name == "alice" }?.machine.progressedThisSession } == true)
         #expect(events.withLockedValue { list in
             list.contains { who, event in
                 if who == "alice", case .connected("bob", .accepting, .wifi, _) = event { return true } else { return false }

@@ -305,6 +305,10 @@ extension ThaliPeer {
             stream.eventLoop.makeCompletedFuture {
                 guard let self else { return }
                 self.relayConnectionOpened(stream)
+                // An app's connection carried over the session is the contact reached and used: the session
+                // ending later starts a new run of failures (a relay session never completes, so without this
+                // every break over a day of roaming added to one run, and the sixth made the link rest).
+                _ = self.updateLink(contact) { $0.sessionProgressed() }
                 if let writer { return try stream.pipeline.syncOperations.addHandler(writer()) }
                 try stream.pipeline.syncOperations.addHandler(RelayStreamObserver { [weak self] in
                     self?.emit(.relayAppUnreachable(contact: contact.identity, role: .connecting, error: nil))

@@ -101,7 +101,7 @@ struct ContactLinkStateMachine: Sendable {
     /// Whether the session that is up stays open after its first delivery (``sessionKeptOpen()``).
     private var sessionStaysOpen = false
     /// Whether the session that is up moved an item forward (``sessionProgressed()``).
-    private var progressedThisSession = false
+    private(set) var progressedThisSession = false
     private let maxAttempts: Int
     private let rest: Duration
     private let delay: @Sendable (Int) -> Duration
@@ -184,7 +184,7 @@ struct ContactLinkStateMachine: Sendable {
     }
 
     /// The session that is up moved an item forward: bytes of a file were stored, or an item was
-    /// received. If it then fails, that failure starts a new run instead of adding to the run before
+    /// received; or, in relay mode, it carried an app's connection. If it then fails, that failure starts a new run instead of adding to the run before
     /// it: on a link that drops every few seconds, a transfer that resumes in each new session is a
     /// contact that is reached, not one that cannot be, and the rest after `maxAttempts` (60 s by
     /// default) would only stall it. A session that fails without moving anything still counts.
