@@ -8,8 +8,7 @@ import NIOCore
 /// through ``MultiplexerSession``.
 ///
 /// Data moves without copies: received payloads are slices of the channel's reads, and queued writes
-/// are sent as slices behind a 12-byte (yamux) or varint (`thali-multiplex`) header, except that a yamux
-/// payload of at most 1 KiB is copied behind its header into one buffer (one write instead of two). Frames are
+/// are sent as slices behind a 12-byte (yamux) or varint (`thali-multiplex`) header. Frames are
 /// written stream by stream in turns of ``MultiplexerConfiguration/sendChunkSize`` while the channel
 /// is writable, and flushed once per batch.
 public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHandler {
@@ -32,10 +31,6 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
     private var streams: [UInt64: MultiplexerStreamChannel] = [:]
     private var readyToWrite = CircularBuffer<MultiplexerStreamChannel>()
     private var pendingDelivery: [MultiplexerStreamChannel] = []
-    /// The streams `channelReadComplete` is delivering to, swapped with ``pendingDelivery`` so that neither
-    /// array is copied: taking a copy of `pendingDelivery` and emptying it allocated a new array on every
-    /// read (perf: an allocation and a free per relayed message).
-    private var delivering: [MultiplexerStreamChannel] = []
     private var flushDeferred = 0
     private var needsFlush = false
     private var keepAliveTask: RepeatedTask?
@@ -120,28 +115,15 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
 
     public func channelReadComplete(context: ChannelHandlerContext) {
         flushDeferred += 1
-        // Streams queued while these deliver (a delivery can queue another) wait for the next read burst,
-        // as before: they go into the emptied array.
-        if delivering.isEmpty {
-            swap(&pendingDelivery, &delivering)
-            deliver(to: delivering)
-            delivering.removeAll(keepingCapacity: true)
-        } else {
-            // Re-entered from a delivery: the array being delivered to stays as it is.
-            let streams = pendingDelivery
-            pendingDelivery.removeAll()
-            deliver(to: streams)
-        }
-        flushDeferred -= 1
-        flushIfNeeded()
-        context.fireChannelReadComplete()
-    }
-
-    private func deliver(to streams: [MultiplexerStreamChannel]) {
+        let streams = pendingDelivery
+        pendingDelivery.removeAll(keepingCapacity: true)
         for stream in streams {
             stream.channelState.dequeuedForDelivery()
             stream.deliverIfReadPending()
         }
+        flushDeferred -= 1
+        flushIfNeeded()
+        context.fireChannelReadComplete()
     }
 
     public func channelWritabilityChanged(context: ChannelHandlerContext) {
@@ -449,9 +431,9 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
     }
 
     private func writeFrames(_ frames: OutboundFrames, promise: EventLoopPromise<Void>?) {
-        let last = frames.count - 1
-        for index in 0..<frames.count {
-            write(frames[index], promise: index == last ? promise : nil)
+        let last = frames.buffers.count - 1
+        for (index, buffer) in frames.buffers.enumerated() {
+            write(buffer, promise: index == last ? promise : nil)
         }
     }
 

@@ -29,45 +29,12 @@ enum MultiplexerInputAction: Equatable {
 }
 
 /// The frames of one piece of stream output, in order; the write promise belongs on the last one.
-///
-/// At most three buffers (`thali-multiplex`: header, payload, close frame), held inline: an array here
-/// was allocated and freed for every data frame, once per relayed message (perf).
 struct OutboundFrames {
-    /// The most buffers one piece of output takes.
-    static let capacity = 3
+    private(set) var buffers: [ByteBuffer] = []
 
-    private var first: ByteBuffer?
-    private var second: ByteBuffer?
-    private var third: ByteBuffer?
-    /// How many buffers there are.
-    private(set) var count = 0
+    init() { buffers.reserveCapacity(3) }
 
-    init() {}
-
-    /// Adds `buffer` after the others (at most ``capacity`` in all).
-    mutating func append(_ buffer: ByteBuffer) {
-        switch count {
-        case 0: first = buffer
-        case 1: second = buffer
-        case 2: third = buffer
-        default: preconditionFailure("OutboundFrames holds at most \(Self.capacity) buffers")
-        }
-        count += 1
-    }
-
-    /// The buffer at `index` (0 ..< ``count``).
-    subscript(index: Int) -> ByteBuffer {
-        switch index {
-        case 0: if let first { return first }
-        case 1: if let second { return second }
-        case 2: if let third { return third }
-        default: break
-        }
-        preconditionFailure("no buffer \(index) of \(count)")
-    }
-
-    /// The buffers, in order (tests and the slow paths; the handler reads them by index).
-    var buffers: [ByteBuffer] { (0..<count).map { self[$0] } }
+    mutating func append(_ buffer: ByteBuffer) { buffers.append(buffer) }
 }
 
 /// A ping this side sent: its opaque id and the frame to write.

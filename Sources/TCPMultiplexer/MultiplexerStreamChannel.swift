@@ -35,18 +35,12 @@ public final class MultiplexerStreamChannel: Channel, ChannelCore, @unchecked Se
     public var _channelCore: ChannelCore { self }
     public var localAddress: SocketAddress? { parent?.localAddress }
     public var remoteAddress: SocketAddress? { parent?.remoteAddress }
-    public var isWritable: Bool { eventLoop.inEventLoop ? writableOnLoop : writableBox.withLockedValue { $0 } }
+    public var isWritable: Bool { writableBox.withLockedValue { $0 } }
     public var isActive: Bool { activeBox.withLockedValue { $0 } }
 
     private let closePromise: EventLoopPromise<Void>
     private var _pipeline: ChannelPipeline!
     private let writableBox = NIOLockedValueBox(true)
-    /// `isWritable` as the event loop knows it, so that the loop's own checks on every write take no lock;
-    /// the box is written only when it changes.
-    private var writableOnLoop = true
-    /// ``MultiplexerConfiguration/streamWriteBufferHighWatermark`` of the session, read once (the session
-    /// is held weakly, and every write asked it through that reference).
-    private let writeBufferHighWatermark: Int
     private let activeBox = NIOLockedValueBox(false)
     weak var session: MultiplexerHandler?
     /// The stream in the session's state machine.
@@ -94,7 +88,6 @@ public final class MultiplexerStreamChannel: Channel, ChannelCore, @unchecked Se
         self.isLocallyInitiated = isLocallyInitiated
         self.name = name
         self.closePromise = parent.eventLoop.makePromise()
-        self.writeBufferHighWatermark = session.configuration.streamWriteBufferHighWatermark
         self._pipeline = ChannelPipeline(channel: self)
     }
 
@@ -324,11 +317,10 @@ public final class MultiplexerStreamChannel: Channel, ChannelCore, @unchecked Se
     }
 
     private func updateWritability() {
-        let limit = writeBufferHighWatermark
-        let wasWritable = writableOnLoop
+        let limit = session?.configuration.streamWriteBufferHighWatermark ?? Int.max
+        let wasWritable = isWritable
         let nowWritable = wasWritable ? pendingBytes <= limit : pendingBytes <= limit / 2
         guard nowWritable != wasWritable else { return }
-        writableOnLoop = nowWritable
         writableBox.withLockedValue { $0 = nowWritable }
         if channelState.isActive { pipeline.fireChannelWritabilityChanged() }
     }

@@ -174,28 +174,12 @@ struct YamuxSessionStateMachine: MultiplexerSessionStateMachine {
         if payload.readableBytes == 0 {
             // A bare FIN travels as a window update, as hashicorp/yamux sends it.
             frames.append(frame(.windowUpdate, flags, streamID: streamID, length: 0))
-        } else if payload.readableBytes <= Self.joinedPayloadLimit {
-            // One buffer, header and payload: one write down the pipeline instead of two. PSK-TLS copies
-            // writes this small together into one record anyway, so the bytes on the wire are the same.
-            var joined = core.allocator.buffer(capacity: YamuxHeader.size + payload.readableBytes)
-            YamuxHeader(type: .data, flags: flags, streamID: streamID, length: UInt32(payload.readableBytes))
-                .write(to: &joined)
-            var payload = payload
-            joined.writeBuffer(&payload)
-            frames.append(joined)
         } else {
             frames.append(frame(.data, flags, streamID: streamID, length: UInt32(payload.readableBytes)))
             frames.append(payload)
         }
         return frames
     }
-
-    /// Payloads of at most this many bytes are copied behind their frame header into one buffer (a
-    /// relayed request or answer: one write and one allocation per frame, not two); larger ones are sent
-    /// where they are, as a slice behind a header of their own. Below PSK-TLS's default
-    /// `coalescedWriteLimit` (4 KiB), which copies such writes together into one record: a joined frame
-    /// gives the same records as its two parts. 1 KiB.
-    static let joinedPayloadLimit = 1 << 10
 
     mutating func reserveSend(_ ref: StreamRef, upTo wanted: Int) -> Int {
         let limit = min(wanted, configuration.maxFrameSize)

@@ -141,32 +141,5 @@ extension PSKTLSTests {
                 #expect(pair.serverRecorder.received == expected)
             }
         }
-
-        @Test func smallRecordsGoIntoTheLastSmallBufferOnceTheChannelHasFinishedWithIt() throws {
-            try afterHandshake { pair in
-                let handler = try pair.client.pipeline.syncOperations.handler(type: PSKTLSHandler.self)
-                // The channel still holds the first record when the second comes: fresh memory, and the
-                // first record stays intact.
-                // (The first record may go into the handshake's last buffer, which the channel let go of.)
-                do {
-                    try pair.client.writeOutbound(ByteBuffer(repeating: 1, count: 64))
-                    let held = try written(by: pair.client)
-                    let heldCopy = held.map { Array($0.readableBytesView) }
-                    let reusedBefore = handler.connection.reusedSmallOutputBuffers
-                    try pair.client.writeOutbound(ByteBuffer(repeating: 2, count: 64))
-                    #expect(handler.connection.reusedSmallOutputBuffers == reusedBefore)
-                    #expect(held.map { Array($0.readableBytesView) } == heldCopy)
-                    try deliver(held + written(by: pair.client), to: pair)
-                }
-                // Written and let go: each next record goes into the memory of the one before.
-                let reusedBefore = handler.connection.reusedSmallOutputBuffers
-                for byte: UInt8 in [3, 4] {
-                    try pair.client.writeOutbound(ByteBuffer(repeating: byte, count: 64))
-                    try deliver(try written(by: pair.client), to: pair)
-                }
-                #expect(handler.connection.reusedSmallOutputBuffers == reusedBefore + 2)
-                #expect(pair.serverRecorder.received == [1, 2, 3, 4].flatMap { [UInt8](repeating: $0, count: 64) })
-            }
-        }
     }
 }

@@ -61,12 +61,6 @@ final class ByteBufferBIO {
     private var spareOutputs: [ByteBuffer] = []
     /// How many times output went into a kept buffer instead of fresh memory (for tests).
     private(set) var reusedOutputBuffers = 0
-    /// The last output buffer smaller than ``smallestKeptOutputBuffer`` handed to the channel, written into
-    /// again once the channel is done with it: a relayed message's record then costs no allocation and no
-    /// free (perf: four per message and node, with the header's).
-    private var smallSpareOutput: ByteBuffer?
-    /// How many times output went into the kept small buffer instead of fresh memory (for tests).
-    private(set) var reusedSmallOutputBuffers = 0
     /// How many output buffers are kept for reuse (`PSKTLSConfiguration.recycledCiphertextBuffers`).
     private let keptOutputBuffers: Int
 
@@ -123,24 +117,8 @@ final class ByteBufferBIO {
     func reserveOutput(_ bytes: Int) {
         guard outbound.writableBytes < bytes else { return }
         let needed = outbound.readableBytes + bytes
-        if needed * 2 > Self.smallestKeptOutputBuffer {
-            adoptSpareOutput(minimumCapacity: needed)
-        } else if outbound.capacity == 0 {
-            adoptSmallSpareOutput(minimumCapacity: needed)
-        }
+        if needed * 2 > Self.smallestKeptOutputBuffer { adoptSpareOutput(minimumCapacity: needed) }
         outbound.reserveCapacity(minimumWritableBytes: bytes)
-    }
-
-    /// Makes the kept small buffer the (empty) output buffer, if the channel no longer holds it and it is
-    /// large enough.
-    private func adoptSmallSpareOutput(minimumCapacity: Int) {
-        guard let capacity = smallSpareOutput?.capacity, capacity >= minimumCapacity,
-              smallSpareOutput?.modifyIfUniquelyOwned({ buffer in buffer.clear() }) != nil,
-              let spare = smallSpareOutput
-        else { return }
-        smallSpareOutput = nil
-        reusedSmallOutputBuffers += 1
-        outbound = spare
     }
 
     /// Makes a kept buffer that nobody else holds any more (the channel has written it) the output buffer,
@@ -165,8 +143,6 @@ final class ByteBufferBIO {
         if keptOutputBuffers > 0, output.capacity >= Self.smallestKeptOutputBuffer {
             if spareOutputs.count >= keptOutputBuffers { spareOutputs.removeFirst() }
             spareOutputs.append(output)
-        } else if output.capacity > 0, output.capacity < Self.smallestKeptOutputBuffer {
-            smallSpareOutput = output
         }
         return output
     }

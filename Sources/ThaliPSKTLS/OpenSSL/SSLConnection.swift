@@ -121,9 +121,6 @@ final class SSLConnection {
     /// How many times ciphertext went into a buffer the channel had finished with (for tests).
     var reusedOutputBuffers: Int { bio.reusedOutputBuffers }
 
-    /// How many times a small record went into the last small buffer the channel had finished with (for tests).
-    var reusedSmallOutputBuffers: Int { bio.reusedSmallOutputBuffers }
-
     /// All ciphertext waiting for the network.
     func takeOutput() -> ByteBuffer { bio.takeOutput() }
 
