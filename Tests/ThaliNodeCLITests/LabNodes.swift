@@ -80,4 +80,6 @@ extension NodeEvent {
 
     /// Whether this is a `duplicate` line.
     var isDuplicate: Bool { if case .delivery(_, .duplicate) = self { true } else { false } }
+    /// The item of a `duplicate` line: offered again after its answer was lost with a broken session.
+    var duplicateID: UUID? { if case .delivery(_, .duplicate(let id)) = self { id } else { nil } }
 }
