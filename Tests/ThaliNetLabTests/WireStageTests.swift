@@ -21,24 +21,24 @@ struct WireStageTests {
         let profile = LinkProfile(name: "test-delay", delayNanoseconds: 10_000_000)
         let lab = try NetLab(hostCount: 2, profile: profile, seed: 7)
         defer { lab.close() }
-        let listener = try lab.inHost(0) { try Sockets.listenTCP() }
+        let listener = try lab.inHost(0) { try BlockingSockets.listenTCP() }
         defer { close(listener.descriptor) }
         let echo = Thread {
             let connection = accept(listener.descriptor, nil, nil)
             guard connection >= 0 else { return }
             defer { close(connection) }
             var buffer = [UInt8](repeating: 0, count: 64)
-            while Sockets.receiveExactly(connection, &buffer), Sockets.sendAll(connection, buffer) {}
+            while BlockingSockets.receiveExactly(connection, &buffer), BlockingSockets.sendAll(connection, buffer) {}
         }
         echo.start()
-        let client = try lab.inHost(1) { try Sockets.connectTCP(to: lab.hosts[0].address, port: listener.port) }
+        let client = try lab.inHost(1) { try BlockingSockets.connectTCP(to: lab.hosts[0].address, port: listener.port) }
         defer { close(client) }
         var times: [Double] = []
         var buffer = [UInt8](repeating: 7, count: 64)
         for _ in 0..<20 {
             let start = ContinuousClock.now
-            #expect(Sockets.sendAll(client, buffer))
-            #expect(Sockets.receiveExactly(client, &buffer))
+            #expect(BlockingSockets.sendAll(client, buffer))
+            #expect(BlockingSockets.receiveExactly(client, &buffer))
             let elapsed = ContinuousClock.now - start
             times.append(Double(elapsed.components.attoseconds) / 1e15 + Double(elapsed.components.seconds) * 1000)
         }
@@ -54,9 +54,9 @@ struct WireStageTests {
         let lab = try NetLab(hostCount: 2, profile: profile, seed: 8)
         let namespaces = lab.hosts.map(\.namespace)
         let group = "239.255.77.77"
-        let receiver = try lab.inHost(1) { try Sockets.udpReceiver(group: group, interface: lab.hosts[1].address) }
+        let receiver = try lab.inHost(1) { try BlockingSockets.udpReceiver(group: group, interface: lab.hosts[1].address) }
         defer { close(receiver.descriptor) }
-        let sender = try lab.inHost(0) { try Sockets.udpSender(interface: lab.hosts[0].address) }
+        let sender = try lab.inHost(0) { try BlockingSockets.udpSender(interface: lab.hosts[0].address) }
         defer { close(sender) }
         let count = 400
         let counts = Locked((multicast: 0, unicast: 0, done: false))
@@ -79,12 +79,12 @@ struct WireStageTests {
         for start in stride(from: 0, to: count, by: batch) {
             let offeredBefore = lab.counters.offered
             for _ in 0..<batch {
-                #expect(Sockets.sendDatagram(sender, [1], to: group, port: receiver.port))
-                #expect(Sockets.sendDatagram(sender, [2], to: lab.hosts[1].address, port: receiver.port))
+                #expect(BlockingSockets.sendDatagram(sender, [1], to: group, port: receiver.port))
+                #expect(BlockingSockets.sendDatagram(sender, [2], to: lab.hosts[1].address, port: receiver.port))
             }
             #expect(try await waitUntil(timeout: .seconds(10)) { lab.counters.offered >= offeredBefore + 2 * batch }, "batch at \(start)")
         }
-        #expect(Sockets.sendDatagram(sender, [0x45], to: lab.hosts[1].address, port: receiver.port))
+        #expect(BlockingSockets.sendDatagram(sender, [0x45], to: lab.hosts[1].address, port: receiver.port))
         #expect(try await waitUntil(timeout: .seconds(10)) { counts.withLock { $0.done } })
         let seen = counts.withLock { $0 }
         // 400 at 50 %: 200 ± 10 (one standard deviation); the bounds are 6 deviations wide each side.
@@ -97,57 +97,8 @@ struct WireStageTests {
     }
 }
 
-/// Blocking IPv4 sockets for the wire tests, created in whatever namespace the calling thread is in.
-enum Sockets {
-    struct Failure: Error, CustomStringConvertible {
-        let description: String
-    }
-
-    static func address(_ text: String, port: Int) -> sockaddr_in {
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_port = in_port_t(UInt16(port).bigEndian)
-        inet_pton(AF_INET, text, &address.sin_addr)
-        return address
-    }
-
-    static func bindAndName(_ descriptor: Int32, _ text: String) throws -> Int {
-        var local = address(text, port: 0)
-        let bound = withUnsafePointer(to: &local) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(descriptor, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-        }
-        guard bound == 0 else { throw Failure(description: "bind: errno \(errno)") }
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        _ = withUnsafeMutablePointer(to: &local) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(descriptor, $0, &length) }
-        }
-        return Int(UInt16(bigEndian: local.sin_port))
-    }
-
-    static func listenTCP() throws -> (descriptor: Int32, port: Int) {
-        let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        guard descriptor >= 0 else { throw Failure(description: "socket: errno \(errno)") }
-        let port = try bindAndName(descriptor, "0.0.0.0")
-        guard listen(descriptor, 4) == 0 else { throw Failure(description: "listen: errno \(errno)") }
-        return (descriptor, port)
-    }
-
-    static func connectTCP(to host: String, port: Int) throws -> Int32 {
-        let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        guard descriptor >= 0 else { throw Failure(description: "socket: errno \(errno)") }
-        var remote = address(host, port: port)
-        let connected = withUnsafePointer(to: &remote) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(descriptor, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-        }
-        guard connected == 0 else {
-            close(descriptor)
-            throw Failure(description: "connect to \(host):\(port): errno \(errno)")
-        }
-        var on: Int32 = 1
-        setsockopt(descriptor, Int32(IPPROTO_TCP), TCP_NODELAY, &on, socklen_t(MemoryLayout<Int32>.size))
-        return descriptor
-    }
-
+/// The wire tests' datagram sockets, beside the shared TCP ones (``BlockingSockets``).
+extension BlockingSockets {
     static func udpReceiver(group: String, interface: String) throws -> (descriptor: Int32, port: Int) {
         let descriptor = socket(AF_INET, Int32(SOCK_DGRAM.rawValue), 0)
         guard descriptor >= 0 else { throw Failure(description: "socket: errno \(errno)") }
@@ -182,21 +133,6 @@ enum Sockets {
             }
         }
         return sent == bytes.count
-    }
-
-    static func sendAll(_ descriptor: Int32, _ bytes: [UInt8]) -> Bool {
-        send(descriptor, bytes, bytes.count, Int32(MSG_NOSIGNAL)) == bytes.count
-    }
-
-    static func receiveExactly(_ descriptor: Int32, _ buffer: inout [UInt8]) -> Bool {
-        var received = 0
-        while received < buffer.count {
-            let count = buffer.withUnsafeMutableBytes { recv(descriptor, $0.baseAddress! + received, $0.count - received, 0) }
-            if count < 0 && errno == EINTR { continue }
-            guard count > 0 else { return false }
-            received += count
-        }
-        return true
     }
 }
 

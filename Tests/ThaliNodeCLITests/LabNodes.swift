@@ -72,14 +72,22 @@ final class LabNodes: @unchecked Sendable {
     }
 }
 
-extension NodeEvent {
-    /// A `transfer_started` line's item and offset.
-    var transferStart: (id: UUID, offset: UInt64)? {
-        if case .delivery(_, .transferStarted(let id, let offset, _)) = self { (id, offset) } else { nil }
+/// The harness itself: what the lab tests rely on when they end, however they end.
+@Suite("The lab tests' harness", .serialized)
+struct LabNodesTests {
+    @Test("close stops every run it started and deletes the lab's namespaces; a second close does nothing",
+          .enabled(if: LabNodes.available), .timeLimit(.minutes(1)))
+    func closeLeavesNothingBehind() async throws {
+        let nodes = try LabNodes(profile: .unshaped, seed: 1, names: ["alice", "bob"], label: "labclose")
+        let namespaces = nodes.lab.hosts.map(\.namespace)
+        let alice = try nodes.start(0)
+        _ = try await alice.waitFor("alice started in the lab") { $0.isStarted }
+        #expect(!alice.hasExited)
+        #expect(namespaces.allSatisfy { (try? runCommand("ip", ["netns", "list"]))?.contains($0) == true })
+        nodes.close()
+        #expect(alice.hasExited, "the run in the lab outlived close")
+        let listing = try runCommand("ip", ["netns", "list"])
+        for name in namespaces { #expect(!listing.contains(name), "\(name) left behind") }
+        nodes.close()
     }
-
-    /// Whether this is a `duplicate` line.
-    var isDuplicate: Bool { if case .delivery(_, .duplicate) = self { true } else { false } }
-    /// The item of a `duplicate` line: offered again after its answer was lost with a broken session.
-    var duplicateID: UUID? { if case .delivery(_, .duplicate(let id)) = self { id } else { nil } }
 }

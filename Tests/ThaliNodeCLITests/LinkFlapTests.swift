@@ -127,7 +127,7 @@ struct LinkFlapTests {
         let nodes = try LabNodes(profile: profile, seed: 383, names: ["alice", "bob"], label: "flaprelay")
         defer { nodes.close() }
         // The app, in alice's host (her node connects to it on 127.0.0.1): an echo of 64-byte requests.
-        let listener = try nodes.lab.inHost(0) { try LabSockets.listenTCP() }
+        let listener = try nodes.lab.inHost(0) { try BlockingSockets.listenTCP() }
         let echo = Thread {
             while true {
                 let connection = accept(listener.descriptor, nil, nil)
@@ -135,7 +135,7 @@ struct LinkFlapTests {
                 Thread {
                     defer { close(connection) }
                     var buffer = [UInt8](repeating: 0, count: 64)
-                    while LabSockets.receiveExactly(connection, &buffer), LabSockets.sendAll(connection, buffer) {}
+                    while BlockingSockets.receiveExactly(connection, &buffer), BlockingSockets.sendAll(connection, buffer) {}
                 }.start()
             }
         }
@@ -150,7 +150,7 @@ struct LinkFlapTests {
             if case .relayListening("alice", _) = $0 { true } else { false }
         }
         guard case .relayListening(_, let relayPort) = listening else { return }
-        let client = try nodes.lab.inHost(1) { try LabSockets.connectTCP(to: "127.0.0.1", port: relayPort) }
+        let client = try nodes.lab.inHost(1) { try BlockingSockets.connectTCP(to: "127.0.0.1", port: relayPort) }
         defer { close(client) }
         var timeout = timeval(tv_sec: 40, tv_usec: 0)
         setsockopt(client, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
@@ -169,9 +169,9 @@ struct LinkFlapTests {
                 var request = [UInt8](repeating: 0, count: 64)
                 withUnsafeBytes(of: sequence.bigEndian) { request.replaceSubrange(0..<8, with: $0) }
                 let sent = clock.now
-                guard LabSockets.sendAll(client, request) else { return (answered, "send failed: errno \(errno)", slowest, lab.outages) }
+                guard BlockingSockets.sendAll(client, request) else { return (answered, "send failed: errno \(errno)", slowest, lab.outages) }
                 var response = [UInt8](repeating: 0, count: 64)
-                guard LabSockets.receiveExactly(client, &response) else {
+                guard BlockingSockets.receiveExactly(client, &response) else {
                     return (answered, "the connection ended after \(answered) answers: errno \(errno)", slowest, lab.outages)
                 }
                 guard response == request else { return (answered, "answer \(answered) was not its request's echo", slowest, lab.outages) }
@@ -200,69 +200,5 @@ struct LinkFlapTests {
         #expect(!bobEvents.contains { if case .disconnected = $0 { true } else { false } }, "\(nodes.report())")
         print("relay across flaps: \(result.answered) requests answered on one connection across "
             + "\(result.outages - outagesAtStart) outages; slowest \(String(format: "%.2f", result.slowest)) s")
-    }
-}
-
-/// Blocking IPv4 sockets for the lab tests, created in whatever network namespace the calling thread is in.
-enum LabSockets {
-    struct Failure: Error, CustomStringConvertible {
-        let description: String
-    }
-
-    static func address(_ text: String, port: Int) -> sockaddr_in {
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_port = in_port_t(UInt16(port).bigEndian)
-        inet_pton(AF_INET, text, &address.sin_addr)
-        return address
-    }
-
-    static func listenTCP() throws -> (descriptor: Int32, port: Int) {
-        let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        guard descriptor >= 0 else { throw Failure(description: "socket: errno \(errno)") }
-        var local = address("0.0.0.0", port: 0)
-        let bound = withUnsafePointer(to: &local) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(descriptor, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-        }
-        guard bound == 0, listen(descriptor, 8) == 0 else {
-            close(descriptor)
-            throw Failure(description: "bind/listen: errno \(errno)")
-        }
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        _ = withUnsafeMutablePointer(to: &local) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(descriptor, $0, &length) }
-        }
-        return (descriptor, Int(UInt16(bigEndian: local.sin_port)))
-    }
-
-    static func connectTCP(to host: String, port: Int) throws -> Int32 {
-        let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        guard descriptor >= 0 else { throw Failure(description: "socket: errno \(errno)") }
-        var remote = address(host, port: port)
-        let connected = withUnsafePointer(to: &remote) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(descriptor, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-        }
-        guard connected == 0 else {
-            close(descriptor)
-            throw Failure(description: "connect to \(host):\(port): errno \(errno)")
-        }
-        var on: Int32 = 1
-        setsockopt(descriptor, Int32(IPPROTO_TCP), TCP_NODELAY, &on, socklen_t(MemoryLayout<Int32>.size))
-        return descriptor
-    }
-
-    static func sendAll(_ descriptor: Int32, _ bytes: [UInt8]) -> Bool {
-        send(descriptor, bytes, bytes.count, Int32(MSG_NOSIGNAL)) == bytes.count
-    }
-
-    static func receiveExactly(_ descriptor: Int32, _ buffer: inout [UInt8]) -> Bool {
-        var received = 0
-        while received < buffer.count {
-            let count = buffer.withUnsafeMutableBytes { recv(descriptor, $0.baseAddress! + received, $0.count - received, 0) }
-            if count < 0 && errno == EINTR { continue }
-            guard count > 0 else { return false }
-            received += count
-        }
-        return true
     }
 }

@@ -136,6 +136,17 @@ extension NodeEvent {
         if case .delivery(_, .progress(let id, let bytes, let total)) = self { (id, bytes, total) } else { nil }
     }
 
+    /// A `transfer_started` line's item and offset.
+    public var transferStart: (id: UUID, offset: UInt64)? {
+        if case .delivery(_, .transferStarted(let id, let offset, _)) = self { (id, offset) } else { nil }
+    }
+
+    /// Whether this is a `duplicate` line.
+    public var isDuplicate: Bool { if case .delivery(_, .duplicate) = self { true } else { false } }
+
+    /// The item of a `duplicate` line: offered again after its answer was lost with a broken session.
+    public var duplicateID: UUID? { if case .delivery(_, .duplicate(let id)) = self { id } else { nil } }
+
     /// The snapshot of a `status` line.
     public var statusSnapshot: Status? { if case .status(let status) = self { status } else { nil } }
 
