@@ -99,8 +99,8 @@ extension BeaconProfile {
         case .spec:
             // The spec slices a 16-byte IV; GCM's nonce is 12 bytes, so we take KM[0..<12].
             return derivation.withDerivedKey(secret: sey) { material in
-                // Cannot fire: `Nonce(data:)` throws only for fewer than 12 bytes, and this slice of the derived
-                // key material is always 12 bytes, whatever a peer sent.
+                // Cannot fire: `Nonce(data:)` throws only for fewer than 12 bytes, and `material` is always the
+                // 32-byte HMAC-SHA256 output (`withDerivedKey`), so this slice is 12 bytes whatever a peer sent.
                 let nonce = try! AES.GCM.Nonce(data: UnsafeRawBufferPointer(rebasing: material[0..<12]))
                 return FlagKey(cipher: .gcm(SymmetricKey(data: UnsafeRawBufferPointer(rebasing: material[16..<32])), nonce))
             }

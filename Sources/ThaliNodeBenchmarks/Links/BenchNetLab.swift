@@ -82,6 +82,8 @@ struct BenchNetLab: AsyncParsableCommand {
 /// the notice instead of ending the process: the lab must still be taken down.
 private enum NetLabLog {
     static func write(_ text: String) {
+        // Cannot end the process: `write(contentsOf:)` is the throwing form, and `thali-node` ignores SIGPIPE
+        // (ThaliNode.main), so a closed standard error is an error thrown here and dropped, not a signal.
         try? FileHandle.standardError.write(contentsOf: Data(text.utf8))
     }
 }
