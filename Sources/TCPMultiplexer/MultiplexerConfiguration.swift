@@ -80,15 +80,15 @@ public struct MultiplexerConfiguration: Sendable {
         .init(low: 1 << 20, high: 4 << 20)
 
     /// yamux: how often to send a keepalive ping, or `nil` for none. Default 30 s, as in hashicorp/yamux.
-    public var keepAliveInterval: TimeAmount? = .seconds(30)
+    public var keepAliveInterval: Duration? = .seconds(30)
 
     /// yamux: how long a ping may stay unanswered before the session is closed with
     /// ``MultiplexerError/keepAliveTimeout``. Default 30 s.
-    public var keepAliveTimeout: TimeAmount = .seconds(30)
+    public var keepAliveTimeout: Duration = .seconds(30)
 
     /// How long a session may have no open stream before it sends GoAway and closes; `nil` for never.
     /// Default `nil` (a Thali relay stays up while its transport does).
-    public var idleTimeout: TimeAmount? = nil
+    public var idleTimeout: Duration? = nil
 
     /// Creates a configuration with every default, for `framing`.
     public init(framing: MultiplexerFraming = .yamux) {

@@ -422,7 +422,7 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
         // With keepalive on, every ping must be answered within the timeout.
         guard stateMachine.keepAliveInterval != nil, let context else { return }
         let bound = NIOLoopBound(self, eventLoop: context.eventLoop)
-        context.eventLoop.scheduleTask(in: configuration.keepAliveTimeout) {
+        context.eventLoop.scheduleTask(in: TimeAmount(configuration.keepAliveTimeout)) {
             let handler = bound.value
             if !handler.hasEnded && handler.stateMachine.isPingOutstanding(ping.id) {
                 handler.fail(MultiplexerError.keepAliveTimeout)
@@ -517,7 +517,7 @@ public final class MultiplexerHandler: ChannelInboundHandler, RemovableChannelHa
     private func scheduleIdleTimeout() {
         guard let timeout = configuration.idleTimeout, let context, idleTask == nil, !hasEnded else { return }
         let bound = NIOLoopBound(self, eventLoop: context.eventLoop)
-        idleTask = context.eventLoop.scheduleTask(in: timeout) {
+        idleTask = context.eventLoop.scheduleTask(in: TimeAmount(timeout)) {
             let handler = bound.value
             handler.idleTask = nil
             guard handler.streams.isEmpty else { return }

@@ -21,7 +21,7 @@ struct YamuxSessionStateMachine: MultiplexerSessionStateMachine {
         nextStreamID = role == .client ? 1 : 2
     }
 
-    var keepAliveInterval: TimeAmount? { configuration.keepAliveInterval }
+    var keepAliveInterval: TimeAmount? { configuration.keepAliveInterval.map(TimeAmount.init) }
 
     private func frame(_ type: YamuxHeader.FrameType, _ flags: YamuxHeader.Flags = [], streamID: UInt32,
                        length: UInt32) -> ByteBuffer {

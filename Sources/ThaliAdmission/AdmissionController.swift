@@ -9,7 +9,7 @@ public final class AdmissionController<Source: Hashable & Sendable>: Sendable {
     /// The limits in force.
     public let limits: AdmissionLimits
     private let gate: NIOLockedValueBox<AdmissionGate<Source>>
-    private let onOverload: @Sendable (TimeAmount) -> Void
+    private let onOverload: @Sendable (Duration) -> Void
     private let observers = NIOLockedValueBox(RefusalObservers())
 
     private struct RefusalObservers {
@@ -19,7 +19,7 @@ public final class AdmissionController<Source: Hashable & Sendable>: Sendable {
 
     /// A controller enforcing `limits`; `onOverload` is called (outside the lock) when the global rate
     /// is exceeded, with the period the owner should close its port for.
-    public init(limits: AdmissionLimits = AdmissionLimits(), onOverload: @escaping @Sendable (TimeAmount) -> Void = { _ in }) {
+    public init(limits: AdmissionLimits = AdmissionLimits(), onOverload: @escaping @Sendable (Duration) -> Void = { _ in }) {
         self.limits = limits
         self.gate = NIOLockedValueBox(AdmissionGate(limits: limits))
         self.onOverload = onOverload
@@ -73,7 +73,7 @@ public final class AdmissionController<Source: Hashable & Sendable>: Sendable {
             return true
         }
         guard busy else { return nil }
-        let longest = max(1, Int(limits.maxBusyRetryAfter.nanoseconds / 1_000_000_000))
+        let longest = max(1, Int(limits.maxBusyRetryAfter.components.seconds))
         return Int.random(in: 1...longest)
     }
 

@@ -138,8 +138,8 @@ public struct AdmissionGate<Source: Hashable & Sendable>: Sendable {
         }
         state.window.advance(to: now)
         guard !state.window.isFull else {
-            let period = limits.sourceRefusalPeriod > .zero ? limits.sourceRefusalPeriod
-                : limits.sourceWindow - (now - (state.window.start ?? now))
+            let period = limits.sourceRefusalPeriod > .zero ? TimeAmount(limits.sourceRefusalPeriod)
+                : TimeAmount(limits.sourceWindow) - (now - (state.window.start ?? now))
             state.refusedUntil = now + period
             counters.sourcesRefused += 1
             remember(source, state, now: now)
@@ -164,7 +164,7 @@ public struct AdmissionGate<Source: Hashable & Sendable>: Sendable {
         }
         globalWindow.advance(to: now)
         guard !globalWindow.isFull else {
-            closedUntil = now + limits.overloadClosePeriod
+            closedUntil = now + TimeAmount(limits.overloadClosePeriod)
             counters.overloads += 1
             globalWindow.empty()
             remember(source, state, now: now)
@@ -222,7 +222,7 @@ public struct AdmissionGate<Source: Hashable & Sendable>: Sendable {
         if sources[source] == nil, sources.count >= limits.maxTrackedSources {
             let before = sources.count
             sources = sources.filter { _, entry in
-                entry.open > 0 || entry.window.start.map { now - $0 < limits.sourceWindow } ?? false || (entry.refusedUntil.map { now < $0 } ?? false)
+                entry.open > 0 || entry.window.start.map { now - $0 < TimeAmount(limits.sourceWindow) } ?? false || (entry.refusedUntil.map { now < $0 } ?? false)
             }
             if sources.count >= limits.maxTrackedSources {
                 let idle = sources.filter { $0.value.open == 0 }.sorted { ($0.value.window.start ?? now) < ($1.value.window.start ?? now) }

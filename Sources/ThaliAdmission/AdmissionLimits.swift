@@ -13,11 +13,11 @@ public struct AdmissionLimits: Sendable, Hashable {
     /// beacon fetch and one TLS connection per announcement it matches, plus a few retries.
     public var maxConnectionsPerSource: Int = 30
     /// The per-source rate window. Default 10 s.
-    public var sourceWindow: TimeAmount = .seconds(10)
+    public var sourceWindow: Duration = .seconds(10)
     /// How long a source that exceeded ``maxConnectionsPerSource`` is refused outright (0: only until its
     /// window ends). Default 60 s. Refusing costs nothing global; on a listener with a
     /// ``ListenerSourceFilter`` the kernel drops the source's SYNs, so not even an accept.
-    public var sourceRefusalPeriod: TimeAmount = .seconds(60)
+    public var sourceRefusalPeriod: Duration = .seconds(60)
     /// Unauthenticated connections one source may hold open at once. Default 4.
     public var maxUnauthenticatedPerSource: Int = 4
     /// Connections (authenticated or not) one source may hold open at once. Default 16.
@@ -33,9 +33,9 @@ public struct AdmissionLimits: Sendable, Hashable {
     /// The global rate window. Default 5 s: the mean stays 200 a second, but a loaded event loop that
     /// stalled and then accepts its backlog at once (a crowd's beacon fetches, spread over seconds) is
     /// not taken for an overload, as it was in a 1 s window (issue 24).
-    public var globalWindow: TimeAmount = .seconds(5)
+    public var globalWindow: Duration = .seconds(5)
     /// How long the port stays closed after a global overload. Default 30 s.
-    public var overloadClosePeriod: TimeAmount = .seconds(30)
+    public var overloadClosePeriod: Duration = .seconds(30)
     /// Connections admitted from all sources per ``globalWindow`` past which the port is *busy*: a beacon
     /// request is then answered with a cheap `503` and `Retry-After` (``AdmissionController/retryAfterIfBusy(now:)``)
     /// instead of its stream, so that a crowd slows down long before ``maxConnectionsGlobal`` closes the
@@ -53,7 +53,7 @@ public struct AdmissionLimits: Sendable, Hashable {
     public var maxBusyAnswersGlobal: Int = 1000
     /// The longest wait a busy answer names: each draws a whole number of seconds from 1 to this, so the
     /// crowd it turns away does not come back in one wave. Default 5 s, the global window.
-    public var maxBusyRetryAfter: TimeAmount = .seconds(5)
+    public var maxBusyRetryAfter: Duration = .seconds(5)
     /// Sources in their refusal period (see ``sourceRefusalPeriod``) that a listener refuses in the
     /// kernel as well, the latest refusals first (``ListenerSourceFilter``: a socket filter drops their
     /// segments before a connection exists, so a refused source costs no accept and no close); the

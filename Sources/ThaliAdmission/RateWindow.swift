@@ -7,16 +7,18 @@ public struct RateWindow: Sendable, Hashable {
     /// Events allowed per window.
     public let limit: Int
     /// How long a window lasts.
-    public let length: TimeAmount
+    public let length: Duration
+    private let lengthAmount: TimeAmount
     /// When the current window started (nil before the first event or after ``restart()``).
     public private(set) var start: NIODeadline?
     /// Events counted in the current window.
     public private(set) var count = 0
 
     /// A counter allowing `limit` events per `length`.
-    public init(limit: Int, length: TimeAmount) {
+    public init(limit: Int, length: Duration) {
         self.limit = limit
         self.length = length
+        self.lengthAmount = TimeAmount(length)
     }
 
     /// Whether another event at the current count would exceed `limit`.
@@ -24,7 +26,7 @@ public struct RateWindow: Sendable, Hashable {
 
     /// Starts a new window at `now` when there is none or the current one has ended.
     public mutating func advance(to now: NIODeadline) {
-        if let start, now - start < length { return }
+        if let start, now - start < lengthAmount { return }
         start = now
         count = 0
     }

@@ -6,32 +6,32 @@ import ThaliSupport
 /// configurable; the defaults suit a phone-sized peer.
 public struct BluetoothBindingLimits: Sendable, Hashable {
     /// How long a side waits for the peer's handshake octet before closing the stream.
-    public var handshakeTimeout: TimeAmount = .seconds(5)
+    public var handshakeTimeout: Duration = .seconds(5)
     /// How long the client-side localhost listener waits for the app's one connection before giving up
     /// and closing the Bluetooth stream.
-    public var relayAcceptTimeout: TimeAmount = .seconds(30)
+    public var relayAcceptTimeout: Duration = .seconds(30)
     /// How long the server side waits for its localhost connection to the app before closing the
     /// Bluetooth stream.
-    public var appConnectTimeout: TimeAmount = .seconds(2)
+    public var appConnectTimeout: Duration = .seconds(2)
     /// How long an incoming relay may stay silent after the handshake octet: the client must send its
     /// first bytes (for Thali, a TLS ClientHello) within it, or the relay is closed. A client that says
     /// hello and nothing more cannot hold one of the `maxConcurrentIncomingConnections` slots for long.
-    public var relayFirstBytesTimeout: TimeAmount = .seconds(5)
+    public var relayFirstBytesTimeout: Duration = .seconds(5)
     /// An incoming relay on which no byte moves in either direction for this long is closed.
-    public var relayIdleTimeout: TimeAmount = .seconds(120)
+    public var relayIdleTimeout: Duration = .seconds(120)
 
     /// Length of the window in which incoming connections are counted.
-    public var incomingConnectionWindow: TimeAmount = .seconds(10)
+    public var incomingConnectionWindow: Duration = .seconds(10)
     /// Incoming connections accepted from one Bluetooth address per window; beyond that the address is
     /// refused for `abusiveAddressRefusal`.
     public var maxIncomingConnectionsPerAddress: Int = 8
     /// How long an address that exceeded `maxIncomingConnectionsPerAddress` is refused.
-    public var abusiveAddressRefusal: TimeAmount = .seconds(60)
+    public var abusiveAddressRefusal: Duration = .seconds(60)
     /// Incoming connections accepted from everyone per window; beyond that the server stops accepting
     /// for `acceptPause`.
     public var maxIncomingConnectionsPerWindow: Int = 64
     /// How long the server refuses everyone after `maxIncomingConnectionsPerWindow` was exceeded.
-    public var acceptPause: TimeAmount = .seconds(30)
+    public var acceptPause: Duration = .seconds(30)
     /// Incoming relays open at the same time; further connections are refused until one ends.
     public var maxConcurrentIncomingConnections: Int = 16
     /// Distinct addresses remembered for per-address counting; beyond that the oldest entries are
@@ -39,12 +39,12 @@ public struct BluetoothBindingLimits: Sendable, Hashable {
     public var maxTrackedAddresses: Int = 1024
 
     /// Length of the window in which received advertisements are counted.
-    public var advertisementWindow: TimeAmount = .seconds(10)
+    public var advertisementWindow: Duration = .seconds(10)
     /// Advertisements (Thali or not) accepted per window; beyond that discovery is switched off for
     /// `discoveryCoolDown`.
     public var maxAdvertisementsPerWindow: Int = 200
     /// How long discovery stays off after too many advertisements.
-    public var discoveryCoolDown: TimeAmount = .seconds(60)
+    public var discoveryCoolDown: Duration = .seconds(60)
     /// Distinct discovered peers remembered (for "new" vs "seen"); the oldest are forgotten beyond it.
     public var maxTrackedPeers: Int = 256
 
@@ -190,7 +190,7 @@ public struct AdvertisementRateGate: Sendable {
             window.restart()
         }
         if !window.record(now: now) {
-            let until = now + limits.discoveryCoolDown
+            let until = now + TimeAmount(limits.discoveryCoolDown)
             coolingDownUntil = until
             counters.coolDowns += 1
             counters.dropped += 1

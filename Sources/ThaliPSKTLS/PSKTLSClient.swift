@@ -25,7 +25,7 @@ public struct PSKTLSClient: Sendable {
         let connection = try await ClientBootstrap(group: eventLoopGroup)
             .channelOption(.allowRemoteHalfClosure, value: true)
             .channelOption(.tcpOption(.tcp_nodelay), value: 1)
-            .connectTimeout(context.configuration.connectTimeout)
+            .connectTimeout(TimeAmount(context.configuration.connectTimeout))
             .connect(host: host, port: port) { channel in
                 channel.eventLoop.makeCompletedFuture {
                     let promise = channel.eventLoop.makePromise(of: PSKTLSNegotiatedParameters.self)

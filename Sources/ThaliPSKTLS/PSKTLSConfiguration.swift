@@ -52,15 +52,15 @@ public struct PSKTLSConfiguration: Sendable {
 
     /// How long a handshake may take from the moment the TCP connection is up; then it fails with
     /// `PSKTLSError.Reason.handshakeTimedOut` and the connection is closed. Default: 10 s.
-    public var handshakeTimeout: TimeAmount = .seconds(10)
+    public var handshakeTimeout: Duration = .seconds(10)
 
     /// How long closing waits for the close_notify alert (or a fatal alert), and the data written before
     /// it, to reach the network; a peer that does not read gets its connection closed after this.
     /// Default: 5 s.
-    public var closeTimeout: TimeAmount = .seconds(5)
+    public var closeTimeout: Duration = .seconds(5)
 
     /// How long a client waits for the TCP connection. Default: 10 s.
-    public var connectTimeout: TimeAmount = .seconds(10)
+    public var connectTimeout: Duration = .seconds(10)
 
     /// How many bytes of plaintext the handler holds for the application while the handshake is still
     /// running; a write beyond that fails with `writeBufferLimitExceeded`. Default: 1 MiB.

@@ -129,7 +129,7 @@ public final class PSKTLSHandler: ChannelDuplexHandler {
 
     private func startHandshake(context: ChannelHandlerContext) {
         guard stateMachine.channelActive() else { return }
-        let timeout = configuration.handshakeTimeout
+        let timeout = TimeAmount(configuration.handshakeTimeout)
         handshakeTimeout = context.eventLoop.assumeIsolated().scheduleTask(in: timeout) { [self] in
             fail(PSKTLSError(.handshakeTimedOut, role: role, detail: "after \(timeout)"), context: context)
         }
@@ -470,7 +470,7 @@ public final class PSKTLSHandler: ChannelDuplexHandler {
     private func close(context: ChannelHandlerContext, after written: EventLoopFuture<Void>, mode: CloseMode,
                        promise: EventLoopPromise<Void>?) {
         var closed = false
-        let deadline = context.eventLoop.assumeIsolated().scheduleTask(in: configuration.closeTimeout) {
+        let deadline = context.eventLoop.assumeIsolated().scheduleTask(in: TimeAmount(configuration.closeTimeout)) {
             guard !closed else { return }
             closed = true
             context.close(mode: .all, promise: promise)

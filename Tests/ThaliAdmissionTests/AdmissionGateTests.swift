@@ -143,7 +143,7 @@ struct AdmissionGateTests {
 
     @Test("the controller reports an overload with the close period")
     func controllerReportsOverload() {
-        let reported = NIOLockedValueBox<TimeAmount?>(nil)
+        let reported = NIOLockedValueBox<Duration?>(nil)
         let controller = AdmissionController<String>(limits: limits { $0.maxConnectionsGlobal = 1 }) { period in
             reported.withLockedValue { $0 = period }
         }

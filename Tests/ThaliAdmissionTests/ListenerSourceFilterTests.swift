@@ -56,7 +56,7 @@ struct ListenerSourceFilterTests {
         }
     }
 
-    private func limits(refusalPeriod: TimeAmount) -> AdmissionLimits {
+    private func limits(refusalPeriod: Duration) -> AdmissionLimits {
         var limits = AdmissionLimits()
         limits.maxConnectionsPerSource = 3
         limits.sourceRefusalPeriod = refusalPeriod

@@ -24,7 +24,7 @@ struct ProbeAgainstBrokenServersTests {
     }
 
     /// ``probe`` with the burst on: `requests`, `concurrency` at a time, then `maxOutage` for recovery.
-    static func burst(_ requests: Int, concurrency: Int, maxOutage: TimeAmount) -> ProbeConfiguration {
+    static func burst(_ requests: Int, concurrency: Int, maxOutage: Duration) -> ProbeConfiguration {
         var configuration = probe
         configuration.burstEnabled = true
         configuration.burstRequests = requests

@@ -24,7 +24,7 @@ struct ProbeCommandTests {
     }
 
     /// A BeaconHTTPServer on loopback serving a fresh announcement, at most 10 requests per source per `window`.
-    func startServer(window: TimeAmount) async throws -> (BeaconHTTPServer, Int) {
+    func startServer(window: Duration) async throws -> (BeaconHTTPServer, Int) {
         var limits = BeaconHTTPServerLimits()
         limits.maxRequestsPerSource = 10
         limits.sourceWindow = window

@@ -27,4 +27,40 @@ import ThaliTestSupport
         #expect(publicLines > 200, "the scan reads the module's public declarations")
         #expect(offenders.isEmpty, "\(offenders.joined(separator: "\n"))")
     }
+
+    /// The configuration values an app sets through `PeerConfiguration` and `BluetoothPeerConfiguration`
+    /// live in the protocol modules; their time limits are `Duration` too, so one time type is public.
+    static let nestedConfigurations: [(file: String, type: String)] = [
+        ("ThaliPSKTLS/PSKTLSConfiguration.swift", "PSKTLSConfiguration"),
+        ("ThaliAdmission/AdmissionLimits.swift", "AdmissionLimits"),
+        ("ThaliSSDP/Discovery/SSDPDiscoveryLimits.swift", "SSDPDiscoveryLimits"),
+        ("ThaliSSDP/Discovery/SSDPDiscoveryConfiguration.swift", "SSDPDiscoveryConfiguration"),
+        ("TCPMultiplexer/MultiplexerConfiguration.swift", "MultiplexerConfiguration"),
+        ("ThaliBLEBinding/BluetoothBindingLimits.swift", "BluetoothBindingLimits"),
+    ]
+
+    @Test("the configurations nested in the peer's name no NIO type in their public declarations")
+    func nestedConfigurationsNameNoNIOType() throws {
+        let pattern = try Regex(Self.nioTypes.replacingOccurrences(of: "TimeAmount|", with: "TimeAmount|NIODeadline|"))
+        for (file, type) in Self.nestedConfigurations {
+            let lines = try String(contentsOfFile: PackagePaths.root() + "/Sources/" + file, encoding: .utf8)
+                .split(separator: "\n", omittingEmptySubsequences: false)
+            guard let start = lines.firstIndex(where: { $0.hasPrefix("public struct \(type)") }) else {
+                Issue.record("\(file) declares no public struct \(type)")
+                continue
+            }
+            // The struct's body: up to the line whose braces balance the declaration's.
+            var depth = 0
+            var publicLines: [String] = []
+            for line in lines[start...] {
+                depth += line.filter { $0 == "{" }.count - line.filter { $0 == "}" }.count
+                let code = line.trimmingCharacters(in: .whitespaces)
+                if code.hasPrefix("public ") { publicLines.append(code) }
+                if depth == 0 { break }
+            }
+            #expect(publicLines.count > 2, "\(type): the scan reads its public declarations")
+            let offenders = publicLines.filter { $0.contains(pattern) }
+            #expect(offenders.isEmpty, "\(type): \(offenders.joined(separator: "\n"))")
+        }
+    }
 }

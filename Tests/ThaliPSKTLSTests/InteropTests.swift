@@ -30,7 +30,7 @@ extension PSKTLSTests {
             ] + extra)
         }
 
-        static func serve(group: DHGroup = .ffdhe2048, timeout: TimeAmount = .seconds(10),
+        static func serve(group: DHGroup = .ffdhe2048, timeout: Duration = .seconds(10),
                           lookup: @escaping PSKLookup = { $0 == Fixtures.identity192 ? Fixtures.psk : nil }) async throws -> PSKTLSServer {
             var configuration = PSKTLSConfiguration(dhGroup: group)
             configuration.handshakeTimeout = timeout

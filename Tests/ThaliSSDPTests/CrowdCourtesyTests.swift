@@ -14,7 +14,7 @@ struct CrowdCourtesyTests {
     let start = NIODeadline.uptimeNanoseconds(1_000_000_000)
 
     /// A server whose first request in a window fills its busy budget.
-    func busyServer(host: String, window: TimeAmount, retryAfter: TimeAmount) -> BeaconHTTPServer {
+    func busyServer(host: String, window: Duration, retryAfter: Duration) -> BeaconHTTPServer {
         var limits = BeaconHTTPServerLimits()
         limits.busyRequestsGlobal = 1
         limits.globalWindow = window
@@ -34,7 +34,7 @@ struct CrowdCourtesyTests {
             Issue.record("served while busy: \(bytes)")
         } catch {
             guard case .busy(let wait) = error.reason else { throw error }
-            #expect((1...3).contains(wait.nanoseconds / 1_000_000_000), "Retry-After within 1...maxBusyRetryAfter: \(wait)")
+            #expect((1...3).contains(wait.components.seconds), "Retry-After within 1...maxBusyRetryAfter: \(wait)")
             #expect(error.attempts == 1, "a busy answer is not retried at once")
         }
         #expect(server.counters.answeredBusy == 1)

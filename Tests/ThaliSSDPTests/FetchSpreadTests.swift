@@ -11,7 +11,7 @@ struct FetchSpreadTests {
     /// The most fetches in any one-second window when each of `crowd` listeners draws its delay once.
     private func busiestSecond(crowd: Int, limits: SSDPDiscoveryLimits, seed: UInt64) -> Int {
         var generator = SplitMix64(state: seed)
-        let delays = (0..<crowd).map { _ in limits.fetchDelay(trackedPeers: crowd, using: &generator).nanoseconds }.sorted()
+        let delays = (0..<crowd).map { _ in TimeAmount(limits.fetchDelay(trackedPeers: crowd, using: &generator)).nanoseconds }.sorted()
         var busiest = 0
         var first = 0
         for (last, delay) in delays.enumerated() {
@@ -42,7 +42,7 @@ struct FetchSpreadTests {
         limits.fetchSpreadPerPeer = .milliseconds(10)
         limits.maxFetchSpread = .seconds(5)  // below the default, so that a large crowd reaches it
         #expect(limits.fetchDelay(trackedPeers: 0, using: &generator) == .zero)
-        var longest = TimeAmount.zero
+        var longest = Duration.zero
         for _ in 0..<2000 {
             let delay = limits.fetchDelay(trackedPeers: 3, using: &generator)
             #expect(delay >= .zero && delay < .milliseconds(30))

@@ -40,7 +40,7 @@ public struct BluetoothRelayClient: Sendable {
         let bluetooth = try await socket.makeChannel(on: loop) { channel in
             channel.eventLoop.makeCompletedFuture {
                 try channel.pipeline.syncOperations.addHandler(
-                    BluetoothHandshakeHandler(role: .client(hello), timeout: limits.handshakeTimeout,
+                    BluetoothHandshakeHandler(role: .client(hello), timeout: TimeAmount(limits.handshakeTimeout),
                                               outcome: handshake, successor: halves.value.0))
             }
         }
@@ -81,7 +81,7 @@ public struct BluetoothRelayClient: Sendable {
         }
         // The Bluetooth stream ending (or the app never coming) ends the listener too.
         bluetooth.closeFuture.whenComplete { _ in listener.close(promise: nil) }
-        let timeout = loop.scheduleTask(in: limits.relayAcceptTimeout) {
+        let timeout = loop.scheduleTask(in: TimeAmount(limits.relayAcceptTimeout)) {
             if !taken.withLockedValue({ $0 }) {
                 listener.close(promise: nil)
                 bluetooth.close(promise: nil)

@@ -147,7 +147,7 @@ public final class BluetoothRelayServer: Sendable {
             bluetooth = try await socket.makeChannel(on: loop) { [state] channel in
                 channel.eventLoop.makeCompletedFuture {
                     try channel.pipeline.syncOperations.addHandler(RelayTimeoutHandler(
-                        firstBytesTimeout: limits.relayFirstBytesTimeout, idleTimeout: limits.relayIdleTimeout
+                        firstBytesTimeout: TimeAmount(limits.relayFirstBytesTimeout), idleTimeout: TimeAmount(limits.relayIdleTimeout)
                     ) { reason in
                         state.withLockedValue {
                             switch reason {
@@ -157,7 +157,7 @@ public final class BluetoothRelayServer: Sendable {
                         }
                     })
                     try channel.pipeline.syncOperations.addHandler(
-                        BluetoothHandshakeHandler(role: .server, timeout: limits.handshakeTimeout,
+                        BluetoothHandshakeHandler(role: .server, timeout: TimeAmount(limits.handshakeTimeout),
                                                   outcome: handshake, successor: halves.value.0))
                 }
             }
@@ -185,7 +185,7 @@ public final class BluetoothRelayServer: Sendable {
             var bootstrap = ClientBootstrap(group: loop)
             if sourcePerPeer { bootstrap = bootstrap.bind(to: try SocketAddress(ipAddress: address.loopbackSource, port: 0)) }
             let app = try await bootstrap
-                .connectTimeout(limits.appConnectTimeout)
+                .connectTimeout(TimeAmount(limits.appConnectTimeout))
                 .channelInitializer { channel in
                     channel.eventLoop.makeCompletedFuture {
                         try channel.pipeline.syncOperations.addHandler(halves.value.1)

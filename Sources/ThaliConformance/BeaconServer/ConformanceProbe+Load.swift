@@ -55,12 +55,12 @@ extension ConformanceProbe {
     /// Judges a `503`'s form [SSDP-6.9]: one `Retry-After` of whole seconds (delta-seconds, not an
     /// HTTP-date) from 1 to `maxRetryAfter`, and no body (a busy server serves no stream). Returns the
     /// seconds it names, or why it is malformed.
-    static func judgeBusyAnswer(_ response: ProbeResponse, maxRetryAfter: TimeAmount) -> Result<Int, BusyAnswerProblem> {
+    static func judgeBusyAnswer(_ response: ProbeResponse, maxRetryAfter: Duration) -> Result<Int, BusyAnswerProblem> {
         let values = response.head.headers["Retry-After"]
         guard let value = values.first else { return .failure(.init("no Retry-After")) }
         guard values.count == 1 else { return .failure(.init("Retry-After \(values.count) times")) }
         let trimmed = value.trimmingSpaces
-        let maximum = Int(maxRetryAfter.nanoseconds / 1_000_000_000)
+        let maximum = Int(maxRetryAfter.components.seconds)
         guard !trimmed.isEmpty, trimmed.count <= 10, trimmed.utf8.allSatisfy({ (UInt8(ascii: "0")...UInt8(ascii: "9")).contains($0) }),
               let seconds = Int(trimmed)
         else { return .failure(.init("Retry-After \(quoted(value)) is not whole seconds")) }
@@ -81,7 +81,7 @@ extension ConformanceProbe {
     /// Sends `burstRequests` GETs, `burstConcurrency` at a time, each on its own connection, within
     /// `burstTimeLimit`; results in completion order, and the tally of the `503` answers among them.
     func runBurst() async -> (results: [BurstResult], sent: Int, busy: BusyTally) {
-        let deadline = NIODeadline.now() + configuration.burstTimeLimit
+        let deadline = NIODeadline.now() + TimeAmount(configuration.burstTimeLimit)
         let maxRetryAfter = configuration.maxBusyRetryAfter
         return await withTaskGroup(of: (BurstResult, Result<Int, BusyAnswerProblem>?).self) { group in
             var results: [BurstResult] = []
@@ -158,18 +158,18 @@ extension ConformanceProbe {
     /// back within `maxOutage`.
     func checkRecovery(into report: inout ProbeReport) async {
         let start = NIODeadline.now()
-        let deadline = start + configuration.maxOutage
+        let deadline = start + TimeAmount(configuration.maxOutage)
         var last: ProbeOutcome
         repeat {
             last = await oneShot(.GET, BeaconLocation.notificationBeaconsPath)
             if case .response(let response) = last, [.ok, .noContent].contains(response.head.status) {
                 let waited = NIODeadline.now() - start
-                report.record("recovery", .pass, waited < configuration.recoveryPollInterval
+                report.record("recovery", .pass, waited < TimeAmount(configuration.recoveryPollInterval)
                               ? "answering right after the burst" : "answering again \(Self.text(waited)) after the burst")
                 return
             }
             do {
-                try await Task.sleep(nanoseconds: UInt64(configuration.recoveryPollInterval.nanoseconds))
+                try await Task.sleep(for: configuration.recoveryPollInterval)
             } catch {
                 break  // cancelled: report what was seen so far
             }

@@ -319,7 +319,7 @@ public struct ConformanceProbe: Sendable {
             return (.fail, "a request with Connection: keep-alive got no complete answer: \(Self.text(first))")
         }
         if !response.head.isKeepAlive {
-            if await connection.waitForClose(within: configuration.responseTimeout) {
+            if await connection.waitForClose(within: TimeAmount(configuration.responseTimeout)) {
                 return (.pass, "answered, announced close (\(response.head.version)) and closed")
             } else {
                 return (.warn, "announced close but left the connection open")
@@ -346,6 +346,8 @@ public struct ConformanceProbe: Sendable {
         let milliseconds = amount.nanoseconds / 1_000_000
         return milliseconds < 1000 ? "\(milliseconds) ms" : "\(Double(milliseconds) / 1000) s"
     }
+
+    static func text(_ amount: Duration) -> String { text(TimeAmount(amount)) }
 
     static func text(_ outcome: ProbeOutcome) -> String {
         switch outcome {

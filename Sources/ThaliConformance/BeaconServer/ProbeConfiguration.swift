@@ -7,9 +7,9 @@ import ThaliSSDP
 /// implementation by what this one would accept.
 public struct ProbeConfiguration: Sendable {
     /// Longest wait for a TCP connection.
-    public var connectTimeout: TimeAmount
+    public var connectTimeout: Duration
     /// Longest wait from sending a request to the end of its response.
-    public var responseTimeout: TimeAmount
+    public var responseTimeout: Duration
     /// Largest body accepted (ThaliSSDP's client bound by default). The probe reads at most this many
     /// body bytes plus one, then closes the connection, so a hostile server cannot make it buffer more.
     public var maxBodyBytes: Int
@@ -30,16 +30,16 @@ public struct ProbeConfiguration: Sendable {
     /// Requests the burst keeps in flight at once. At most `ProbeConfiguration.maximumBurstConcurrency`.
     public var burstConcurrency = 16
     /// Longest the burst may run; requests not started by then are not sent.
-    public var burstTimeLimit: TimeAmount = .seconds(20)
+    public var burstTimeLimit: Duration = .seconds(20)
     /// After the burst, how long the server may stay silent (a port closed for overload counts) before
     /// the probe warns that it stopped answering.
-    public var maxOutage: TimeAmount = .seconds(60)
+    public var maxOutage: Duration = .seconds(60)
     /// Interval between attempts while waiting for the server to answer again after the burst.
-    public var recoveryPollInterval: TimeAmount = .milliseconds(250)
+    public var recoveryPollInterval: Duration = .milliseconds(250)
     /// The longest `Retry-After` a busy answer (`503`) of the burst may name (ThaliSSDP's client bound,
     /// 60 s, by default): a client cuts a longer wait to its bound, so a server's own maximum must lie
     /// within it (spec/ssdp.md §6.1). Whole seconds, at least 1 s.
-    public var maxBusyRetryAfter: TimeAmount
+    public var maxBusyRetryAfter: Duration
 
     /// Upper bound on `burstRequests`: the probe is a checker, not a load generator.
     public static let maximumBurstRequests = 10_000

@@ -58,7 +58,7 @@ struct ProbeConnection: Sendable {
         let maxBody = configuration.maxBodyBytes
         do {
             let channel = try await ClientBootstrap(group: group)
-                .connectTimeout(configuration.connectTimeout)
+                .connectTimeout(TimeAmount(configuration.connectTimeout))
                 .channelInitializer { channel in
                     channel.eventLoop.makeCompletedFuture {
                         let sync = channel.pipeline.syncOperations
@@ -69,7 +69,7 @@ struct ProbeConnection: Sendable {
                     }
                 }
                 .connect(host: host, port: port).get()
-            return .success(ProbeConnection(channel: channel, responseTimeout: configuration.responseTimeout))
+            return .success(ProbeConnection(channel: channel, responseTimeout: TimeAmount(configuration.responseTimeout)))
         } catch ChannelError.connectTimeout {
             return .failure(ProbeOutcomeError(outcome: .connectTimedOut))
         } catch let error as NIOConnectionError {

@@ -103,7 +103,7 @@ extension ThaliPeer {
             return self.serveMarkedStream(stream, for: contact, from: address, role: .connecting)
         }
         let client = try await bootstrap
-            .connectTimeout(configuration.tls.connectTimeout)
+            .connectTimeout(TimeAmount(configuration.tls.connectTimeout))
             .connect(to: target) { channel in
                 AuthenticatedSession.configureClient(on: channel, context: clientContext, identity: match.pskIdentity,
                                                      psk: match.psk, negotiatedInboundStream: inbound)

@@ -108,17 +108,17 @@ extension ThaliPeer {
     /// The last resort of the port's admission: more connections than the global rate allows, from
     /// sources each within its own bounds. The port closes for `period` (the kernel refuses instead of
     /// us) and announcing pauses, so that listeners stop coming; then both resume.
-    func portOverloaded(for period: TimeAmount) {
+    func portOverloaded(for period: Duration) {
         let listener = state.withLockedValue { state -> Channel? in
             guard !state.stopped else { return nil }
             defer { state.listener = nil }
             return state.listener
         }
         guard let listener else { return }
-        logger.warning("single port overloaded; closed", metadata: ["seconds": "\(period.nanoseconds / 1_000_000_000)"])
+        logger.warning("single port overloaded; closed", metadata: ["seconds": "\(period.components.seconds)"])
         listener.close(promise: nil)
-        for binding in bindings { binding.pauseAnnouncing(for: Duration(period)) }
-        arm(.reopenPort, after: Duration(period))
+        for binding in bindings { binding.pauseAnnouncing(for: period) }
+        arm(.reopenPort, after: period)
     }
 
     /// The overload's period is over: the port opens again.

@@ -8,9 +8,9 @@ import ThaliSupport
 /// that the response is not excessively long").
 public struct BeaconHTTPClientConfiguration: Sendable {
     /// Longest wait for the TCP connection.
-    public var connectTimeout: TimeAmount = .seconds(1)
+    public var connectTimeout: Duration = .seconds(1)
     /// Longest time from connected to the end of the response; a slow peer is cut here.
-    public var responseTimeout: TimeAmount = .seconds(2)
+    public var responseTimeout: Duration = .seconds(2)
     /// Largest body accepted; a longer (declared or sent) body is cut. A Thali beacon stream for 1,000
     /// contacts is about 48 KiB.
     public var maxBodyBytes: Int = 64 * 1024
@@ -19,17 +19,17 @@ public struct BeaconHTTPClientConfiguration: Sendable {
     /// Attempts per fetch, the first included.
     public var maxAttempts: Int = 3
     /// Delay before the second attempt; doubles per attempt.
-    public var initialBackoff: TimeAmount = .milliseconds(100)
+    public var initialBackoff: Duration = .milliseconds(100)
     /// The largest delay between attempts.
-    public var maxBackoff: TimeAmount = .seconds(2)
+    public var maxBackoff: Duration = .seconds(2)
     /// Random spread of each delay, as a fraction: 0.5 draws from 50%...150% of it.
     public var jitter: Double = 0.5
     /// The wait assumed when a busy server (`503`) names none, or one this client cannot read (an
     /// HTTP date, garbage): `spec/ssdp.md` 6.1.
-    public var defaultBusyRetryAfter: TimeAmount = .seconds(5)
+    public var defaultBusyRetryAfter: Duration = .seconds(5)
     /// The longest wait a busy server's `Retry-After` is believed: a larger one is cut to this, so a
     /// peer cannot make itself unread for long by naming a day.
-    public var maxBusyRetryAfter: TimeAmount = .seconds(60)
+    public var maxBusyRetryAfter: Duration = .seconds(60)
     /// The local IPv4 address fetches leave from (nil: the kernel picks). Discovery sets its pinned
     /// interface's address, so a peer's fetches come from the address it announces: on a host with
     /// several addresses, the peer's own is the source that other peers' per-source limits see.
@@ -37,7 +37,7 @@ public struct BeaconHTTPClientConfiguration: Sendable {
 
     /// The retry delays: `initialBackoff` doubling up to `maxBackoff`, spread by `jitter`.
     public var backoff: Backoff {
-        Backoff(base: Duration(initialBackoff), cap: Duration(maxBackoff), jitter: jitter)
+        Backoff(base: initialBackoff, cap: maxBackoff, jitter: jitter)
     }
 
     /// The defaults above.
@@ -67,7 +67,7 @@ public struct BeaconFetchError: Error, Hashable, Sendable, CustomStringConvertib
         /// The server is busy: it answered `503` and asks to be fetched again after `retryAfter` (its
         /// `Retry-After`, bounded by `maxBusyRetryAfter`, or `defaultBusyRetryAfter`). Not a failure
         /// of the peer: it is not retried at once and counts toward no failure limit.
-        case busy(retryAfter: TimeAmount)
+        case busy(retryAfter: Duration)
     }
 
     /// What went wrong.
@@ -145,7 +145,7 @@ public struct BeaconHTTPClient: Sendable {
                 bootstrap = bootstrap.bind(to: try SocketAddress(ipAddress: source, port: 0))
             }
             bootstrap = bootstrap
-                .connectTimeout(configuration.connectTimeout)
+                .connectTimeout(TimeAmount(configuration.connectTimeout))
                 .channelInitializer { channel in
                     channel.eventLoop.makeCompletedFuture {
                         let sync = channel.pipeline.syncOperations
@@ -170,7 +170,7 @@ public struct BeaconHTTPClient: Sendable {
             promise.fail(reason)
             throw reason
         }
-        let timeout = channel.eventLoop.scheduleTask(in: configuration.responseTimeout) {
+        let timeout = channel.eventLoop.scheduleTask(in: TimeAmount(configuration.responseTimeout)) {
             promise.fail(BeaconFetchError.Reason.timedOut)
         }
         promise.futureResult.whenComplete { _ in
@@ -193,7 +193,7 @@ extension BeaconHTTPClientConfiguration {
     /// How long a busy server's answer asks us to wait: its `Retry-After` in whole seconds (RFC 9110
     /// §10.2.3 delta-seconds), at most `maxBusyRetryAfter`; `defaultBusyRetryAfter` when it names none
     /// or a form we do not read.
-    package var busyWait: @Sendable (String?) -> TimeAmount {
+    package var busyWait: @Sendable (String?) -> Duration {
         { [defaultBusyRetryAfter, maxBusyRetryAfter] value in
             if Mutant.httpIgnoresRetryAfter.isActive { return .zero }
             guard let value, let seconds = Int64(Substring(value).trimmingWhitespace()), seconds >= 0 else { return defaultBusyRetryAfter }
@@ -237,13 +237,13 @@ package final class BeaconResponseHandler: ChannelInboundHandler {
     private let host: String
     private let maxBodyBytes: Int
     /// The wait a busy answer's `Retry-After` header asks for.
-    private let busyWait: @Sendable (String?) -> TimeAmount
+    private let busyWait: @Sendable (String?) -> Duration
     private let promise: EventLoopPromise<[UInt8]>
     private var status: HTTPResponseStatus?
     private var body: [UInt8] = []
 
     package init(host: String, maxBodyBytes: Int,
-                 busyWait: @escaping @Sendable (String?) -> TimeAmount = BeaconHTTPClientConfiguration().busyWait,
+                 busyWait: @escaping @Sendable (String?) -> Duration = BeaconHTTPClientConfiguration().busyWait,
                  promise: EventLoopPromise<[UInt8]>) {
         self.host = host
         self.maxBodyBytes = maxBodyBytes

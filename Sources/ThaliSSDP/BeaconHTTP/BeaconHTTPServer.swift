@@ -13,19 +13,19 @@ public struct BeaconHTTPServerLimits: Sendable {
     /// needs one request per beacon change.
     public var maxRequestsPerSource: Int = 10
     /// The per-source window.
-    public var sourceWindow: TimeAmount = .seconds(10)
+    public var sourceWindow: Duration = .seconds(10)
     /// Source addresses remembered for the per-source limit (bounds its memory).
     public var maxTrackedSources: Int = 4096
     /// Connections accepted from everyone per `globalWindow`; beyond it the port closes.
     public var maxRequestsGlobal: Int = 200
     /// The global window.
-    public var globalWindow: TimeAmount = .seconds(1)
+    public var globalWindow: Duration = .seconds(1)
     /// How long the port stays closed after a global overload.
-    public var overloadClosePeriod: TimeAmount = .seconds(30)
+    public var overloadClosePeriod: Duration = .seconds(30)
     /// Connections open at once; more are closed at once.
     public var maxConcurrentConnections: Int = 64
     /// Time a connection may take to send its request and receive the answer; slow requesters are cut.
-    public var connectionTimeout: TimeAmount = .seconds(2)
+    public var connectionTimeout: Duration = .seconds(2)
     /// Connections accepted from everyone per `globalWindow` past which the server is busy: a request is
     /// answered `503 Service Unavailable` with `Retry-After` as soon as its head is read (`spec/ssdp.md`
     /// 6.1), long before `maxRequestsGlobal` closes the port. Half of it by default.
@@ -33,7 +33,7 @@ public struct BeaconHTTPServerLimits: Sendable {
     /// Connections open at once (the asking one included) past which the server is busy.
     public var busyConcurrentConnections: Int = 48
     /// The longest `Retry-After` of a busy answer: each draws a whole number of seconds from 1 to this.
-    public var maxBusyRetryAfter: TimeAmount = .seconds(2)
+    public var maxBusyRetryAfter: Duration = .seconds(2)
 
     /// The defaults above.
     public init() {}
@@ -98,7 +98,7 @@ public final class BeaconHTTPServer: Sendable {
     private let group: EventLoopGroup
     private let state: NIOLockedValueBox<State>
     private let boundPort = NIOLockedValueBox<Int>(0)
-    private let overloadHandler: @Sendable (TimeAmount) -> Void
+    private let overloadHandler: @Sendable (Duration) -> Void
     private let admission: AdmissionController<String>
     private let logger: Logger
 
@@ -108,7 +108,7 @@ public final class BeaconHTTPServer: Sendable {
     /// uses ``configureRequestHandling(on:beacons:)`` behind its own admission instead.
     public init(host: String, limits: BeaconHTTPServerLimits = .init(), group: EventLoopGroup,
                 logger: Logger = Logger(label: "thali.ssdp.http-server"),
-                onOverload: @escaping @Sendable (TimeAmount) -> Void = { _ in }) {
+                onOverload: @escaping @Sendable (Duration) -> Void = { _ in }) {
         self.host = host
         self.limits = limits
         self.group = group
@@ -215,7 +215,7 @@ public final class BeaconHTTPServer: Sendable {
             return channel.close()
         }
         ticket.release(when: channel.closeFuture)
-        let timeout = channel.eventLoop.scheduleTask(in: limits.connectionTimeout) { [state] in
+        let timeout = channel.eventLoop.scheduleTask(in: TimeAmount(limits.connectionTimeout)) { [state] in
             state.withLockedValue { $0.counters.timedOut += 1 }
             channel.close(promise: nil)
         }
@@ -238,16 +238,16 @@ public final class BeaconHTTPServer: Sendable {
     private func closeForOverload() {
         let channel = state.withLockedValue { state -> Channel? in
             guard state.closedUntil == nil, !state.stopped else { return nil }
-            state.closedUntil = .now() + limits.overloadClosePeriod
+            state.closedUntil = .now() + TimeAmount(limits.overloadClosePeriod)
             state.counters.overloadShutdowns += 1
             defer { state.channel = nil }
             return state.channel
         }
         guard let channel else { return }
-        logger.warning("beacon server overloaded; port closed", metadata: ["milliseconds": "\(limits.overloadClosePeriod.nanoseconds / 1_000_000)"])
+        logger.warning("beacon server overloaded; port closed", metadata: ["milliseconds": "\(TimeAmount(limits.overloadClosePeriod).nanoseconds / 1_000_000)"])
         channel.close(promise: nil)
         overloadHandler(limits.overloadClosePeriod)
-        channel.eventLoop.scheduleTask(in: limits.overloadClosePeriod) { [self] in self.reopen() }
+        channel.eventLoop.scheduleTask(in: TimeAmount(limits.overloadClosePeriod)) { [self] in self.reopen() }
     }
 
     private func reopen() {

@@ -59,8 +59,8 @@ struct PeerTable {
     let maxContactSources: Int
 
     init(maxPeers: Int, byebyeGrace: TimeAmount,
-         refetchDelay: TimeAmount = SSDPDiscoveryLimits().failedFetchRetryDelay,
-         maxRefetchDelay: TimeAmount = SSDPDiscoveryLimits().maxFailedFetchRetryDelay,
+         refetchDelay: TimeAmount = TimeAmount(SSDPDiscoveryLimits().failedFetchRetryDelay),
+         maxRefetchDelay: TimeAmount = TimeAmount(SSDPDiscoveryLimits().maxFailedFetchRetryDelay),
          maxRememberedReadPeers: Int = SSDPDiscoveryLimits().maxRememberedReadPeers,
          maxContactSources: Int = SSDPDiscoveryLimits().maxContactSources) {
         self.maxPeers = maxPeers

@@ -20,9 +20,9 @@ public struct SSDPDiscoveryConfiguration: Sendable {
     /// `NT` sent and the only `NT`/`ST` listened to.
     public var notificationType: String = ThaliServiceName.notificationType
     /// Interval between alive announcements while the app is in use (seed: 500 ms).
-    public var foregroundAliveInterval: TimeAmount = .milliseconds(500)
+    public var foregroundAliveInterval: Duration = .milliseconds(500)
     /// Interval between alive announcements in background mode (seed: one minute).
-    public var backgroundAliveInterval: TimeAmount = .seconds(60)
+    public var backgroundAliveInterval: Duration = .seconds(60)
     /// Whether the peer starts in background mode.
     public var background: Bool = false
     /// `CACHE-CONTROL: max-age` sent, in seconds (seed: 60).
@@ -32,14 +32,14 @@ public struct SSDPDiscoveryConfiguration: Sendable {
     /// `MX` of our M-SEARCHes, in seconds.
     public var searchMaxWait: Int = 3
     /// Shortest interval between our M-SEARCHes (seed: "no more than once every 5 minutes").
-    public var searchInterval: TimeAmount = .seconds(300)
+    public var searchInterval: Duration = .seconds(300)
     /// Upper bound of the random delay before answering an M-SEARCH: min(MX, this) seconds.
     public var maxSearchResponseDelaySeconds: Int = 5
     /// How long a byebye'd peer is kept so that the alive for its next USN, sent right after, reads as a
     /// change rather than a departure and a new arrival.
-    public var byebyeGracePeriod: TimeAmount = .milliseconds(300)
+    public var byebyeGracePeriod: Duration = .milliseconds(300)
     /// How often expiry and byebye graces are checked.
-    public var housekeepingInterval: TimeAmount = .milliseconds(100)
+    public var housekeepingInterval: Duration = .milliseconds(100)
     /// `SERVER` header value.
     public var server: String = "Linux UPnP/1.1 thali-swift/1.0"
     /// Datagram parser bounds.
@@ -77,7 +77,7 @@ extension SSDPDiscoveryConfiguration {
     /// Refuses timers that would spin the event loop and limits that could never be met.
     func validate() throws(SSDPDiscoveryService.StartError) {
         let configuration = self
-        let positiveTimes: [(String, TimeAmount)] = [
+        let positiveTimes: [(String, Duration)] = [
             ("foregroundAliveInterval", configuration.foregroundAliveInterval),
             ("backgroundAliveInterval", configuration.backgroundAliveInterval),
             ("searchInterval", configuration.searchInterval),
@@ -86,7 +86,7 @@ extension SSDPDiscoveryConfiguration {
             ("failedFetchRetryDelay", configuration.limits.failedFetchRetryDelay),
             ("maxFailedFetchRetryDelay", configuration.limits.maxFailedFetchRetryDelay),
         ]
-        let nonNegativeTimes: [(String, TimeAmount)] = [
+        let nonNegativeTimes: [(String, Duration)] = [
             ("fetchSpreadPerPeer", configuration.limits.fetchSpreadPerPeer),
             ("maxFetchSpread", configuration.limits.maxFetchSpread),
             ("unicastFailureMinimumSpan", configuration.limits.unicastFailureMinimumSpan),

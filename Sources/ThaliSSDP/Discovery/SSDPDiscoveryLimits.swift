@@ -10,13 +10,13 @@ import NIOCore
 /// flood limit is the last resort against many sources at once.
 public struct SSDPDiscoveryLimits: Sendable {
     /// Length of the window over which received datagrams are counted, per source and in all.
-    public var floodWindow: TimeAmount = .seconds(1)
+    public var floodWindow: Duration = .seconds(1)
     /// Datagrams from one source address per `floodWindow`; beyond it the source is ignored for
     /// `sourceRefusalPeriod`. An honest peer sends 2 alives per second in the foreground, a byebye and an
     /// alive per beacon change, and search answers: 50 leaves room for a few peers behind one address.
     public var maxDatagramsPerSource: Int = 50
     /// How long a source over `maxDatagramsPerSource` is ignored.
-    public var sourceRefusalPeriod: TimeAmount = .seconds(60)
+    public var sourceRefusalPeriod: Duration = .seconds(60)
     /// Peers (locations) tracked at once from one source address; more from it are not tracked (counted
     /// in `peersRejectedPerSource`). A host runs a few peers at most.
     public var maxPeersPerSource: Int = 8
@@ -38,7 +38,7 @@ public struct SSDPDiscoveryLimits: Sendable {
     /// `maxDatagramsReadPerWindow`, which narrows reading first.
     public var maxDatagramsPerWindow: Int = 2000
     /// How long discovery stays off after a flood (`maxDatagramsPerWindow`).
-    public var discoveryCooldown: TimeAmount = .seconds(60)
+    public var discoveryCooldown: Duration = .seconds(60)
     /// The most peers tracked at once (the seed: "configured with some maximum number of devices"). When
     /// the table is full, discovery narrows instead of switching off (`spec/ssdp.md` 7.2): a new peer takes
     /// the place of the tracked peer whose beacons were read longest ago (reported as it left,
@@ -63,13 +63,13 @@ public struct SSDPDiscoveryLimits: Sendable {
     /// announcing pauses: blocked unicast fails for as long as it lasts, while a peer starved of CPU
     /// for a moment (a crowd on a small device) sees a burst of connects fail together and then
     /// succeed. Default 20 s; zero pauses at the threshold at once.
-    public var unicastFailureMinimumSpan: TimeAmount = .seconds(20)
+    public var unicastFailureMinimumSpan: Duration = .seconds(20)
     /// The span instead of `unicastFailureMinimumSpan` once unicast has worked in this run (a fetch
     /// succeeded, or a peer reached us): a network that carried unicast rarely starts blocking it, while
     /// a crowd that saturates its peers can make every fetch fail for a while and reach us no more once
     /// it has read our beacons; 500 honest peers on 2 loaded cores drove some peers past 20 s (spec/ssdp.md
     /// 7.1). Default 120 s; never shorter than `unicastFailureMinimumSpan` in effect.
-    public var unicastFailureMinimumSpanOnceWorked: TimeAmount = .seconds(120)
+    public var unicastFailureMinimumSpanOnceWorked: Duration = .seconds(120)
     /// How late this peer's own event loop may run during a failure streak before the streak is read as
     /// this device's starvation rather than blocked unicast. Lateness is measured for free on the
     /// housekeeping tick (every `housekeepingInterval`): a loop that runs that tick this much later than
@@ -77,18 +77,18 @@ public struct SSDPDiscoveryLimits: Sendable {
     /// A streak in which the loop ran this late starts over instead of pausing announcing: blocked unicast
     /// fails on a device that keeps time, oversubscription fails on one that does not. Default 250 ms
     /// (a loop a few milliseconds late is the normal case); zero turns the check off.
-    public var unicastFailureStarvedLoopLag: TimeAmount = .milliseconds(250)
+    public var unicastFailureStarvedLoopLag: Duration = .milliseconds(250)
     /// How long announcements pause when unicast to many sources fails, and how long a source whose
     /// fetches keep failing is ignored.
-    public var unicastFailurePause: TimeAmount = .seconds(60)
+    public var unicastFailurePause: Duration = .seconds(60)
     /// After a peer's beacon fetch failed (every attempt of it, or not made because its source was being
     /// ignored), how long until an alive of the same USN fetches it again; doubled per failure in a row
     /// up to `maxFailedFetchRetryDelay`. A USN is otherwise fetched once: a peer whose beacons do not
     /// change (one item left for us) would stay unread after one failure in a crowd.
-    public var failedFetchRetryDelay: TimeAmount = .seconds(2)
+    public var failedFetchRetryDelay: Duration = .seconds(2)
     /// The longest wait before a failed fetch is tried again (a location that never answers costs one
     /// fetch per this period, and its source's refusal, `sourceFetchFailureThreshold`, comes first).
-    public var maxFailedFetchRetryDelay: TimeAmount = .seconds(60)
+    public var maxFailedFetchRetryDelay: Duration = .seconds(60)
     /// Beacon fetches in flight at once; others wait in a queue no longer than `maxTrackedPeers`.
     public var maxConcurrentFetches: Int = 4
     /// How far a crowd spreads its fetches of one peer's new beacons, per peer tracked: each fetch of a
@@ -97,11 +97,11 @@ public struct SSDPDiscoveryLimits: Sendable {
     /// at once, and past the beacon server's global rate (200 connections a second by default) honest
     /// peers close its port. With it a peer is fetched about `1 / fetchSpreadPerPeer` times a second
     /// (100 by default) whatever the crowd's size. Zero: fetch at once.
-    public var fetchSpreadPerPeer: TimeAmount = .milliseconds(10)
+    public var fetchSpreadPerPeer: Duration = .milliseconds(10)
     /// The longest wait `fetchSpreadPerPeer` adds: it bounds how late a changed beacon is read. Above
     /// `maxTrackedPeers × fetchSpreadPerPeer` (10.24 s) by default, so the spread holds for every crowd a
     /// peer tracks.
-    public var maxFetchSpread: TimeAmount = .seconds(15)
+    public var maxFetchSpread: Duration = .seconds(15)
     /// Search answers waiting for their random delay at once; more M-SEARCHes are not answered.
     public var maxPendingSearchResponses: Int = 16
     /// Source addresses remembered as a contact's (their beacons matched one, `SSDPDiscoveryService.markContact(at:)`),
@@ -111,17 +111,18 @@ public struct SSDPDiscoveryLimits: Sendable {
     /// How long discovery must go without narrowing (no read pause, the table below seven eighths of
     /// `maxTrackedPeers`) before a new narrowing is reported again as `.limitTriggered(.narrowed)`: one
     /// report per episode, not one per window of a hall that keeps the budget full.
-    public var narrowingEpisodeGap: TimeAmount = .seconds(10)
+    public var narrowingEpisodeGap: Duration = .seconds(10)
 
     /// The defaults above.
     public init() {}
 
     /// How long the fetch of a new USN waits while `trackedPeers` are tracked: a draw from `generator`
     /// below `trackedPeers × fetchSpreadPerPeer`, capped at `maxFetchSpread` (zero when either is zero).
-    public func fetchDelay(trackedPeers: Int, using generator: inout some RandomNumberGenerator) -> TimeAmount {
+    public func fetchDelay(trackedPeers: Int, using generator: inout some RandomNumberGenerator) -> Duration {
         guard fetchSpreadPerPeer > .zero, maxFetchSpread > .zero, trackedPeers > 0 else { return .zero }
-        let (product, overflow) = fetchSpreadPerPeer.nanoseconds.multipliedReportingOverflow(by: Int64(trackedPeers))
-        let window = overflow ? maxFetchSpread.nanoseconds : min(maxFetchSpread.nanoseconds, product)
+        let perPeer = TimeAmount(fetchSpreadPerPeer).nanoseconds, cap = TimeAmount(maxFetchSpread).nanoseconds
+        let (product, overflow) = perPeer.multipliedReportingOverflow(by: Int64(trackedPeers))
+        let window = overflow ? cap : min(cap, product)
         return .nanoseconds(Int64.random(in: 0..<window, using: &generator))
     }
 }

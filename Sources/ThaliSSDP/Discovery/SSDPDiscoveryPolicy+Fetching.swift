@@ -120,7 +120,7 @@ extension SSDPDiscoveryPolicy {
     /// A random wait below `trackedPeers × fetchSpreadPerPeer` (spec/ssdp.md 5): what spreads a crowd's
     /// fetches of one peer.
     private mutating func crowdSpread() -> TimeAmount {
-        limits.fetchDelay(trackedPeers: table.count, using: &random)
+        TimeAmount(limits.fetchDelay(trackedPeers: table.count, using: &random))
     }
 
     /// A busy answer (spec/ssdp.md 6.1): the source asked to be fetched again after `wait`. Its fetches wait
@@ -148,7 +148,7 @@ extension SSDPDiscoveryPolicy {
                 "sources": "\(sources)", "worstLoopLagMs": "\(counters.worstLoopLagMilliseconds)",
             ])]
         case .blocked:
-            let (actions, started) = pause(for: limits.unicastFailurePause, kind: .unicastFailure, now: now)
+            let (actions, started) = pause(for: TimeAmount(limits.unicastFailurePause), kind: .unicastFailure, now: now)
             if started { counters.unicastFailurePauses += 1 }
             return actions
         }

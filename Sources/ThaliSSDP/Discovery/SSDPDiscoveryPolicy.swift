@@ -70,7 +70,7 @@ struct SSDPDiscoveryPolicy {
             case .success(let bytes): self = .fetched(bytes)
             case .failure(let error):
                 if case .busy(let wait) = error.reason {
-                    self = .busy(retryAfter: wait)
+                    self = .busy(retryAfter: TimeAmount(wait))
                 } else {
                     self = .failed(error.failure ?? BeaconFetchFailure(.badResponse, "\(error.reason)"))
                 }
@@ -106,9 +106,9 @@ struct SSDPDiscoveryPolicy {
         let limits = configuration.limits
         announcer = SSDPAnnouncer(configuration: configuration,
                                   location: BeaconLocation(host: configuration.interfaceAddress, port: 0))
-        searcher = SSDPSearcher(interval: configuration.searchInterval)
-        table = PeerTable(maxPeers: limits.maxTrackedPeers, byebyeGrace: configuration.byebyeGracePeriod,
-                          refetchDelay: limits.failedFetchRetryDelay, maxRefetchDelay: limits.maxFailedFetchRetryDelay,
+        searcher = SSDPSearcher(interval: TimeAmount(configuration.searchInterval))
+        table = PeerTable(maxPeers: limits.maxTrackedPeers, byebyeGrace: TimeAmount(configuration.byebyeGracePeriod),
+                          refetchDelay: TimeAmount(limits.failedFetchRetryDelay), maxRefetchDelay: TimeAmount(limits.maxFailedFetchRetryDelay),
                           maxRememberedReadPeers: limits.maxRememberedReadPeers, maxContactSources: limits.maxContactSources)
         sources = SSDPSourceBudgets(limits: limits)
         readBudget = SSDPReadBudget(limits: limits)
@@ -134,7 +134,7 @@ struct SSDPDiscoveryPolicy {
     var isAnnouncingPaused: Bool { if case .paused = announcer.state { true } else { false } }
     /// The interval between alives: the background one in background mode.
     var aliveInterval: TimeAmount {
-        (background ?? configuration.background) ? configuration.backgroundAliveInterval : configuration.foregroundAliveInterval
+        TimeAmount((background ?? configuration.background) ? configuration.backgroundAliveInterval : configuration.foregroundAliveInterval)
     }
 
     // MARK: Announcing
@@ -148,8 +148,8 @@ struct SSDPDiscoveryPolicy {
     /// periodic ticks armed.
     mutating func start(advertising: Bool, now: NIODeadline) -> [Action] {
         (advertising ? advertise(true) : []) + searchDue(now: now)
-            + [.arm(.housekeeping, at: now + configuration.housekeepingInterval), rearmAlive(now: now),
-               .arm(.search, at: now + configuration.searchInterval)]
+            + [.arm(.housekeeping, at: now + TimeAmount(configuration.housekeepingInterval)), rearmAlive(now: now),
+               .arm(.search, at: now + TimeAmount(configuration.searchInterval))]
     }
 
     /// Arms a new round of the alive timer, one interval from `now`; the round armed before goes stale.
@@ -216,7 +216,7 @@ struct SSDPDiscoveryPolicy {
     /// joining a network (the search interval starts over).
     mutating func moved(now: NIODeadline) -> [Action] {
         guard !isStopped else { return [] }
-        searcher = SSDPSearcher(interval: configuration.searchInterval)
+        searcher = SSDPSearcher(interval: TimeAmount(configuration.searchInterval))
         let alive: [Action] = announcer.isAnnouncing ? announcer.serviceName.map { [.send(announcer.alive($0), to: nil)] } ?? [] : []
         // The alive timer starts over: the next periodic alive follows the one just sent.
         return alive + searchDue(now: now) + [rearmAlive(now: now)]
@@ -255,10 +255,10 @@ struct SSDPDiscoveryPolicy {
             return aliveDue(now: now) + [.arm(timer, at: now + aliveInterval)]
         case .search:
             guard !isStopped else { return [] }
-            return searchDue(now: now) + [.arm(.search, at: now + configuration.searchInterval)]
+            return searchDue(now: now) + [.arm(.search, at: now + TimeAmount(configuration.searchInterval))]
         case .housekeeping:
             guard !isStopped else { return [] }
-            return housekeeping(now: now) + [.arm(.housekeeping, at: now + configuration.housekeepingInterval)]
+            return housekeeping(now: now) + [.arm(.housekeeping, at: now + TimeAmount(configuration.housekeepingInterval))]
         case .readingResumes:
             readBudget.readingResumed()
             return isStopped ? [] : [.pauseReading(false)]
@@ -284,7 +284,7 @@ struct SSDPDiscoveryPolicy {
 
     /// The housekeeping tick at `now`: how late the loop ran, expiry and byebye graces, narrowing's end.
     mutating func housekeeping(now: NIODeadline) -> [Action] {
-        if let lag = unicastFailures.tick(now: now, interval: configuration.housekeepingInterval) {
+        if let lag = unicastFailures.tick(now: now, interval: TimeAmount(configuration.housekeepingInterval)) {
             let lagMilliseconds = Int(lag.nanoseconds / 1_000_000)
             if lagMilliseconds > counters.worstLoopLagMilliseconds { counters.worstLoopLagMilliseconds = lagMilliseconds }
         }

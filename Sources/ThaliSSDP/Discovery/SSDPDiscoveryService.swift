@@ -181,7 +181,7 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
     /// Stops announcing for `period` (byebye now, alive again after it), reported as
     /// `.limitTriggered(.httpOverload)`: for an app serving the beacons itself
     /// (``SSDPDiscoveryConfiguration/BeaconServer/external(port:)``) whose port closed for an overload.
-    public func pauseAnnouncing(for period: TimeAmount) {
+    public func pauseAnnouncing(for period: Duration) {
         httpOverloaded(for: period)
     }
 
@@ -365,10 +365,10 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
         server.counters.requestsAnswered + inboundUnicastReported.withLockedValue { $0 }
     }
 
-    private func httpOverloaded(for period: TimeAmount) {
+    private func httpOverloaded(for period: Duration) {
         eventLoop.execute { [self] in
             guard started, !policy.isStopped else { return }
-            perform(policy.pauseAnnouncing(for: period, kind: .httpOverload, now: .now()))
+            perform(policy.pauseAnnouncing(for: TimeAmount(period), kind: .httpOverload, now: .now()))
         }
     }
 }

@@ -23,7 +23,7 @@ struct SSDPNarrowingEpisodes {
 
     init(limits: SSDPDiscoveryLimits) {
         maxTrackedPeers = limits.maxTrackedPeers
-        episodeGap = limits.narrowingEpisodeGap
+        episodeGap = TimeAmount(limits.narrowingEpisodeGap)
     }
 
     /// Reading paused by its budget at `now`.

@@ -43,7 +43,7 @@ struct SSDPReadBudget {
         guard reads.record(now: now) else {
             guard !isReadingPaused else { return .dropped }
             isReadingPaused = true
-            return .pauseReading(until: max(now, (reads.start ?? now) + limits.floodWindow))
+            return .pauseReading(until: max(now, (reads.start ?? now) + TimeAmount(limits.floodWindow)))
         }
         return .read
     }
@@ -57,7 +57,7 @@ struct SSDPReadBudget {
     /// come back on, if this one switched it off.
     mutating func countTowardFlood(now: NIODeadline) -> NIODeadline? {
         guard !flood.record(now: now) else { return nil }
-        let until = now + limits.discoveryCooldown
+        let until = now + TimeAmount(limits.discoveryCooldown)
         discoveryOffUntil = until
         return until
     }

@@ -54,7 +54,7 @@ struct SSDPSourceBudgets: Sendable {
             entry.consecutiveFetchFailures = 0
         }
         guard entry.window.record(now: now) else {
-            entry.refusedUntil = now + limits.sourceRefusalPeriod
+            entry.refusedUntil = now + TimeAmount(limits.sourceRefusalPeriod)
             entry.refusal = .datagramRate
             return (false, true)
         }
@@ -109,7 +109,7 @@ struct SSDPSourceBudgets: Sendable {
         defer { sources[source] = entry }
         entry.consecutiveFetchFailures += 1
         guard entry.consecutiveFetchFailures >= limits.sourceFetchFailureThreshold, entry.refusedUntil == nil else { return false }
-        entry.refusedUntil = now + limits.unicastFailurePause
+        entry.refusedUntil = now + TimeAmount(limits.unicastFailurePause)
         entry.refusal = .fetchFailures
         return true
     }

@@ -57,7 +57,7 @@ struct SSDPUnicastFailureStreak {
         let unicastHasWorked = anyFetchSucceeded || inbound > 0
         let span = unicastHasWorked ? max(limits.unicastFailureMinimumSpan, limits.unicastFailureMinimumSpanOnceWorked)
                                     : limits.unicastFailureMinimumSpan
-        guard let since = failingSince, failingSources.count >= limits.unicastFailureThreshold, now - since >= span else {
+        guard let since = failingSince, failingSources.count >= limits.unicastFailureThreshold, now - since >= TimeAmount(span) else {
             return .goingOn
         }
         // Our own loop stopped for a while: the fetches failed because we were not running. Start over.
@@ -78,7 +78,7 @@ struct SSDPUnicastFailureStreak {
         defer { lastTick = now }
         guard let lastTick else { return nil }
         let lag = now - lastTick - interval
-        let limit = limits.unicastFailureStarvedLoopLag
+        let limit = TimeAmount(limits.unicastFailureStarvedLoopLag)
         if failingSince != nil, limit > .zero, lag >= limit { loopStarvedDuringStreak = true }
         return lag
     }

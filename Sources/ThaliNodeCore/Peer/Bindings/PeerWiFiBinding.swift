@@ -26,7 +26,7 @@ final class PeerWiFiBinding: PeerBindingService {
         ssdp.port = configuration.ssdpPort
         ssdp.beaconServer = .external(port: nodePort)
         ssdp.maxAge = configuration.maxAge
-        ssdp.foregroundAliveInterval = TimeAmount(configuration.aliveInterval)
+        ssdp.foregroundAliveInterval = configuration.aliveInterval
         ssdp.limits = configuration.discoveryLimits
         let service = SSDPDiscoveryService(configuration: ssdp, group: group, logger: logger) { peer, bytes in
             events(.beaconsFetched(origin: .wifi(peer.location), location: peer.location, bytes: bytes))
@@ -63,7 +63,7 @@ final class PeerWiFiBinding: PeerBindingService {
     }
 
     func pauseAnnouncing(for period: Duration) {
-        service.withLockedValue { $0 }?.pauseAnnouncing(for: TimeAmount(period))
+        service.withLockedValue { $0 }?.pauseAnnouncing(for: period)
     }
 
     /// A peer on the network reached our port (discovery's unicast rule: unicast is not blocked).
@@ -110,20 +110,19 @@ final class PeerWiFiBinding: PeerBindingService {
     /// narrowing, which switches nothing off (its period: the quiet time that ends its episode).
     static func report(of kind: SSDPDiscoveryEvent.LimitKind, limits: SSDPDiscoveryLimits,
                        admission: AdmissionLimits) -> PeerLimitReport {
-        func duration(_ amount: TimeAmount) -> Duration { .nanoseconds(amount.nanoseconds) }
-        func seconds(_ amount: TimeAmount) -> String { "\(amount.nanoseconds / 1_000_000_000) s" }
+        func seconds(_ amount: Duration) -> String { "\(amount.components.seconds) s" }
         switch kind {
         case .announcementFlood:
-            return PeerLimitReport(kind: PeerLimitKind(kind), effect: .discoveryOff, period: duration(limits.discoveryCooldown),
+            return PeerLimitReport(kind: PeerLimitKind(kind), effect: .discoveryOff, period: limits.discoveryCooldown,
                                    detail: "SSDP discovery off for \(seconds(limits.discoveryCooldown)) (last resort: more than \(limits.maxDatagramsPerWindow) datagrams per \(seconds(limits.floodWindow)))")
         case .narrowed:
-            return PeerLimitReport(kind: PeerLimitKind(kind), effect: .discoveryNarrowed, period: duration(limits.narrowingEpisodeGap),
+            return PeerLimitReport(kind: PeerLimitKind(kind), effect: .discoveryNarrowed, period: limits.narrowingEpisodeGap,
                                    detail: "SSDP discovery narrowed to a sample of the crowd (more than \(limits.maxTrackedPeers) peers or \(limits.maxDatagramsReadPerWindow) datagrams per \(seconds(limits.floodWindow))); nothing switched off, reported again after \(seconds(limits.narrowingEpisodeGap)) without narrowing")
         case .unicastFailure:
-            return PeerLimitReport(kind: PeerLimitKind(kind), effect: .announcingPaused, period: duration(limits.unicastFailurePause),
+            return PeerLimitReport(kind: PeerLimitKind(kind), effect: .announcingPaused, period: limits.unicastFailurePause,
                                    detail: "announcing paused for \(seconds(limits.unicastFailurePause)) (last resort: \(limits.unicastFailureThreshold) unicast failures)")
         case .httpOverload:
-            return PeerLimitReport(kind: PeerLimitKind(kind), effect: .portClosed, period: duration(admission.overloadClosePeriod),
+            return PeerLimitReport(kind: PeerLimitKind(kind), effect: .portClosed, period: admission.overloadClosePeriod,
                                    detail: "beacon and PSK-TLS port closed and announcing paused for \(seconds(admission.overloadClosePeriod)) (last resort: more than \(admission.maxConnectionsGlobal) connections per \(seconds(admission.globalWindow)) from sources each within its own bounds)")
         }
     }
