@@ -28,7 +28,7 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
     private let eventSink: AsyncStream<SSDPDiscoveryEvent>.Continuation
     /// The beacon client, its source the pinned address (replaced by ``move(to:port:)``; loop-confined).
     private var client: BeaconHTTPClient
-    private let server: BeaconHTTPServer
+    let server: BeaconHTTPServer
     /// Connections from peers that an app serving the beacons itself reported (``noteInboundUnicast()``).
     private let inboundUnicastReported = NIOLockedValueBox(0)
 
@@ -213,44 +213,11 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
         eventSink.finish()
     }
 
-    /// The peers tracked now.
-    public func peers() async -> [SSDPPeer] {
-        await read([]) { $0.peers }
-    }
-
-    /// What discovery has counted so far.
-    public func counters() async -> SSDPDiscoveryCounters {
-        await read(SSDPDiscoveryCounters()) { $0.counters }
-    }
-
     /// Tells discovery that the beacons fetched from `location` matched one of the app's contacts: its
     /// source keeps its place in a full table and its fetches go ahead of strangers' (spec/ssdp.md 7.2).
     /// At most `maxContactSources` sources are remembered, the latest first.
     public func markContact(at location: BeaconLocation) {
         eventLoop.execute { [self] in policy.markContact(host: location.host) }
-    }
-
-    /// What the beacon server has counted so far.
-    public var serverCounters: BeaconHTTPServerCounters { server.counters }
-
-    /// Where this peer's beacons are served (port 0 before `start`).
-    public func location() async -> BeaconLocation {
-        await read(BeaconLocation(host: configuration.interfaceAddress, port: 0)) { $0.location }
-    }
-
-    /// This peer's current USN, if it advertises.
-    public func uniqueServiceName() async -> String? {
-        await read(nil) { $0.serviceName }
-    }
-
-    /// Whether discovery is currently switched off by a flood.
-    public func isDiscoveryOff() async -> Bool {
-        await read(false) { $0.isDiscoveryOff }
-    }
-
-    /// Whether announcements are currently paused by a limit.
-    public func isAnnouncingPaused() async -> Bool {
-        await read(false) { $0.isAnnouncingPaused }
     }
 
     /// Tells discovery that a peer on the network reached this one over unicast: for an app that serves
@@ -263,7 +230,7 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
     }
 
     /// Reads `value` of the policy on the loop (`fallback` once the loop is gone).
-    private func read<Value: Sendable>(_ fallback: Value, _ value: @escaping @Sendable (SSDPDiscoveryPolicy) -> Value) async -> Value {
+    func read<Value: Sendable>(_ fallback: Value, _ value: @escaping @Sendable (SSDPDiscoveryPolicy) -> Value) async -> Value {
         (try? await eventLoop.submit { value(self.policy) }.get()) ?? fallback
     }
 
