@@ -186,7 +186,7 @@ struct LinkFlapTests {
                         outagesSeenAt = clock.now
                     }
                 }
-                usleep(50_000)
+                usleep(50_000)  // paces the requests, one every 50 ms as the test says; nothing waits for a result
             }
             return (answered, nil, slowest, lab.outages)
         }.value
