@@ -135,6 +135,8 @@ struct BenchRelayTests {
         defer { bench.terminate(signal: SIGKILL) }
         // Every process the bench started (its descendants), recorded whenever the test looks.
         var started: [pid_t: ProcessRecord] = [:]
+        // What a failing run left behind is the test's to end.
+        defer { for (pid, record) in started where record.isRunning(pid: pid) { kill(pid, SIGKILL) } }
         func look() -> [pid_t: ProcessRecord] {
             let tree = ProcessRecord.descendants(of: bench.pid)
             started.merge(tree) { old, _ in old }
