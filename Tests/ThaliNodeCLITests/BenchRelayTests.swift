@@ -2,6 +2,10 @@ import Foundation
 import Testing
 import ThaliTestSupport
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// `thali-node bench relay --json` as scripts read it (issue 25): a tiny run through two real relaying
 /// nodes; the figures are printed, never asserted, but every byte is checked against the pattern.
 @Suite("thali-node bench relay", .serialized)
@@ -96,5 +100,140 @@ struct BenchRelayTests {
                 }
             }
         }
+    }
+
+    /// Whether the programs `--peers` runs are installed (stunnel, ssh, sshd, ssh-keygen).
+    static var peersInstalled: Bool {
+        (ChildProcess.which("stunnel4") ?? ChildProcess.which("stunnel")) != nil && ChildProcess.which("ssh") != nil
+            && ChildProcess.which("ssh-keygen") != nil && (ChildProcess.which("sshd") ?? ChildProcess.which("/usr/sbin/sshd")) != nil
+    }
+
+    /// A signal sent to `bench relay --peers` while one of its forwarders runs.
+    struct Interruption: Sendable, CustomTestStringConvertible {
+        /// The forwarder running when the signal is sent: `stunnel`, `ssh` (with sshd's session processes) or `relay`.
+        var stage: String
+        var signal: Int32
+        var testDescription: String { "\(stage), signal \(signal)" }
+    }
+
+    @Test("a signal while a forwarder runs ends every process --peers started, removes its directories, and exits with 128 + the signal",
+          .enabled(if: TestEnvironment.available(peersInstalled)),
+          arguments: [Interruption(stage: "stunnel", signal: SIGINT), Interruption(stage: "ssh", signal: SIGTERM),
+                      Interruption(stage: "relay", signal: SIGHUP)])
+    func signalEndsEverything(_ interruption: Interruption) async throws {
+        // The bench's temporary directory is the test's own: what is left in it afterwards is the bench's.
+        var template = Array((FileManager.default.temporaryDirectory.path + "/thali-bench-signal-XXXXXX").utf8CString)
+        let made = try #require(template.withUnsafeMutableBufferPointer { mkdtemp($0.baseAddress!) })
+        let temporary = String(cString: made)
+        defer { try? FileManager.default.removeItem(atPath: temporary) }
+        // Enough bytes that each path lasts seconds (a debug build moves tens to hundreds of MB/s), far beyond
+        // the 20 ms between looks; the signal ends the run long before its end.
+        let bench = try ChildProcess(CommandLineTests.executable, ["bench", "relay", "--peers", "--json", "--mib", "128",
+                                                                   "--parallel", "2", "--parallel-mib", "64", "--requests", "2000",
+                                                                   "--gets", "200"],
+                                     environment: ["TMPDIR": temporary])
+        defer { bench.terminate(signal: SIGKILL) }
+        // Every process the bench started (its descendants), recorded whenever the test looks.
+        var started: [pid_t: ProcessRecord] = [:]
+        // What a failing run left behind is the test's to end.
+        defer { for (pid, record) in started where record.isRunning(pid: pid) { kill(pid, SIGKILL) } }
+        func look() -> [pid_t: ProcessRecord] {
+            let tree = ProcessRecord.descendants(of: bench.pid)
+            started.merge(tree) { old, _ in old }
+            return tree
+        }
+        let reached = try await waitUntil(timeout: .seconds(120)) {
+            let tree = look()
+            let names = tree.values.map(\.name)
+            switch interruption.stage {
+            case "stunnel": return names.filter { $0.hasPrefix("stunnel") }.count == 2
+            case "ssh":
+                // ssh -L connected: sshd has a session process of its own.
+                return names.contains("ssh") && tree.values.contains { $0.name.hasPrefix("sshd") && tree[$0.parent]?.name.hasPrefix("sshd") == true }
+            default: return names.filter { $0 == "thali-node" }.count == 2
+            }
+        }
+        try #require(reached, "the bench did not reach \(interruption.stage): \(started.values.map(\.name)) \(bench.output)")
+        kill(bench.pid, interruption.signal)
+        let exited = try await waitUntil(timeout: .seconds(30)) {
+            _ = look()
+            return bench.exitStatus != nil
+        }
+        try #require(exited, "the bench did not exit after signal \(interruption.signal)")
+        #expect(bench.exitStatus == 128 + interruption.signal, "\(bench.output)")
+        // Ended before the bench exited: none is still running (a zombie of another parent is reaped by it or by init).
+        let running = started.filter { $0.value.isRunning(pid: $0.key) }
+        #expect(running.isEmpty, "still running after the bench exited: \(running.values.map(\.command))")
+        #expect(try await waitUntil(timeout: .seconds(10)) { !started.contains { $0.value.exists(pid: $0.key) } },
+                "not reaped: \(started.filter { $0.value.exists(pid: $0.key) }.values.map(\.command))")
+        // The forwarders' directories were the bench's, under its temporary directory, and are gone with it.
+        let directories = Set(started.values.compactMap(\.directory))
+        #expect(!directories.isEmpty, "\(started.values.map(\.command))")
+        for directory in directories { #expect(directory.hasPrefix(temporary + "/"), "\(directory)") }
+        let left = try FileManager.default.contentsOfDirectory(atPath: temporary)
+        #expect(left.isEmpty, "left in the bench's temporary directory: \(left)")
+    }
+}
+
+/// A process as the signal test records it from `/proc`: its parent, name, command line and start time
+/// (which, with its id, names it even if the id is used again).
+struct ProcessRecord {
+    var parent: pid_t
+    var name: String
+    var command: [String]
+    var start: UInt64
+
+    /// The directory of the files a forwarder was started with: stunnel's configuration, sshd's `-f`, a node's `--home`.
+    var directory: String? {
+        let file: String?
+        if name.hasPrefix("stunnel") {
+            file = command.dropFirst().first
+        } else if let flag = command.firstIndex(where: { $0 == "-f" || $0 == "--home" }), flag + 1 < command.count {
+            file = command[flag + 1]
+        } else {
+            file = nil
+        }
+        return file.map { ($0 as NSString).deletingLastPathComponent }
+    }
+
+    /// `/proc/<pid>/stat`'s state, parent and start time, and the name and command line.
+    static func read(_ pid: pid_t) -> (record: ProcessRecord, state: Character)? {
+        guard let data = FileManager.default.contents(atPath: "/proc/\(pid)/stat") else { return nil }
+        let text = String(decoding: data, as: UTF8.self)
+        guard let open = text.firstIndex(of: "("), let close = text.lastIndex(of: ")") else { return nil }
+        let fields = text[text.index(after: close)...].split(separator: " ")
+        guard fields.count > 19, let state = fields[0].first, let parent = pid_t(fields[1]), let start = UInt64(fields[19]) else { return nil }
+        let arguments = FileManager.default.contents(atPath: "/proc/\(pid)/cmdline") ?? Data()
+        let command = arguments.split(separator: 0).map { String(decoding: $0, as: UTF8.self) }
+        let record = ProcessRecord(parent: parent, name: String(text[text.index(after: open)..<close]), command: command, start: start)
+        return (record, state)
+    }
+
+    /// The live descendants of `root`, by id.
+    static func descendants(of root: pid_t) -> [pid_t: ProcessRecord] {
+        var table: [pid_t: ProcessRecord] = [:]
+        for name in (try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? [] {
+            guard let pid = pid_t(name), let found = read(pid) else { continue }
+            table[pid] = found.record
+        }
+        var children: [pid_t: [pid_t]] = [:]
+        for (pid, record) in table { children[record.parent, default: []].append(pid) }
+        var found: [pid_t: ProcessRecord] = [:]
+        var pending = children[root] ?? []
+        while let pid = pending.popLast() {
+            guard found[pid] == nil, let record = table[pid] else { continue }
+            found[pid] = record
+            pending.append(contentsOf: children[pid] ?? [])
+        }
+        return found
+    }
+
+    /// Whether this process (`pid` with this start time) exists, even as a zombie.
+    func exists(pid: pid_t) -> Bool { Self.read(pid)?.record.start == start }
+
+    /// Whether this process is still running (exists and is no zombie).
+    func isRunning(pid: pid_t) -> Bool {
+        guard let now = Self.read(pid), now.record.start == start else { return false }
+        return now.state != "Z"
     }
 }

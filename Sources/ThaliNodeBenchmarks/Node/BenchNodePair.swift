@@ -26,6 +26,10 @@ final class BenchNodePair: Sendable {
         let homes = Self.names.map { NodeHome(path: "\(root)/\($0)") }
         (self.root, self.homes) = (root, homes)
         do {
+            try BenchInterruption.starting {
+                try FileManager.default.createDirectory(atPath: root, withIntermediateDirectories: true)
+                BenchInterruption.keep(directory: root)
+            }
             var keys: [PrivateKey] = []
             for home in homes {
                 try home.create()
@@ -38,6 +42,7 @@ final class BenchNodePair: Sendable {
             }
         } catch {
             try? FileManager.default.removeItem(atPath: root)
+            BenchInterruption.forget(directory: root)
             throw error
         }
     }
@@ -60,10 +65,11 @@ final class BenchNodePair: Sendable {
                     launcher = "ip"
                     run = ["netns", "exec", hosts[index].namespace, executable] + run
                 }
-                let peer = try SpawnedPeer(name: name, executable: launcher, arguments: run,
-                                           stderrPath: home.path + "/run.log") { line in
-                    guard let record = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any] else { return }
-                    onRecord(name, record)
+                let peer = try BenchInterruption.starting {
+                    try SpawnedPeer(name: name, executable: launcher, arguments: run, stderrPath: home.path + "/run.log") { line in
+                        guard let record = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any] else { return }
+                        onRecord(name, record)
+                    }
                 }
                 peers.withLockedValue { $0.append(peer) }
             }
@@ -100,5 +106,6 @@ final class BenchNodePair: Sendable {
     func stop() {
         stopNodes()
         try? FileManager.default.removeItem(atPath: root)
+        BenchInterruption.forget(directory: root)
     }
 }

@@ -39,7 +39,9 @@ struct BenchRelay: AsyncParsableCommand {
             cpu_ms_per_1000_gets (null for direct), verified_bytes, processes (forwarding processes counted); ratios: \
             relay_vs_stunnel and relay_vs_ssh (null when either is absent), each the relay's figure over the peer's \
             for every figure above from single_mb_s to cpu_ms_per_1000_gets (null when the peer's is 0); and mib, \
-            parallel, parallel_mib, requests, response_bytes, gets.
+            parallel, parallel_mib, requests, response_bytes, gets. \
+            SIGINT, SIGTERM or SIGHUP ends every process the run started (forwarders, nodes, sshd's sessions) and \
+            removes its temporary directories; the command then exits with 128 + the signal (130, 143, 129).
             """)
 
     @Option(help: "MiB of the single-stream transfer.") var mib = 64
@@ -70,7 +72,21 @@ struct BenchRelay: AsyncParsableCommand {
         var verifiedBytes: Int
     }
 
+    /// Runs the measurements; a signal (SIGINT, SIGTERM, SIGHUP) ends every process they started and
+    /// removes their directories, and the command exits with 128 + the signal (``BenchInterruption``).
     func run() async throws {
+        BenchInterruption.install()
+        do {
+            try await measureAndPrint()
+        } catch {
+            // An error that a signal caused (its children ended under it) ends as the signal does.
+            BenchInterruption.finishIfInterrupted()
+            throw error
+        }
+        BenchInterruption.finishIfInterrupted()
+    }
+
+    private func measureAndPrint() async throws {
         if peers { return try await runPeers() }
         let app = try RelayBenchApp()
         defer { app.stop() }

@@ -86,10 +86,14 @@ final class RelayBenchScratch {
 
     init(label: String) throws {
         var template = Array((FileManager.default.temporaryDirectory.path + "/thali-bench-\(label)-XXXXXX").utf8CString)
-        guard let made = template.withUnsafeMutableBufferPointer({ mkdtemp($0.baseAddress!) }) else {
-            throw ValidationError("mkdtemp failed: \(String(cString: strerror(errno)))")
+        path = try BenchInterruption.starting {
+            guard let made = template.withUnsafeMutableBufferPointer({ mkdtemp($0.baseAddress!) }) else {
+                throw ValidationError("mkdtemp failed: \(String(cString: strerror(errno)))")
+            }
+            let path = String(cString: made)
+            BenchInterruption.keep(directory: path)
+            return path
         }
-        path = String(cString: made)
     }
 
     /// Writes `text` to `name` in the directory, readable by the owner only.
@@ -108,7 +112,10 @@ final class RelayBenchScratch {
         return text.split(separator: "\n").suffix(5).joined(separator: " | ")
     }
 
-    func remove() { try? FileManager.default.removeItem(atPath: path) }
+    func remove() {
+        try? FileManager.default.removeItem(atPath: path)
+        BenchInterruption.forget(directory: path)
+    }
 }
 
 extension RelayBenchApp {
@@ -196,7 +203,9 @@ final class StunnelForwarder: RelayBenchForwarder {
             }
             for (role, accept, connect) in [("server", serverPort, appPort), ("client", port, serverPort)] {
                 let file = try scratch.write("\(role).conf", configuration(client: role == "client", accept: accept, connect: connect))
-                let process = try ChildProcess(program, [file], standardErrorPath: "\(scratch.path)/\(role).log")
+                let process = try BenchInterruption.starting {
+                    try ChildProcess(program, [file], standardErrorPath: "\(scratch.path)/\(role).log")
+                }
                 processes.append(process)
                 try RelayBenchApp.waitForListening(port: accept, process: process, what: "stunnel \(role)", timeout: timeout) {
                     scratch.tail("\(role).log")
@@ -252,8 +261,10 @@ final class SSHForwarder: RelayBenchForwarder {
         do {
             let directory = scratch.path
             for key in ["host", "user"] {
-                let made = try ChildProcess.run("ssh-keygen", ["-q", "-t", "ed25519", "-N", "", "-C", "thali-bench-\(key)",
-                                                               "-f", "\(directory)/\(key)"])
+                let made = try BenchInterruption.starting {
+                    try ChildProcess.run("ssh-keygen", ["-q", "-t", "ed25519", "-N", "", "-C", "thali-bench-\(key)",
+                                                        "-f", "\(directory)/\(key)"])
+                }
                 guard made.status == 0 else { throw ValidationError("ssh-keygen failed: \(made.output)") }
             }
             let userKey = try String(contentsOfFile: "\(directory)/user.pub", encoding: .utf8)
@@ -282,17 +293,19 @@ final class SSHForwarder: RelayBenchForwarder {
                 try FileManager.default.createDirectory(atPath: Self.privilegeSeparationDirectory, withIntermediateDirectories: true,
                                                         attributes: [.posixPermissions: 0o755])
             }
-            let sshd = try ChildProcess(sshdPath, ["-D", "-e", "-f", configuration], standardErrorPath: "\(directory)/sshd.log")
+            let sshd = try BenchInterruption.starting {
+                try ChildProcess(sshdPath, ["-D", "-e", "-f", configuration], standardErrorPath: "\(directory)/sshd.log")
+            }
             started.append(sshd)
             try RelayBenchApp.waitForListening(port: sshdPort, process: sshd, what: "sshd", timeout: timeout) { scratch.tail("sshd.log") }
             let port = try RelayBenchApp.freePort()
-            let ssh = try ChildProcess("ssh", [
+            let ssh = try BenchInterruption.starting { try ChildProcess("ssh", [
                 "-F", "/dev/null", "-N", "-i", "\(directory)/user", "-p", String(sshdPort),
                 "-o", "StrictHostKeyChecking=yes", "-o", "UserKnownHostsFile=\(directory)/known_hosts",
                 "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes", "-o", "ExitOnForwardFailure=yes",
                 "-o", "Compression=no", "-o", "ControlMaster=no", "-o", "ControlPath=none",
                 "-c", Self.cipher, "-L", "127.0.0.1:\(port):127.0.0.1:\(appPort)", "\(user)@127.0.0.1",
-            ], standardErrorPath: "\(directory)/ssh.log")
+            ], standardErrorPath: "\(directory)/ssh.log") }
             started.append(ssh)
             try RelayBenchApp.waitForListening(port: port, process: ssh, what: "ssh -L", timeout: timeout) {
                 scratch.tail("ssh.log") + " " + scratch.tail("sshd.log")
