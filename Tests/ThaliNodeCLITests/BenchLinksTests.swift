@@ -3,8 +3,9 @@ import Testing
 import ThaliTestSupport
 
 /// `thali-node bench links --json` (issue 38) in its short form: one profile (home-wifi), small sizes, two
-/// hosts in network namespaces joined by the lab's wire, two real `run` processes. Figures are printed,
-/// never asserted as speeds; what is asserted is that every item arrived exactly once, that every key
+/// hosts in network namespaces joined by the lab's wire, two real `run` processes, and texts sent one at a time
+/// with `thali-node send` to the running nodes. Figures are printed, never asserted as speeds; what is
+/// asserted is that every item arrived exactly once (the texts sent one at a time among them), that every key
 /// scripts read is there, and that the figures are sane for the link (a round trip cannot beat twice the
 /// one-way delay less the jitter; nothing moves faster than the link's rate).
 @Suite("thali-node bench links", .serialized)
@@ -17,19 +18,28 @@ struct BenchLinksTests {
     func shortHomeWifiRun() async throws {
         let executable = CommandLineTests.executable
         let arguments = ["bench", "links", "--profile", "home-wifi", "--json", "--tcp-mib", "2", "--file-mib", "1", "--texts", "200",
-                         "--relay-mib", "1", "--requests", "40", "--timeout", "40", "--seed", "38"]
+                         "--relay-mib", "1", "--requests", "40", "--text-requests", "10", "--timeout", "40", "--seed", "38"]
         let result = try await Task.detached { try ChildProcess.run(executable, arguments, timeout: .seconds(110)) }.value
         #expect(result.status == 0, "\(result.output)")
         let line = try #require(result.output.split(separator: "\n").last)
         let object = try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any], "\(result.output)")
         for key in ["profile", "tcp_mb_s", "tcp_rtt_ms", "file_mb_s", "texts_per_s", "relay_mb_s", "relay_rtt_ms", "relay_rtt_p99_ms",
-                    "first_delivery_s", "lost_items", "duplicated_items", "address_changes", "file_resumes", "file_restarts"] {
+                    "first_delivery_s", "lost_items", "duplicated_items", "address_changes", "file_resumes", "file_restarts",
+                    "text_requests", "text_rtt_ms", "text_rtt_p99_ms", "text_rtt_count", "text_send_ms", "text_notice_ms",
+                    "text_announced_rtt_ms"] {
             #expect(object.keys.contains(key), "\(key) missing: \(line)")
         }
         #expect(object["profile"] as? String == "home-wifi")
         #expect(object["lost_items"] as? Int == 0, "\(line)")
         #expect(object["duplicated_items"] as? Int == 0, "\(line)")
         #expect(object["file_restarts"] as? Int == 0, "\(line)")
+        // The 10 texts sent one at a time: each reported delivered to its sender, and (lost_items and
+        // duplicated_items above count them too) each in the receiver's inbox once.
+        #expect(object["text_requests"] as? Int == 10, "\(line)")
+        #expect(object["text_rtt_count"] as? Int == 10, "\(line)")
+        let textRTT = try #require(object["text_rtt_ms"] as? Double, "text_rtt_ms: \(line)")
+        #expect(textRTT >= 6, "text_rtt_ms \(textRTT) ms on a link of 4 ± 1 ms each way")
+        #expect((object["text_rtt_p99_ms"] as? Double ?? 0) >= textRTT)
         // 4 ms each way with 1 ms of jitter: no round trip under 6 ms, through the relay or not.
         for key in ["tcp_rtt_ms", "relay_rtt_ms"] {
             let value = try #require(object[key] as? Double, "\(key): \(line)")

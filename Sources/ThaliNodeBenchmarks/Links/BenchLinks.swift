@@ -14,7 +14,8 @@ import Glibc
 /// them (the reference: bulk and a 64-byte request/response round trip on our own sockets), then two real
 /// `thali-node run` processes, one in each host: texts queued before start (time from start to the first
 /// delivery, texts per second), relay mode with a request/response app (median and p99 round trip) and a
-/// bulk download through it; then, with fresh nodes, a file. Every item is checked to arrive exactly once.
+/// bulk download through it, texts sent one at a time to the running nodes (round trip from `send` to the
+/// sender's `delivered`); then, with fresh nodes, a file. Every item is checked to arrive exactly once.
 struct BenchLinks: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "links",
@@ -23,7 +24,11 @@ struct BenchLinks: AsyncParsableCommand {
             Profiles: \(LinkProfile.named.map(\.name).joined(separator: ", ")). Rates in MB/s (10^6 bytes); round \
             trips in ms. --json prints one object: profile, tcp_mb_s, tcp_rtt_ms, tcp_rtt_p99_ms, file_mb_s, file_s, \
             file_tcp_ratio, texts, texts_per_s, first_delivery_s, relay_mb_s, relay_rtt_ms, relay_rtt_p99_ms, \
-            lost_items, duplicated_items, wire_dropped_frames, wire_outages, address_changes, file_resumes and \
+            text_requests, text_rtt_ms, text_rtt_p99_ms (a text sent to the running nodes, from `send`'s exit to a's \
+            `delivered`), text_rtt_count (how many were delivered), text_send_ms (the `send` process itself, not in the \
+            round trip), text_notice_ms (from `send`'s exit to a's `advertising`: the outbox poll) and \
+            text_announced_rtt_ms (from a's `advertising` to its `delivered`), text_matched_rtt_ms (from b's `matched` \
+            to a's `delivered`: the delivery exchange), lost_items, duplicated_items, wire_dropped_frames, wire_outages, address_changes, file_resumes and \
             file_restarts (the file's transfers begun again at an offset, and from zero), and the sizes; a figure that could not \
             be measured (nothing arrived in time) is null.
             """)
@@ -35,6 +40,11 @@ struct BenchLinks: AsyncParsableCommand {
     @Option(help: "MiB of the bulk download through the relay (0: skip the relay).") var relayMib = 8
     @Option(help: "Request/response round trips timed, on plain TCP and through the relay (after 10% more as warm-up).")
     var requests = 200
+    @Option(help: """
+        Texts sent one at a time to the running nodes once the queued ones arrived, each with `thali-node send` and \
+        timed from its exit to the sender's `delivered` (0: skip).
+        """)
+    var textRequests = 50
     @Option(help: "Give up on each phase (texts, relay set-up, file) after this many seconds.") var timeout = 120.0
     @Option(help: "Seed of the wire's random draws (default: random).") var seed: UInt64?
     @Flag(help: """
@@ -53,6 +63,7 @@ struct BenchLinks: AsyncParsableCommand {
         guard (1...100_000).contains(texts) else { throw ValidationError("--texts must be in 1...100000") }
         guard (0...4096).contains(relayMib) else { throw ValidationError("--relay-mib must be in 0...4096") }
         guard (1...100_000).contains(requests) else { throw ValidationError("--requests must be in 1...100000") }
+        guard (0...10_000).contains(textRequests) else { throw ValidationError("--text-requests must be in 0...10000") }
         guard timeout > 0 else { throw ValidationError("--timeout must be positive") }
     }
 
@@ -71,6 +82,14 @@ struct BenchLinks: AsyncParsableCommand {
         var relayMBs: Double?
         var relayRTTMs: Double?
         var relayRTTP99Ms: Double?
+        var textRequests = 0
+        var textRTTMs: Double?
+        var textRTTP99Ms: Double?
+        var textRTTCount = 0
+        var textSendMs: Double?
+        var textNoticeMs: Double?
+        var textAnnouncedRTTMs: Double?
+        var textMatchedRTTMs: Double?
         var lostItems: Int
         var duplicatedItems: Int
         var wireDroppedFrames: Int
@@ -91,6 +110,9 @@ struct BenchLinks: AsyncParsableCommand {
             case fileMBs = "file_mb_s", fileSeconds = "file_s", fileTCPRatio = "file_tcp_ratio"
             case textsPerSecond = "texts_per_s", firstDeliverySeconds = "first_delivery_s"
             case relayMBs = "relay_mb_s", relayRTTMs = "relay_rtt_ms", relayRTTP99Ms = "relay_rtt_p99_ms"
+            case textRequests = "text_requests", textRTTMs = "text_rtt_ms", textRTTP99Ms = "text_rtt_p99_ms"
+            case textRTTCount = "text_rtt_count", textSendMs = "text_send_ms", textNoticeMs = "text_notice_ms"
+            case textAnnouncedRTTMs = "text_announced_rtt_ms", textMatchedRTTMs = "text_matched_rtt_ms"
             case lostItems = "lost_items", duplicatedItems = "duplicated_items"
             case wireDroppedFrames = "wire_dropped_frames", wireOutages = "wire_outages", addressChanges = "address_changes"
             case fileResumes = "file_resumes", fileRestarts = "file_restarts"
@@ -115,6 +137,14 @@ struct BenchLinks: AsyncParsableCommand {
             try container.encode(rounded(relayMBs), forKey: .relayMBs)
             try container.encode(rounded(relayRTTMs), forKey: .relayRTTMs)
             try container.encode(rounded(relayRTTP99Ms), forKey: .relayRTTP99Ms)
+            try container.encode(textRequests, forKey: .textRequests)
+            try container.encode(rounded(textRTTMs), forKey: .textRTTMs)
+            try container.encode(rounded(textRTTP99Ms), forKey: .textRTTP99Ms)
+            try container.encode(textRTTCount, forKey: .textRTTCount)
+            try container.encode(rounded(textSendMs), forKey: .textSendMs)
+            try container.encode(rounded(textNoticeMs), forKey: .textNoticeMs)
+            try container.encode(rounded(textAnnouncedRTTMs), forKey: .textAnnouncedRTTMs)
+            try container.encode(rounded(textMatchedRTTMs), forKey: .textMatchedRTTMs)
             try container.encode(lostItems, forKey: .lostItems)
             try container.encode(duplicatedItems, forKey: .duplicatedItems)
             try container.encode(wireDroppedFrames, forKey: .wireDroppedFrames)
@@ -208,6 +238,11 @@ struct BenchLinks: AsyncParsableCommand {
                 if name == "b", event == "relay_listening", record["contact"] as? String == "a", let port = record["port"] as? Int {
                     marks.relayPort = port
                 }
+                if name == "a", event == "advertising" { marks.advertised.append(.now) }
+                if name == "b", event == "matched", record["contact"] as? String == "a" { marks.matched.append(.now) }
+                if name == "a", event == "delivered", let id = (record["id"] as? String).flatMap(UUID.init(uuidString:)), marks.delivered[id] == nil {
+                    marks.delivered[id] = .now
+                }
             }
         }
         _ = await pair.wait(seconds: timeout) { marks.withLockedValue { Set($0.received.map(\.id)).isSuperset(of: expected) ? true : nil } }
@@ -230,6 +265,7 @@ struct BenchLinks: AsyncParsableCommand {
                 try RelayBenchApp.transfer(port: relayPort, bytes: relayMib << 20, streams: 1).megabytesPerSecond
             }
         }
+        if textRequests > 0 { try await measureTextRoundTrips(pair: pair, marks: marks, expected: &expected, into: &figures) }
         pair.stopNodes()
         let (lost, duplicated) = try Self.tally(expected: expected, inbox: NodeStore(home: pair.homes[1]).inbox())
         figures.lostItems += lost
@@ -286,11 +322,81 @@ struct BenchLinks: AsyncParsableCommand {
         }
     }
 
-    /// When the texts were first offered and received, and where b's relay to a listens.
+    /// Texts sent one at a time to the running nodes (`--text-requests`), as a user sends them: each with
+    /// `thali-node send` on a's data directory, and the next once a reported the previous one `delivered`
+    /// (the receiver stored it) and a random pause of up to one outbox poll interval has passed. The round trip runs from the `send` process's exit (the item is committed
+    /// to a's store) to that `delivered`: it holds a's outbox poll (`send` is another process; the node
+    /// reads the store every `PeerConfiguration.outboxPollInterval`), the announcement, b's match and the
+    /// delivery over the session the relay keeps open, but not the `send` process's own start and run,
+    /// which is measured apart (`text_send_ms`). a's `advertising` line splits the round trip into the poll
+    /// (`text_notice_ms`) and what follows on the link (`text_announced_rtt_ms`), and b's `matched` line the
+    /// delivery exchange over the open session (`text_matched_rtt_ms`) from the announcement reaching b.
+    private func measureTextRoundTrips(pair: BenchNodePair, marks: NIOLockedValueBox<TextMarks>, expected: inout Set<UUID>,
+                                       into figures: inout Figures) async throws {
+        let executable = try SpawnedPeer.ownExecutable()
+        var (sendMs, roundTripMs, noticeMs, announcedMs, matchedMs) = ([Double](), [Double](), [Double](), [Double](), [Double]())
+        figures.textRequests = textRequests
+        // A send right after the previous delivery would fall at the same point of a's poll cycle each time
+        // (just after the poll that found the previous text): a pause drawn over one poll interval spreads
+        // the sends over the cycle, as a user's sends are.
+        let pollMs = Int(PeerConfiguration(interfaceAddress: "127.0.0.1").outboxPollInterval.seconds * 1000)
+        for index in 0..<textRequests {
+            try await Task.sleep(for: .milliseconds(Int.random(in: 0..<max(1, pollMs))))
+            let before = ContinuousClock.now
+            let arguments = ["send", "--home", pair.homes[0].path, "--json", BenchNodePair.names[1], "round trip \(index) over \(link.profile)"]
+            let result = try ChildProcess.run(executable, arguments, timeout: .seconds(30))
+            let queued = ContinuousClock.now
+            guard result.status == 0, let id = Self.queuedID(result.output) else {
+                throw ValidationError("thali-node send failed (\(result.status)): \(result.output)")
+            }
+            expected.insert(id)
+            guard let delivered = await pair.wait(seconds: timeout, for: { marks.withLockedValue { $0.delivered[id] } }) else { break }
+            sendMs.append((queued - before).seconds * 1000)
+            roundTripMs.append((delivered - queued).seconds * 1000)
+            // The announcement this item caused: the first after its send began (the poll may fall before the
+            // process has exited).
+            if let announced = marks.withLockedValue({ $0.advertised.first { $0 > before } }), announced <= delivered {
+                noticeMs.append(max(0, (announced - queued).seconds * 1000))
+                announcedMs.append((delivered - announced).seconds * 1000)
+                if let matched = marks.withLockedValue({ $0.matched.first { $0 >= announced } }), matched <= delivered {
+                    matchedMs.append((delivered - matched).seconds * 1000)
+                }
+            }
+            marks.withLockedValue {
+                $0.advertised.removeAll()
+                $0.matched.removeAll()
+            }
+        }
+        figures.textRTTCount = roundTripMs.count
+        guard !roundTripMs.isEmpty else { return }
+        let sorted = roundTripMs.sorted()
+        figures.textRTTMs = Self.median(sorted)
+        figures.textRTTP99Ms = Self.percentile(sorted, 0.99)
+        figures.textSendMs = Self.median(sendMs.sorted())
+        if !noticeMs.isEmpty {
+            figures.textNoticeMs = Self.median(noticeMs.sorted())
+            figures.textAnnouncedRTTMs = Self.median(announcedMs.sorted())
+        }
+        if !matchedMs.isEmpty { figures.textMatchedRTTMs = Self.median(matchedMs.sorted()) }
+    }
+
+    /// The item id in `thali-node send --json`'s output: one JSON object, over several lines.
+    static func queuedID(_ output: String) -> UUID? {
+        guard let start = output.firstIndex(of: "{"), let end = output.lastIndex(of: "}"), start < end,
+              let object = try? JSONSerialization.jsonObject(with: Data(output[start...end].utf8)) as? [String: Any] else { return nil }
+        return (object["id"] as? String).flatMap(UUID.init(uuidString:))
+    }
+
+    /// When the texts were first offered and received, where b's relay to a listens, when a announced
+    /// (since the last text sent one at a time), and when a learned
+    /// each item was delivered.
     private struct TextMarks {
         var firstOffered: ContinuousClock.Instant?
         var received: [(id: UUID, at: ContinuousClock.Instant)] = []
         var relayPort: Int?
+        var advertised: [ContinuousClock.Instant] = []
+        var matched: [ContinuousClock.Instant] = []
+        var delivered: [UUID: ContinuousClock.Instant] = [:]
     }
 
     /// Items of `expected` missing from `inbox`, and extra copies of any item in it.
@@ -319,6 +425,13 @@ struct BenchLinks: AsyncParsableCommand {
             + "resumed \(figures.fileResumes) times, restarted \(figures.fileRestarts)")
         print("  \(texts) texts: first delivery \(text(figures.firstDeliverySeconds)) s after start, \(text(figures.textsPerSecond, "%.1f")) texts/s")
         print("  relay: \(text(figures.relayMBs)) MB/s, round trip median \(text(figures.relayRTTMs)) ms, p99 \(text(figures.relayRTTP99Ms)) ms")
+        if figures.textRequests > 0 {
+            print("  \(figures.textRTTCount) of \(figures.textRequests) texts sent one at a time: round trip (send's exit to delivered) "
+                + "median \(text(figures.textRTTMs)) ms, p99 \(text(figures.textRTTP99Ms)) ms; of it the outbox poll "
+                + "\(text(figures.textNoticeMs)) ms, after the announcement \(text(figures.textAnnouncedRTTMs)) ms, after b's match "
+                + "\(text(figures.textMatchedRTTMs)) ms; "
+                + "the send process \(text(figures.textSendMs)) ms")
+        }
         if let vethRTT = figures.vethTCPRTTMs {
             print("  bare veth reference: plain TCP \(text(figures.vethTCPMBs)) MB/s, round trip median \(text(vethRTT, "%.3f")) ms; "
                 + "the wire adds \(text(figures.tcpRTTMs - vethRTT, "%.3f")) ms to a round trip")
