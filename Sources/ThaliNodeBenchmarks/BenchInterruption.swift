@@ -1,5 +1,6 @@
 import Foundation
 import Synchronization
+import ThaliProcess
 
 #if canImport(Glibc)
 import Glibc
@@ -108,14 +109,6 @@ enum BenchInterruption {
         exit(128 + number)
     }
 
-    /// A process as `/proc/<pid>/stat` shows it: its parent, its state letter, and its start time (which,
-    /// with the id, names it even if the id is used again).
-    private struct ProcessEntry {
-        var parent: pid_t
-        var state: Character
-        var start: UInt64
-    }
-
     /// Sends SIGTERM to every descendant (those found later too: a process that forks while it ends),
     /// SIGKILL to those left after ``grace``, reaps this process's children, and returns when none is left
     /// but zombies of other parents, or ``killGrace`` after SIGKILL.
@@ -131,18 +124,12 @@ enum BenchInterruption {
         while true {
             var status: Int32 = 0
             while waitpid(-1, &status, WNOHANG) > 0 {}
-            let table = processTable()
-            var children: [pid_t: [pid_t]] = [:]
-            for (pid, entry) in table { children[entry.parent, default: []].append(pid) }
-            var pending = children[me] ?? []
-            var seen = Set<pid_t>()
-            while let pid = pending.popLast() {
-                guard let entry = table[pid], seen.insert(pid).inserted else { continue }
-                if known[pid] == nil { known[pid] = entry.start }
-                pending.append(contentsOf: children[pid] ?? [])
+            let table = ProcessTable()
+            for pid in table.descendants(of: me) where known[pid] == nil {
+                known[pid] = table.processes[pid]?.startTime
             }
             let alive = known.filter { pid, start in
-                guard let entry = table[pid], entry.start == start else { return false }
+                guard let entry = table.processes[pid], entry.startTime == start else { return false }
                 // A zombie is ended; this process reaps its own (above), others' are their parents' or init's.
                 return entry.state != "Z" || entry.parent == me
             }.map(\.key)
@@ -156,20 +143,4 @@ enum BenchInterruption {
         }
     }
 
-    /// Every process in `/proc` by id.
-    private static func processTable() -> [pid_t: ProcessEntry] {
-        var table: [pid_t: ProcessEntry] = [:]
-        for name in (try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? [] {
-            guard let pid = pid_t(name), let data = FileManager.default.contents(atPath: "/proc/\(pid)/stat") else { continue }
-            let text = String(decoding: data, as: UTF8.self)
-            // The command name (field 2) is in parentheses and may hold spaces: count fields after the last ')'.
-            guard let close = text.lastIndex(of: ")") else { continue }
-            let fields = text[text.index(after: close)...].split(separator: " ")
-            // fields[0] is the state (field 3), fields[1] the parent (field 4), fields[19] the start time (field 22).
-            guard fields.count > 19, let state = fields[0].first, let parent = pid_t(fields[1]),
-                  let start = UInt64(fields[19]) else { continue }
-            table[pid] = ProcessEntry(parent: parent, state: state, start: start)
-        }
-        return table
-    }
 }

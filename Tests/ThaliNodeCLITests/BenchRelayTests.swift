@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import ThaliProcess
 import ThaliTestSupport
 
 #if canImport(Glibc)
@@ -196,34 +197,24 @@ struct ProcessRecord {
         return file.map { ($0 as NSString).deletingLastPathComponent }
     }
 
-    /// `/proc/<pid>/stat`'s state, parent and start time, and the name and command line.
+    /// Process `pid` as `/proc` shows it now: its record (with the command line) and its state.
     static func read(_ pid: pid_t) -> (record: ProcessRecord, state: Character)? {
-        guard let data = FileManager.default.contents(atPath: "/proc/\(pid)/stat") else { return nil }
-        let text = String(decoding: data, as: UTF8.self)
-        guard let open = text.firstIndex(of: "("), let close = text.lastIndex(of: ")") else { return nil }
-        let fields = text[text.index(after: close)...].split(separator: " ")
-        guard fields.count > 19, let state = fields[0].first, let parent = pid_t(fields[1]), let start = UInt64(fields[19]) else { return nil }
+        guard let stat = ProcessStat.read(pid) else { return nil }
+        return (record(pid, stat), stat.state)
+    }
+
+    private static func record(_ pid: pid_t, _ stat: ProcessStat) -> ProcessRecord {
         let arguments = FileManager.default.contents(atPath: "/proc/\(pid)/cmdline") ?? Data()
         let command = arguments.split(separator: 0).map { String(decoding: $0, as: UTF8.self) }
-        let record = ProcessRecord(parent: parent, name: String(text[text.index(after: open)..<close]), command: command, start: start)
-        return (record, state)
+        return ProcessRecord(parent: stat.parent, name: stat.name, command: command, start: stat.startTime)
     }
 
     /// The live descendants of `root`, by id.
     static func descendants(of root: pid_t) -> [pid_t: ProcessRecord] {
-        var table: [pid_t: ProcessRecord] = [:]
-        for name in (try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? [] {
-            guard let pid = pid_t(name), let found = read(pid) else { continue }
-            table[pid] = found.record
-        }
-        var children: [pid_t: [pid_t]] = [:]
-        for (pid, record) in table { children[record.parent, default: []].append(pid) }
+        let table = ProcessTable()
         var found: [pid_t: ProcessRecord] = [:]
-        var pending = children[root] ?? []
-        while let pid = pending.popLast() {
-            guard found[pid] == nil, let record = table[pid] else { continue }
-            found[pid] = record
-            pending.append(contentsOf: children[pid] ?? [])
+        for pid in table.descendants(of: root) {
+            if let stat = table.processes[pid] { found[pid] = record(pid, stat) }
         }
         return found
     }

@@ -176,12 +176,8 @@ struct BenchFlood: AsyncParsableCommand {
 
     /// User + system CPU seconds of process `pid` so far (from /proc).
     static func cpuSeconds(of pid: pid_t) -> Double {
-        guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
-              let close = stat.lastIndex(of: ")") else { return 0 }
-        let fields = stat[stat.index(after: close)...].split(separator: " ")
-        // After "pid (comm)": state is field 0, utime field 11, stime field 12.
-        guard fields.count > 12, let user = Double(fields[11]), let system = Double(fields[12]) else { return 0 }
-        return (user + system) / Double(sysconf(Int32(_SC_CLK_TCK)))
+        guard let stat = ProcessStat.read(pid) else { return 0 }
+        return Double(stat.ownTicks) / ProcessStat.ticksPerSecond
     }
 }
 

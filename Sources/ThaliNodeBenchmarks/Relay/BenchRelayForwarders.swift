@@ -25,59 +25,20 @@ struct RelayBenchPeerAbsent: Error, CustomStringConvertible {
 }
 
 /// The user and system CPU seconds of processes and their descendants, from `/proc/<pid>/stat`
-/// (`utime`, `stime`, and `cutime`, `cstime` for the children they reaped), in clock ticks.
+/// (`utime`, `stime`, and `cutime`, `cstime` for the children they reaped).
 enum ProcessCPU {
-    /// One process's fields: its parent and its CPU seconds (its own and its reaped children's).
-    private struct Entry {
-        var parent: pid_t
-        var seconds: Double
-    }
-
     /// The CPU seconds used so far by `roots` and all their live descendants.
     static func seconds(of roots: [pid_t]) -> Double {
-        let table = snapshot()
-        return descendants(of: roots, in: table).reduce(0) { $0 + (table[$1]?.seconds ?? 0) }
+        let table = ProcessTable()
+        let ticks = table.tree(of: roots).reduce(UInt64(0)) { total, pid in
+            guard let stat = table.processes[pid] else { return total }
+            return total &+ stat.ownTicks &+ stat.reapedChildrenTicks
+        }
+        return Double(ticks) / ProcessStat.ticksPerSecond
     }
 
     /// `roots` and their live descendants.
-    static func tree(of roots: [pid_t]) -> [pid_t] { descendants(of: roots, in: snapshot()) }
-
-    private static func descendants(of roots: [pid_t], in table: [pid_t: Entry]) -> [pid_t] {
-        var children: [pid_t: [pid_t]] = [:]
-        for (pid, entry) in table { children[entry.parent, default: []].append(pid) }
-        var found: [pid_t] = []
-        var pending = roots.filter { table[$0] != nil }
-        var seen = Set<pid_t>()
-        while let pid = pending.popLast() {
-            guard seen.insert(pid).inserted else { continue }
-            found.append(pid)
-            pending.append(contentsOf: children[pid] ?? [])
-        }
-        return found
-    }
-
-    private static func snapshot() -> [pid_t: Entry] {
-        let ticks = Double(sysconf(Int32(_SC_CLK_TCK)))
-        var table: [pid_t: Entry] = [:]
-        for name in (try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? [] {
-            guard let pid = pid_t(name), let entry = entry(pid, ticks: ticks) else { continue }
-            table[pid] = entry
-        }
-        return table
-    }
-
-    private static func entry(_ pid: pid_t, ticks: Double) -> Entry? {
-        guard let data = FileManager.default.contents(atPath: "/proc/\(pid)/stat") else { return nil }
-        let text = String(decoding: data, as: UTF8.self)
-        // The command name (field 2) is in parentheses and may hold spaces: count fields after the last ')'.
-        guard let close = text.lastIndex(of: ")") else { return nil }
-        let fields = text[text.index(after: close)...].split(separator: " ")
-        // fields[0] is the state (field 3): ppid is field 4, utime..cstime fields 14-17.
-        guard fields.count > 14, let parent = pid_t(fields[1]) else { return nil }
-        let cpu = fields[11...14].compactMap { Double($0) }
-        guard cpu.count == 4 else { return nil }
-        return Entry(parent: parent, seconds: cpu.reduce(0, +) / ticks)
-    }
+    static func tree(of roots: [pid_t]) -> [pid_t] { ProcessTable().tree(of: roots) }
 }
 
 /// A private directory (mode 0700) under the temporary directory for a forwarder's generated files.
