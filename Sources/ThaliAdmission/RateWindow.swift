@@ -8,7 +8,6 @@ public struct RateWindow: Sendable, Hashable {
     public let limit: Int
     /// How long a window lasts.
     public let length: Duration
-    private let lengthAmount: TimeAmount
     /// When the current window started (nil before the first event or after ``restart()``).
     public private(set) var start: NIODeadline?
     /// Events counted in the current window.
@@ -18,7 +17,6 @@ public struct RateWindow: Sendable, Hashable {
     public init(limit: Int, length: Duration) {
         self.limit = limit
         self.length = length
-        self.lengthAmount = TimeAmount(length)
     }
 
     /// Whether another event at the current count would exceed `limit`.
@@ -26,7 +24,7 @@ public struct RateWindow: Sendable, Hashable {
 
     /// Starts a new window at `now` when there is none or the current one has ended.
     public mutating func advance(to now: NIODeadline) {
-        if let start, now - start < lengthAmount { return }
+        if let start, now - start < TimeAmount(length) { return }
         start = now
         count = 0
     }
