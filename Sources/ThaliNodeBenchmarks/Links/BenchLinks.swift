@@ -124,38 +124,24 @@ struct BenchLinks: AsyncParsableCommand {
             var container = encoder.container(keyedBy: CodingKeys.self)
             func rounded(_ value: Double?) -> Double? { value.map { ($0 * 1000).rounded() / 1000 } }
             try container.encode(profile, forKey: .profile)
-            try container.encode(rounded(tcpMBs), forKey: .tcpMBs)
-            try container.encode(rounded(tcpRTTMs), forKey: .tcpRTTMs)
-            try container.encode(rounded(tcpRTTP99Ms), forKey: .tcpRTTP99Ms)
             // Explicit nulls: a script reads every key.
-            try container.encode(rounded(fileMBs), forKey: .fileMBs)
-            try container.encode(rounded(fileSeconds), forKey: .fileSeconds)
-            try container.encode(rounded(fileTCPRatio), forKey: .fileTCPRatio)
-            try container.encode(texts, forKey: .texts)
-            try container.encode(rounded(textsPerSecond), forKey: .textsPerSecond)
-            try container.encode(rounded(firstDeliverySeconds), forKey: .firstDeliverySeconds)
-            try container.encode(rounded(relayMBs), forKey: .relayMBs)
-            try container.encode(rounded(relayRTTMs), forKey: .relayRTTMs)
-            try container.encode(rounded(relayRTTP99Ms), forKey: .relayRTTP99Ms)
-            try container.encode(textRequests, forKey: .textRequests)
-            try container.encode(rounded(textRTTMs), forKey: .textRTTMs)
-            try container.encode(rounded(textRTTP99Ms), forKey: .textRTTP99Ms)
-            try container.encode(textRTTCount, forKey: .textRTTCount)
-            try container.encode(rounded(textSendMs), forKey: .textSendMs)
-            try container.encode(rounded(textNoticeMs), forKey: .textNoticeMs)
-            try container.encode(rounded(textAnnouncedRTTMs), forKey: .textAnnouncedRTTMs)
-            try container.encode(rounded(textMatchedRTTMs), forKey: .textMatchedRTTMs)
-            try container.encode(lostItems, forKey: .lostItems)
-            try container.encode(duplicatedItems, forKey: .duplicatedItems)
-            try container.encode(wireDroppedFrames, forKey: .wireDroppedFrames)
-            try container.encode(wireOutages, forKey: .wireOutages)
-            try container.encode(addressChanges, forKey: .addressChanges)
-            try container.encode(fileResumes, forKey: .fileResumes)
-            try container.encode(fileRestarts, forKey: .fileRestarts)
-            try container.encode(tcpMiB, forKey: .tcpMiB)
-            try container.encode(fileMiB, forKey: .fileMiB)
-            try container.encode(relayMiB, forKey: .relayMiB)
-            try container.encode(requests, forKey: .requests)
+            let figures: [(CodingKeys, Double?)] = [
+                (.tcpMBs, tcpMBs), (.tcpRTTMs, tcpRTTMs), (.tcpRTTP99Ms, tcpRTTP99Ms),
+                (.fileMBs, fileMBs), (.fileSeconds, fileSeconds), (.fileTCPRatio, fileTCPRatio),
+                (.textsPerSecond, textsPerSecond), (.firstDeliverySeconds, firstDeliverySeconds),
+                (.relayMBs, relayMBs), (.relayRTTMs, relayRTTMs), (.relayRTTP99Ms, relayRTTP99Ms),
+                (.textRTTMs, textRTTMs), (.textRTTP99Ms, textRTTP99Ms), (.textSendMs, textSendMs),
+                (.textNoticeMs, textNoticeMs), (.textAnnouncedRTTMs, textAnnouncedRTTMs), (.textMatchedRTTMs, textMatchedRTTMs),
+            ]
+            for (key, value) in figures { try container.encode(rounded(value), forKey: key) }
+            let counts: [(CodingKeys, Int)] = [
+                (.texts, texts), (.textRequests, textRequests), (.textRTTCount, textRTTCount),
+                (.lostItems, lostItems), (.duplicatedItems, duplicatedItems), (.wireDroppedFrames, wireDroppedFrames),
+                (.wireOutages, wireOutages), (.addressChanges, addressChanges), (.fileResumes, fileResumes),
+                (.fileRestarts, fileRestarts), (.tcpMiB, tcpMiB), (.fileMiB, fileMiB), (.relayMiB, relayMiB),
+                (.requests, requests),
+            ]
+            for (key, value) in counts { try container.encode(value, forKey: key) }
             if let vethTCPMBs, let vethTCPRTTMs {
                 try container.encode(rounded(vethTCPMBs), forKey: .vethTCPMBs)
                 try container.encode(rounded(vethTCPRTTMs), forKey: .vethTCPRTTMs)
