@@ -122,6 +122,12 @@ public struct PeerConfiguration: Sendable {
     /// turn, each for this long: a contact in the last of `n` announcements hears its beacon within
     /// `(n - 1)` intervals plus one SSDP round.
     public var announcementRotationInterval: Duration = .seconds(5)
+    /// The least time between two new announcements (new beacons, a new USN). Each one makes every
+    /// listening contact fetch it, a connection to this port that its admission counts (30 per 10 s
+    /// per source by default), so a burst of sends must not announce once per send: the first
+    /// announces at once, the rest share one announcement when this interval has passed. A withdrawal
+    /// (nothing left to announce) is not held back. Zero: no pacing.
+    public var minimumAnnouncementInterval: Duration = .seconds(1)
     /// Testing and demonstration aid: caps the bytes per second a delivery sender writes on each
     /// stream (nil: no cap), so that a transfer takes long enough to be watched or interrupted.
     public var sendThrottleBytesPerSecond: Int?

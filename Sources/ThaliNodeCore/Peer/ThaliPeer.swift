@@ -91,6 +91,9 @@ public final class ThaliPeer: Sendable {
         /// whether another was asked for meanwhile (it runs once the first ends: sends at once share one).
         var advertisementRefreshRunning = false
         var advertisementRefreshWanted = false
+        /// When the last announcement was served (nil: none yet): the next waits for
+        /// ``PeerConfiguration/minimumAnnouncementInterval`` after it.
+        var lastAnnouncedAt: ContinuousClock.Instant?
         var limitsTriggered: [PeerLimitKind: Int] = [:]
         var discovery = PeerDiscoveryCounters()
         /// When the first pending item expires (ms since 1970), as of the last read of the outbox.
@@ -431,9 +434,28 @@ public final class ThaliPeer: Sendable {
     func refreshAdvertisement() async throws {
         // The store's queries and the beacons (an ECDH per contact) run off the cooperative pool: with 300
         // contacts they took 71-79 ms, all of it on the thread of the app that called send().
-        guard let update = try await blocking({ [self] in try prepareAdvertisement() }) else { return }
-        for binding in bindings { await binding.advertise(update.stream, isRotation: false) }
-        emit(.advertising(contacts: update.contacts))
+        switch try await blocking({ [self] in try prepareAdvertisement() }) {
+        case .unchanged:
+            return
+        case .paced(let until):
+            // A burst of sends announces twice, not once per send: each announcement costs every
+            // listening contact a fetch (a connection to our port, counted by its admission).
+            arm(.pacedAnnouncement, after: until - ContinuousClock.now)
+        case .serve(let update):
+            for binding in bindings { await binding.advertise(update.stream, isRotation: false) }
+            emit(.advertising(contacts: update.contacts))
+        }
+    }
+
+    /// What ``prepareAdvertisement()`` decided.
+    enum AdvertisementPlan: Sendable {
+        /// Nothing to change, or nothing runs to advertise on.
+        case unchanged
+        /// A new announcement is due but the last one is younger than
+        /// ``PeerConfiguration/minimumAnnouncementInterval``: ask again at `until`.
+        case paced(until: ContinuousClock.Instant)
+        /// Serve this (a new announcement, or a withdrawal).
+        case serve(AdvertisementUpdate)
     }
 
     /// What ``refreshAdvertisement()`` serves: the first announcement (nil: withdraw) and the names it is for.
@@ -443,9 +465,9 @@ public final class ThaliPeer: Sendable {
     }
 
     /// The synchronous half of ``refreshAdvertisement()``: reads the store, makes the announcements and
-    /// records them; nil when nothing is to change (or nothing runs to advertise on). Blocks: call it from a
-    /// thread pool.
-    private func prepareAdvertisement() throws -> AdvertisementUpdate? {
+    /// records them, unless nothing is to change or the last announcement is too recent. Blocks: call it
+    /// from a thread pool.
+    private func prepareAdvertisement() throws -> AdvertisementPlan {
         _ = try store.sweepExpired()
         let checked = Date()
         let retryDue = state.withLockedValue { $0.nextRetryMs.map { $0 <= checked.millisecondsSinceEpoch } ?? false }
@@ -469,14 +491,24 @@ public final class ThaliPeer: Sendable {
             if advertised.contacts != keys || !items.isSubset(of: advertised.items) || retryDue { return true }
             return advertised.needsRenewal(nowMs: now, validityMs: validityMs)
         }
-        guard needed, !bindings.isEmpty else { return nil }
+        guard needed, !bindings.isEmpty else { return .unchanged }
         if contacts.isEmpty {
+            // A withdrawal (byebye) costs listeners no fetch: not paced.
             state.withLockedValue {
                 $0.advertised = nil
                 $0.advertisingFor = []
             }
-            return AdvertisementUpdate(stream: nil, contacts: [])
+            return .serve(AdvertisementUpdate(stream: nil, contacts: []))
         }
+        let instant = ContinuousClock.now
+        let pacedUntil = state.withLockedValue { state -> ContinuousClock.Instant? in
+            guard let last = state.lastAnnouncedAt, instant < last + configuration.minimumAnnouncementInterval else {
+                state.lastAnnouncedAt = instant
+                return nil
+            }
+            return last + configuration.minimumAnnouncementInterval
+        }
+        if let pacedUntil { return .paced(until: pacedUntil) }
         // One announcement holds at most `maximumBeaconsPerAnnouncement` beacons (64): more contacts are
         // split over several announcements, served in turn (``rotateAnnouncement()``).
         var advertisedContacts = contacts
@@ -501,7 +533,7 @@ public final class ThaliPeer: Sendable {
                                        streams: announcements.map(\.stream))
             $0.advertisingFor = names
         }
-        return AdvertisementUpdate(stream: announcements.first?.stream, contacts: names)
+        return .serve(AdvertisementUpdate(stream: announcements.first?.stream, contacts: names))
     }
 
     /// Serves the next announcement when the contacts span several (each new USN makes listeners fetch it).

@@ -14,6 +14,8 @@ struct PeerSchedule<Instant: InstantProtocol & Sendable>: Sendable where Instant
         case linkBackoff(contactKey: String)
         /// The single port, closed for an overload, opens again.
         case reopenPort
+        /// An announcement held back by ``PeerConfiguration/minimumAnnouncementInterval`` is due.
+        case pacedAnnouncement
 
         var description: String {
             switch self {
@@ -21,6 +23,7 @@ struct PeerSchedule<Instant: InstantProtocol & Sendable>: Sendable where Instant
             case .checkStore: "check-store"
             case .linkBackoff(let key): "link-backoff(\(key.prefix(16)))"
             case .reopenPort: "reopen-port"
+            case .pacedAnnouncement: "paced-announcement"
             }
         }
     }

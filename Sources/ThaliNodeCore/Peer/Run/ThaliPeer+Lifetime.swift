@@ -41,6 +41,16 @@ extension ThaliPeer {
                 if let contact { lifetime.run { [self] in await runLink(contact) } }
             case .reopenPort:
                 lifetime.run { [self] in await reopenPort() }
+            case .pacedAnnouncement:
+                lifetime.run { [self] in
+                    do {
+                        try await refreshAdvertisement()
+                    } catch is CancellationError {
+                        // The peer is stopping.
+                    } catch {
+                        logger.error("announcing a new item failed", metadata: ["error": "\(error)"])
+                    }
+                }
             }
         }
         // A timer armed meanwhile told the clock itself; one armed earlier and not yet due needs it again.
