@@ -49,6 +49,18 @@ struct Events: ParsableCommand {
         guard pending.isEmpty else { throw ValidationError("the node's events ended in the middle of a line") }
     }
 
+    /// Tells the node running on `home`, if any, that its store changed (a `send` just committed an item),
+    /// so that it reads the store now rather than at its next outbox poll: one byte on its events socket
+    /// (``NodeEventFeed``). Best effort and quiet: with no node running, a stale socket or a full feed, the
+    /// node's own poll finds the change within `outboxPollInterval`. A node from before nudges discards
+    /// the byte. No SIGPIPE: the node may close a follower it has no room for.
+    static func nudgeRunningNode(on home: NodeHome) {
+        guard RunLock.holder(of: home) != nil, let descriptor = try? connect(to: home.eventsSocketPath) else { return }
+        defer { close(descriptor) }
+        var byte: UInt8 = 0x0a
+        _ = send(descriptor, &byte, 1, Int32(MSG_NOSIGNAL))
+    }
+
     /// A connected UNIX stream socket to `path`, or an error in words.
     static func connect(to path: String) throws -> Int32 {
         var address = sockaddr_un()

@@ -194,10 +194,13 @@ struct Run: AsyncParsableCommand {
         // One run per data directory (two would advertise and deliver the same items); held until exit.
         // Taken once the options are known to be valid, so that a refused command line changes nothing.
         let lock = try RunLock(home: home)
-        // Followers (`thali-node events`, a conformance adapter) read the events from the data directory.
+        // Followers (`thali-node events`, a conformance adapter) read the events from the data directory;
+        // `thali-node send` in another process nudges the peer through it to read the store at once.
+        let nudgeTarget = NudgeTarget()
         let feed: NodeEventFeed?
         do {
-            feed = try await NodeEventFeed.start(at: home.eventsSocketPath, group: MultiThreadedEventLoopGroup.singleton)
+            feed = try await NodeEventFeed.start(at: home.eventsSocketPath, group: MultiThreadedEventLoopGroup.singleton,
+                                                 nudged: { nudgeTarget.nudge() })
         } catch {
             feed = nil
             StandardStream.error.write("thali-node: events cannot be followed (`thali-node events`): \(error)\n")
@@ -208,6 +211,7 @@ struct Run: AsyncParsableCommand {
         }
         let peer = try ThaliPeer(store: store, identity: identity, configuration: configuration,
                                  logger: Logger(label: "thali.node"), runLock: lock, events: { output.report($0) })
+        nudgeTarget.set(peer)
         // The peer runs as a swift-service-lifecycle service: SIGTERM and SIGINT shut the group down
         // gracefully (byebye, connections closed); `--duration` does the same from a timer.
         let reason = StopReason()
@@ -247,6 +251,14 @@ struct Run: AsyncParsableCommand {
             throw CommandFailure(exitCode: .ioError, message: "standard output failed (\(why), errno \(number)); the node stopped cleanly")
         }
     }
+}
+
+/// The peer a nudge on the event feed reaches, once it exists (the feed starts first, so that followers
+/// see the peer's first events).
+final class NudgeTarget: Sendable {
+    private let peer = Mutex<ThaliPeer?>(nil)
+    func set(_ peer: ThaliPeer) { self.peer.withLock { $0 = peer } }
+    func nudge() { peer.withLock { $0 }?.storeChanged() }
 }
 
 /// Why `run` stopped: the signal's name, or `duration`; the first one set wins.

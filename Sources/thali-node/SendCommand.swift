@@ -59,6 +59,7 @@ struct Send: ParsableCommand {
                                      + "(maxTextBytes in config.json): save it to a file and send that with --file")
             }
         }
+        Events.nudgeRunningNode(on: options.nodeHome)
         let queued = Queued(id: item.id.uuidString, contact: contact, kind: item.kind.rawValue, fileName: item.fileName, size: item.size,
                             sha256: hex(item.sha256), expires: formatDate(item.expiresAt))
         if json { return try printJSON(queued) }

@@ -1,4 +1,5 @@
 import Foundation
+import NIOConcurrencyHelpers
 import Testing
 // The helpers these tests share with the library's (TemporaryHome, TestPeople, BlueZMock, ...) live in
 // ThaliNodeTestSupport and ThaliBluetoothTestSupport; re-exported here so that every file of this target sees them.
@@ -75,6 +76,27 @@ struct CommandLineTests {
         let removed = try await thaliNode(["contacts", "remove", "bob", "--force"] + home)
         #expect(removed.status == 0)
         #expect(try store.outbox().isEmpty)
+    }
+
+    @Test("send nudges the node running on the data directory through its events socket, and no one when none runs")
+    func sendNudgesTheRunningNode() async throws {
+        let temporary = TemporaryHome("cli-nudge")
+        let home = ["--home", temporary.home.path]
+        #expect(try await thaliNode(["identity", "create"] + home).status == 0)
+        #expect(try await thaliNode(["contacts", "add", "bob", randomPublicKey()] + home).status == 0)
+        // The test plays the running node: its events socket, and later its run lock.
+        let nudges = NIOLockedValueBox(0)
+        let feed = try await NodeEventFeed.start(at: temporary.home.eventsSocketPath, nudged: { nudges.withLockedValue { $0 += 1 } })
+        let unlocked = try await thaliNode(["send", "bob", "while no node holds the lock"] + home)
+        #expect(unlocked.status == 0, "\(unlocked.output)")
+        let lock = try RunLock(home: temporary.home)
+        let locked = try await thaliNode(["send", "bob", "while a node runs"] + home)
+        #expect(locked.status == 0, "\(locked.output)")
+        #expect(try await waitUntil(timeout: .seconds(10), every: .milliseconds(20)) { nudges.withLockedValue { $0 } >= 1 })
+        // The send without a running node (no lock) left the socket alone: only the second one nudged.
+        #expect(nudges.withLockedValue { $0 } == 1)
+        await feed.close()
+        withExtendedLifetime(lock) {}
     }
 
     @Test("THALI_HOME selects the data directory when --home is absent")

@@ -1,4 +1,5 @@
 import Foundation
+import NIOConcurrencyHelpers
 import NIOPosix
 import Testing
 import ThaliTestSupport
@@ -87,6 +88,32 @@ struct NodeEventFeedTests {
         await feed.close()
         #expect(first.isClosedByFeed() && second.isClosedByFeed())
         #expect(!FileManager.default.fileExists(atPath: socketPath))
+    }
+
+    @Test("bytes a follower sends nudge the node, once per batch read; a follower that only reads does not")
+    func bytesFromAFollowerNudge() async throws {
+        let socketPath = path("nudge")
+        defer { removeDirectory(of: socketPath) }
+        let nudges = NIOLockedValueBox(0)
+        let feed = try await NodeEventFeed.start(at: socketPath, group: MultiThreadedEventLoopGroup.singleton,
+                                                 nudged: { nudges.withLockedValue { $0 += 1 } })
+        defer { Task { await feed.close() } }
+        let reader = try Follower(socketPath)
+        try await waitFor { feed.followerCount == 1 }
+        let line = Data("{\"event\":\"n\"}\n".utf8)
+        feed.publish(line)
+        #expect(reader.read(line.count) == Array(line))
+        try await eventLoopsDrained()
+        #expect(nudges.withLockedValue { $0 } == 0, "reading is not a nudge")
+
+        let sender = try Follower(socketPath)
+        var byte: UInt8 = 0x0a
+        #expect(write(sender.descriptor, &byte, 1) == 1)
+        try await waitFor { nudges.withLockedValue { $0 } >= 1 }
+        #expect(nudges.withLockedValue { $0 } >= 1)
+        // The byte is dropped, not echoed or kept: the sender still gets the lines as a follower.
+        feed.publish(line)
+        #expect(sender.read(line.count) == Array(line))
     }
 
     @Test("a follower that stops reading is dropped once its queue passes the bound; the feed goes on for others")

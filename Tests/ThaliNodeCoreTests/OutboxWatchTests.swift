@@ -57,4 +57,27 @@ struct OutboxWatchTests {
         #expect(seen.first == ["bob"], "the queued item is advertised: \(seen)")
         #expect(seen.last == [], "and withdrawn once it expired, with no commit in between: \(seen)")
     }
+
+    @Test("an item queued by another process is read at once when the peer is told its store changed, not at the next poll")
+    func nudgeReadsTheStoreAtOnce() async throws {
+        let people = try TestPeople(["alice", "bob"], label: "outbox-nudge")
+        // No poll and no rotation within the test: only the nudge can make the peer read the store.
+        let alice = try loopbackPeer(people["alice"], ssdpPort: randomSSDPPort()) {
+            $0.outboxPollInterval = .seconds(600)
+            $0.announcementRotationInterval = .seconds(600)
+        }
+        let events = alice.events()
+        try await alice.start()
+        let other = try NodeStore(home: try people["alice"].home)
+        _ = try other.enqueueText("from send", to: "bob", expiresAt: Date().addingTimeInterval(600))
+        alice.storeChanged()
+        let advertised = try await withTimeout(.seconds(10)) { () -> [String] in
+            for await event in events {
+                if case .advertising(let contacts) = event, !contacts.isEmpty { return contacts }
+            }
+            return []
+        }
+        await alice.stop()
+        #expect(advertised == ["bob"])
+    }
 }

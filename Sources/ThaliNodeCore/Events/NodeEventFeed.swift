@@ -10,9 +10,11 @@ import NIOPosix
 /// `thali-node events` follows it, and through it the conformance suite's adapter reads a node's events
 /// (spec/conformance.md, "Adapter contract"). The node never waits for a follower: one that does not
 /// read is dropped once ``Limits/maxPendingBytesPerFollower`` are queued for it, and followers beyond
-/// ``Limits/maxFollowers`` are closed at once. Followers send nothing; what they send is discarded. The
-/// socket is a file in the private data directory (mode 0600, the directory 0700): only the node's user
-/// can follow it.
+/// ``Limits/maxFollowers`` are closed at once. What a follower sends is not read as anything but a
+/// nudge: any bytes tell the node that its store changed (`thali-node send` in another process sends one
+/// byte and closes), so that it reads the store at once rather than at its next outbox poll; the bytes
+/// themselves are discarded. The socket is a file in the private data directory (mode 0600, the directory
+/// 0700): only the node's user can follow or nudge it.
 public final class NodeEventFeed: Sendable {
     /// The feed's bounds.
     public struct Limits: Sendable, Hashable {
@@ -40,15 +42,18 @@ public final class NodeEventFeed: Sendable {
     public static let maxPathBytes = MemoryLayout.size(ofValue: sockaddr_un().sun_path) - 1
 
     /// Listens at `path`, replacing a socket a run that ended without cleaning up left there (the caller
-    /// holds the data directory's ``RunLock``, so no other run uses it).
-    public static func start(at path: String, limits: Limits = Limits()) async throws -> NodeEventFeed {
-        try await start(at: path, limits: limits, group: MultiThreadedEventLoopGroup.singleton)
+    /// holds the data directory's ``RunLock``, so no other run uses it). `nudged` runs, on an event loop,
+    /// once for each batch of bytes a follower sends (``ThaliPeer/storeChanged()`` is what a node passes).
+    public static func start(at path: String, limits: Limits = Limits(),
+                             nudged: @escaping @Sendable () -> Void = {}) async throws -> NodeEventFeed {
+        try await start(at: path, limits: limits, group: MultiThreadedEventLoopGroup.singleton, nudged: nudged)
     }
 
-    /// ``start(at:limits:)`` on `group`'s event loops.
-    package static func start(at path: String, limits: Limits = Limits(), group: any EventLoopGroup) async throws -> NodeEventFeed {
+    /// ``start(at:limits:nudged:)`` on `group`'s event loops.
+    package static func start(at path: String, limits: Limits = Limits(), group: any EventLoopGroup,
+                              nudged: @escaping @Sendable () -> Void = {}) async throws -> NodeEventFeed {
         guard path.utf8.count <= maxPathBytes else { throw NodeEventFeedError.pathTooLong(path: path, maximum: maxPathBytes) }
-        let registry = FollowerRegistry(limits: limits)
+        let registry = FollowerRegistry(limits: limits, nudged: nudged)
         let server = try await ServerBootstrap(group: group)
             .serverChannelOption(.backlog, value: 8)
             .childChannelInitializer { channel in
@@ -112,9 +117,13 @@ public final class NodeEventFeed: Sendable {
     /// Admits followers until the feed exists and within the limit.
     private final class FollowerRegistry: Sendable {
         let limits: Limits
+        let nudged: @Sendable () -> Void
         let feed = NIOLockedValueBox<NodeEventFeed?>(nil)
 
-        init(limits: Limits) { self.limits = limits }
+        init(limits: Limits, nudged: @escaping @Sendable () -> Void) {
+            self.limits = limits
+            self.nudged = nudged
+        }
 
         func admit(_ channel: Channel) -> EventLoopFuture<Void> {
             guard let feed = feed.withLockedValue({ $0 }), feed.added(channel, maximum: limits.maxFollowers) else {
@@ -123,16 +132,28 @@ public final class NodeEventFeed: Sendable {
             }
             let high = max(1, limits.maxPendingBytesPerFollower)
             channel.closeFuture.whenComplete { [weak feed] _ in feed?.removed(channel) }
-            return channel.setOption(.writeBufferWaterMark, value: .init(low: high / 2, high: high)).flatMap {
-                channel.pipeline.addHandler(InputDiscarder())
+            let nudged = self.nudged
+            return channel.setOption(.writeBufferWaterMark, value: .init(low: high / 2, high: high)).flatMapThrowing {
+                try channel.pipeline.syncOperations.addHandler(NudgeReader(nudged: nudged))
             }
         }
     }
 
-    /// Followers send nothing: whatever comes is dropped (their end of input closes the connection).
-    private final class InputDiscarder: ChannelInboundHandler, Sendable {
+    /// What a follower sends is a nudge, not a message: the bytes are dropped, and each batch read that
+    /// had bytes (one wake-up of the loop, however many) nudges once, so a follower that writes without
+    /// pause costs the node one call per read, not per byte. Its end of input (which NIO also ends with a
+    /// read-complete) closes the connection and nudges nothing.
+    private final class NudgeReader: ChannelInboundHandler {
         typealias InboundIn = ByteBuffer
-        func channelRead(context: ChannelHandlerContext, data: NIOAny) {}
+        private let nudged: @Sendable () -> Void
+        private var readBytes = false
+        init(nudged: @escaping @Sendable () -> Void) { self.nudged = nudged }
+        func channelRead(context: ChannelHandlerContext, data: NIOAny) { readBytes = true }
+        func channelReadComplete(context: ChannelHandlerContext) {
+            guard readBytes else { return }
+            readBytes = false
+            nudged()
+        }
     }
 }
 

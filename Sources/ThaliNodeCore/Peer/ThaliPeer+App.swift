@@ -51,6 +51,21 @@ extension ThaliPeer {
         return contact
     }
 
+    /// Tells the peer that its store changed outside it, as when another process queued or removed an
+    /// item (`thali-node send` beside a running `run` nudges it through ``NodeEventFeed``): the peer reads
+    /// the store's change stamp now rather than at its next outbox poll
+    /// (``PeerConfiguration/outboxPollInterval``). Cheap, and nothing happens when the store did not
+    /// change. A read already under way is left to finish; what it missed, the next poll reads.
+    public func storeChanged() {
+        let now = ContinuousClock.now
+        let moved = state.withLockedValue { state -> Bool in
+            guard !state.stopped, let due = state.schedule.deadline(of: .checkStore), due > now else { return false }
+            state.schedule.arm(.checkStore, at: now)
+            return true
+        }
+        if moved { lifetime.wake(at: now) }
+    }
+
     /// Queues `text` for the contact named `contact`, to be dropped if not delivered within `expiresIn`,
     /// and, when the peer runs, asks for its announcement at once: returns once the item is stored, while
     /// the announcement (an ECDH per advertised contact) is made on the peer's own tasks.
