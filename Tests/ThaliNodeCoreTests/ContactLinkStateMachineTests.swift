@@ -176,6 +176,29 @@ import ThaliSSDP
         #expect(Self.connectBinding(machine.nextAction()) == .bluetooth)
     }
 
+    /// A session that lingers (delivery version 5) makes this common: the contact re-announced over the
+    /// same binding while the session was up. Its route replaced the one the session used; before, the
+    /// completion took the new route for the one it had served and dropped it, and the new items waited
+    /// for yet another announcement (seen at 90 s in HeadOfLineTests).
+    @Test func aMatchOverTheSameBindingDuringASessionGetsASessionOfItsOwn() {
+        var machine = Self.machine()
+        _ = machine.matched(Self.route(.wifi))
+        _ = machine.nextAction()
+        machine.connected()
+        #expect(machine.matched(Self.route(.wifi, identity: "psk-2")) == .none)
+        machine.sessionCompleted()
+        #expect(machine.state == .matched)
+        guard case .connect(let route, _) = machine.nextAction() else {
+            Issue.record("no session for the new route")
+            return
+        }
+        #expect(route.binding == .wifi && route.match.pskIdentity == "psk-2")
+        // Its own session completes; nothing is left to serve.
+        machine.connected()
+        machine.sessionCompleted()
+        #expect(machine.state == .idle)
+    }
+
     @Test func aMatchDuringASessionThatStaysOpenAsksItForADelivery() {
         var machine = Self.machine()
         _ = machine.matched(Self.route(.wifi))

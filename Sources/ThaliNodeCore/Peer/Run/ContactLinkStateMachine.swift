@@ -95,6 +95,9 @@ struct ContactLinkStateMachine: Sendable {
     private var routes: [PeerBindingKind: ContactRoute] = [:]
     /// Bindings matched since the current attempt began.
     private var matchedDuringAttempt: Set<PeerBindingKind> = []
+    /// The PSK identity the current attempt connected with: what its session served. (The route of its
+    /// binding may have been replaced by a newer match meanwhile.)
+    private var attemptIdentity: String?
     /// Bindings that failed since the last backoff (or success).
     private var failedThisRound: Set<PeerBindingKind> = []
     private var failuresInARow = 0
@@ -204,7 +207,8 @@ struct ContactLinkStateMachine: Sendable {
     mutating func sessionCompleted() {
         sessionStaysOpen = false
         progressedThisSession = false
-        let served = state.binding.flatMap { routes[$0]?.match.pskIdentity }
+        let served = attemptIdentity
+        attemptIdentity = nil
         routes = routes.filter { binding, route in
             matchedDuringAttempt.contains(binding) && route.match.pskIdentity != served
         }
@@ -263,6 +267,7 @@ struct ContactLinkStateMachine: Sendable {
             if let route = nextRoute {
                 state = .connecting(route.binding, attempt: failuresInARow + 1)
                 matchedDuringAttempt = []
+                attemptIdentity = route.match.pskIdentity
                 return .connect(route, attempt: failuresInARow + 1)
             }
             state = routes.isEmpty ? .idle : .gaveUp
