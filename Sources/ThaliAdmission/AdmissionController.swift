@@ -29,6 +29,8 @@ public final class AdmissionController<Source: Hashable & Sendable>: Sendable {
     public var counters: AdmissionCounters { gate.withLockedValue { $0.counters } }
     /// Connections open now.
     public var openConnections: Int { gate.withLockedValue { $0.open } }
+    /// Connections `source` holds open now.
+    public func openConnections(of source: Source) -> Int { gate.withLockedValue { $0.openConnections(of: source).open } }
     /// Unauthenticated connections open now.
     public var unauthenticatedConnections: Int { gate.withLockedValue { $0.unauthenticated } }
     /// Sources remembered now.

@@ -185,8 +185,13 @@ enum DeliveryFramesHarness {
             .welcome(version: 3, maxFramePayloadBytes: 1024, progressWindowBytes: 4096), .answer(id: offer.id, .nothing),
             .progress(id: offer.id, bytes: 3), .progress(id: offer.id, bytes: 5), .ack(id: offer.id),
         ]
+        // Version 5: the welcome adds the receiver's linger.
+        let answers5: [DeliveryFrame] = [
+            .welcome(version: 5, maxFramePayloadBytes: 1024, progressWindowBytes: 4096, lingerMilliseconds: 30_000),
+            .answer(id: offer.id, .nothing), .ack(id: offer.id),
+        ]
         return [[0] + encode(frames), [2, 3, 0, 40, 0] + encode(frames), [0] + encode(answers), [1, 9, 0] + encode(version1),
-                [0] + encode(version3), [0] + encode(answers3)]
+                [0] + encode(version3), [0] + encode(answers3), [0] + encode(answers5)]
     }
 }
 

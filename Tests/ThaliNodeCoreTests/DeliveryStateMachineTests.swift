@@ -64,7 +64,8 @@ struct DeliveryStateMachineTests {
 
         var later = DeliveryReceiverStateMachine(limits: limits, now: { Self.now })
         let window = UInt32(limits.progressWindowBytes)
-        #expect(try later.receive(.hello(version: 7)) == .send(.welcome(version: 4, maxFramePayloadBytes: 1024, progressWindowBytes: window)))
+        #expect(try later.receive(.hello(version: 7)) == .send(.welcome(version: 5, maxFramePayloadBytes: 1024, progressWindowBytes: window,
+                                                                         lingerMilliseconds: 30_000)))
         #expect(later.senderHearsProgress)
 
         var progress = DeliveryReceiverStateMachine(limits: limits, now: { Self.now })
@@ -89,8 +90,8 @@ struct DeliveryStateMachineTests {
         #expect(throws: DeliveryProtocolError.self) { try tiny.receive(.welcome(version: 2, maxFramePayloadBytes: 100)) }
         var wrongVersion = DeliverySenderStateMachine()
         _ = try wrongVersion.start()
-        #expect(throws: DeliveryProtocolError.unsupportedVersion(5)) {
-            try wrongVersion.receive(.welcome(version: 5, maxFramePayloadBytes: 4096, progressWindowBytes: 1 << 20))
+        #expect(throws: DeliveryProtocolError.unsupportedVersion(6)) {
+            try wrongVersion.receive(.welcome(version: 6, maxFramePayloadBytes: 4096, progressWindowBytes: 1 << 20, lingerMilliseconds: 0))
         }
         var smallWindow = DeliverySenderStateMachine()
         _ = try smallWindow.start()
@@ -484,6 +485,27 @@ struct DeliveryStateMachineTests {
         return (machine, offer)
     }
 
+    @Test("version 5: hello(5) gets welcome(5) with the receiver's linger, within half its idle timeout; a sender reads it")
+    func version5Linger() throws {
+        var limits = DeliveryLimits(idleTimeout: .seconds(10), lingerInterval: .seconds(30))
+        limits.maxFramePayloadBytes = 1024
+        let window = UInt32(limits.progressWindowBytes)
+        var receiver = DeliveryReceiverStateMachine(limits: limits, now: { Self.now })
+        #expect(try receiver.receive(.hello(version: 5)) == .send(.welcome(version: 5, maxFramePayloadBytes: 1024, progressWindowBytes: window,
+                                                                            lingerMilliseconds: 5_000)))
+        var older = DeliveryReceiverStateMachine(limits: limits, now: { Self.now })
+        #expect(try older.receive(.hello(version: 4)) == .send(.welcome(version: 4, maxFramePayloadBytes: 1024, progressWindowBytes: window)))
+        var sender = DeliverySenderStateMachine()
+        _ = try sender.start()
+        _ = try sender.receive(.welcome(version: 5, maxFramePayloadBytes: 1024, progressWindowBytes: 8192, lingerMilliseconds: 2_500))
+        #expect(sender.version == 5 && sender.receiverLinger == .milliseconds(2_500))
+        var toOlder = DeliverySenderStateMachine()
+        _ = try toOlder.start()
+        _ = try toOlder.receive(.welcome(version: 4, maxFramePayloadBytes: 1024, progressWindowBytes: 8192))
+        #expect(toOlder.version == 4 && toOlder.receiverLinger == nil)
+        #expect(DeliveryLimits(idleTimeout: .seconds(60), lingerInterval: .zero).effectiveLinger == .zero)
+    }
+
     @Test("version 4: hello(4) gets welcome(4) with version 3's fields; hello(3) still gets welcome(3)")
     func version4Welcome() throws {
         var limits = DeliveryLimits()
@@ -497,7 +519,7 @@ struct DeliveryStateMachineTests {
         #expect(!older.senderHearsTemporaryRefusals)
         // A sender speaks what it is welcomed with.
         var sender = DeliverySenderStateMachine()
-        #expect(try sender.start() == .hello(version: 4))
+        #expect(try sender.start() == .hello(version: DeliveryFrame.protocolVersion))
         #expect(try sender.receive(.welcome(version: 4, maxFramePayloadBytes: 1024, progressWindowBytes: 8192)) == .welcomed(maxFramePayloadBytes: 1024))
         #expect(sender.version == 4 && sender.receiverSpeaksProgress)
     }

@@ -77,7 +77,8 @@ struct SessionOutcome: Sendable {
 func deliverOverTCP(_ pair: NodePair, limits: DeliveryLimits, receiverLimits: DeliveryLimits? = nil, cut: (Side, Int)? = nil,
                     now: @escaping @Sendable () -> Date = { Date() },
                     senderEvents: DeliveryEventHandler? = nil,
-                    receiverEvents: DeliveryEventHandler? = nil) async throws -> SessionOutcome {
+                    receiverEvents: DeliveryEventHandler? = nil,
+                    newItems: LinkWakeSignal? = nil) async throws -> SessionOutcome {
     let group = MultiThreadedEventLoopGroup.singleton
     let server = try await ServerBootstrap(group: group)
         .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
@@ -93,7 +94,7 @@ func deliverOverTCP(_ pair: NodePair, limits: DeliveryLimits, receiverLimits: De
     let receiver = DeliveryReceiver(store: pair.bob, authenticatedPeer: pair.aliceAtBob, limits: receiverLimits ?? limits, now: now,
                                     events: receiverEvents, logger: quietLogger)
     let sender = DeliverySender(store: pair.alice, authenticatedPeer: pair.bobAtAlice, limits: limits, now: now,
-                                events: senderEvents, logger: quietLogger)
+                                events: senderEvents, logger: quietLogger, newItems: newItems)
     async let receiverResult: Result<DeliveryReceiver.Summary, any Error> = {
         do {
             return .success(try await server.executeThenClose { connections in

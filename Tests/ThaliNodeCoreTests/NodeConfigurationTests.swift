@@ -36,7 +36,7 @@ struct NodeConfigurationTests {
              "logLevel": "debug", "maxFramePayloadBytes": 8192, "chunkBytes": 4096, "maxNameBytes": 100,
              "maxItemBytes": 1000000, "maxTextBytes": 500, "blockBytes": 65536, "writebackBytes": 2097152, "readAheadBlocks": 3,
              "inboundFrames": 12, "directWrites": false, "progressWindowBytes": 1048576, "writeIntervalMs": 25,
-             "maxBatchItems": 8, "idleTimeoutSeconds": 5,
+             "maxBatchItems": 8, "idleTimeoutSeconds": 5, "lingerSeconds": 2,
              "partialRetentionSeconds": 3600, "minimumFreeBytes": 4096, "noSpaceRetrySeconds": 2, "noSpaceRetryMaxSeconds": 10,
              "wifi": false, "bluetooth": true, "bluetoothAdapter": "hci1",
              "bluetoothMakeConnectable": false}
@@ -56,7 +56,7 @@ struct NodeConfigurationTests {
         #expect(configuration.limits == DeliveryLimits(maxFramePayloadBytes: 8192, chunkBytes: 4096, maxNameBytes: 100,
                                                        maxItemBytes: 1_000_000, maxTextBytes: 500, blockBytes: 65536,
                                                        writebackBytes: 2 << 20, readAheadBlocks: 3, inboundFrames: 12, directWrites: false, progressWindowBytes: 1 << 20, writeInterval: .milliseconds(25), maxBatchItems: 8, idleTimeout: .seconds(5),
-                                                       partialRetention: .seconds(3600), minimumFreeBytes: 4096,
+                                                       lingerInterval: .seconds(2), partialRetention: .seconds(3600), minimumFreeBytes: 4096,
                                                        noSpaceRetryBase: .seconds(2), noSpaceRetryCap: .seconds(10)))
         // What `jsonObject` writes reads back to the same configuration.
         let data = try JSONSerialization.data(withJSONObject: configuration.jsonObject)

@@ -282,7 +282,10 @@ struct PeerStreamsTests {
         try Data(repeating: 7, count: 256 * 1024).write(to: URL(fileURLWithPath: file))
         defer { try? FileManager.default.removeItem(atPath: file) }
         _ = try pair.people["bob"].store.enqueueFile(at: file, to: "alice", expiresAt: Date().addingTimeInterval(600))
-        let bob = try pair.make("bob") { $0.sendThrottleBytesPerSecond = 128 * 1024 }
+        let bob = try pair.make("bob") {
+            $0.sendThrottleBytesPerSecond = 128 * 1024
+            $0.deliveryLimits.lingerInterval = .zero  // the delivery ends once the file is delivered
+        }
         let streams = try bob.handleStreams(protocol: "echo")
         let server = Task {
             await withDiscardingTaskGroup { group in

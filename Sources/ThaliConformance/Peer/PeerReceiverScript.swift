@@ -168,7 +168,11 @@ struct ReceiverScript {
         self.version = version
         announced = Self.announcedFrameMaximum
         let window = version >= DeliveryFrame.progressVersion ? UInt32(Self.announcedWindow) : nil
-        return Step(replies: [.welcome(version: version, maxFramePayloadBytes: UInt32(Self.announcedFrameMaximum), progressWindowBytes: window)])
+        // Version 5: we do not wait for more items once everything is answered (linger 0), so a
+        // sender that honours it sends `done` at once and each case grades one session.
+        let linger: UInt32? = version >= DeliveryFrame.lingerVersion ? 0 : nil
+        return Step(replies: [.welcome(version: version, maxFramePayloadBytes: UInt32(Self.announcedFrameMaximum),
+                                       progressWindowBytes: window, lingerMilliseconds: linger)])
     }
 
     /// What is wrong with an offer's fields (created before expires, Unix milliseconds, a text unnamed).

@@ -88,11 +88,11 @@ extension PeerConformance {
                 try await outbound.write(.hello(version: DeliveryFrame.protocolVersion))
                 var iterator = inbound.makeAsyncIterator()
                 let welcome = try await iterator.next()
-                guard case .welcome(let version, let maximum, let window)? = welcome else {
+                guard case .welcome(let version, let maximum, let window, let linger)? = welcome else {
                     run.record(Cases.senderWelcome, .fail, expected: "welcome", actual: welcome?.name ?? "the stream ended", started: streamStarted)
                     return
                 }
-                let speaksProgress = Self.gradeWelcome(run, version: version, maximum: maximum, window: window, started: streamStarted)
+                let speaksProgress = Self.gradeWelcome(run, version: version, maximum: maximum, window: window, linger: linger, started: streamStarted)
                 begin(Cases.senderStream)
                 try await outbound.write(.offer(offer))
                 guard let answer = try await iterator.next() else {
@@ -166,10 +166,12 @@ extension PeerConformance {
         await checkInbox(run, delivered: delivered, unwanted: unwanted)
     }
 
-    /// Grades its welcome to our hello(4) and returns whether it speaks version 3 (or 4, whose welcome has
-    /// the same fields; a version 3 receiver rightly answers with 3). A version 2 welcome is
-    /// what an older receiver rightly answers: a warning, and its version 3 cases do not apply.
-    static func gradeWelcome(_ run: ConformanceRun, version: UInt8, maximum: UInt32, window: UInt32?, started: NIODeadline) -> Bool {
+    /// Grades its welcome to our hello(5) and returns whether it speaks version 3 or later (4 has 3's
+    /// fields, 5 adds the receiver's linger; a version 3 or 4 receiver rightly answers with its own). A
+    /// version 2 welcome is what an older receiver rightly answers: a warning, and its version 3 cases
+    /// do not apply. We never linger, so the linger a version 5 receiver states is only read.
+    static func gradeWelcome(_ run: ConformanceRun, version: UInt8, maximum: UInt32, window: UInt32?, linger: UInt32? = nil,
+                             started: NIODeadline) -> Bool {
         let speaksProgress = version >= DeliveryFrame.progressVersion
         let minimumWindow = 2 * DeliveryLimits.minimumFramePayloadBytes
         let wellFormed = (probeDeliveryVersion2...DeliveryFrame.protocolVersion).contains(version)
@@ -178,7 +180,7 @@ extension PeerConformance {
         let verdict: ConformanceVerdict = !wellFormed ? .fail : speaksProgress ? .pass : .warn
         run.record(Cases.senderWelcome, verdict,
                    expected: "welcome(\(DeliveryFrame.progressVersion) or \(DeliveryFrame.protocolVersion), ≥ \(DeliveryLimits.minimumFramePayloadBytes), ≥ \(minimumWindow))",
-                   actual: "welcome(\(version), \(maximum)\(window.map { ", \($0)" } ?? ""))" + (speaksProgress ? "" : ": an older receiver"),
+                   actual: "welcome(\(version), \(maximum)\(window.map { ", \($0)" } ?? "")\(linger.map { ", linger \($0) ms" } ?? ""))" + (speaksProgress ? "" : ": an older receiver"),
                    started: started)
         if !speaksProgress {
             for testCase in [Cases.senderProgress, Cases.senderBatch] {

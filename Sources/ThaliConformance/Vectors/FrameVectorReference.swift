@@ -154,10 +154,11 @@ private struct DeliveryReading: FrameReading {
         switch frame {
         case .hello(let version):
             fields["version"] = "\(version)"
-        case .welcome(let version, let maximum, let window):
+        case .welcome(let version, let maximum, let window, let linger):
             fields["version"] = "\(version)"
             fields["max_frame_payload_bytes"] = "\(maximum)"
             if let window { fields["progress_window_bytes"] = "\(window)" }
+            if let linger { fields["linger_ms"] = "\(linger)" }
         case .progress(let id, let bytes):
             fields["id"] = hex(id)
             fields["bytes"] = "\(bytes)"
@@ -217,8 +218,9 @@ private struct DeliveryReading: FrameReading {
         case "hello": return .hello(version: try fields.integer("version"))
         case "welcome":
             let window: UInt32? = fields.fields["progress_window_bytes"] == nil ? nil : try fields.integer("progress_window_bytes")
+            let linger: UInt32? = fields.fields["linger_ms"] == nil ? nil : try fields.integer("linger_ms")
             return .welcome(version: try fields.integer("version"), maxFramePayloadBytes: try fields.integer("max_frame_payload_bytes"),
-                            progressWindowBytes: window)
+                            progressWindowBytes: window, lingerMilliseconds: linger)
         case "progress": return .progress(id: try fields.uuid("id"), bytes: try fields.integer("bytes"))
         case "item":
             return .item(try offer(&fields), content: ByteBuffer(bytes: try fields.bytes("content")),

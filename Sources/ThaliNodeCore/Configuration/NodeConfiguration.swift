@@ -41,7 +41,7 @@ public struct NodeConfiguration: Sendable, Hashable {
     /// 6 ms per handshake at 2048 bits, 17 ms at 3072), and the PSK, not the group, authenticates.
     public var dhGroup: DHGroup
     /// `maxFramePayloadBytes`, `chunkBytes`, `maxNameBytes`, `maxItemBytes`, `maxTextBytes`, `blockBytes`,
-    /// `writebackBytes`, `readAheadBlocks`, `inboundFrames`, `directWrites`, `progressWindowBytes`, `writeIntervalMs`, `maxBatchItems`, `batchesInFlight`, `idleTimeoutSeconds`, `partialRetentionSeconds`, `minimumFreeBytes`, `noSpaceRetrySeconds`, `noSpaceRetryMaxSeconds`: the delivery limits (see ``DeliveryLimits`` for their defaults and meaning).
+    /// `writebackBytes`, `readAheadBlocks`, `inboundFrames`, `directWrites`, `progressWindowBytes`, `writeIntervalMs`, `maxBatchItems`, `batchesInFlight`, `idleTimeoutSeconds`, `lingerSeconds`, `partialRetentionSeconds`, `minimumFreeBytes`, `noSpaceRetrySeconds`, `noSpaceRetryMaxSeconds`: the delivery limits (see ``DeliveryLimits`` for their defaults and meaning).
     public var limits: DeliveryLimits
     /// `wifi`: whether `run` uses the Wi-Fi binding (SSDP on `interface`). Default `true`; `false` needs
     /// `bluetooth` (`run --no-wifi`).
@@ -82,7 +82,7 @@ public struct NodeConfiguration: Sendable, Hashable {
         "beaconValiditySeconds", "defaultItemExpirySeconds", "logLevel", "dhGroup", "maxFramePayloadBytes", "chunkBytes",
         "maxNameBytes", "maxItemBytes", "maxTextBytes", "blockBytes", "writebackBytes", "readAheadBlocks", "inboundFrames", "directWrites", "progressWindowBytes",
         "writeIntervalMs", "maxBatchItems", "batchesInFlight",
-        "idleTimeoutSeconds", "partialRetentionSeconds", "minimumFreeBytes", "noSpaceRetrySeconds", "noSpaceRetryMaxSeconds",
+        "idleTimeoutSeconds", "lingerSeconds", "partialRetentionSeconds", "minimumFreeBytes", "noSpaceRetrySeconds", "noSpaceRetryMaxSeconds",
         "wifi", "bluetooth", "bluetoothAdapter", "bluetoothMakeConnectable",
     ]
 
@@ -158,6 +158,7 @@ public struct NodeConfiguration: Sendable, Hashable {
         let batch = try fields.integer("maxBatchItems", default: defaults.maxBatchItems, range: 1...4096)
         let batchesInFlight = try fields.integer("batchesInFlight", default: defaults.batchesInFlight, range: 1...64)
         let idle = try fields.integer("idleTimeoutSeconds", default: 60, range: 1...86400)
+        let linger = try fields.integer("lingerSeconds", default: Int(defaults.lingerInterval.components.seconds), range: 0...86400)
         let retention = try fields.integer("partialRetentionSeconds", default: 7 * 24 * 3600, range: 60...Int(Int32.max))
         let reserve = try fields.integer("minimumFreeBytes", default: Int(defaults.minimumFreeBytes), range: 0...Int.max)
         let retryBase = try fields.integer("noSpaceRetrySeconds", default: Int(defaults.noSpaceRetryBase.components.seconds),
@@ -171,6 +172,7 @@ public struct NodeConfiguration: Sendable, Hashable {
                                               progressWindowBytes: window,
                                               writeInterval: .milliseconds(Int64(writeInterval)),
                                               maxBatchItems: batch, batchesInFlight: batchesInFlight, idleTimeout: .seconds(Int64(idle)),
+                                              lingerInterval: .seconds(Int64(linger)),
                                               partialRetention: .seconds(Int64(retention)),
                                               minimumFreeBytes: UInt64(reserve),
                                               noSpaceRetryBase: .seconds(Int64(retryBase)), noSpaceRetryCap: .seconds(Int64(retryCap)))
@@ -206,6 +208,7 @@ public struct NodeConfiguration: Sendable, Hashable {
             "writeIntervalMs": limits.writeInterval.wholeMilliseconds, "maxBatchItems": limits.maxBatchItems,
             "batchesInFlight": limits.batchesInFlight,
             "idleTimeoutSeconds": limits.idleTimeout.components.seconds,
+            "lingerSeconds": limits.lingerInterval.components.seconds,
             "partialRetentionSeconds": limits.partialRetention.components.seconds,
             "minimumFreeBytes": limits.minimumFreeBytes, "noSpaceRetrySeconds": limits.noSpaceRetryBase.components.seconds,
             "noSpaceRetryMaxSeconds": limits.noSpaceRetryCap.components.seconds,

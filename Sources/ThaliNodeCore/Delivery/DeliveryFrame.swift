@@ -160,8 +160,8 @@ public struct DeliveryErrorCode: RawRepresentable, Sendable, Hashable, CustomStr
     }
 }
 
-/// One frame of the delivery protocol (version 4; a receiver also accepts version 1, 2 and 3 senders, and
-/// a sender speaks version 2 or 3 with a receiver that welcomes it so).
+/// One frame of the delivery protocol (version 5; a receiver also accepts version 1 to 4 senders, and
+/// a sender speaks version 2, 3 or 4 with a receiver that welcomes it so).
 ///
 /// Every frame is `type (1 byte) ‖ payload length (4 bytes, big endian) ‖ payload`. The payload length
 /// is bounded by ``DeliveryLimits/maxFramePayloadBytes``. Ids are the 16 raw bytes of a UUID, integers
@@ -172,8 +172,11 @@ public enum DeliveryFrame: Sendable, Hashable {
     /// Receiver → sender, the answer to `hello` from a version 2 or later sender: the version both speak
     /// and the largest frame payload the receiver accepts. The sender's frames stay within it. From
     /// version 3 it also carries `progressWindowBytes`: the sender never has more content bytes sent
-    /// beyond the receiver's last `progress` (nil: version 2, no window and no `progress` frames).
-    case welcome(version: UInt8, maxFramePayloadBytes: UInt32, progressWindowBytes: UInt32? = nil)
+    /// beyond the receiver's last `progress` (nil: version 2, no window and no `progress` frames). From
+    /// version 5 it also carries `lingerMilliseconds`: how long the receiver keeps the stream open,
+    /// waiting, once every item offered so far is answered, so that the sender can offer an item queued
+    /// meanwhile on it (0: it does not wait; nil: before version 5).
+    case welcome(version: UInt8, maxFramePayloadBytes: UInt32, progressWindowBytes: UInt32? = nil, lingerMilliseconds: UInt32? = nil)
     /// Either side, version 2, just before it ends the session on an error: why, as a code and in words
     /// (UTF-8, at most ``DeliveryFrame/maximumErrorReasonBytes``).
     case error(code: DeliveryErrorCode, reason: String)
@@ -203,12 +206,15 @@ public enum DeliveryFrame: Sendable, Hashable {
     case item(ItemOffer, content: ByteBuffer, endsBatch: Bool)
 
     /// The protocol version this implementation speaks (and sends in `hello`).
-    public static let protocolVersion: UInt8 = 4
+    public static let protocolVersion: UInt8 = 5
     /// The first version with `progress` frames, the progress window and `item` batches.
     public static let progressVersion: UInt8 = 3
     /// The first version with a temporary refusal (``ItemRefusal/noSpace``). Its `welcome` has version
     /// 3's layout; a version 3 reader treats an unknown refusal code as an error, hence a new version.
     public static let temporaryRefusalVersion: UInt8 = 4
+    /// The first version in which a sender may keep the stream open once everything is answered, and
+    /// offer items queued meanwhile on it (its `welcome` adds the receiver's `lingerMilliseconds`).
+    public static let lingerVersion: UInt8 = 5
     /// The oldest sender version a receiver still accepts: version 1 has no `welcome` and no `error`,
     /// which is safe for the receiver (it sends neither to a version 1 sender).
     public static let oldestAcceptedVersion: UInt8 = 1

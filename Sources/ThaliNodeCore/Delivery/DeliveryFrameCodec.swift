@@ -47,10 +47,11 @@ extension DeliveryFrame {
             buffer.writeInteger(failure.rawValue)
         case .done:
             break
-        case .welcome(let version, let maximum, let window):
+        case .welcome(let version, let maximum, let window, let linger):
             buffer.writeInteger(version)
             buffer.writeInteger(maximum)
             if let window { buffer.writeInteger(window) }
+            if let linger { buffer.writeInteger(linger) }
         case .error(let code, let reason):
             buffer.writeInteger(code.rawValue)
             buffer.writeString(reason)
@@ -161,7 +162,9 @@ extension DeliveryFrame {
             let maximum: UInt32 = try reader.integer()
             // Version 3 and later add the progress window; version 2 has none.
             let window: UInt32? = version >= progressVersion ? try reader.integer() : nil
-            return .welcome(version: version, maxFramePayloadBytes: maximum, progressWindowBytes: window)
+            // Version 5 and later add how long the receiver waits once everything is answered.
+            let linger: UInt32? = version >= DeliveryFrame.lingerVersion ? try reader.integer() : nil
+            return .welcome(version: version, maxFramePayloadBytes: maximum, progressWindowBytes: window, lingerMilliseconds: linger)
         case .error:
             let code = DeliveryErrorCode(rawValue: try reader.integer())
             let reason = reader.buffer.readableBytesView

@@ -105,6 +105,14 @@ public struct DeliveryLimits: Sendable, Hashable {
     /// silent or stalled peer cannot hold a session (and its partial file) open forever. Default 60 s.
     public var idleTimeout: Duration
 
+    /// Version 5: how long a session stays open once every item offered on it is answered, so that an
+    /// item queued meanwhile for the same contact is offered on it at once instead of through a new
+    /// announcement, fetch, match and connection (6-9 round trips). Both sides bound it: the receiver
+    /// states its own in `welcome`, and the sender waits the shorter of the two. Each side keeps it
+    /// within half its ``idleTimeout`` (``effectiveLinger``), so that the wait never looks idle. Zero:
+    /// end with `done` at once, as before version 5. Default 30 s.
+    public var lingerInterval: Duration
+
     /// How long a partial file (an interrupted transfer) is kept for resuming. A receiving session first
     /// deletes its contact's partial files untouched for longer, so transfers a sender abandoned (the
     /// item expired or was removed) do not hold disk space forever. Default 7 days.
@@ -151,6 +159,7 @@ public struct DeliveryLimits: Sendable, Hashable {
         maxBatchItems: Int = 64,
         batchesInFlight: Int = 4,
         idleTimeout: Duration = .seconds(60),
+        lingerInterval: Duration = .seconds(30),
         partialRetention: Duration = .seconds(7 * 24 * 3600),
         minimumFreeBytes: UInt64 = 32 << 20,
         noSpaceRetryBase: Duration = .seconds(30),
@@ -173,10 +182,17 @@ public struct DeliveryLimits: Sendable, Hashable {
         self.maxBatchItems = max(maxBatchItems, 1)
         self.batchesInFlight = min(max(batchesInFlight, 1), max(1, DeliveryLimits.maxUnansweredItems / self.maxBatchItems))
         self.idleTimeout = idleTimeout
+        self.lingerInterval = max(lingerInterval, .zero)
         self.partialRetention = partialRetention
         self.minimumFreeBytes = minimumFreeBytes
         self.noSpaceRetryBase = max(noSpaceRetryBase, .milliseconds(1))
         self.noSpaceRetryCap = max(noSpaceRetryCap, self.noSpaceRetryBase)
+    }
+
+    /// The linger this side keeps: ``lingerInterval``, at most half of ``idleTimeout``, in whole
+    /// milliseconds (what a version 5 `welcome` carries).
+    public var effectiveLinger: Duration {
+        .milliseconds(min(lingerInterval, idleTimeout / 2, .milliseconds(Int64(UInt32.max))).wholeMilliseconds)
     }
 
     /// The smallest progress window a receiver announces: twice the most it can hold unreported while no

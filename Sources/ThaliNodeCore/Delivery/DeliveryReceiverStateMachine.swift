@@ -121,8 +121,11 @@ public struct DeliveryReceiverStateMachine: Sendable {
             self.version = version
             guard version >= 2 else { return .none }
             let window = version >= DeliveryFrame.progressVersion ? UInt32(clamping: limits.progressWindowBytes) : nil
+            // Version 5: how long we wait for the next offer once everything is answered (the sender
+            // may keep the stream open that long); within half our idle timeout, so that it never fires.
+            let linger = version >= DeliveryFrame.lingerVersion ? UInt32(clamping: limits.effectiveLinger.wholeMilliseconds) : nil
             return .send(.welcome(version: version, maxFramePayloadBytes: UInt32(clamping: limits.maxFramePayloadBytes),
-                                  progressWindowBytes: window))
+                                  progressWindowBytes: window, lingerMilliseconds: linger))
         case (.finished, _), (.failed, _):
             return try fail(.unexpectedFrame(frame: frame.name, state: stateName))
         case (_, .error(let code, let reason)):

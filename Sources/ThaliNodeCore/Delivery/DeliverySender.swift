@@ -13,7 +13,9 @@ import ThaliMutants
 /// items are offered. A file is read in blocks off the event loop (the next block while the previous one
 /// is sent); with a version 3 receiver, progress is what the receiver reported writing, and texts go in
 /// batches of `item` frames without a round trip each. An item is removed from the outbox only after the receiver acknowledges it (or
-/// reports it already stored); anything else leaves it pending for the next session.
+/// reports it already stored); anything else leaves it pending for the next session. With a version 5
+/// receiver the session lingers once everything is answered: items queued meanwhile (``newItems``
+/// signalled) are offered on it at once, and `done` comes only after the linger passed with nothing new.
 package struct DeliverySender: Sendable {
     /// What one session achieved.
     package struct Summary: Sendable, Hashable {
@@ -42,14 +44,28 @@ package struct DeliverySender: Sendable {
     private let events: DeliveryEventHandler?
     private let logger: Logger
     private let blockingPool: NIOThreadPool
+    /// Signalled when items may have been queued for ``peer``: a lingering session looks again.
+    private let newItems: LinkWakeSignal?
+    /// Asked each time the session would linger: false ends it with `done` at once (the node's port
+    /// is busy, and a lingering session holds one of its connections).
+    private let mayLinger: @Sendable () -> Bool
+    /// Called once, when the session first lingers: from then until it ends, items queued for ``peer``
+    /// go on it.
+    private let onLinger: (@Sendable () -> Void)?
 
     /// Creates a sender of `store`'s items for `authenticatedPeer`, the contact whose identity the
     /// transport below proved (never a name taken from the stream itself). Database and file work runs on
-    /// `blockingPool`, never on the event loop or the concurrency pool.
+    /// `blockingPool`, never on the event loop or the concurrency pool. Without `newItems` the session
+    /// never lingers (nothing would tell it of a new item).
     package init(store: NodeStore, authenticatedPeer: Contact, limits: DeliveryLimits? = nil,
                 now: @escaping @Sendable () -> Date = { Date() }, events: DeliveryEventHandler? = nil,
-                logger: Logger = Logger(label: "thali.delivery.sender"), blockingPool: NIOThreadPool = .singleton) {
+                logger: Logger = Logger(label: "thali.delivery.sender"), blockingPool: NIOThreadPool = .singleton,
+                newItems: LinkWakeSignal? = nil, mayLinger: @escaping @Sendable () -> Bool = { true },
+                onLinger: (@Sendable () -> Void)? = nil) {
+        self.onLinger = onLinger
         self.blockingPool = blockingPool
+        self.newItems = newItems
+        self.mayLinger = mayLinger
         self.store = store
         self.peer = authenticatedPeer
         self.limits = limits ?? store.limits
@@ -98,11 +114,13 @@ package struct DeliverySender: Sendable {
     /// copies, set aside at each `ack`, are added to `setAside`.
     private func exchange(on channel: DeliveryChannel.AsyncFrames,
                           settingAsideCopiesIn setAside: NIOLockedValueBox<[String]>) async throws -> Summary {
-        let eventLoop = channel.channel.eventLoop
+        let stream = channel.channel
+        // A lingering session wakes when its stream closes (the receiver or its node went away).
+        if let newItems { stream.closeFuture.whenComplete { _ in newItems.signal() } }
         return try await channel.executeThenClose { inbound, outbound in
             var machine = DeliverySenderStateMachine()
             do {
-                return try await session(inbound.makeAsyncIterator(), outbound, &machine, setAside, eventLoop)
+                return try await session(inbound.makeAsyncIterator(), outbound, &machine, setAside, stream)
             } catch let error as DeliveryProtocolError {
                 // A receiver that welcomed us hears why the session ends (it cannot see our side's reason).
                 if machine.receiverHearsErrors, !Mutant.deliveryEndsWithoutError.isActive, let report = DeliveryFrame.error(reporting: error) {
@@ -117,8 +135,8 @@ package struct DeliverySender: Sendable {
     private func session(_ frames: NIOAsyncChannelInboundStream<DeliveryFrame>.AsyncIterator,
                          _ outbound: NIOAsyncChannelOutboundWriter<DeliveryFrame>,
                          _ machine: inout DeliverySenderStateMachine, _ setAside: NIOLockedValueBox<[String]>,
-                         _ eventLoop: any EventLoop) async throws -> Summary {
-        let store = self.store, peer = self.peer, now = self.now
+                         _ channel: any Channel) async throws -> Summary {
+        let store = self.store, peer = self.peer, now = self.now, eventLoop = channel.eventLoop
         var frames = frames
         var summary = Summary()
         var handled = Set<UUID>()
@@ -135,12 +153,34 @@ package struct DeliverySender: Sendable {
         var batch: [OutboxItem] = []
         // The item counts of the batches written and not yet answered, oldest first.
         var unanswered: [Int] = []
+        // Version 5: when the current linger ends (set when the session first runs out of items).
+        var lingerEnds: ContinuousClock.Instant?
+        var lingered = false
         while true {
             if batch.isEmpty {
                 batch = try await blocking { [handled] in
                     try store.pendingItems(for: peer, now: now()).filter { !handled.contains($0.id) }
                 }
-                if batch.isEmpty { break }
+                if batch.isEmpty {
+                    // Only a session that carried something lingers: one that found nothing ends at once.
+                    guard !handled.isEmpty, let linger = lingerTime(machine) else { break }
+                    // Everything offered is answered before the wait, so the receiver's is idle too.
+                    while !unanswered.isEmpty { try await settleBatch(of: unanswered.removeFirst(), &frames, &machine, &summary) }
+                    let ends = lingerEnds ?? ContinuousClock.now + linger
+                    lingerEnds = ends
+                    let left = ends - ContinuousClock.now
+                    guard left > .zero, channel.isActive, mayLinger(), let newItems else { break }
+                    if !lingered {
+                        lingered = true
+                        onLinger?()
+                    }
+                    await newItems.wait(upTo: left)
+                    // The receiver (or its node) closed the stream while we waited: a normal end.
+                    guard channel.isActive, !Task.isCancelled else { return summary }
+                    continue
+                }
+                // Something to offer: the next time the session runs out, it lingers afresh.
+                lingerEnds = nil
             }
             let item = batch.removeFirst()
             handled.insert(item.id)
@@ -211,6 +251,9 @@ package struct DeliverySender: Sendable {
                     try await settle(.refused(offer, reason), &summary)
                 case .deferred(let offer, let reason):
                     try await settle(.deferred(offer, reason), &summary)
+                    // Not offered before its retry time (the outbox holds it back until then), but then
+                    // again in this session if it still runs: a session that lingers may outlast the wait.
+                    handled.remove(offer.id)
                 case .rejected(let offer, let failure):
                     try await settle(.rejected(offer, failure), &summary)
                 case .welcomed:
@@ -228,6 +271,15 @@ package struct DeliverySender: Sendable {
         do { after = try await frames.next() } catch { after = nil }
         if let after { throw DeliveryProtocolError.unexpectedFrame(frame: after.name, state: machine.stateName) }
         return summary
+    }
+
+    /// How long the session may stay open once everything is answered: the shorter of the receiver's
+    /// linger (from its version 5 `welcome`) and our own; nil when it may not (an older receiver, no
+    /// way to hear of new items, or either side's linger is zero).
+    private func lingerTime(_ machine: DeliverySenderStateMachine) -> Duration? {
+        guard newItems != nil, let theirs = machine.receiverLinger else { return nil }
+        let linger = min(theirs, limits.effectiveLinger)
+        return linger > .zero ? linger : nil
     }
 
     /// `item` as an `item` frame's offer and content, if the receiver takes batches (version 3) and it is

@@ -73,6 +73,9 @@ public struct DeliverySenderStateMachine: Sendable {
     public private(set) var progressWindowBytes: Int?
     /// Whether the receiver reports progress and takes batches of `item` frames (version 3).
     public var receiverSpeaksProgress: Bool { progressWindowBytes != nil }
+    /// How long the receiver keeps the stream open once everything is answered (version 5; nil
+    /// before): the sender may wait that long, at most, for new items before it sends `done`.
+    public private(set) var receiverLinger: Duration?
     /// The receiver's last reported progress of the item being streamed.
     public private(set) var reportedBytes: UInt64 = 0
 
@@ -129,7 +132,7 @@ public struct DeliverySenderStateMachine: Sendable {
             return try fail(.unexpectedFrame(frame: frame.name, state: stateName))
         case (_, .error(let code, let reason)):
             return try fail(.peerReported(code: code, reason: reason, peer: nil, subject: subject))
-        case (.awaitingWelcome, .welcome(let version, let maximum, let window)):
+        case (.awaitingWelcome, .welcome(let version, let maximum, let window, let linger)):
             // A version 2 receiver welcomes us with 2: we speak 2 with it (no progress, no batches).
             guard (2...DeliveryFrame.protocolVersion).contains(version) else { return try fail(.unsupportedVersion(version)) }
             guard maximum >= DeliveryLimits.minimumFramePayloadBytes else {
@@ -140,6 +143,7 @@ public struct DeliverySenderStateMachine: Sendable {
             }
             self.version = version
             progressWindowBytes = window.map(Int.init)
+            receiverLinger = linger.map { .milliseconds(Int64($0)) }
             receiverMaxFramePayloadBytes = Int(maximum)
             state = .ready
             return .welcomed(maxFramePayloadBytes: Int(maximum))

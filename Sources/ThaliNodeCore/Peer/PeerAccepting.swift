@@ -1,4 +1,5 @@
 import Foundation
+import NIOConcurrencyHelpers
 import NIOCore
 import TCPMultiplexer
 import ThaliBeacons
@@ -72,25 +73,75 @@ extension ThaliPeer {
 
     /// Runs a delivery sender for `contact` on `stream` (whose opener receives).
     func serveDelivery(_ stream: Channel, for contact: Contact, from address: String, role: PeerEvent.Role) -> EventLoopFuture<Void> {
-        let limits = configuration.deliveryLimits
+        // The stream's parent is the connection it was opened on.
+        let limits = deliveryLimits(over: stream.parent.map(bindingCarrying) ?? .wifi)
         return stream.eventLoop.makeCompletedFuture {
             if let rate = configuration.sendThrottleBytesPerSecond {
                 try stream.pipeline.syncOperations.addHandler(ThrottleHandler(bytesPerSecond: rate))
             }
             let frames = try DeliveryChannel.configureSynchronously(stream, limits: limits)
+            // A version 5 session lingers once everything is answered, holding one of the port's
+            // connections: only while at most half of them (globally, and from this source) are open.
+            let host = String(address[..<(address.lastIndex(of: ":") ?? address.endIndex)])
+            let mayLinger: @Sendable () -> Bool = { [admission] in
+                admission.openConnections < admission.limits.maxOpenGlobal / 2
+                    && admission.openConnections(of: host) < admission.limits.maxOpenPerSource / 2
+            }
+            let newItems = LinkWakeSignal()
+            let lingered = NIOLockedValueBox(false)
             spawn { [self] in
                 sessionStarted()
-                defer { sessionFinished() }
+                senderStarted(newItems)
+                defer {
+                    senderEnded(newItems, contactKey: contact.publicKey, lingered: lingered.withLockedValue { $0 })
+                    sessionFinished()
+                }
                 do {
                     _ = try await DeliverySender(store: store, authenticatedPeer: contact, limits: limits,
                                                  events: { [emit] in emit(.delivery(contact: contact.identity, $0)) },
-                                                 logger: logger).run(on: frames)
+                                                 logger: logger, newItems: newItems, mayLinger: mayLinger,
+                                                 onLinger: { [self] in
+                                                     lingered.withLockedValue { $0 = true }
+                                                     senderLingers(contactKey: contact.publicKey)
+                                                 }).run(on: frames)
                     emit(.sessionEnded(contact: contact.identity, role: role, error: nil))
                 } catch {
                     emit(.sessionEnded(contact: contact.identity, role: role, error: sessionEndError(error, address: address)))
                 }
             }
         }
+    }
+}
+
+extension ThaliPeer {
+    /// The delivery limits of a session over `binding`. Over Bluetooth a session does not linger (version
+    /// 5): a link is one of a few slots an adapter has, and holding one idle would keep the contacts
+    /// waiting for a slot from being served in turn.
+    func deliveryLimits(over binding: PeerBindingKind) -> DeliveryLimits {
+        var limits = configuration.deliveryLimits
+        if binding == .bluetooth { limits.lingerInterval = .zero }
+        return limits
+    }
+
+    /// A delivery sender began: ``wakeDeliverySenders()`` reaches it through `newItems`.
+    func senderStarted(_ newItems: LinkWakeSignal) {
+        state.withLockedValue { $0.deliverySenders[ObjectIdentifier(newItems)] = newItems }
+    }
+
+    /// A delivery sender for the contact with `contactKey` lingers: its new items go on that session, and
+    /// are not announced for until it ends.
+    func senderLingers(contactKey: String) {
+        state.withLockedValue { $0.lingeringWith[contactKey, default: 0] += 1 }
+    }
+
+    /// A delivery sender ended. If it had lingered, the items it did not carry are announced for again.
+    func senderEnded(_ newItems: LinkWakeSignal, contactKey: String, lingered: Bool) {
+        state.withLockedValue { state in
+            state.deliverySenders[ObjectIdentifier(newItems)] = nil
+            guard lingered, let count = state.lingeringWith[contactKey] else { return }
+            state.lingeringWith[contactKey] = count > 1 ? count - 1 : nil
+        }
+        if lingered { announceIfRunning() }
     }
 }
 

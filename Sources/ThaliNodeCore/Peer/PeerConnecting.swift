@@ -134,18 +134,18 @@ extension ThaliPeer {
             // Marked: delivery beside the relay; its failure leaves the relay's session up.
             if marked {
                 let wanted = keepSessionOpen(contact)
-                spawn { [self] in await receiveWhileOpen(from: contact, over: session, at: route.location, wanted: wanted) }
+                spawn { [self] in await receiveWhileOpen(from: contact, over: session, at: route.location, binding: route.binding, wanted: wanted) }
             }
             try await relay(contact, over: session, at: route.location, marked: marked)
         } else {
             // Kept open when the app uses streams, decided when delivery ends: an app that opened its first
             // stream during the delivery may have opened it on this session.
-            let kept = try await receive(from: contact, over: session, at: route.location, marked: marked,
+            let kept = try await receive(from: contact, over: session, at: route.location, binding: route.binding, marked: marked,
                                          keepingSession: marked && keepsSessionsOpen)
             guard kept else { return }
             let wanted = keepSessionOpen(contact)
             await withTaskCancellationHandler {
-                await receiveWhileOpen(from: contact, over: session, at: route.location, wanted: wanted, afterFirst: true)
+                await receiveWhileOpen(from: contact, over: session, at: route.location, binding: route.binding, wanted: wanted, afterFirst: true)
             } onCancel: {
                 session.channel.close(promise: nil)
             }
@@ -170,8 +170,8 @@ extension ThaliPeer {
     /// whether it stays open. A failure is thrown either way.
     @discardableResult
     private func receive(from contact: Contact, over session: MultiplexerSession, at location: BeaconLocation,
-                         marked: Bool, keepingSession: Bool) async throws -> Bool {
-        let limits = configuration.deliveryLimits
+                         binding: PeerBindingKind, marked: Bool, keepingSession: Bool) async throws -> Bool {
+        let limits = deliveryLimits(over: binding)
         let writer = marked ? markingWriter(.delivery, contact: contact, role: .connecting) : nil
         sessionStarted()
         defer { sessionFinished() }
@@ -194,7 +194,7 @@ extension ThaliPeer {
             return keepingSession ? true : await closeUnlessKept(session, contact: contact, marked: marked)
         } catch {
             if Mutant.streamsRetryRefused.isActive, marked, session.channel.isActive, !isStopped, !Task.isCancelled {
-                return try await receive(from: contact, over: session, at: location, marked: marked, keepingSession: keepingSession)
+                return try await receive(from: contact, over: session, at: location, binding: binding, marked: marked, keepingSession: keepingSession)
             }
             emit(.sessionEnded(contact: contact.identity, role: .connecting, error: sessionEndError(error, address: "\(location.host):\(location.port)")))
             if !keepingSession { _ = await closeUnlessKept(session, contact: contact, marked: marked) }
@@ -207,7 +207,7 @@ extension ThaliPeer {
     /// announcements, perhaps new items), until the session closes. A failed delivery is reported as the
     /// session's end and waits for the next match, like a completed one: the session itself goes on.
     private func receiveWhileOpen(from contact: Contact, over session: MultiplexerSession, at location: BeaconLocation,
-                                  wanted: LinkWakeSignal, afterFirst: Bool = false) async {
+                                  binding: PeerBindingKind, wanted: LinkWakeSignal, afterFirst: Bool = false) async {
         defer {
             state.withLockedValue { state in
                 if state.links[contact.publicKey]?.deliveryWanted === wanted { state.links[contact.publicKey]?.deliveryWanted = nil }
@@ -220,7 +220,7 @@ extension ThaliPeer {
             if !first { await wanted.wait(upTo: .seconds(600)) }
             first = false
             guard session.channel.isActive, !Task.isCancelled, !isStopped else { return }
-            _ = try? await receive(from: contact, over: session, at: location, marked: true, keepingSession: true)
+            _ = try? await receive(from: contact, over: session, at: location, binding: binding, marked: true, keepingSession: true)
         }
     }
 

@@ -74,6 +74,7 @@ extension ThaliPeer {
         let item = try await blocking { [store] in
             try store.enqueueText(text, to: contact, expiresAt: Date().addingTimeInterval(expiresIn.timeInterval))
         }
+        wakeDeliverySenders()
         announceIfRunning()
         return item
     }
@@ -87,6 +88,7 @@ extension ThaliPeer {
         let item = try await blocking { [store] in
             try store.enqueueFile(at: path, to: contact, name: name, expiresAt: Date().addingTimeInterval(expiresIn.timeInterval))
         }
+        wakeDeliverySenders()
         announceIfRunning()
         return item
     }
@@ -104,7 +106,7 @@ extension ThaliPeer {
     /// Asks for a new announcement without waiting for it. With 300 contacts an announcement takes about
     /// 100 ms of ECDH: a caller of `send` waited that long, and sends at once each made their own. Now one
     /// refresh runs at a time on the peer's lifetime, and the sends during it share the one after it.
-    private func announceIfRunning() {
+    func announceIfRunning() {
         guard !bindings.isEmpty, !isStopped else { return }
         let startsOne = state.withLockedValue { state -> Bool in
             guard !state.advertisementRefreshRunning else {

@@ -91,6 +91,12 @@ public final class ThaliPeer: Sendable {
         /// whether another was asked for meanwhile (it runs once the first ends: sends at once share one).
         var advertisementRefreshRunning = false
         var advertisementRefreshWanted = false
+        /// The delivery senders running now, each woken when items may have been queued (a lingering
+        /// version 5 session then offers them on its open stream).
+        var deliverySenders: [ObjectIdentifier: LinkWakeSignal] = [:]
+        /// Contacts (by public key) with a delivery session that lingers, and how many: their new items go
+        /// on it, so they are not announced for until it ends.
+        var lingeringWith: [String: Int] = [:]
         /// When the last announcement was served (nil: none yet): the next waits for
         /// ``PeerConfiguration/minimumAnnouncementInterval`` after it.
         var lastAnnouncedAt: ContinuousClock.Instant?
@@ -473,13 +479,17 @@ public final class ThaliPeer: Sendable {
         let retryDue = state.withLockedValue { $0.nextRetryMs.map { $0 <= checked.millisecondsSinceEpoch } ?? false }
         let nextRetry = try store.nextRetryTime(now: checked)
         state.withLockedValue { $0.nextRetryMs = nextRetry?.millisecondsSinceEpoch }
-        let withItems = try store.contactsWithPendingItems(now: checked)
+        // A contact whose session lingers gets its new items on it: announcing them would only make it
+        // fetch, match and, once that session ends, open another with nothing left to carry.
+        let lingering = state.withLockedValue { $0.lingeringWith }
+        let pendingFor = try store.contactsWithPendingItems(now: checked)
+        let withItems = pendingFor.filter { lingering[$0.publicKey] == nil }
         let contacts = keepsSessionsOpen ? try store.contacts() : withItems
         var items = Set<UUID>()
         var nextExpiry: Int64?
-        for contact in withItems {
+        for contact in pendingFor {
             let pending = try store.pendingItems(for: contact)
-            items.formUnion(pending.map(\.id))
+            if lingering[contact.publicKey] == nil { items.formUnion(pending.map(\.id)) }
             nextExpiry = ([nextExpiry].compactMap { $0 } + pending.map(\.expiresAtMs)).min()
         }
         state.withLockedValue { $0.nextItemExpiryMs = nextExpiry }
@@ -564,6 +574,11 @@ public final class ThaliPeer: Sendable {
     }
 
     func sessionStarted() { state.withLockedValue { $0.sessionsInFlight += 1 } }
+    /// Items may have been queued (this process's `send`, or a commit another process made): every
+    /// delivery sender looks at its contact's outbox again.
+    func wakeDeliverySenders() {
+        for sender in state.withLockedValue({ Array($0.deliverySenders.values) }) { sender.signal() }
+    }
     func sessionFinished() { state.withLockedValue { $0.sessionsInFlight -= 1 } }
 
     /// Relay mode: counts `stream` as a relayed connection until it closes.
