@@ -25,7 +25,7 @@ struct BenchLinksTests {
         let object = try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any], "\(result.output)")
         for key in ["profile", "tcp_mb_s", "tcp_rtt_ms", "file_mb_s", "texts_per_s", "relay_mb_s", "relay_rtt_ms", "relay_rtt_p99_ms",
                     "first_delivery_s", "lost_items", "duplicated_items", "address_changes", "file_resumes", "file_restarts",
-                    "text_requests", "text_rtt_ms", "text_rtt_p99_ms", "text_rtt_count", "text_send_ms", "text_notice_ms",
+                    "text_requests", "text_rtt_ms", "text_rtt_p99_ms", "text_rtt_count", "text_unannounced_count", "text_send_ms", "text_notice_ms",
                     "text_announced_rtt_ms"] {
             #expect(object.keys.contains(key), "\(key) missing: \(line)")
         }

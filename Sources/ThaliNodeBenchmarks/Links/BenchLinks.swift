@@ -28,7 +28,9 @@ struct BenchLinks: AsyncParsableCommand {
             `delivered`), text_rtt_count (how many were delivered), text_send_ms (the `send` process itself, not in the \
             round trip), text_notice_ms (from `send`'s exit to a's `advertising`: the outbox poll) and \
             text_announced_rtt_ms (from a's `advertising` to its `delivered`), text_matched_rtt_ms (from b's `matched` \
-            to a's `delivered`: the delivery exchange), lost_items, duplicated_items, wire_dropped_frames, wire_outages, address_changes, file_resumes and \
+            to a's `delivered`: the delivery exchange; these three only of texts a announced), text_unannounced_count \
+            (texts delivered with no announcement between their `send` and their delivery: offered on a delivery \
+            session that lingered, version 5), lost_items, duplicated_items, wire_dropped_frames, wire_outages, address_changes, file_resumes and \
             file_restarts (the file's transfers begun again at an offset, and from zero), and the sizes; a figure that could not \
             be measured (nothing arrived in time) is null.
             """)
@@ -86,6 +88,7 @@ struct BenchLinks: AsyncParsableCommand {
         var textRTTMs: Double?
         var textRTTP99Ms: Double?
         var textRTTCount = 0
+        var textUnannouncedCount = 0
         var textSendMs: Double?
         var textNoticeMs: Double?
         var textAnnouncedRTTMs: Double?
@@ -111,7 +114,7 @@ struct BenchLinks: AsyncParsableCommand {
             case textsPerSecond = "texts_per_s", firstDeliverySeconds = "first_delivery_s"
             case relayMBs = "relay_mb_s", relayRTTMs = "relay_rtt_ms", relayRTTP99Ms = "relay_rtt_p99_ms"
             case textRequests = "text_requests", textRTTMs = "text_rtt_ms", textRTTP99Ms = "text_rtt_p99_ms"
-            case textRTTCount = "text_rtt_count", textSendMs = "text_send_ms", textNoticeMs = "text_notice_ms"
+            case textRTTCount = "text_rtt_count", textUnannouncedCount = "text_unannounced_count", textSendMs = "text_send_ms", textNoticeMs = "text_notice_ms"
             case textAnnouncedRTTMs = "text_announced_rtt_ms", textMatchedRTTMs = "text_matched_rtt_ms"
             case lostItems = "lost_items", duplicatedItems = "duplicated_items"
             case wireDroppedFrames = "wire_dropped_frames", wireOutages = "wire_outages", addressChanges = "address_changes"
@@ -135,7 +138,7 @@ struct BenchLinks: AsyncParsableCommand {
             ]
             for (key, value) in figures { try container.encode(rounded(value), forKey: key) }
             let counts: [(CodingKeys, Int)] = [
-                (.texts, texts), (.textRequests, textRequests), (.textRTTCount, textRTTCount),
+                (.texts, texts), (.textRequests, textRequests), (.textRTTCount, textRTTCount), (.textUnannouncedCount, textUnannouncedCount),
                 (.lostItems, lostItems), (.duplicatedItems, duplicatedItems), (.wireDroppedFrames, wireDroppedFrames),
                 (.wireOutages, wireOutages), (.addressChanges, addressChanges), (.fileResumes, fileResumes),
                 (.fileRestarts, fileRestarts), (.tcpMiB, tcpMiB), (.fileMiB, fileMiB), (.relayMiB, relayMiB),
@@ -316,7 +319,9 @@ struct BenchLinks: AsyncParsableCommand {
     /// delivery over the session the relay keeps open, but not the `send` process's own start and run,
     /// which is measured apart (`text_send_ms`). a's `advertising` line splits the round trip into the poll
     /// (`text_notice_ms`) and what follows on the link (`text_announced_rtt_ms`), and b's `matched` line the
-    /// delivery exchange over the open session (`text_matched_rtt_ms`) from the announcement reaching b.
+    /// delivery exchange over the open session (`text_matched_rtt_ms`) from the announcement reaching b. A
+    /// text with no announcement before its delivery went on a delivery session that lingered (version 5)
+    /// and counts in `text_unannounced_count` instead.
     private func measureTextRoundTrips(pair: BenchNodePair, marks: NIOLockedValueBox<TextMarks>, expected: inout Set<UUID>,
                                        into figures: inout Figures) async throws {
         let executable = try SpawnedPeer.ownExecutable()
@@ -347,6 +352,9 @@ struct BenchLinks: AsyncParsableCommand {
                 if let matched = marks.withLockedValue({ $0.matched.first { $0 >= announced } }), matched <= delivered {
                     matchedMs.append((delivered - matched).seconds * 1000)
                 }
+            } else {
+                // No announcement in between: it went on a delivery session that lingered (version 5).
+                figures.textUnannouncedCount += 1
             }
             marks.withLockedValue {
                 $0.advertised.removeAll()
@@ -416,7 +424,8 @@ struct BenchLinks: AsyncParsableCommand {
                 + "median \(text(figures.textRTTMs)) ms, p99 \(text(figures.textRTTP99Ms)) ms; of it the outbox poll "
                 + "\(text(figures.textNoticeMs)) ms, after the announcement \(text(figures.textAnnouncedRTTMs)) ms, after b's match "
                 + "\(text(figures.textMatchedRTTMs)) ms; "
-                + "the send process \(text(figures.textSendMs)) ms")
+                + "the send process \(text(figures.textSendMs)) ms; "
+                + "\(figures.textUnannouncedCount) went on a lingering session, unannounced")
         }
         if let vethRTT = figures.vethTCPRTTMs {
             print("  bare veth reference: plain TCP \(text(figures.vethTCPMBs)) MB/s, round trip median \(text(vethRTT, "%.3f")) ms; "
