@@ -101,9 +101,9 @@ extension ThaliPeer {
         }
     }
 
-    /// Moves from `old` to `new`: the port rebinds on `new` (the same number when it is free there),
-    /// connections from `old` close (their links retry from `new`), the bindings move (SSDP: byebye from
-    /// the old socket where it still can, the alive at the new LOCATION at once, a search), and
+    /// Moves from `old` to `new`: the port rebinds on `new` (the same number when it is free there), the
+    /// bindings move (SSDP: byebye from the old socket where it still can, the alive at the new LOCATION at
+    /// once, a search), connections from `old` close (their links retry from `new`), and
     /// ``PeerEvent/locationChanged(location:previous:)`` reports it.
     func move(from old: String, to new: String) async {
         let previous = await bindings.first?.location()
@@ -126,13 +126,15 @@ extension ThaliPeer {
                 }
             }
         }
+        for binding in bindings { await binding.interfaceAddressChanged(to: new, nodePort: nodePort) }
         // Sessions from the old address cannot hear their answers any more: closed now rather than left
-        // to time out, so that their links retry from the new address.
+        // to time out, so that their links retry from the new address. After the bindings moved: a
+        // session that ends may announce anew (a lingering delivery session's contact gets its beacons
+        // back), and listeners must first see the same USN at the new location to drop the old one.
         let stale = state.withLockedValue { state in
             state.channels.values.filter { $0.localAddress?.ipAddress == old }
         }
         for channel in stale { channel.close(promise: nil) }
-        for binding in bindings { await binding.interfaceAddressChanged(to: new, nodePort: nodePort) }
         logger.notice("moved to the interface's new address", metadata: ["from": "\(old)", "to": "\(new)", "port": "\(nodePort)"])
         if let location = await bindings.first?.location(), let previous, location != previous, !isStopped {
             emit(.locationChanged(location: location, previous: previous))
