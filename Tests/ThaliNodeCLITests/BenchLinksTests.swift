@@ -40,6 +40,13 @@ struct BenchLinksTests {
         let textRTT = try #require(object["text_rtt_ms"] as? Double, "text_rtt_ms: \(line)")
         #expect(textRTT >= 6, "text_rtt_ms \(textRTT) ms on a link of 4 ± 1 ms each way")
         #expect((object["text_rtt_p99_ms"] as? Double ?? 0) >= textRTT)
+        // The texts goal ("no more than one link round trip above plain TCP's") is a timing, printed and not
+        // asserted; what makes it reachable is: a text for a contact that is connected goes on the delivery
+        // session that lingers, with no announcement, fetch, match or new stream (delivery version 5).
+        // Before, every one of them was announced. The first may find the linger over (30 s after the
+        // previous phase's last delivery, on a slow machine), and then opens the session the rest go on.
+        let unannounced = try #require(object["text_unannounced_count"] as? Int, "text_unannounced_count: \(line)")
+        #expect(unannounced >= 9, "only \(unannounced) of 10 texts went on the lingering session: \(line)")
         // 4 ms each way with 1 ms of jitter: no round trip under 6 ms, through the relay or not.
         for key in ["tcp_rtt_ms", "relay_rtt_ms"] {
             let value = try #require(object[key] as? Double, "\(key): \(line)")
