@@ -91,7 +91,7 @@ extension ThaliPeer {
             let lingered = NIOLockedValueBox(false)
             spawn { [self] in
                 sessionStarted()
-                senderStarted(newItems)
+                senderStarted(newItems, contactKey: contact.publicKey)
                 defer {
                     senderEnded(newItems, contactKey: contact.publicKey, lingered: lingered.withLockedValue { $0 })
                     sessionFinished()
@@ -123,9 +123,10 @@ extension ThaliPeer {
         return limits
     }
 
-    /// A delivery sender began: ``wakeDeliverySenders()`` reaches it through `newItems`.
-    func senderStarted(_ newItems: LinkWakeSignal) {
-        state.withLockedValue { $0.deliverySenders[ObjectIdentifier(newItems)] = newItems }
+    /// A delivery sender for the contact with `contactKey` began: ``wakeDeliverySenders(of:)`` reaches it
+    /// through `newItems`.
+    func senderStarted(_ newItems: LinkWakeSignal, contactKey: String) {
+        state.withLockedValue { $0.deliverySenders[ObjectIdentifier(newItems)] = (contactKey, newItems) }
     }
 
     /// A delivery sender for the contact with `contactKey` lingers: its new items go on that session, and

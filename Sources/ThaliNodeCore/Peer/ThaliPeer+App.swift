@@ -74,7 +74,7 @@ extension ThaliPeer {
         let item = try await blocking { [store] in
             try store.enqueueText(text, to: contact, expiresAt: Date().addingTimeInterval(expiresIn.timeInterval))
         }
-        wakeDeliverySenders()
+        wakeDeliverySenders(for: item)
         announceIfRunning()
         return item
     }
@@ -88,7 +88,7 @@ extension ThaliPeer {
         let item = try await blocking { [store] in
             try store.enqueueFile(at: path, to: contact, name: name, expiresAt: Date().addingTimeInterval(expiresIn.timeInterval))
         }
-        wakeDeliverySenders()
+        wakeDeliverySenders(for: item)
         announceIfRunning()
         return item
     }

@@ -91,9 +91,10 @@ public final class ThaliPeer: Sendable {
         /// whether another was asked for meanwhile (it runs once the first ends: sends at once share one).
         var advertisementRefreshRunning = false
         var advertisementRefreshWanted = false
-        /// The delivery senders running now, each woken when items may have been queued (a lingering
-        /// version 5 session then offers them on its open stream).
-        var deliverySenders: [ObjectIdentifier: LinkWakeSignal] = [:]
+        /// The delivery senders running now, with their contact's public key, each woken when items may
+        /// have been queued for that contact (a lingering version 5 session then offers them on its open
+        /// stream).
+        var deliverySenders: [ObjectIdentifier: (contactKey: String, newItems: LinkWakeSignal)] = [:]
         /// Contacts (by public key) with a delivery session that lingers, and how many: their new items go
         /// on it, so they are not announced for until it ends.
         var lingeringWith: [String: Int] = [:]
@@ -483,6 +484,9 @@ public final class ThaliPeer: Sendable {
         // fetch, match and, once that session ends, open another with nothing left to carry.
         let lingering = state.withLockedValue { $0.lingeringWith }
         let pendingFor = try store.contactsWithPendingItems(now: checked)
+        // Items another process queued (the store check found its commit), or whose retry time came: the
+        // senders of those contacts look again, and only those (a crowd's peer holds a few hundred).
+        wakeDeliverySenders(of: Set(pendingFor.map(\.publicKey)))
         let withItems = pendingFor.filter { lingering[$0.publicKey] == nil }
         let contacts = keepsSessionsOpen ? try store.contacts() : withItems
         var items = Set<UUID>()
@@ -574,10 +578,19 @@ public final class ThaliPeer: Sendable {
     }
 
     func sessionStarted() { state.withLockedValue { $0.sessionsInFlight += 1 } }
-    /// Items may have been queued (this process's `send`, or a commit another process made): every
-    /// delivery sender looks at its contact's outbox again.
-    func wakeDeliverySenders() {
-        for sender in state.withLockedValue({ Array($0.deliverySenders.values) }) { sender.signal() }
+    /// Items may have been queued for the contacts with these public keys: their delivery senders look at
+    /// their outbox again.
+    func wakeDeliverySenders(of contactKeys: Set<String>) {
+        let senders = state.withLockedValue { state in
+            state.deliverySenders.values.filter { contactKeys.contains($0.contactKey) }.map(\.newItems)
+        }
+        for sender in senders { sender.signal() }
+    }
+
+    /// Wakes the delivery senders of the contact `item` is for (this process's `send` queued it).
+    func wakeDeliverySenders(for item: OutboxItem) {
+        guard let key = contactsByKey.withLockedValue({ $0.values.first { $0.id == item.contactID }?.publicKey }) else { return }
+        wakeDeliverySenders(of: [key])
     }
     func sessionFinished() { state.withLockedValue { $0.sessionsInFlight -= 1 } }
 

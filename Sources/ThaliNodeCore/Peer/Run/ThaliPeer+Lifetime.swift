@@ -67,8 +67,6 @@ extension ThaliPeer {
         guard stamp != lastRead || advertisementDueByTime() else { return }
         // A stamp taken just after a commit may not differ from the next one's: read again then.
         state.withLockedValue { $0.lastStoreStamp = stamp.isSettled() ? stamp : nil }
-        // Another process (`send`) may have queued items for a contact whose session lingers.
-        wakeDeliverySenders()
         do {
             try await refreshAddressBook()
             try await refreshAdvertisement()
