@@ -62,6 +62,10 @@ struct RadioBench {
 
         // RFCOMM: relay server on the advertiser's adapter, client from the scanner's.
         let sink = try await ByteSink.start(group: group, expecting: bytes, checksPattern: true)
+        // A step that throws before the bytes arrived (the RFCOMM connect timed out in the guest once)
+        // must not leave `done` pending: NIO's debug build ends the process on a leaked promise (SIGILL,
+        // exit 132) instead of reporting the error. Failing a promise that already succeeded does nothing.
+        defer { sink.done.fail(RadioBenchError("the relay bench ended before its bytes arrived")) }
         var limits = BluetoothBindingLimits()
         limits.relayIdleTimeout = .seconds(600)
         let server = BluetoothRelayServer(transport: RFCOMMTransport(localAddress: advertiserAddress), group: group,
