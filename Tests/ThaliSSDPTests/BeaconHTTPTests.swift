@@ -235,6 +235,45 @@ struct BeaconHTTPTests {
         }
     }
 
+    @Test func connectWaitsDoublePerAttemptAndGrowWithTheMeasuredRoundTripWithinTheirCaps() {
+        let configuration = BeaconHTTPClientConfiguration()
+        // Nothing measured: 1 s, then 2 s and 4 s, so that a first contact over a path slower than 1 s
+        // connects on a later attempt, as TCP's own SYN retransmissions back off.
+        #expect((1...5).map { configuration.connectTimeout(forAttempt: $0, roundTrip: nil) }
+                == [.seconds(1), .seconds(2), .seconds(4), .seconds(8), .seconds(8)])
+        // A fast path keeps the floor; a 1.4 s round trip's first sample (RTO 4.2 s) waits 8.4 s, capped at 8.
+        #expect(configuration.connectTimeout(forAttempt: 1, roundTrip: .milliseconds(3)) == .seconds(1))
+        #expect(configuration.connectTimeout(forAttempt: 1, roundTrip: .milliseconds(1500)) == .seconds(3))
+        #expect(configuration.connectTimeout(forAttempt: 1, roundTrip: .milliseconds(4200)) == .seconds(8))
+        #expect(configuration.connectTimeout(forAttempt: 2, roundTrip: .milliseconds(1500)) == .seconds(6))
+        // The response: its floor plus two retransmission timeouts of the connection, capped.
+        #expect(configuration.responseTimeout(roundTrip: nil) == .seconds(2))
+        #expect(configuration.responseTimeout(roundTrip: .milliseconds(1500)) == .seconds(5))
+        #expect(configuration.responseTimeout(roundTrip: .seconds(30)) == .seconds(10))
+        // A cap set below the floor never shortens the floor.
+        var tight = configuration
+        tight.maxConnectTimeout = .milliseconds(500)
+        tight.maxResponseTimeout = .milliseconds(500)
+        #expect(tight.connectTimeout(forAttempt: 3, roundTrip: nil) == .seconds(1))
+        #expect(tight.responseTimeout(roundTrip: .seconds(1)) == .seconds(2))
+    }
+
+    @Test func aFetchLearnsTheRoundTripTheKernelMeasuredAndKeepsItAcrossClients() async throws {
+        let server = BeaconHTTPServer(host: "127.0.0.1", group: group)
+        let port = try await server.start()
+        defer { Task { await server.stop() } }
+        server.setBeacons([9])
+        let client = BeaconHTTPClient(configuration: fastClient, group: group)
+        let location = BeaconLocation(host: "127.0.0.1", port: port)
+        #expect(client.roundTrips.estimate(for: "127.0.0.1") == nil)
+        #expect(try await client.fetch(location) == [9])
+        let first = try #require(client.roundTrips.estimate(for: "127.0.0.1"), "no round trip learnt from the fetch")
+        #expect(first.samples == 1 && first.smoothed > .zero && first.smoothed < .seconds(1))
+        let next = BeaconHTTPClient(configuration: fastClient, group: group, roundTrips: client.roundTrips)
+        #expect(try await next.fetch(location) == [9])
+        #expect(client.roundTrips.estimate(for: "127.0.0.1")?.samples == 2)
+    }
+
     @Test func backoffDoublesWithinTheJitterAndIsCapped() {
         var configuration = BeaconHTTPClientConfiguration()
         configuration.initialBackoff = .milliseconds(100)

@@ -110,8 +110,13 @@ public struct PeerConfiguration: Sendable {
     /// 1,000 per 5 s, whose excess closes the port for 30 s as the last resort. See spec/node.md.
     public var admission = AdmissionLimits()
     /// How long a connection to the single port may take to send its first byte, and a beacon request to
-    /// be answered; PSK-TLS then runs under its own handshake timeout (`PSKTLSConfiguration.handshakeTimeout`).
+    /// be answered, beyond two retransmission timeouts of the connection's round trip as the kernel
+    /// measured it at accept (so that a lost first segment on a slow path is retransmitted in time); PSK-TLS
+    /// then runs under its own handshake timeout (`PSKTLSConfiguration.handshakeTimeout`).
     public var firstByteTimeout: Duration = .seconds(2)
+    /// The longest first-byte wait, however slow the connection's path: what a source that delays its
+    /// handshake's last ACK to look slow can hold a slot for.
+    public var maxFirstByteTimeout: Duration = .seconds(8)
     /// SSDP discovery's limits (flood threshold, peer cap, cooldowns); a limit that fires is reported as
     /// ``PeerEvent/limitTriggered(_:)`` and counted in ``PeerStatus/limitsTriggered``.
     public var discoveryLimits = SSDPDiscoveryLimits()
@@ -135,5 +140,13 @@ public struct PeerConfiguration: Sendable {
     /// A configuration pinned to `interfaceAddress`, defaults elsewhere.
     public init(interfaceAddress: String) {
         self.interfaceAddress = interfaceAddress
+    }
+}
+
+extension PeerConfiguration {
+    /// The first-byte wait of a connection whose retransmission timeout is `roundTrip` (nil: unknown):
+    /// `firstByteTimeout` plus twice `roundTrip`, at most `maxFirstByteTimeout` (never below `firstByteTimeout`).
+    public func firstByteTimeout(roundTrip: Duration?) -> Duration {
+        min(firstByteTimeout + (roundTrip ?? .zero) * 2, max(firstByteTimeout, maxFirstByteTimeout))
     }
 }

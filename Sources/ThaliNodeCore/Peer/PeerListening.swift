@@ -72,12 +72,16 @@ extension ThaliPeer {
             for case let wifi as PeerWiFiBinding in bindings { wifi.noteInboundUnicast() }
         }
         ticket.release(when: channel.closeFuture)
-        // Until its first byte (and, for HTTP, until its answer), a connection has firstByteTimeout.
-        let timeout = channel.eventLoop.scheduleTask(in: TimeAmount(configuration.firstByteTimeout)) { [weak self] in
-            self?.portCounters.withLockedValue { $0.timedOut += 1 }
-            channel.close(promise: nil)
+        // Until its first byte (and, for HTTP, until its answer), a connection has firstByteTimeout, longer
+        // on a path whose handshake the kernel measured slow.
+        let (configuration, counters) = (self.configuration, portCounters)
+        let timeout = channel.kernelRoundTrip().map { roundTrip in
+            channel.eventLoop.scheduleTask(in: TimeAmount(configuration.firstByteTimeout(roundTrip: roundTrip?.retransmissionTimeout))) {
+                counters.withLockedValue { $0.timedOut += 1 }
+                channel.close(promise: nil)
+            }
         }
-        channel.closeFuture.whenComplete { _ in timeout.cancel() }
+        channel.closeFuture.whenComplete { _ in timeout.whenSuccess { $0.cancel() } }
         let http: @Sendable (Channel) throws -> Void = { [weak self] channel in
             guard let self else { throw ChannelError.ioOnClosedChannel }
             portCounters.withLockedValue { $0.beaconRequests += 1 }
@@ -87,7 +91,7 @@ extension ThaliPeer {
         let secure: @Sendable (Channel) -> EventLoopFuture<Void> = { [weak self] channel in
             // PSK-TLS bounds its own time (the handshake timeout); the gate holds its unauthenticated slot
             // until the handshake succeeds.
-            timeout.cancel()
+            timeout.whenSuccess { $0.cancel() }
             guard let self else { return channel.close() }
             portCounters.withLockedValue { $0.tlsConnections += 1 }
             return acceptSecureConnection(channel, onAuthenticated: { ticket.authenticated() })

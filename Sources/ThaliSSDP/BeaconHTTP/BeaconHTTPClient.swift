@@ -7,10 +7,20 @@ import ThaliSupport
 /// Bounds and retry policy of beacon fetches (the seed: clients "MUST put in place protections to ensure
 /// that the response is not excessively long").
 public struct BeaconHTTPClientConfiguration: Sendable {
-    /// Longest wait for the TCP connection.
+    /// The shortest wait for the TCP connection, the first attempt's to a host whose round trip is not
+    /// known yet. Each further attempt waits twice as long as the one before, and a host whose measured
+    /// round trip needs more gets `roundTripFactor` retransmission timeouts (``connectTimeout(forAttempt:roundTrip:)``).
     public var connectTimeout: Duration = .seconds(1)
-    /// Longest time from connected to the end of the response; a slow peer is cut here.
+    /// The longest wait for the TCP connection, however slow the path.
+    public var maxConnectTimeout: Duration = .seconds(8)
+    /// Time from connected to the end of the response, beyond `roundTripFactor` of the connection's
+    /// retransmission timeout as the kernel measured it; a slow peer is cut here.
     public var responseTimeout: Duration = .seconds(2)
+    /// The longest time from connected to the end of the response, however slow the path.
+    public var maxResponseTimeout: Duration = .seconds(10)
+    /// How many retransmission timeouts (`SRTT + 4 × RTTVAR`, ``RoundTripEstimator``) a wait allows on top
+    /// of its floor: 2 leaves room for one lost segment and its retransmission.
+    public var roundTripFactor: Double = 2
     /// Largest body accepted; a longer (declared or sent) body is cut. A Thali beacon stream for 1,000
     /// contacts is about 48 KiB.
     public var maxBodyBytes: Int = 64 * 1024
@@ -107,12 +117,17 @@ public struct BeaconFetchError: Error, Hashable, Sendable, CustomStringConvertib
 public struct BeaconHTTPClient: Sendable {
     /// Limits and retry policy.
     public let configuration: BeaconHTTPClientConfiguration
+    /// The round trips measured to the hosts fetched from, which size the next fetches' waits.
+    public let roundTrips: RoundTripTable
     private let group: EventLoopGroup
 
-    /// A client whose connections run on `group`.
-    public init(configuration: BeaconHTTPClientConfiguration = .init(), group: EventLoopGroup) {
+    /// A client whose connections run on `group`, learning round trips into `roundTrips` (pass the old
+    /// client's to keep what it learnt).
+    public init(configuration: BeaconHTTPClientConfiguration = .init(), group: EventLoopGroup,
+                roundTrips: RoundTripTable = RoundTripTable()) {
         self.configuration = configuration
         self.group = group
+        self.roundTrips = roundTrips
     }
 
     /// The advertised stream (empty for 204), retrying transient failures with backoff and jitter.
@@ -120,7 +135,7 @@ public struct BeaconHTTPClient: Sendable {
         var attempt = 1
         while true {
             do {
-                return try await fetchOnce(location)
+                return try await fetchOnce(location, attempt: attempt)
             } catch let reason {
                 let failure = BeaconFetchError(reason: reason, location: location, attempts: attempt)
                 guard failure.isTransient, attempt < configuration.maxAttempts else { throw failure }
@@ -135,9 +150,11 @@ public struct BeaconHTTPClient: Sendable {
         configuration.backoff.delay(beforeRetry: attempt - 1)
     }
 
-    private func fetchOnce(_ location: BeaconLocation) async throws(BeaconFetchError.Reason) -> [UInt8] {
+    private func fetchOnce(_ location: BeaconLocation, attempt: Int) async throws(BeaconFetchError.Reason) -> [UInt8] {
         let promise = group.next().makePromise(of: [UInt8].self)
         let configuration = self.configuration
+        let connectTimeout = configuration.connectTimeout(forAttempt: attempt,
+                                                          roundTrip: roundTrips.estimate(for: location.host)?.retransmissionTimeout)
         let channel: Channel
         do {
             var bootstrap = ClientBootstrap(group: group)
@@ -145,7 +162,7 @@ public struct BeaconHTTPClient: Sendable {
                 bootstrap = bootstrap.bind(to: try SocketAddress(ipAddress: source, port: 0))
             }
             bootstrap = bootstrap
-                .connectTimeout(TimeAmount(configuration.connectTimeout))
+                .connectTimeout(TimeAmount(connectTimeout))
                 .channelInitializer { channel in
                     channel.eventLoop.makeCompletedFuture {
                         let sync = channel.pipeline.syncOperations
@@ -170,7 +187,11 @@ public struct BeaconHTTPClient: Sendable {
             promise.fail(reason)
             throw reason
         }
-        let timeout = channel.eventLoop.scheduleTask(in: TimeAmount(configuration.responseTimeout)) {
+        // The handshake's round trip, as the kernel measured it, sizes this response's wait and the next
+        // fetches' connect waits to this host.
+        let measured = try? await channel.kernelRoundTrip().get()
+        if let measured { roundTrips.record(measured.smoothed, for: location.host) }
+        let timeout = channel.eventLoop.scheduleTask(in: TimeAmount(configuration.responseTimeout(roundTrip: measured?.retransmissionTimeout))) {
             promise.fail(BeaconFetchError.Reason.timedOut)
         }
         promise.futureResult.whenComplete { _ in
@@ -190,6 +211,24 @@ public struct BeaconHTTPClient: Sendable {
 extension BeaconFetchError.Reason: Error {}
 
 extension BeaconHTTPClientConfiguration {
+    /// The connect wait of attempt `attempt` (1 is the first) to a host whose retransmission timeout is
+    /// `roundTrip` (nil: not measured yet): the larger of `connectTimeout` and `roundTripFactor` ×
+    /// `roundTrip`, doubled for each attempt after the first, at most `maxConnectTimeout`. The doubling
+    /// is what lets a first contact over a path slower than `connectTimeout` succeed at all, as TCP's own
+    /// SYN retransmissions back off; the measured round trip lets the next fetch succeed at once.
+    public func connectTimeout(forAttempt attempt: Int, roundTrip: Duration?) -> Duration {
+        var wait = max(connectTimeout, (roundTrip ?? .zero) * roundTripFactor)
+        for _ in 1..<max(1, attempt) where wait < maxConnectTimeout { wait = wait * 2 }
+        return min(wait, max(connectTimeout, maxConnectTimeout))
+    }
+
+    /// The wait from connected to the end of the response over a connection whose retransmission timeout
+    /// is `roundTrip` (nil: unknown): `responseTimeout` plus `roundTripFactor` × `roundTrip`, at most
+    /// `maxResponseTimeout`.
+    public func responseTimeout(roundTrip: Duration?) -> Duration {
+        min(responseTimeout + (roundTrip ?? .zero) * roundTripFactor, max(responseTimeout, maxResponseTimeout))
+    }
+
     /// How long a busy server's answer asks us to wait: its `Retry-After` in whole seconds (RFC 9110
     /// §10.2.3 delta-seconds), at most `maxBusyRetryAfter`; `defaultBusyRetryAfter` when it names none
     /// or a form we do not read.

@@ -150,7 +150,8 @@ public final class SSDPDiscoveryService: @unchecked Sendable {
             if clientConfiguration.sourceAddress == nil || clientConfiguration.sourceAddress == self.configuration.interfaceAddress {
                 clientConfiguration.sourceAddress = address
             }
-            self.client = BeaconHTTPClient(configuration: clientConfiguration, group: self.group)
+            // The round trips learnt stay: the hosts fetched from are the same, only our address moved.
+            self.client = BeaconHTTPClient(configuration: clientConfiguration, group: self.group, roundTrips: self.client.roundTrips)
             return (old, byebye)
         }.get()
         do {
