@@ -80,4 +80,48 @@ struct OutboxWatchTests {
         await alice.stop()
         #expect(advertised == ["bob"])
     }
+
+    /// Two sends in quick succession from another process: the second's nudge comes while the check the
+    /// first's started is running, and that check may have read the store before the second commit. The
+    /// peer must read it again at once, not at its next poll (600 s here).
+    @Test("a nudge that comes while a store check runs gets a check of its own as soon as that one ends")
+    func nudgeDuringACheckIsNotLost() async throws {
+        let names = (0..<8).map { "contact\($0)" }
+        let people = try TestPeople(["alice"] + names, label: "nudge-during")
+        let alice = try loopbackPeer(people["alice"], ssdpPort: randomSSDPPort()) {
+            $0.outboxPollInterval = .seconds(600)
+            $0.announcementRotationInterval = .seconds(600)
+            $0.minimumAnnouncementInterval = .zero
+            $0.maxAdvertisedContacts = 1000
+        }
+        let other = try NodeStore(home: try people["alice"].home)
+        let expiry = Date().addingTimeInterval(600)
+        // 200 more contacts with an item each: every check then makes 200 beacons, so a check lasts long
+        // enough for the second nudge of a pair to land inside it.
+        for index in 0..<200 {
+            let contact = try other.addContact(name: "waiting\(index)", publicKey: randomPublicKey())
+            _ = try other.enqueueText("waiting", to: contact.name, expiresAt: expiry)
+        }
+        let events = alice.events()
+        try await alice.start()
+        // Pairs of sends, back to back: the first's check is what the second's nudge meets.
+        for pair in stride(from: 0, to: names.count, by: 2) {
+            _ = try other.enqueueText("first", to: names[pair], expiresAt: expiry)
+            alice.storeChanged()
+            // Long enough for the check to have read the store, short of its 200 beacons (which take more
+            // than 100 ms); should it fall outside the check, the pair passes with or without the fix.
+            try await Task.sleep(for: .milliseconds(pair % 4 == 0 ? 20 : 40))
+            _ = try other.enqueueText("second", to: names[pair + 1], expiresAt: expiry)
+            alice.storeChanged()
+            let wanted = Set(names[...(pair + 1)])
+            let seen = try await withTimeout(.seconds(10)) { () -> Set<String> in
+                for await event in events {
+                    if case .advertising(let contacts) = event, Set(contacts).isSuperset(of: wanted) { return Set(contacts) }
+                }
+                return []
+            }
+            #expect(seen?.isSuperset(of: wanted) == true, "after pair \(pair / 2): \(String(describing: seen))")
+        }
+        await alice.stop()
+    }
 }

@@ -55,11 +55,17 @@ extension ThaliPeer {
     /// item (`thali-node send` beside a running `run` nudges it through ``NodeEventFeed``): the peer reads
     /// the store's change stamp now rather than at its next outbox poll
     /// (``PeerConfiguration/outboxPollInterval``). Cheap, and nothing happens when the store did not
-    /// change. A read already under way is left to finish; what it missed, the next poll reads.
+    /// change. A read already under way is left to finish, and another follows it at once.
     public func storeChanged() {
         let now = ContinuousClock.now
         let moved = state.withLockedValue { state -> Bool in
-            guard !state.stopped, let due = state.schedule.deadline(of: .checkStore), due > now else { return false }
+            guard !state.stopped else { return false }
+            guard let due = state.schedule.deadline(of: .checkStore) else {
+                // Not armed: a check runs now (it re-arms when it ends).
+                state.storeChangedDuringCheck = true
+                return false
+            }
+            guard due > now else { return false }
             state.schedule.arm(.checkStore, at: now)
             return true
         }

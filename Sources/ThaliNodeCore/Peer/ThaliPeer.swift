@@ -87,6 +87,9 @@ public final class ThaliPeer: Sendable {
         var schedule = PeerSchedule<ContinuousClock.Instant>()
         /// The store's change stamp as of its last read (nil: read it at the next check).
         var lastStoreStamp: NodeStore.ChangeStamp?
+        /// ``ThaliPeer/storeChanged()`` came while a store check ran: the next check runs as soon as that
+        /// one ends, not a poll interval later (the read under way may have taken its stamp before the commit).
+        var storeChangedDuringCheck = false
         /// A refresh of the announcement asked for by ``ThaliPeer/send(text:to:expiresIn:)`` runs; and
         /// whether another was asked for meanwhile (it runs once the first ends: sends at once share one).
         var advertisementRefreshRunning = false

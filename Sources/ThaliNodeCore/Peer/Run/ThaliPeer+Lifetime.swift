@@ -30,8 +30,10 @@ extension ThaliPeer {
                 }
             case .checkStore:
                 lifetime.run { [self] in
+                    state.withLockedValue { $0.storeChangedDuringCheck = false }
                     await checkStore()
-                    arm(.checkStore, after: configuration.outboxPollInterval)
+                    let again = state.withLockedValue { $0.storeChangedDuringCheck }
+                    arm(.checkStore, after: again ? .zero : configuration.outboxPollInterval)
                 }
             case .linkBackoff(let key):
                 let contact = state.withLockedValue { state -> Contact? in
