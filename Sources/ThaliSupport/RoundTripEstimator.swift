@@ -35,3 +35,12 @@ public struct RoundTripEstimator: Sendable, Hashable {
     /// after a single sample; about one once the path is steady.
     public var retransmissionTimeout: Duration { smoothed + max(Self.granularity, variation * 4) }
 }
+
+extension Duration {
+    /// This wait widened for a path whose retransmission timeout is `roundTrip` (nil: not measured):
+    /// itself plus `factor` × `roundTrip`, at most `cap`, and never below itself. The one rule by which the
+    /// suite's waits for a peer's answer grow on a slow path (beacon responses, the port's first byte).
+    public func widened(forRoundTrip roundTrip: Duration?, factor: Double, cap: Duration) -> Duration {
+        min(self + (roundTrip ?? .zero) * factor, max(self, cap))
+    }
+}

@@ -40,4 +40,13 @@ import ThaliSupport
         #expect(table.count == 3)
         #expect(RoundTripTable(capacity: 0).capacity == 1)
     }
+
+    @Test func aWaitWidensByTheRoundTripUpToItsCapAndNeverBelowItself() {
+        let floor = Duration.seconds(2)
+        #expect(floor.widened(forRoundTrip: nil, factor: 2, cap: .seconds(8)) == .seconds(2))
+        #expect(floor.widened(forRoundTrip: .milliseconds(3), factor: 2, cap: .seconds(8)) == .milliseconds(2006))
+        #expect(floor.widened(forRoundTrip: .milliseconds(2500), factor: 2, cap: .seconds(8)) == .seconds(7))
+        #expect(floor.widened(forRoundTrip: .seconds(60), factor: 2, cap: .seconds(8)) == .seconds(8))
+        #expect(floor.widened(forRoundTrip: .seconds(1), factor: 2, cap: .seconds(1)) == .seconds(2))
+    }
 }

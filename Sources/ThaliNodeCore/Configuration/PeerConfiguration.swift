@@ -147,6 +147,6 @@ extension PeerConfiguration {
     /// The first-byte wait of a connection whose retransmission timeout is `roundTrip` (nil: unknown):
     /// `firstByteTimeout` plus twice `roundTrip`, at most `maxFirstByteTimeout` (never below `firstByteTimeout`).
     public func firstByteTimeout(roundTrip: Duration?) -> Duration {
-        min(firstByteTimeout + (roundTrip ?? .zero) * 2, max(firstByteTimeout, maxFirstByteTimeout))
+        firstByteTimeout.widened(forRoundTrip: roundTrip, factor: 2, cap: maxFirstByteTimeout)
     }
 }

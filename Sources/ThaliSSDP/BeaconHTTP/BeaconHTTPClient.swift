@@ -226,7 +226,7 @@ extension BeaconHTTPClientConfiguration {
     /// is `roundTrip` (nil: unknown): `responseTimeout` plus `roundTripFactor` × `roundTrip`, at most
     /// `maxResponseTimeout`.
     public func responseTimeout(roundTrip: Duration?) -> Duration {
-        min(responseTimeout + (roundTrip ?? .zero) * roundTripFactor, max(responseTimeout, maxResponseTimeout))
+        responseTimeout.widened(forRoundTrip: roundTrip, factor: roundTripFactor, cap: maxResponseTimeout)
     }
 
     /// How long a busy server's answer asks us to wait: its `Retry-After` in whole seconds (RFC 9110

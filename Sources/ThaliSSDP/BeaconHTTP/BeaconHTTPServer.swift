@@ -24,8 +24,12 @@ public struct BeaconHTTPServerLimits: Sendable {
     public var overloadClosePeriod: Duration = .seconds(30)
     /// Connections open at once; more are closed at once.
     public var maxConcurrentConnections: Int = 64
-    /// Time a connection may take to send its request and receive the answer; slow requesters are cut.
+    /// Time a connection may take to send its request and receive the answer, beyond two retransmission
+    /// timeouts of its round trip as the kernel measured it at accept; slow requesters are cut.
     public var connectionTimeout: Duration = .seconds(2)
+    /// The longest a connection may take, however slow its path: what a requester that delays its
+    /// handshake's last ACK to look slow can hold a connection for.
+    public var maxConnectionTimeout: Duration = .seconds(8)
     /// Connections accepted from everyone per `globalWindow` past which the server is busy: a request is
     /// answered `503 Service Unavailable` with `Retry-After` as soon as its head is read (`spec/ssdp.md`
     /// 6.1), long before `maxRequestsGlobal` closes the port. Half of it by default.
@@ -215,11 +219,18 @@ public final class BeaconHTTPServer: Sendable {
             return channel.close()
         }
         ticket.release(when: channel.closeFuture)
-        let timeout = channel.eventLoop.scheduleTask(in: TimeAmount(limits.connectionTimeout)) { [state] in
-            state.withLockedValue { $0.counters.timedOut += 1 }
-            channel.close(promise: nil)
+        // A path whose handshake the kernel measured slow gets longer (a lost request is retransmitted
+        // after the requester's retransmission timeout).
+        let limits = self.limits
+        let timeout = channel.kernelRoundTrip().map { [state] roundTrip in
+            let wait = limits.connectionTimeout.widened(forRoundTrip: roundTrip?.retransmissionTimeout, factor: 2,
+                                                        cap: limits.maxConnectionTimeout)
+            return channel.eventLoop.scheduleTask(in: TimeAmount(wait)) {
+                state.withLockedValue { $0.counters.timedOut += 1 }
+                channel.close(promise: nil)
+            }
         }
-        channel.closeFuture.whenComplete { _ in timeout.cancel() }
+        channel.closeFuture.whenComplete { _ in timeout.whenSuccess { $0.cancel() } }
         return channel.eventLoop.makeCompletedFuture { [state, admission] in
             try Self.configureRequestHandling(on: channel, beacons: {
                 state.withLockedValue { state in
