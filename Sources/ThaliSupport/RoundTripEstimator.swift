@@ -36,6 +36,7 @@ public struct RoundTripEstimator: Sendable, Hashable {
     public var retransmissionTimeout: Duration { smoothed + max(Self.granularity, variation * 4) }
 }
 
+/// Waits widened by a measured round trip.
 extension Duration {
     /// This wait widened for a path whose retransmission timeout is `roundTrip` (nil: not measured):
     /// itself plus `factor` × `roundTrip`, at most `cap`, and never below itself. The one rule by which the

@@ -18,8 +18,8 @@ public struct BeaconHTTPClientConfiguration: Sendable {
     public var responseTimeout: Duration = .seconds(2)
     /// The longest time from connected to the end of the response, however slow the path.
     public var maxResponseTimeout: Duration = .seconds(10)
-    /// How many retransmission timeouts (`SRTT + 4 × RTTVAR`, ``RoundTripEstimator``) a wait allows on top
-    /// of its floor: 2 leaves room for one lost segment and its retransmission.
+    /// How many retransmission timeouts (`SRTT + 4 × RTTVAR`, ThaliSupport's `RoundTripEstimator`) a
+    /// wait allows on top of its floor: 2 leaves room for one lost segment and its retransmission.
     public var roundTripFactor: Double = 2
     /// Largest body accepted; a longer (declared or sent) body is cut. A Thali beacon stream for 1,000
     /// contacts is about 48 KiB.

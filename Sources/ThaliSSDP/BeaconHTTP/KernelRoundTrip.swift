@@ -10,7 +10,7 @@ package struct KernelRoundTrip: Sendable, Hashable {
     /// Its mean deviation.
     package var variation: Duration
 
-    /// `SRTT + max(G, 4 × RTTVAR)`, as ``RoundTripEstimator/retransmissionTimeout``.
+    /// `SRTT + max(G, 4 × RTTVAR)`, as ThaliSupport's `RoundTripEstimator.retransmissionTimeout`.
     package var retransmissionTimeout: Duration {
         smoothed + max(RoundTripEstimator.granularity, variation * 4)
     }
