@@ -33,7 +33,12 @@ public struct RoundTripEstimator: Sendable, Hashable {
 
     /// `SRTT + max(G, 4 × RTTVAR)`: how long an answer may take before it is late. Three round trips
     /// after a single sample; about one once the path is steady.
-    public var retransmissionTimeout: Duration { smoothed + max(Self.granularity, variation * 4) }
+    public var retransmissionTimeout: Duration { Self.retransmissionTimeout(smoothed: smoothed, variation: variation) }
+
+    /// `smoothed + max(G, 4 × variation)`, for a round trip smoothed elsewhere (the kernel's `TCP_INFO`).
+    public static func retransmissionTimeout(smoothed: Duration, variation: Duration) -> Duration {
+        smoothed + max(granularity, variation * 4)
+    }
 }
 
 /// Waits widened by a measured round trip.

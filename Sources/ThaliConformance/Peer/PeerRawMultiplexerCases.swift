@@ -81,7 +81,8 @@ extension PeerConformance {
             // session, up to ``endingAttempts`` times, before it is recorded so.
             for attempt in 1...Self.endingAttempts {
                 started = NIODeadline.now()
-                var outcome: (verdict: ConformanceVerdict, actual: String)?
+                let refused = "GoAway code 1 (protocol error)"
+                var outcome: (verdict: ConformanceVerdict, expected: String, actual: String)?
                 do {
                     try await target.session(group: group) { session in
                         try await session.send(frames)
@@ -112,15 +113,14 @@ extension PeerConformance {
                         case .failed: verdict = .inconclusive  // the reset itself may have dropped its GoAway on our side
                         default: verdict = .fail
                         }
-                        outcome = (verdict, found + afterPayload + (attempt > 1 ? " (attempt \(attempt))" : ""))
+                        outcome = (verdict, refused, found + afterPayload + (attempt > 1 ? " (attempt \(attempt))" : ""))
                     }
                 } catch {
-                    outcome = (.inconclusive, "no session: \(error)")
+                    outcome = (.inconclusive, testCase.title, "no session: \(error)")
                 }
-                let (verdict, actual) = outcome ?? (.inconclusive, "no session")
+                let (verdict, expected, actual) = outcome ?? (.inconclusive, testCase.title, "no session")
                 if verdict == .inconclusive, attempt < Self.endingAttempts { continue }
-                run.record(testCase, verdict, expected: verdict == .inconclusive && actual.hasPrefix("no session") ? testCase.title : "GoAway code 1 (protocol error)",
-                           actual: actual, started: started)
+                run.record(testCase, verdict, expected: expected, actual: actual, started: started)
                 break
             }
         }

@@ -152,6 +152,7 @@ public struct BeaconHTTPClient: Sendable {
 
     private func fetchOnce(_ location: BeaconLocation, attempt: Int) async throws(BeaconFetchError.Reason) -> [UInt8] {
         let promise = group.next().makePromise(of: [UInt8].self)
+        let roundTrip = group.next().makePromise(of: KernelRoundTrip?.self)
         let configuration = self.configuration
         let connectTimeout = configuration.connectTimeout(forAttempt: attempt,
                                                           roundTrip: roundTrips.estimate(for: location.host)?.retransmissionTimeout)
@@ -166,6 +167,7 @@ public struct BeaconHTTPClient: Sendable {
                 .channelInitializer { channel in
                     channel.eventLoop.makeCompletedFuture {
                         let sync = channel.pipeline.syncOperations
+                        try sync.addHandler(KernelRoundTripReader(promise: roundTrip))
                         try sync.addHandler(InboundByteLimitHandler(
                             limit: configuration.maxHeadBytes + configuration.maxBodyBytes))
                         try sync.addHTTPClientHandlers()
@@ -185,11 +187,12 @@ public struct BeaconHTTPClient: Sendable {
             let reason: BeaconFetchError.Reason
             if case ChannelError.connectTimeout = error { reason = .connectTimedOut } else { reason = .connectFailed("\(error)") }
             promise.fail(reason)
+            roundTrip.succeed(nil)
             throw reason
         }
         // The handshake's round trip, as the kernel measured it, sizes this response's wait and the next
         // fetches' connect waits to this host.
-        let measured = try? await channel.kernelRoundTrip().get()
+        let measured = try? await roundTrip.futureResult.get()
         if let measured { roundTrips.record(measured.smoothed, for: location.host) }
         let timeout = channel.eventLoop.scheduleTask(in: TimeAmount(configuration.responseTimeout(roundTrip: measured?.retransmissionTimeout))) {
             promise.fail(BeaconFetchError.Reason.timedOut)
