@@ -114,6 +114,8 @@ public struct PeerConformance: Sendable {
         // Followed from the start, so that no report of the sessions below is missed.
         let events: AdapterEventFollower? = configuration.adapter.flatMap { try? AdapterEventFollower(adapter: $0) }
         defer { events?.stop() }
+        // Before anything is queued, so that its announcing starts while its events are followed.
+        let ownAlivesWatch = await watchForOwnAlives(events: events)
         if let adapter = configuration.adapter {
             do {
                 if configuration.addContact {
@@ -170,15 +172,18 @@ public struct PeerConformance: Sendable {
             run.recordRemaining(Cases.all, .inconclusive, because: "the suite could not start")
             return
         }
-        await roles(run, server: server, discovery: discovery, fetched: fetched, queuedIDs: queuedIDs, events: events)
+        await roles(run, server: server, discovery: discovery, fetched: fetched, queuedIDs: queuedIDs, events: events,
+                    ownAlivesWatch: ownAlivesWatch)
     }
 
     /// Both delivery roles, then (with SSDP stopped and the suite's port closed) the cases on the
     /// implementation's port: negative TLS, raw multiplexer, marking. Without `discovery` (over Bluetooth)
     /// the implementation is at ``PeerConformanceConfiguration/location`` and finds the suite there too.
-    /// `events` are the implementation's own reports, through the adapter.
+    /// `events` are the implementation's own reports, through the adapter; `ownAlivesWatch`, what the
+    /// SSDP probe before the first `send` learnt of them (``watchForOwnAlives(events:)``).
     func roles(_ run: ConformanceRun, server: PeerSuiteServer, discovery: SSDPDiscoveryService?,
-               fetched: AsyncStream<(SSDPPeer, [UInt8])>, queuedIDs: [UUID], events: AdapterEventFollower?) async {
+               fetched: AsyncStream<(SSDPPeer, [UInt8])>, queuedIDs: [UUID], events: AdapterEventFollower?,
+               ownAlivesWatch: OwnAlivesWatch = OwnAlivesWatch()) async {
         let configuration = self.configuration
         let limits = configuration.deliveryLimits
         await receiverRole(run, fetched: fetched, queuedIDs: queuedIDs, limits: limits)
@@ -195,7 +200,7 @@ public struct PeerConformance: Sendable {
         gradeEphemeralKeys(run, location: found?.1)
         if let (match, location) = found, !Task.isCancelled {
             await gradeUncleanClose(run, events: events, location: location, match: match)
-            gradeOwnAlivesDropped(run, events: events, own: location, suite: suiteLocation)
+            gradeOwnAlivesDropped(run, events: events, own: location, suite: suiteLocation, watch: ownAlivesWatch)
         }
         if let location = found?.1 ?? configuration.location, !Task.isCancelled {
             await negativeCases(run, location: location, match: found?.0)
