@@ -19,6 +19,8 @@ struct OwnAlivesWatchTests {
         let mutant: Mutant?
         /// Seconds the adapter's `events` verb sleeps before it follows.
         let eventsDelay: String
+        /// Seconds each event line is held before the suite reads it (a buffering adapter); nil: none.
+        var lineDelay: String? = nil
         /// Whether an item is queued for the suite (so the implementation announces) before the run.
         let queuedBefore: Bool
         /// The verdict expected, and a part of its text.
@@ -27,6 +29,10 @@ struct OwnAlivesWatchTests {
     }
 
     static let setups = [
+        // Every report reaches the suite 1.5 s late, after the probe that caused it gave up: an earlier
+        // probe's late report counts (it was made before any send).
+        Setup(label: "every event 1.5 s late", mutant: nil, eventsDelay: "0", lineDelay: "1.5",
+              queuedBefore: false, verdict: "PASS", actual: "reported the suite's probe"),
         // Its one report of itself came before the events were followed: the case PASSed on main.
         Setup(label: "mutant heard itself, events followed 0.5 s late", mutant: .ssdpHearsItself, eventsDelay: "0.5",
               queuedBefore: false, verdict: "FAIL", actual: "for its own location"),
@@ -45,9 +51,18 @@ struct OwnAlivesWatchTests {
         }
         let implementation = try await prepared.start(environment: setup.mutant.map { [Mutant.environmentVariable: $0.rawValue] })
         defer { implementation.remove() }
-        // An adapter whose `events` verb starts following late, as a slow shim or a slow runtime would.
+        // An adapter whose `events` verb starts following late, as a slow shim or a slow runtime would,
+        // or holds each line (each in its own subshell, so the delays do not add up).
         let shim = implementation.suite + "/late-events.sh"
-        try "#!/bin/sh\n[ \"$3\" = events ] && sleep \(setup.eventsDelay)\nexec \(node) \"$@\"\n".write(toFile: shim, atomically: true, encoding: .utf8)
+        let follow = setup.lineDelay.map {
+            "\(node) \"$@\" | while IFS= read -r line; do (sleep \($0); printf '%s\\n' \"$line\") & done; wait; exit"
+        } ?? "exec \(node) \"$@\""
+        try """
+            #!/bin/sh
+            if [ "$3" = events ]; then sleep \(setup.eventsDelay); \(follow); fi
+            exec \(node) "$@"
+
+            """.write(toFile: shim, atomically: true, encoding: .utf8)
         #expect(chmod(shim, 0o700) == 0)
         if setup.queuedBefore {
             // Its first alive has gone out.

@@ -186,7 +186,13 @@ public final class AdapterEventFollower: Sendable {
         state.withLockedValue { $0.events(after: mark) }
     }
 
-    /// Stops the verb (SIGTERM, then SIGKILL after a second).
+    /// The longest ``stop()`` waits for the verb to be seen ending.
+    public static let stopTimeout: TimeInterval = 3
+
+    /// Stops the verb (SIGTERM, then SIGKILL after a second), waiting at most ``stopTimeout``: Foundation
+    /// sees a child end only once every copy of its descriptors has closed, and a verb that left a child of
+    /// its own running (a shell pipeline; the contract asks it to stop what it started) holds them until
+    /// that child ends, which would hold the run's end forever.
     public func stop() {
         guard process.isRunning else { return }
         process.terminate()
@@ -194,6 +200,7 @@ public final class AdapterEventFollower: Sendable {
         DispatchQueue.global().asyncAfter(deadline: .now() + 1) { [process] in
             if process.isRunning { kill(pid, SIGKILL) }
         }
-        process.waitUntilExit()
+        let deadline = Date().addingTimeInterval(Self.stopTimeout)
+        while process.isRunning && Date() < deadline { usleep(20_000) }
     }
 }

@@ -31,8 +31,9 @@ extension PeerConformance {
     /// answers `204`, no beacons) until the implementation's events report it, which shows that they are
     /// followed. A report that came before they were followed is lost, so each probe that is not reported
     /// within ``ownAlivesProbeWait`` says byebye and the next one comes at a new location, until the step
-    /// timeout. Each probe also searches, to learn whether the implementation announces already. Without
-    /// an adapter's events, with a location given or over Bluetooth, nothing is probed.
+    /// timeout; a late report of any of them counts. Each probe also searches, to learn whether the
+    /// implementation announces already. Without an adapter's events, with a location given or over
+    /// Bluetooth, nothing is probed.
     func watchForOwnAlives(events: AdapterEventFollower?) async -> OwnAlivesWatch {
         let configuration = self.configuration
         guard let events, configuration.location == nil, configuration.bluetooth == nil else { return OwnAlivesWatch() }
@@ -40,9 +41,9 @@ extension PeerConformance {
         let deadline = started + configuration.stepTimeout
         let searchWindowEnd = started + .seconds(Int64(Self.ownAlivesSearchMaxWait)) + configuration.searchDelayTolerance
         var watch = OwnAlivesWatch()
-        var heard: [BeaconLocation] = []
+        var heard: [BeaconLocation] = [], probes: [BeaconLocation] = []
+        let mark = events.count
         while !watch.followedBeforeSends && NIODeadline.now() < deadline && !Task.isCancelled {
-            let mark = events.count
             guard let port = try? await PeerSuiteServer.start(host: configuration.address, peer: configuration.peerKey,
                                                               limits: configuration.deliveryLimits, group: group) else { break }
             var ssdp = SSDPDiscoveryConfiguration(interfaceAddress: configuration.address)
@@ -55,9 +56,12 @@ extension PeerConformance {
                 await port.close()
                 break
             }
-            let location = BeaconLocation(host: configuration.address, port: port.port)
+            probes.append(BeaconLocation(host: configuration.address, port: port.port))
+            // A report of an earlier probe that comes late shows as much: it was made before any send.
             let wait = min(Self.ownAlivesProbeWait, deadline - NIODeadline.now())
-            watch.followedBeforeSends = await events.first(after: mark, timeout: wait) { Self.event($0, names: location) } != nil
+            watch.followedBeforeSends = await events.first(after: mark, timeout: wait) { [probes] event in
+                probes.contains { Self.event(event, names: $0) }
+            } != nil
             if watch.followedBeforeSends, searchWindowEnd > NIODeadline.now() {
                 try? await Task.sleep(nanoseconds: UInt64((searchWindowEnd - NIODeadline.now()).nanoseconds))
             }
@@ -78,8 +82,9 @@ extension PeerConformance {
     /// Whether the implementation took its own alives for a peer's [SSDP-3.3]: the datagrams loop back to
     /// its own socket (ours set `IP_MULTICAST_LOOP`, and on one host every peer shares the group), and
     /// only its own reports show what it made of them. The adapter's `peer_appeared` events over the run
-    /// must name the suite's location (the control: its reports of discoveries reach us) and never its own;
-    /// and they count only when they were followed before it first announced (`watch`).
+    /// must name the suite (the control: its reports of discoveries reach us) and never its own location;
+    /// and they count only when they were followed before it first announced (`watch`): the report of the
+    /// suite's probe before the first `send` is both the control and the proof.
     func gradeOwnAlivesDropped(_ run: ConformanceRun, events: AdapterEventFollower?, own: BeaconLocation, suite: BeaconLocation,
                                watch: OwnAlivesWatch) {
         let testCase = Cases.ownAlivesDropped
@@ -96,18 +101,18 @@ extension PeerConformance {
         let ownSeen = appeared.filter { Self.event($0, names: own) }.count
         if ownSeen > 0 {
             run.grade(testCase, holds: false, expected: expected, actual: "\(ownSeen) `peer_appeared` for its own location")
-        } else if !appeared.contains(where: { Self.event($0, names: suite) }) {
-            run.record(testCase, .notApplicable, expected: expected,
-                       actual: "its events report no `peer_appeared` for the suite either, so they would not show its own")
         } else if watch.announcingBefore.contains(where: { $0.host == own.host && $0.port == own.port }) {
             run.record(testCase, .inconclusive, expected: expected,
                        actual: "it announced at \(own) before the suite queued anything, so it may have heard itself before its events were followed")
-        } else if !watch.followedBeforeSends {
+        } else if watch.followedBeforeSends {
+            run.grade(testCase, holds: true, expected: expected,
+                      actual: "its events reported the suite's probe before anything was queued for it, and never its own location")
+        } else if appeared.contains(where: { Self.event($0, names: suite) }) {
             run.record(testCase, .inconclusive, expected: expected,
                        actual: "its events reported the suite only after items were queued for it, so they may have begun after it first heard itself")
         } else {
-            run.grade(testCase, holds: true, expected: expected,
-                      actual: "its events were followed before it announced; the suite appeared, its own location never did")
+            run.record(testCase, .notApplicable, expected: expected,
+                       actual: "its events report no `peer_appeared` for the suite either, so they would not show its own")
         }
     }
 }
