@@ -1,5 +1,8 @@
 import Foundation
 import ThaliBeacons
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// How the suite drives the implementation under test (spec/conformance.md, "Adapter contract"): a
 /// command (an argv prefix) that accepts four verbs, which `thali-node --home DIR` meets as it is:
@@ -84,7 +87,10 @@ public struct ConformanceAdapter: Sendable {
         }
     }
 
-    /// Runs `command + arguments`, input closed; returns its standard output when it exits 0.
+    /// Runs `command + arguments`, input closed; returns its standard output when it exits 0. Bounded by
+    /// ``timeout`` whatever the verb does: its output is read with `poll` until both pipes end or the
+    /// deadline, and the verb is then killed. A verb that exits but leaves a child of its own holding its
+    /// output open (a daemon it started) fails at the deadline instead of holding the run forever.
     func run(_ arguments: [String]) async throws(Failure) -> Data {
         let line = (command + arguments).joined(separator: " ")
         guard let executable = command.first else { throw Failure(description: "empty adapter command") }
@@ -98,31 +104,87 @@ public struct ConformanceAdapter: Sendable {
             process.standardError = errors
             process.standardInput = FileHandle.nullDevice
             do { try process.run() } catch { return .failure(Failure(description: "\(line): \(error)")) }
-            // Killed at the deadline, so a hung adapter cannot hang the run (cancelled once it exited, before
-            // its pid could be reused).
-            let pid = process.processIdentifier
-            let deadline = DispatchWorkItem { kill(pid, SIGKILL) }
-            DispatchQueue.global().asyncAfter(deadline: .now() + .milliseconds(Int(timeout.components.seconds * 1000)),
-                                              execute: deadline)
-            var collected = Data()
-            while let chunk = try? output.fileHandleForReading.read(upToCount: 64 << 10), !chunk.isEmpty {
-                collected.append(chunk)
-                if collected.count > ConformanceAdapter.maximumOutputBytes {
-                    process.terminate()
-                    break
-                }
-            }
-            let errorText = (try? errors.fileHandleForReading.read(upToCount: 4096)).map { String(decoding: $0, as: UTF8.self) } ?? ""
-            process.waitUntilExit()
-            deadline.cancel()
-            guard collected.count <= ConformanceAdapter.maximumOutputBytes else {
+            let deadline = ContinuousClock.now + timeout
+            let read = VerbOutput.read(output: output.fileHandleForReading.fileDescriptor,
+                                       errors: errors.fileHandleForReading.fileDescriptor, until: deadline)
+            if read.ending != .ended { kill(process.processIdentifier, SIGKILL) }
+            // Foundation sees the exit once the pipes close; a child the verb left holding them delays it.
+            while process.isRunning && ContinuousClock.now < deadline + .seconds(1) { usleep(10_000) }
+            let errorText = String(decoding: read.errors, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+            switch read.ending {
+            case .tooLarge:
                 return .failure(Failure(description: "\(line): more than \(ConformanceAdapter.maximumOutputBytes) bytes of output"))
+            case .deadline:
+                return .failure(Failure(description: "\(line): its output did not end within \(timeout) (a process it left running may hold it open)"))
+            case .ended:
+                break
+            }
+            guard !process.isRunning else {
+                return .failure(Failure(description: "\(line): its output ended but it did not exit within \(timeout)"))
             }
             guard process.terminationReason == .exit, process.terminationStatus == 0 else {
-                return .failure(Failure(description: "\(line): exit \(process.terminationStatus): \(errorText.trimmingCharacters(in: .whitespacesAndNewlines))"))
+                return .failure(Failure(description: "\(line): exit \(process.terminationStatus): \(errorText)"))
             }
-            return .success(collected)
+            return .success(read.output)
         }.value
         return try result.get()
+    }
+}
+
+/// What a verb printed, read from both of its pipes at once (so that a verb writing much to standard
+/// error cannot stall on a full pipe while standard output is read), until both end or a deadline.
+struct VerbOutput {
+    /// How the reading ended.
+    enum Ending: Equatable {
+        /// Both pipes reached their end.
+        case ended
+        /// The deadline came first.
+        case deadline
+        /// Standard output passed ``ConformanceAdapter/maximumOutputBytes``.
+        case tooLarge
+    }
+
+    /// The bytes of standard error kept for a failure's message; the rest is read and dropped.
+    static let keptErrorBytes = 4096
+
+    var output = Data()
+    var errors = Data()
+    var ending = Ending.ended
+
+    /// Reads `output` and `errors` until both end, the deadline, or too much output.
+    static func read(output: Int32, errors: Int32, until deadline: ContinuousClock.Instant) -> VerbOutput {
+        var result = VerbOutput()
+        var open: [Int32] = [output, errors]
+        var buffer = [UInt8](repeating: 0, count: 64 << 10)
+        while !open.isEmpty {
+            let left = deadline - ContinuousClock.now
+            guard left > .zero else {
+                result.ending = .deadline
+                return result
+            }
+            var fds = open.map { pollfd(fd: $0, events: Int16(POLLIN), revents: 0) }
+            let milliseconds = Int32(clamping: max(1, left.components.seconds * 1000 + left.components.attoseconds / 1_000_000_000_000_000))
+            let ready = poll(&fds, nfds_t(fds.count), milliseconds)
+            if ready < 0 && errno == EINTR { continue }
+            guard ready > 0 else { continue }
+            for entry in fds where entry.revents != 0 {
+                let count = buffer.withUnsafeMutableBytes { Glibc.read(entry.fd, $0.baseAddress, $0.count) }
+                if count < 0 && errno == EINTR { continue }
+                guard count > 0 else {
+                    open.removeAll { $0 == entry.fd }
+                    continue
+                }
+                if entry.fd == output {
+                    result.output.append(contentsOf: buffer.prefix(count))
+                    if result.output.count > ConformanceAdapter.maximumOutputBytes {
+                        result.ending = .tooLarge
+                        return result
+                    }
+                } else if result.errors.count < keptErrorBytes {
+                    result.errors.append(contentsOf: buffer.prefix(min(count, keptErrorBytes - result.errors.count)))
+                }
+            }
+        }
+        return result
     }
 }
